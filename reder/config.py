@@ -1,0 +1,79 @@
+"""Model and loss configuration: frozen dataclasses, saved inside every checkpoint."""
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
+DIRECTIONS = ("src2tgt", "tgt2src")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Shape and regularisation of the reversible duplex Transformer (DESIGN.md, "The model")."""
+
+    vocab_size: int = 8000  # includes the CTC blank, which is the last id
+    d_model: int = 512  # width of one half of the residual stream; the stream is 2 * d_model
+    n_heads: int = 8
+    ffn_dim: int = 2048
+    layers_per_end: int = 6
+    dropout: float = 0.1
+    attention_dropout: float = 0.0
+    upsample_ratio: int = 2
+    max_relative_distance: int = 16
+    max_positions: int = 1024  # positions of the upsampled input sequence
+    share_ends: bool = False  # tie the two ends' layers (embeddings and positions are always shared/own)
+    label_smoothing: float = 0.1
+    memory_efficient: bool = True  # rebuild activations in backward instead of storing them
+
+    def __post_init__(self) -> None:
+        checks = {
+            "vocab_size must be > 4 (pad, unk, bos, eos, blank)": self.vocab_size > 4,
+            "d_model must be divisible by n_heads": self.d_model % self.n_heads == 0,
+            "layers_per_end must be >= 1": self.layers_per_end >= 1,
+            "upsample_ratio must be an int >= 1": isinstance(self.upsample_ratio, int) and self.upsample_ratio >= 1,
+            "dropout must be in [0, 1)": 0.0 <= self.dropout < 1.0,
+            "attention_dropout must be in [0, 1)": 0.0 <= self.attention_dropout < 1.0,
+            "label_smoothing must be in [0, 1)": 0.0 <= self.label_smoothing < 1.0,
+            "max_relative_distance must be >= 1": self.max_relative_distance >= 1,
+        }
+        for message, ok in checks.items():
+            if not ok:
+                raise ValueError(f"ModelConfig: {message} (got {self})")
+
+    @property
+    def blank_id(self) -> int:
+        return self.vocab_size - 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> "ModelConfig":
+        return cls(**_checked(cls, values))
+
+
+@dataclass(frozen=True)
+class LossConfig:
+    """Weights of the auxiliary losses and the step at which they switch on (stage two)."""
+
+    lambda_fba: float = 0.1
+    lambda_cc: float = 0.1
+    aux_start_step: int = 0
+
+    def __post_init__(self) -> None:
+        if self.lambda_fba < 0 or self.lambda_cc < 0 or self.aux_start_step < 0:
+            raise ValueError(f"LossConfig: weights and aux_start_step must be >= 0 (got {self})")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> "LossConfig":
+        return cls(**_checked(cls, values))
+
+
+def _checked(cls: type, values: dict[str, Any]) -> dict[str, Any]:
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ValueError(f"{cls.__name__}: unknown keys {unknown}; known keys are {sorted(known)}")
+    return dict(values)
