@@ -1,0 +1,35 @@
+"""Multi-head self-attention with relative position representations on the keys (Shaw et al., 2018)."""
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class RelativeSelfAttention(nn.Module):
+    """score_ij = (q_i·k_j + q_i·r_clip(j−i)) / √d_head; one r table per layer, shared by the heads; no causal mask."""
+
+    def __init__(self, d_model: int, n_heads: int, max_relative_distance: int, attention_dropout: float) -> None:
+        super().__init__()
+        self.n_heads = n_heads
+        self.d_head = d_model // n_heads
+        self.max_relative_distance = max_relative_distance
+        self.attention_dropout = attention_dropout
+        self.qkv = nn.Linear(d_model, 3 * d_model)
+        self.out = nn.Linear(d_model, d_model)
+        self.relative_keys = nn.Embedding(2 * max_relative_distance + 1, self.d_head)
+        nn.init.normal_(self.relative_keys.weight, std=self.d_head**-0.5)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """x (B, T, D), mask (B, T) bool with True = real token; returns (B, T, D)."""
+        batch, length, d_model = x.shape
+        q, k, v = self.qkv(x).view(batch, length, 3, self.n_heads, self.d_head).permute(2, 0, 3, 1, 4)  # 3×(B, H, T, dh)
+        positions = torch.arange(length, device=x.device)
+        distance = (positions[None, :] - positions[:, None]).clamp(-self.max_relative_distance, self.max_relative_distance)
+        relative = q @ self.relative_keys.weight.t()  # (B, H, T, 2K+1)
+        index = (distance + self.max_relative_distance).expand(batch, self.n_heads, length, length)
+        bias = relative.gather(-1, index) / math.sqrt(self.d_head)  # (B, H, T, T): q_i·r_clip(j−i)/√dh
+        bias = bias.masked_fill(~mask[:, None, None, :], float("-inf"))  # padded keys
+        dropout = self.attention_dropout if self.training else 0.0
+        context = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout)  # (B, H, T, dh)
+        return self.out(context.transpose(1, 2).reshape(batch, length, d_model))

@@ -1,0 +1,41 @@
+"""Auxiliary losses of REDER and the module a trainer wraps in DistributedDataParallel."""
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def forward_backward_agreement(
+    forward_states: list[torch.Tensor], reverse_states: list[torch.Tensor], mask: torch.Tensor
+) -> torch.Tensor:
+    """Mean over states and valid positions of 1 − cos(H→, sg(H←)) on the full 2D vectors.
+
+    forward_states[k] and reverse_states[k] are (B, T, 2D) and already lined up; mask (B, T) bool.
+    """
+    if len(forward_states) != len(reverse_states):
+        raise ValueError(f"{len(forward_states)} forward states but {len(reverse_states)} reverse states")
+    valid = mask.sum()
+    if valid == 0:
+        return forward_states[0].sum() * 0.0
+    total = forward_states[0].new_zeros(())
+    for forward, reverse in zip(forward_states, reverse_states):
+        cosine = F.cosine_similarity(forward, reverse.detach(), dim=-1)  # (B, T)
+        total = total + ((1.0 - cosine) * mask).sum()
+    return total / (valid * len(forward_states))
+
+
+class DuplexLoss(nn.Module):
+    """`forward` = `model.loss(...)`, so DDP (which hooks `forward`) can wrap the training objective."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(
+        self,
+        src_tokens: torch.Tensor,
+        src_lengths: torch.Tensor,
+        tgt_tokens: torch.Tensor,
+        tgt_lengths: torch.Tensor,
+        step: int,
+    ) -> dict[str, torch.Tensor]:
+        return self.model.loss(src_tokens, src_lengths, tgt_tokens, tgt_lengths, step)

@@ -1,0 +1,97 @@
+import itertools
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from reder.ctc import collapse_frames, smoothed_ctc_loss, viterbi_align
+
+BLANK = 3  # vocabulary {0, 1, 2} + blank
+
+
+def _collapse(path):
+    out = [t for i, t in enumerate(path) if i == 0 or t != path[i - 1]]
+    return [t for t in out if t != BLANK]
+
+
+def _brute_force(log_probs, target):
+    """All frame paths mapping to target: (log-sum, best log-prob, best paths)."""
+    frames, vocab = log_probs.shape
+    scores = {}
+    for path in itertools.product(range(vocab), repeat=frames):
+        if _collapse(list(path)) == target:
+            scores[path] = sum(log_probs[t, token].item() for t, token in enumerate(path))
+    if not scores:
+        return -math.inf, -math.inf, []
+    best = max(scores.values())
+    return torch.logsumexp(torch.tensor(list(scores.values()), dtype=torch.float64), 0).item(), best, [p for p, s in scores.items() if s == best]
+
+
+CASES = [  # (frames, target)
+    (5, [1, 2]),
+    (6, [1, 1, 2]),  # a repeated label needs a blank between
+    (4, [2]),
+    (3, [0, 0]),
+    (4, [1, 1, 1]),  # infeasible: needs 5 frames
+]
+
+
+def _batch():
+    frames = max(f for f, _ in CASES)
+    log_probs = torch.randn(len(CASES), frames, 4, dtype=torch.float64).log_softmax(-1)
+    lengths = torch.tensor([f for f, _ in CASES])
+    targets = torch.zeros(len(CASES), 3, dtype=torch.long)
+    for row, (_, target) in enumerate(CASES):
+        targets[row, : len(target)] = torch.tensor(target)
+    return log_probs, lengths, targets, torch.tensor([len(t) for _, t in CASES])
+
+
+def test_viterbi_alignment_equals_brute_force():
+    log_probs, lengths, targets, target_lengths = _batch()
+    alignment, feasible, score = viterbi_align(log_probs, lengths, targets, target_lengths, BLANK)
+    for row, (frames, target) in enumerate(CASES):
+        _, best, best_paths = _brute_force(log_probs[row, :frames], target)
+        if best == -math.inf:
+            assert not feasible[row] and score[row] == -math.inf
+            continue
+        assert feasible[row]
+        assert abs(score[row].item() - best) < 1e-10
+        path = alignment[row, :frames].tolist()
+        assert tuple(path) in best_paths
+        assert (alignment[row, frames:] == 0).all()  # padding past the length
+
+
+def test_ctc_equals_brute_force_and_torch():
+    log_probs, lengths, targets, target_lengths = _batch()
+    feasible_rows = [r for r, (f, t) in enumerate(CASES) if _brute_force(log_probs[r, :f], t)[0] > -math.inf]
+    expected = torch.tensor(
+        [-_brute_force(log_probs[r, : CASES[r][0]], CASES[r][1])[0] / len(CASES[r][1]) for r in feasible_rows],
+        dtype=torch.float64,
+    ).mean()
+    rows = torch.tensor(feasible_rows)
+    ours = smoothed_ctc_loss(log_probs[rows], lengths[rows], targets[rows], target_lengths[rows], BLANK, smoothing=0.0)
+    reference = F.ctc_loss(log_probs[rows].transpose(0, 1), targets[rows], lengths[rows], target_lengths[rows], blank=BLANK)
+    assert abs(ours.item() - expected.item()) < 1e-10
+    assert abs(ours.item() - reference.item()) < 1e-10
+
+
+def test_label_smoothing_term():
+    log_probs, lengths, targets, target_lengths = _batch()
+    eps = 0.1
+    plain = smoothed_ctc_loss(log_probs, lengths, targets, target_lengths, BLANK, smoothing=0.0)
+    smoothed = smoothed_ctc_loss(log_probs, lengths, targets, target_lengths, BLANK, smoothing=eps)
+    frames = [-(log_probs[r, t].mean()) for r in range(len(CASES)) for t in range(lengths[r])]
+    assert abs(smoothed.item() - ((1 - eps) * plain + eps * torch.stack(frames).mean()).item()) < 1e-10
+    # the infeasible row contributes zero (zero_infinity) instead of inf
+    assert torch.isfinite(plain)
+
+
+@pytest.mark.parametrize("keep_blank", [False, True])
+def test_collapse_frames(keep_blank):
+    frames = torch.tensor([[1, 1, 3, 1, 2, 2, 3, 3], [3, 3, 0, 0, 0, 9, 9, 9]])
+    lengths = torch.tensor([8, 4])
+    tokens, token_lengths = collapse_frames(frames, lengths, blank=3, keep_blank=keep_blank)
+    rows = [tokens[r, :n].tolist() for r, n in enumerate(token_lengths.tolist())]
+    assert rows == ([[1, 3, 1, 2, 3], [3, 0]] if keep_blank else [[1, 1, 2], [0]])
+    assert (tokens[1, token_lengths[1]:] == 0).all()
