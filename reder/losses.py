@@ -3,6 +3,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from reder.config import DIRECTIONS
+
 
 def forward_backward_agreement(
     forward_states: list[torch.Tensor], reverse_states: list[torch.Tensor], mask: torch.Tensor
@@ -37,5 +39,6 @@ class DuplexLoss(nn.Module):
         tgt_tokens: torch.Tensor,
         tgt_lengths: torch.Tensor,
         step: int,
+        directions: tuple[str, ...] = DIRECTIONS,
     ) -> dict[str, torch.Tensor]:
-        return self.model.loss(src_tokens, src_lengths, tgt_tokens, tgt_lengths, step)
+        return self.model.loss(src_tokens, src_lengths, tgt_tokens, tgt_lengths, step, directions)

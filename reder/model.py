@@ -92,9 +92,22 @@ class REDER(nn.Module):
                     self.embed_input(tokens, lengths, end)
 
     def loss(
-        self, src_tokens: torch.Tensor, src_lengths: torch.Tensor, tgt_tokens: torch.Tensor, tgt_lengths: torch.Tensor, step: int
+        self,
+        src_tokens: torch.Tensor,
+        src_lengths: torch.Tensor,
+        tgt_tokens: torch.Tensor,
+        tgt_lengths: torch.Tensor,
+        step: int,
+        directions: tuple[str, ...] = DIRECTIONS,
     ) -> dict[str, torch.Tensor]:
-        """Named loss terms for both directions and their weighted `total` (auxiliary terms from aux_start_step)."""
+        """Named loss terms per direction and their weighted `total` (auxiliary terms from aux_start_step).
+
+        Passing one direction at a time and calling backward on each total bounds memory: with one joint
+        backward, each layer's parameter gradient from one direction waits in autograd's buffers until the
+        other direction's backward reaches that layer (one extra copy of the trunk's gradients at peak).
+        """
+        for direction in directions:
+            _check_direction(direction)
         if self.training:
             self.initialize(src_tokens, src_lengths, tgt_tokens, tgt_lengths)
         config = self.loss_config
@@ -103,11 +116,12 @@ class REDER(nn.Module):
         zero = src_tokens.new_zeros((), dtype=torch.float32)
         terms: dict[str, torch.Tensor] = {}
         pairs = {"src2tgt": (src_tokens, src_lengths, tgt_tokens, tgt_lengths), "tgt2src": (tgt_tokens, tgt_lengths, src_tokens, src_lengths)}
-        for direction, (x, x_lengths, y, y_lengths) in pairs.items():
+        for direction in directions:
+            x, x_lengths, y, y_lengths = pairs[direction]
             ctc, fba, cc = self._direction_loss(direction, x, x_lengths, y, y_lengths, use_fba, use_cc)
             terms[f"ctc_{direction}"], terms[f"fba_{direction}"], terms[f"cc_{direction}"] = ctc, fba or zero, cc or zero
         terms["total"] = sum(
-            terms[f"ctc_{d}"] + config.lambda_fba * terms[f"fba_{d}"] + config.lambda_cc * terms[f"cc_{d}"] for d in DIRECTIONS
+            terms[f"ctc_{d}"] + config.lambda_fba * terms[f"fba_{d}"] + config.lambda_cc * terms[f"cc_{d}"] for d in directions
         )
         return terms
 

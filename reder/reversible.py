@@ -1,7 +1,7 @@
 """Run a stack of reversible duplex layers, and backprop through it without storing activations.
 
-`_ReversibleTrunk` keeps only the trunk's last state. In backward it walks the layers from the top,
-rebuilding each layer's input from its output (F⁻¹ for a regular step, F for an inverse step) while it
+With `memory_efficient`, each step is a `_ReversibleStep` and only the top one keeps its output. In
+backward the steps run from the top, each rebuilding each layer's input from its output (F⁻¹ for a regular step, F for an inverse step) while it
 back-propagates through the recomputed branches, replaying each branch's recorded RNG state so the
 dropout masks are the ones the forward pass used (RevNet, Gomez et al. 2017). `run_trunk(...,
 memory_efficient=False)` is the plain-autograd twin through the same blocks, kept as the test reference.
@@ -73,34 +73,39 @@ def _step_back(
     return torch.cat([first, second], dim=-1), torch.cat([grad_first, grad_second], dim=-1)
 
 
-class _ReversibleTrunk(torch.autograd.Function):
-    """Autograd function over the whole trunk; parameters are explicit inputs so their gradients are
-    returned once through the engine (no nested backward, so DDP sees each gradient ready once)."""
+class _Tape:
+    """Hands each step, in backward, the output state that the step above it has just rebuilt."""
+
+    def __init__(self) -> None:
+        self.state: Optional[torch.Tensor] = None
+
+
+class _ReversibleStep(torch.autograd.Function):
+    """One trunk step that saves no activations. Only the top step keeps its output; every other step gets
+    its output from the tape, rebuilt by the step above. The layer's parameters are explicit inputs, so
+    each step returns its parameter gradients through the engine as soon as it is done: gradients
+    accumulate layer by layer (DDP sees each one ready once) and only one layer's are in flight."""
 
     @staticmethod
-    def forward(ctx, h, mask, ops, rngs, keep_all, rng_sink, *params):
-        states, recorded = _run_plain(h, mask, ops, rngs)
-        rng_sink.extend(recorded)
-        ctx.ops, ctx.rngs, ctx.keep_all = ops, recorded, keep_all
-        ctx.params = params
+    def forward(ctx, h, mask, layer, inverse, rng, tape, is_top, rng_sink, *params):
+        out, used = layer.step(h, mask, inverse, rng)
+        rng_sink.append(used)
+        ctx.layer, ctx.inverse, ctx.rng, ctx.tape, ctx.is_top, ctx.params = layer, inverse, used, tape, is_top, params
         ctx.autocast = (h.device.type, torch.is_autocast_enabled(h.device.type), torch.get_autocast_dtype(h.device.type))
-        ctx.save_for_backward(states[-1], mask)
-        return tuple(states) if keep_all else states[-1]
+        ctx.save_for_backward(mask, out) if is_top else ctx.save_for_backward(mask)
+        return out
 
     @staticmethod
-    def backward(ctx, *grads):
-        out, mask = ctx.saved_tensors
-        h, grad = out.detach(), grads[-1]
-        param_grads: dict = {}
+    def backward(ctx, grad):
+        mask, *top = ctx.saved_tensors
+        out = top[0] if ctx.is_top else ctx.tape.state
+        if out is None:
+            raise RuntimeError("reversible trunk: backward ran twice or out of order through the same graph")
         device_type, autocast_on, autocast_dtype = ctx.autocast
-        autocast = torch.autocast(device_type, autocast_dtype) if autocast_on else contextlib.nullcontext()
-        with autocast:
-            for index in reversed(range(len(ctx.ops))):
-                layer, inverse = ctx.ops[index]
-                h, grad = _step_back(layer, inverse, h, grad, mask, ctx.rngs[index], param_grads)
-                if ctx.keep_all and index > 0:
-                    grad = grad + grads[index - 1]  # the loss also reads the state after step index-1
-        return (grad, None, None, None, None, None, *[param_grads.get(p) for p in ctx.params])
+        param_grads: dict = {}
+        with torch.autocast(device_type, autocast_dtype) if autocast_on else contextlib.nullcontext():
+            ctx.tape.state, grad = _step_back(ctx.layer, ctx.inverse, out.detach(), grad, mask, ctx.rng, param_grads)
+        return (grad, None, None, None, None, None, None, None, *[param_grads.get(p) for p in ctx.params])
 
 
 def run_trunk(
@@ -113,11 +118,15 @@ def run_trunk(
 ) -> tuple[list[torch.Tensor], list[LayerRng]]:
     """Apply `ops` to h (B, T, 2D). Returns the states after every step (keep_all) or just the last, and
     the RNG states the steps used (recorded, or `rngs` replayed) so a later pass can reuse the masks."""
-    params = list(dict.fromkeys(p for layer, _ in ops for p in layer.parameters() if p.requires_grad))
-    needs_grad = torch.is_grad_enabled() and (h.requires_grad or bool(params))
-    if memory_efficient and needs_grad:
-        sink: list[LayerRng] = []
-        out = _ReversibleTrunk.apply(h, mask, ops, rngs, keep_all, sink, *params)
-        return (list(out) if keep_all else [out]), sink
-    states, recorded = _run_plain(h, mask, ops, rngs)
-    return (states if keep_all else states[-1:]), recorded
+    needs_grad = torch.is_grad_enabled() and (h.requires_grad or any(p.requires_grad for layer, _ in ops for p in layer.parameters()))
+    if not (memory_efficient and needs_grad):
+        states, recorded = _run_plain(h, mask, ops, rngs)
+        return (states if keep_all else states[-1:]), recorded
+    tape, sink, states = _Tape(), [], []
+    for index, (layer, inverse) in enumerate(ops):
+        params = [p for p in layer.parameters() if p.requires_grad]
+        rng = rngs[index] if rngs is not None else None
+        h = _ReversibleStep.apply(h, mask, layer, inverse, rng, tape, index == len(ops) - 1, sink, *params)
+        if keep_all or index == len(ops) - 1:
+            states.append(h)
+    return states, sink

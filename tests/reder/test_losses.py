@@ -86,3 +86,20 @@ def test_fba_gives_gradient_to_the_forward_pass():
     grads = {name: p.grad for name, p in model.named_parameters()}
     assert grads["positions.src.weight"].abs().sum() > 0  # the forward pass reads src
     assert all(p.grad.abs().sum() > 0 for n, p in model.named_parameters() if n.startswith("ends."))
+
+
+def test_one_direction_at_a_time_gives_the_joint_gradient():
+    model = tiny_model(LossConfig(lambda_fba=0.5, lambda_cc=0.5), dropout=0.0, attention_dropout=0.0).double().train()
+    src, src_lengths = random_batch([5, 4], 12)
+    tgt, tgt_lengths = random_batch([4, 3], 12)
+    joint = model.loss(src, src_lengths, tgt, tgt_lengths, step=0)
+    joint["total"].backward()
+    expected = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    for direction in ("src2tgt", "tgt2src"):
+        terms = model.loss(src, src_lengths, tgt, tgt_lengths, step=0, directions=(direction,))
+        assert set(terms) == {f"ctc_{direction}", f"fba_{direction}", f"cc_{direction}", "total"}
+        assert torch.allclose(terms[f"ctc_{direction}"], joint[f"ctc_{direction}"])
+        terms["total"].backward()
+    for name, param in model.named_parameters():
+        assert torch.allclose(param.grad, expected[name], atol=1e-10), name
