@@ -1,0 +1,1 @@
+"""Benchmarks: `python -m bench.<name>`; see bench/README.md."""

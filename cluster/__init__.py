@@ -1,0 +1,1 @@
+"""Ray connection and cluster helpers."""

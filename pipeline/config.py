@@ -1,0 +1,278 @@
+"""Pipeline configuration: YAML -> nested frozen dataclasses, with dotted `key=value` overrides.
+
+One loader for every section: unknown keys and wrong types are errors that name the key's path
+(`data.max_chars: expected int, got str 'many'`). Defaults live only in the dataclasses below.
+
+Vocabulary size has one source of truth: `model.vocab_size`. The SentencePiece stage trains
+`model.vocab_size - 1` pieces (pad, unk, bos, eos and the learned pieces) and appends the CTC blank as
+the last id, so the spm model, the tokenized ids and the model's embedding table always agree.
+"""
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Union
+
+import yaml
+
+from reder.config import LossConfig, ModelConfig
+
+CORPORA = ("sword", "multi30k", "iwslt14", "wmt16_enro", "wmt14_ende", "files", "tsv")
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Where the parallel corpus comes from and how ingestion filters it (pipeline/ingest.py)."""
+
+    source: Literal["sword", "multi30k", "iwslt14", "wmt16_enro", "wmt14_ende", "files", "tsv"] = "sword"
+    src_lang: str = "en"
+    tgt_lang: str = "es"
+    # Directory holding local copies (`<split>.<lang>` text files, optionally .gz; for `tsv`,
+    # `<split>.tsv`). Relative paths are resolved against the config file's directory.
+    local_dir: str = ""
+    download: bool = True  # named corpora: fetch what local_dir lacks (into cache_dir)
+    cache_dir: str = ""  # empty: <workdir>/downloads
+    # File stems of the three splits for `files`/`tsv`; named corpora have their own defaults and
+    # only take these when set explicitly (e.g. multi30k's test_2017_flickr).
+    train_split: str = ""
+    valid_split: str = ""
+    test_split: str = ""
+    limit: int = 0  # keep only the first N lines of each split (0 = all); for smoke runs
+    # Filters. They drop pairs from the train split only; on valid/test they are counted, never
+    # applied, so test sets stay comparable with published numbers.
+    max_chars: int = 1000  # a side longer than this (in characters) is dropped
+    max_length_ratio: float = 3.0  # max(len)/min(len) in characters, both sides
+    dedupe: bool = True  # drop repeated (src, tgt) pairs within train
+    lenient: bool = False  # invalid UTF-8: drop and count the pair instead of failing
+    # SWORD (the embedded default): two Bible modules, verse-aligned.
+    sword_path: str = "/usr/share/sword"
+    sword_src_module: str = "engWEB2015eb"
+    sword_tgt_module: str = "spaRV1909eb"
+    # Deterministic split of corpora that ship without one (sword): hash of (seed, verse reference).
+    valid_size: int = 1000
+    test_size: int = 1000
+    split_seed: int = 1
+
+    def __post_init__(self) -> None:
+        if self.src_lang == self.tgt_lang:
+            raise ValueError(f"data: src_lang and tgt_lang must differ (both {self.src_lang!r})")
+        if self.max_chars < 1 or self.max_length_ratio < 1.0:
+            raise ValueError("data: max_chars must be >= 1 and max_length_ratio >= 1.0")
+        if self.limit < 0 or self.valid_size < 0 or self.test_size < 0:
+            raise ValueError("data: limit, valid_size and test_size must be >= 0")
+
+
+@dataclass(frozen=True)
+class SpmConfig:
+    """Joint SentencePiece model (pipeline/spm.py). Its size is `model.vocab_size` (see module doc)."""
+
+    model_type: Literal["bpe", "unigram"] = "bpe"
+    character_coverage: float = 1.0
+    sample_size: int = 200_000  # sentences (both sides pooled) sampled from train to fit the model
+    seed: int = 1
+    num_threads: int = 2
+
+    def __post_init__(self) -> None:
+        if not 0.9 <= self.character_coverage <= 1.0:
+            raise ValueError("spm: character_coverage must be in [0.9, 1.0]")
+        if self.sample_size < 1 or self.num_threads < 1:
+            raise ValueError("spm: sample_size and num_threads must be >= 1")
+
+
+@dataclass(frozen=True)
+class TokenizeConfig:
+    """Tokenization on Ray Data (pipeline/tokenize.py). Neither field changes the output."""
+
+    workers: int = 0  # tokenizer actors; 0 = as many as the cluster has CPUs, minus one for reads
+    batch_size: int = 1024  # rows per map_batches call
+
+    def __post_init__(self) -> None:
+        if self.workers < 0 or self.batch_size < 1:
+            raise ValueError("tokenize: workers must be >= 0 and batch_size >= 1")
+
+
+@dataclass(frozen=True)
+class RayConfig:
+    """How the driver connects to Ray: `address` empty starts a local instance."""
+
+    address: str = ""
+    num_cpus: int = 0  # local instance only; 0 = all
+    object_store_memory_mb: int = 0  # local instance only; 0 = Ray's default
+
+
+@dataclass(frozen=True)
+class TrackingConfig:
+    """MLflow: an empty `uri` means $MLFLOW_TRACKING_URI, else sqlite:///<workdir>/mlflow.db."""
+
+    enabled: bool = True
+    uri: str = ""
+    experiment: str = "duplex"
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    """The whole run. Later stages add their own sections here."""
+
+    workdir: str = "runs/default"  # relative paths resolve against the current directory
+    data: DataConfig = field(default_factory=DataConfig)
+    spm: SpmConfig = field(default_factory=SpmConfig)
+    tokenize: TokenizeConfig = field(default_factory=TokenizeConfig)
+    ray: RayConfig = field(default_factory=RayConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+class ConfigError(ValueError):
+    """A bad key, value or type in a config file or override; the message names the key's path."""
+
+
+def from_dict(cls: type, values: Any, path: str = "") -> Any:
+    """Build dataclass `cls` from a nested dict, checking every key and type (path is for messages)."""
+    where = path or "<config>"
+    if values is None:
+        values = {}
+    if not isinstance(values, dict):
+        raise ConfigError(f"{where}: expected a mapping for {cls.__name__}, got {type(values).__name__}")
+    hints = typing.get_type_hints(cls)
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        paths = [_join(path, key) for key in unknown]
+        raise ConfigError(f"unknown key(s) {paths}; known keys under {where} are {sorted(known)}")
+    kwargs = {key: _convert(hints[key], value, _join(path, key)) for key, value in values.items()}
+    try:
+        return cls(**kwargs)
+    except (TypeError, ValueError) as error:
+        raise ConfigError(f"{where}: {error}") from error
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> PipelineConfig:
+    """Load a YAML file (or the defaults when None), apply `a.b=value` overrides, and validate."""
+    raw: dict[str, Any] = {}
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file not found: {path}")
+        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{path}: top level must be a mapping, got {type(raw).__name__}")
+        raw = _resolve_local_dir(raw, path.parent)
+    for override in overrides:
+        _apply_override(raw, override)
+    cfg = from_dict(PipelineConfig, raw)
+    check_consistency(cfg)
+    return cfg
+
+
+def check_consistency(cfg: PipelineConfig) -> None:
+    """Cross-section rules that no single section can check."""
+    if cfg.model.vocab_size < 64:
+        raise ConfigError(f"model.vocab_size: at least 64 pieces are needed for a joint SentencePiece "
+                          f"model, got {cfg.model.vocab_size}")
+
+
+def to_yaml(cfg: PipelineConfig) -> str:
+    """The resolved config as YAML (loadable again with load_config)."""
+    return yaml.safe_dump(cfg.to_dict(), sort_keys=False)
+
+
+def _join(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else str(key)
+
+
+def _convert(hint: Any, value: Any, path: str) -> Any:
+    """Check `value` against type `hint`; nested dataclasses are built recursively."""
+    if dataclasses.is_dataclass(hint):
+        return from_dict(hint, value, path)
+    origin = typing.get_origin(hint)
+    if origin is Literal:
+        choices = typing.get_args(hint)
+        if value not in choices:
+            raise ConfigError(f"{path}: expected one of {list(choices)}, got {value!r}")
+        return value
+    if origin in (Union, types.UnionType):
+        errors = []
+        for option in typing.get_args(hint):
+            if option is type(None):
+                if value is None:
+                    return None
+                continue
+            try:
+                return _convert(option, value, path)
+            except ConfigError as error:
+                errors.append(str(error))
+        raise ConfigError(f"{path}: {value!r} matches none of {hint}: {errors}")
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{path}: expected a list, got {type(value).__name__} {value!r}")
+        (item_type, _ellipsis) = typing.get_args(hint)
+        return tuple(_convert(item_type, item, f"{path}[{i}]") for i, item in enumerate(value))
+    if hint is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{path}: expected float, got {type(value).__name__} {value!r}")
+        return float(value)
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{path}: expected int, got {type(value).__name__} {value!r}")
+        return value
+    if hint in (str, bool):
+        if not isinstance(value, hint):
+            raise ConfigError(f"{path}: expected {hint.__name__}, got {type(value).__name__} {value!r}")
+        return value
+    raise ConfigError(f"{path}: unsupported field type {hint}")
+
+
+def _apply_override(raw: dict[str, Any], override: str) -> None:
+    """Apply one `a.b.c=value` override; the value is parsed as YAML (so 3 is int, 1e-3 is float)."""
+    key, sep, text = override.partition("=")
+    if not sep or not key or any(not part for part in key.split(".")):
+        raise ConfigError(f"override {override!r}: expected dotted.key=value")
+    parts = key.split(".")
+    node = raw
+    known: type | None = PipelineConfig
+    for i, part in enumerate(parts[:-1]):
+        known = _field_type(known, part, ".".join(parts[: i + 1]))
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"override {override!r}: {'.'.join(parts[: i + 1])} is not a section")
+        node = child
+    _field_type(known, parts[-1], key)
+    node[parts[-1]] = _parse_scalar(text)
+
+
+def _field_type(cls: type | None, name: str, path: str) -> type | None:
+    if cls is None or not dataclasses.is_dataclass(cls):
+        raise ConfigError(f"unknown key {path!r}: its parent is not a section")
+    hints = typing.get_type_hints(cls)
+    if name not in hints:
+        raise ConfigError(f"unknown key {path!r}; known keys there are {sorted(hints)}")
+    hint = hints[name]
+    return hint if dataclasses.is_dataclass(hint) else None
+
+
+def _parse_scalar(text: str) -> Any:
+    # A 1e-3 in YAML 1.1 is a string; accept it as the float it obviously is.
+    value = yaml.safe_load(text) if text != "" else ""
+    if isinstance(value, str):
+        try:
+            return float(value) if any(c in value.lower() for c in ".e") and value.strip() else value
+        except ValueError:
+            return value
+    return value
+
+
+def _resolve_local_dir(raw: dict[str, Any], base: Path) -> dict[str, Any]:
+    """Make data.local_dir relative to the YAML file, so configs work from any current directory."""
+    data = raw.get("data")
+    if isinstance(data, dict) and isinstance(data.get("local_dir"), str) and data["local_dir"]:
+        local = Path(data["local_dir"]).expanduser()
+        if not local.is_absolute():
+            raw = {**raw, "data": {**data, "local_dir": str((base / local).resolve())}}
+    return raw

@@ -1,0 +1,107 @@
+"""SentencePiece stage: one joint model for both languages, with the project's fixed special ids.
+
+Ids: pad 0, unk 1, bos 2, eos 3, learned pieces 4 .. V-2, and the CTC blank `<blank>` at V-1, where
+V = `model.vocab_size`. SentencePiece always places user-defined and control symbols right after the
+special ids, so the blank is appended to the trained model's proto afterwards as a CONTROL piece: it
+has an id, but encoding never produces it (control pieces are not matched in text, not even the literal
+string "<blank>"), and decoding drops it.
+"""
+from __future__ import annotations
+
+import io
+import logging
+import random
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import sentencepiece as sentencepiece
+from sentencepiece import sentencepiece_model_pb2
+
+from pipeline import ingest
+from pipeline.config import PipelineConfig
+from pipeline.stage import StageError, require_done, run_stage, stage_dir
+from reder.config import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+
+log = logging.getLogger(__name__)
+
+BLANK_PIECE = "<blank>"
+MODEL_FILE = "spm.model"
+VOCAB_FILE = "spm.vocab"
+
+
+def output_dir(cfg: PipelineConfig, workdir: Path) -> Path:
+    section = {k: v for k, v in asdict(cfg.spm).items() if k != "num_threads"}
+    return stage_dir(workdir, "spm", {"spm": section, "vocab_size": cfg.model.vocab_size,
+                                      "ingest": ingest.output_dir(cfg, workdir).name})
+
+
+def run(cfg: PipelineConfig, workdir: Path, force: bool = False) -> Path:
+    """Train the joint model on a sample of the ingested train split; returns the output directory."""
+    workdir = Path(workdir).resolve()
+    corpus = require_done(ingest.output_dir(cfg, workdir), "ingest")
+    config = {"spm": asdict(cfg.spm), "vocab_size": cfg.model.vocab_size}
+    return run_stage("spm", output_dir(cfg, workdir), lambda tmp: _build(cfg, corpus, tmp), config=config,
+                     inputs={"ingest": str(corpus)}, force=force)
+
+
+def _build(cfg: PipelineConfig, corpus: Path, tmp: Path) -> dict[str, Any]:
+    sample = training_sample(corpus / "train", cfg.spm.sample_size, cfg.spm.seed)
+    proto = train(sample, cfg.model.vocab_size, cfg.spm.model_type, cfg.spm.character_coverage,
+                  cfg.spm.num_threads)
+    (tmp / MODEL_FILE).write_bytes(proto)
+    processor = load(tmp / MODEL_FILE, cfg.model.vocab_size)
+    with open(tmp / VOCAB_FILE, "w", encoding="utf-8") as vocab:
+        for piece_id in range(processor.get_piece_size()):
+            vocab.write(f"{processor.id_to_piece(piece_id)}\t{processor.get_score(piece_id):g}\n")
+    return {"sample_sentences": len(sample), "vocab_size": processor.get_piece_size(),
+            "blank_id": processor.get_piece_size() - 1}
+
+
+def training_sample(train_dir: Path, size: int, seed: int) -> list[str]:
+    """Up to `size` sentences drawn (seeded) from both sides of the train split, pooled."""
+    table = pq.read_table(train_dir, columns=["src", "tgt"])
+    sentences = table.column("src").to_pylist() + table.column("tgt").to_pylist()
+    if len(sentences) > size:
+        sentences = random.Random(seed).sample(sentences, size)
+    return sentences
+
+
+def train(sentences: list[str], vocab_size: int, model_type: str = "bpe", character_coverage: float = 1.0,
+          num_threads: int = 1) -> bytes:
+    """A serialized SentencePiece model of exactly `vocab_size` pieces, blank last (see module doc)."""
+    model = io.BytesIO()
+    try:
+        sentencepiece.SentencePieceTrainer.train(
+            sentence_iterator=iter(sentences), model_writer=model, vocab_size=vocab_size - 1,
+            model_type=model_type, character_coverage=character_coverage, num_threads=num_threads,
+            pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID, pad_piece="<pad>",
+            unk_piece="<unk>", bos_piece="<s>", eos_piece="</s>", minloglevel=2,
+            max_sentence_length=1 << 16)
+    except RuntimeError as error:
+        raise StageError(f"SentencePiece training failed for vocab_size={vocab_size} on "
+                         f"{len(sentences)} sentences: {error}. A small corpus needs a smaller "
+                         f"model.vocab_size") from error
+    proto = sentencepiece_model_pb2.ModelProto()
+    proto.ParseFromString(model.getvalue())
+    blank = proto.pieces.add()
+    blank.piece = BLANK_PIECE
+    blank.score = 0.0
+    blank.type = sentencepiece_model_pb2.ModelProto.SentencePiece.CONTROL
+    return proto.SerializeToString()
+
+
+def load(path_or_proto: Path | str | bytes, vocab_size: int | None = None) -> sentencepiece.SentencePieceProcessor:
+    """Load a model (path or serialized bytes) and check the project's id layout."""
+    if isinstance(path_or_proto, bytes):
+        processor = sentencepiece.SentencePieceProcessor(model_proto=path_or_proto)
+    else:
+        processor = sentencepiece.SentencePieceProcessor(model_file=str(path_or_proto))
+    size = processor.get_piece_size()
+    expected = {PAD_ID: "<pad>", UNK_ID: "<unk>", BOS_ID: "<s>", EOS_ID: "</s>", size - 1: BLANK_PIECE}
+    layout = {piece_id: processor.id_to_piece(piece_id) for piece_id in expected}
+    if layout != expected or (vocab_size is not None and size != vocab_size):
+        raise StageError(f"SentencePiece model has ids {layout} and {size} pieces; expected {expected} "
+                         f"and {vocab_size} pieces (model.vocab_size)")
+    return processor

@@ -1,0 +1,113 @@
+"""Mechanics shared by every stage: hashed output directories, skip-when-done, atomic publication.
+
+A stage's output lives in `<workdir>/<stage>-<hash>/`, where the hash covers the config values the
+stage depends on and the names of its input directories (themselves hashed, so a change upstream
+changes every directory downstream). The stage builds into `<workdir>/.<stage>-<hash>.tmp/`, writes
+`manifest.json` there, renames the directory into place and writes `_SUCCESS` last. A directory without
+`_SUCCESS` is never trusted: the next run deletes it and redoes the work. A lock file serialises two
+runs of the same stage on the same workdir.
+"""
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+log = logging.getLogger(__name__)
+
+SUCCESS = "_SUCCESS"
+MANIFEST = "manifest.json"
+
+
+class StageError(RuntimeError):
+    """A stage cannot run (missing input, bad data); the message says what to do."""
+
+
+def digest(value: Any, length: int = 12) -> str:
+    """Stable short hash of a JSON-serialisable value."""
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:length]
+
+
+def stage_dir(workdir: Path, name: str, key: Any) -> Path:
+    """Where stage `name` writes for this key (config section + input names)."""
+    return Path(workdir).resolve() / f"{name}-{digest({'stage': name, 'key': key})}"
+
+
+def is_done(path: Path) -> bool:
+    return (Path(path) / SUCCESS).is_file()
+
+
+def require_done(path: Path, stage: str) -> Path:
+    """Fail clearly when an upstream stage has not produced `path` yet."""
+    if not is_done(path):
+        raise StageError(f"stage {stage!r} has no finished output at {path}; run it first "
+                         f"(python run_pipeline.py --stages {stage},...)")
+    return path
+
+
+def read_manifest(path: Path) -> dict[str, Any]:
+    return json.loads((Path(path) / MANIFEST).read_text(encoding="utf-8"))
+
+
+def run_stage(name: str, out: Path, build: Callable[[Path], dict[str, Any]], *, config: Any,
+              inputs: dict[str, str], force: bool = False) -> Path:
+    """Run `build(tmp_dir) -> counts` unless `out` is finished; publish atomically; return `out`.
+
+    `config` and `inputs` go into manifest.json with the counts `build` returns and the timings.
+    """
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    lock_path = out.parent / f".{out.name}.lock"
+    with open(lock_path, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # a second run of the same stage waits here, then skips
+        if is_done(out) and not force:
+            log.info("%s: done already, skipping (%s)", name, out)
+            return out
+        tmp = out.parent / f".{out.name}.tmp"
+        _remove(tmp)  # left by an interrupted run
+        tmp.mkdir()
+        started = time.time()
+        try:
+            counts = build(tmp)
+            manifest = {"stage": name, "config": config, "inputs": inputs, "counts": counts,
+                        "started": started, "seconds": round(time.time() - started, 3),
+                        "output": str(out)}
+            _write_text(tmp / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True, default=str))
+            _remove(out)  # unfinished leftovers, or a finished output being redone under --force
+            os.replace(tmp, out)
+            _write_text(out / SUCCESS, "")
+        except BaseException:
+            _remove(tmp)
+            raise
+    log.info("%s: finished in %.1f s (%s)", name, time.time() - started, out)
+    return out
+
+
+def write_json(path: Path, value: Any) -> None:
+    """Write JSON atomically (temp file + rename)."""
+    _write_text(Path(path), json.dumps(value, indent=2, sort_keys=True, default=str))
+
+
+def write_text(path: Path, text: str) -> None:
+    """Write text atomically (temp file + rename)."""
+    _write_text(Path(path), text)
+
+
+def _write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    elif path.exists() or path.is_symlink():
+        path.unlink()

@@ -1,0 +1,223 @@
+"""Tokenize stage: ingested text -> SentencePiece ids, sharded over a Ray Data actor pool.
+
+All splits in one Ray Data pass: `read_parquet` -> `map_batches(Tokenizer)` (a callable class holding
+the SentencePiece model, shipped as bytes, so no shared filesystem is needed) -> `write_parquet` into a
+staging directory. The driver then sorts the staged rows by `id`, counts and applies the CTC feasibility filter, and writes
+`part-NNNNN.parquet` files with a fixed layout, so the output is byte-identical whatever the number of
+workers (Ray's own file names and block boundaries vary between runs). Output columns: `id` int64,
+`src_ids`/`tgt_ids` list<int32> (pieces only: no BOS, no EOS), `src_len`/`tgt_len` int32.
+
+CTC feasibility, counting the EOS the model appends: with upsampling ratio r, a source of |x| pieces
+gives T = r·(|x|+1) output frames; a CTC path for y+EOS needs at least (|y|+1) + rep(y) frames, where
+rep(y) counts adjacent equal pieces in y (CTC must put a blank between them). The pair is feasible for
+src2tgt iff T >= (|y|+1) + rep(y), and for tgt2src iff r·(|y|+1) >= (|x|+1) + rep(x). Pairs infeasible
+in either direction are dropped from train and counted by direction; on valid/test they are counted only.
+"""
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from pipeline import ingest, spm
+from pipeline.config import PipelineConfig
+from pipeline.stage import StageError, require_done, run_stage, stage_dir, write_json
+
+log = logging.getLogger(__name__)
+
+SCHEMA = pa.schema([("id", pa.int64()), ("src_ids", pa.list_(pa.int32())), ("tgt_ids", pa.list_(pa.int32())),
+                    ("src_len", pa.int32()), ("tgt_len", pa.int32())])
+ROWS_PER_BLOCK = 50_000
+
+
+def output_dir(cfg: PipelineConfig, workdir: Path) -> Path:
+    # workers and batch_size do not change the output, so they are not part of the key
+    return stage_dir(workdir, "tokenize", {"upsample_ratio": cfg.model.upsample_ratio,
+                                           "spm": spm.output_dir(cfg, workdir).name,
+                                           "ingest": ingest.output_dir(cfg, workdir).name})
+
+
+def run(cfg: PipelineConfig, workdir: Path, force: bool = False) -> Path:
+    """Tokenize every split on Ray (connecting/starting it from `cfg.ray` if needed)."""
+    workdir = Path(workdir).resolve()
+    corpus = require_done(ingest.output_dir(cfg, workdir), "ingest")
+    model_dir = require_done(spm.output_dir(cfg, workdir), "spm")
+    config = {"tokenize": asdict(cfg.tokenize), "upsample_ratio": cfg.model.upsample_ratio}
+    return run_stage("tokenize", output_dir(cfg, workdir),
+                     lambda tmp: _build(cfg, corpus, model_dir / spm.MODEL_FILE, tmp), config=config,
+                     inputs={"ingest": str(corpus), "spm": str(model_dir)}, force=force)
+
+
+def _build(cfg: PipelineConfig, corpus: Path, model_path: Path, tmp: Path) -> dict[str, Any]:
+    from cluster.connect import ensure_ray
+
+    ensure_ray(cfg.ray)
+    model_proto = model_path.read_bytes()
+    spm.load(model_proto, cfg.model.vocab_size)  # fail here, not inside an actor, on a bad model
+    files = [p for split in ingest.SPLITS for p in sorted((corpus / split).glob("*.parquet"))]
+    report = tokenize_files(files, tmp, model_proto, cfg.model.upsample_ratio, cfg.tokenize.workers,
+                            cfg.tokenize.batch_size)
+    write_json(tmp / "report.json", report)
+    return {**report["splits"], "workers": report["workers"], "ray_seconds": report["ray_seconds"]}
+
+
+def tokenize_files(files: list[Path], out: Path, model_proto: bytes, upsample_ratio: int, workers: int = 0,
+                   batch_size: int = 1024) -> dict[str, Any]:
+    """Tokenize ingest Parquet files (split = name of each file's directory) into `out/<split>/`.
+
+    All splits go through one Ray Data execution, so its fixed cost (planning, actor start) is paid once.
+    Returns the report: per-split counts, the number of actors, the seconds spent on Ray."""
+    staging = out / "_staging"
+    started = time.time()
+    actors = tokenize_on_ray([str(p) for p in files], staging, model_proto, upsample_ratio, workers, batch_size)
+    report: dict[str, Any] = {"upsample_ratio": upsample_ratio, "workers": actors,
+                              "ray_seconds": round(time.time() - started, 3), "splits": {}}
+    staged = pq.read_table(staging)
+    present = {Path(p).parent.name for p in files}
+    for split in [s for s in ingest.SPLITS if s in present] + sorted(present - set(ingest.SPLITS)):
+        counts = finalize(staged.filter(pc.equal(staged.column("split"), split)), out / split,
+                          drop=(split == "train"))
+        report["splits"][split] = counts
+        log.info("tokenize %s: %d pairs kept of %d", split, counts["kept"], counts["read"])
+    shutil.rmtree(staging)
+    log.info("tokenize: %d workers, %.1f s on Ray", actors, report["ray_seconds"])
+    return report
+
+
+class Tokenizer:
+    """Ray Data UDF: text batch -> id lists, lengths and feasibility flags (one model per actor)."""
+
+    def __init__(self, model_proto: bytes, upsample_ratio: int) -> None:
+        import sentencepiece
+
+        self.processor = sentencepiece.SentencePieceProcessor(model_proto=model_proto)
+        self.upsample_ratio = upsample_ratio
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        # num_threads=1: parallelism comes from the actor pool, not from threads inside each actor
+        src = self.processor.encode(batch.column("src").to_pylist(), num_threads=1)
+        tgt = self.processor.encode(batch.column("tgt").to_pylist(), num_threads=1)
+        src_ids, src_len = _list_column(src)
+        tgt_ids, tgt_len = _list_column(tgt)
+        ratio = self.upsample_ratio
+        splits = [Path(path).parent.name for path in batch.column("path").to_pylist()]
+        return pa.table({
+            "split": pa.array(splits, pa.string()), "id": batch.column("id"), "src_ids": src_ids, "tgt_ids": tgt_ids,
+            "src_len": pa.array(src_len, pa.int32()), "tgt_len": pa.array(tgt_len, pa.int32()),
+            "feasible_src2tgt": pa.array([ctc_feasible(len(x), y, ratio) for x, y in zip(src, tgt)]),
+            "feasible_tgt2src": pa.array([ctc_feasible(len(y), x, ratio) for x, y in zip(src, tgt)]),
+        })
+
+
+def ctc_feasible(input_len: int, target: list[int], upsample_ratio: int) -> bool:
+    """Whether CTC can emit `target`+EOS from `input_len` pieces (+EOS) upsampled by the ratio."""
+    repeats = sum(1 for a, b in zip(target, target[1:]) if a == b)
+    return upsample_ratio * (input_len + 1) >= len(target) + 1 + repeats
+
+
+def _list_column(sequences: list[list[int]]) -> tuple[pa.Array, np.ndarray]:
+    lengths = np.fromiter((len(s) for s in sequences), dtype=np.int32, count=len(sequences))
+    offsets = np.zeros(len(sequences) + 1, dtype=np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    values = np.fromiter((i for s in sequences for i in s), dtype=np.int32, count=int(offsets[-1]))
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values)), lengths
+
+
+def plan_workers(requested: int, cpus: float) -> tuple[int, float, float]:
+    """(actors, CPUs per actor, CPUs per read/write task) for a cluster with `cpus` free CPUs.
+
+    Reads and writes always keep a share of their own (one CPU, or half of a 1-CPU cluster): an actor
+    pool holding every CPU starves the read tasks and the job hangs. More actors than the remaining CPUs
+    share them fractionally."""
+    if cpus <= 0:
+        raise StageError("tokenize: the Ray cluster has no free CPU (ray.available_resources() shows none)")
+    io_cpus = 1.0 if cpus >= 2 else cpus / 2
+    budget = cpus - io_cpus
+    actors = requested or max(1, int(budget))
+    return actors, min(1.0, budget / actors), io_cpus
+
+
+def free_cpus(settle_s: float = 15.0) -> float:
+    """CPUs free in the cluster now. A Ray Data actor pool from a previous execution is torn down
+    asynchronously, so wait (up to `settle_s`) for the free count to climb back to the cluster's total
+    before sizing a new pool; on a cluster shared with other work, take what is free after the wait."""
+    import ray
+
+    total = ray.cluster_resources().get("CPU", 0.0)
+    deadline = time.monotonic() + settle_s
+    free = ray.available_resources().get("CPU", 0.0)
+    while free < total and time.monotonic() < deadline:
+        time.sleep(0.1)
+        free = max(free, ray.available_resources().get("CPU", 0.0))
+    return free
+
+
+def tokenize_on_ray(files: list[str], staging: Path, model_proto: bytes, upsample_ratio: int,
+                    workers: int = 0, batch_size: int = 1024) -> int:
+    """Tokenize ingest's Parquet `files` into `staging` with a Ray Data actor pool (each row keeps its
+    split, the name of its file's directory); returns the number of actors."""
+    import ray
+
+    actors, actor_cpus, io_cpus = plan_workers(workers, free_cpus())
+    if not files:
+        raise StageError("tokenize: no Parquet files to read")
+    # ~4 blocks per actor so every actor gets work (one block feeds one actor task), and blocks of at
+    # most ROWS_PER_BLOCK rows so large corpora stream through a small object store.
+    rows = sum(pq.ParquetFile(path).metadata.num_rows for path in files)
+    blocks = max(4 * actors, -(-rows // ROWS_PER_BLOCK))
+    context = ray.data.DataContext.get_current()
+    previous = context.use_datasource_v2
+    # Ray 2.60's default Parquet reader (datasource V2) spent ~6 s in its ListFiles step on this 2-core
+    # machine and merged all files into one block whatever override_num_blocks said; the V1 reader
+    # honours override_num_blocks and made the stage ~1.6x faster (docs/RESULTS.md, "Tokenization").
+    # The choice is made when the read is created, so it is switched only around this call.
+    context.use_datasource_v2 = False
+    try:
+        dataset = ray.data.read_parquet(files, include_paths=True, num_cpus=io_cpus, override_num_blocks=blocks)
+    finally:
+        context.use_datasource_v2 = previous
+    dataset = dataset.map_batches(
+        Tokenizer, fn_constructor_kwargs={"model_proto": model_proto, "upsample_ratio": upsample_ratio},
+        batch_format="pyarrow", batch_size=batch_size, compute=ray.data.ActorPoolStrategy(size=actors),
+        num_cpus=actor_cpus)
+    dataset.write_parquet(str(staging), ray_remote_args={"num_cpus": io_cpus})
+    return actors
+
+
+def finalize(table: pa.Table, out: Path, drop: bool) -> dict[str, Any]:
+    """Sort one split's staged rows by id, count (and on train drop) infeasible pairs, write files."""
+    table = table.sort_by("id")
+    forward, backward = table.column("feasible_src2tgt"), table.column("feasible_tgt2src")
+    feasible = pc.and_(forward, backward)
+    counts: dict[str, Any] = {
+        "read": table.num_rows,
+        "infeasible_src2tgt": table.num_rows - pc.sum(forward).as_py() if table.num_rows else 0,
+        "infeasible_tgt2src": table.num_rows - pc.sum(backward).as_py() if table.num_rows else 0,
+        "infeasible": table.num_rows - pc.sum(feasible).as_py() if table.num_rows else 0,
+    }
+    if drop:
+        table = table.filter(feasible)
+    counts["kept"] = table.num_rows
+    counts["dropped"] = counts["read"] - counts["kept"]
+    table = pa.table({name: table.column(name).combine_chunks() for name in SCHEMA.names}, schema=SCHEMA)
+    counts["src_tokens"] = pc.sum(table.column("src_len")).as_py() or 0
+    counts["tgt_tokens"] = pc.sum(table.column("tgt_len")).as_py() or 0
+    out.mkdir(parents=True)
+    for index, start in enumerate(range(0, max(table.num_rows, 1), ingest.ROWS_PER_FILE)):
+        pq.write_table(table.slice(start, ingest.ROWS_PER_FILE), out / f"part-{index:05d}.parquet")
+    return counts
+
+
+def read_split(path: Path) -> pa.Table:
+    """A finished split as one table (files in name order, which is id order)."""
+    files = sorted(Path(path).glob("part-*.parquet"))
+    return pa.concat_tables([pq.read_table(f) for f in files]) if files else SCHEMA.empty_table()
+

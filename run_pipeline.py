@@ -1,0 +1,111 @@
+"""The pipeline CLI: run the stages in order, skipping finished ones, and summarise where outputs are.
+
+    python run_pipeline.py [--config configs/X.yaml] [key=value ...] [--stages ingest,spm,tokenize]
+                           [--force] [--address auto]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+
+from pipeline import ingest, spm, tokenize
+from pipeline.config import ConfigError, PipelineConfig, load_config, to_yaml
+from pipeline.stage import StageError, is_done, read_manifest, write_json, write_text
+from pipeline.tracking import Tracker, tracking_uri
+
+REPO_ROOT = Path(__file__).resolve().parent
+DEFAULT_CONFIG = REPO_ROOT / "configs" / "default.yaml"
+STAGES = {"ingest": ingest, "spm": spm, "tokenize": tokenize}  # in run order
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", default=str(DEFAULT_CONFIG), help="YAML config (default: %(default)s)")
+    parser.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. model.vocab_size=4000")
+    parser.add_argument("--stages", default=",".join(STAGES), help="comma-separated stages (default: %(default)s)")
+    parser.add_argument("--force", action="store_true", help="redo the selected stages even when finished")
+    parser.add_argument("--address", default="", help="Ray cluster address ('auto' for `ray up`/`ray start`)")
+    return parser.parse_args(argv)
+
+
+def select_stages(text: str) -> list[str]:
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    unknown = [name for name in names if name not in STAGES]
+    if unknown or not names:
+        raise ConfigError(f"--stages: unknown stage(s) {unknown}; known stages, in order: {list(STAGES)}")
+    return [name for name in STAGES if name in names]
+
+
+def run(cfg: PipelineConfig, stages: list[str], force: bool = False) -> dict[str, dict]:
+    """Run `stages` in order; returns {stage: {output, status, counts, seconds}}."""
+    workdir = Path(cfg.workdir).resolve()
+    workdir.mkdir(parents=True, exist_ok=True)
+    summary: dict[str, dict] = {}
+    tracker = Tracker(cfg.tracking, workdir, cfg.to_dict())
+    try:
+        for index, name in enumerate(stages, start=1):
+            module = STAGES[name]
+            expected = module.output_dir(cfg, workdir)
+            status = "skipped (finished earlier)" if is_done(expected) and not force else "ran"
+            print(f"[{index}/{len(stages)}] {name}: {'running' if status == 'ran' else status} -> {expected}",
+                  flush=True)
+            started = time.time()
+            output = module.run(cfg, workdir, force=force)
+            counts = read_manifest(output)["counts"]
+            summary[name] = {"output": str(output), "status": status, "counts": counts,
+                             "seconds": round(time.time() - started, 1)}
+            if status == "ran":
+                tracker.log_stage(name, output, counts, [output / "report.json", output / "manifest.json"])
+    except BaseException:
+        tracker.close(failed=True)
+        raise
+    tracker.close()
+    write_json(workdir / "last_run.json", {"config": cfg.to_dict(), "stages": summary,
+                                           "mlflow_run_id": tracker.run_id})
+    write_text(workdir / "config.yaml", to_yaml(cfg))
+    return summary
+
+
+def print_summary(summary: dict[str, dict], workdir: Path, tracker_note: str) -> None:
+    """Where each stage's output is, and what was kept and dropped per split."""
+    print("\nsummary")
+    for name, entry in summary.items():
+        print(f"  {name:<9} {entry['status']:<26} {entry['seconds']:>7.1f} s  {entry['output']}")
+        for split in ingest.SPLITS:
+            counts = entry["counts"].get(split)
+            if not isinstance(counts, dict):
+                continue
+            if name == "tokenize":  # the CTC feasibility filter, by direction
+                reasons = {k: counts[k] for k in ("infeasible_src2tgt", "infeasible_tgt2src") if counts[k]}
+            else:
+                reasons = {**counts["dropped"], **counts.get("flagged", {})}
+            what = "dropped" if split == "train" else "flagged (kept)"
+            print(f"      {split:<5} kept {counts['kept']:>8} of {counts['read']:>8}   {what}: {json.dumps(reasons)}")
+        if name == "spm":
+            print(f"      vocab_size {entry['counts']['vocab_size']} (blank id {entry['counts']['blank_id']})")
+    print(f"  workdir {workdir}   {tracker_note}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        overrides = list(args.overrides) + ([f"ray.address={args.address}"] if args.address else [])
+        cfg = load_config(args.config, overrides)
+        stages = select_stages(args.stages)
+        summary = run(cfg, stages, force=args.force)
+    except (ConfigError, StageError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    workdir = Path(cfg.workdir).resolve()
+    note = f"mlflow: {tracking_uri(cfg.tracking, workdir)}" if cfg.tracking.enabled else "mlflow: off"
+    print_summary(summary, workdir, note)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,51 @@
+"""Fixtures for the pipeline tests: one Ray instance for the whole session, small corpora on disk."""
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+
+import pytest
+
+WORDS_SRC = ("the a red blue small big dog cat man woman child ball street park runs walks jumps "
+             "plays sits looks at with near under over green old young house river tree").split()
+WORDS_TGT = ("der die das rot blau klein groß hund katze mann frau kind ball straße park läuft geht "
+             "springt spielt sitzt schaut an mit bei unter über grün alt jung haus fluss baum").split()
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    """One local Ray instance shared by every test that needs it (2 CPUs, small object store)."""
+    os.environ["RAY_AUTH_MODE"] = "disabled"
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(num_cpus=2, object_store_memory=200 * 1024 * 1024, include_dashboard=False,
+                 log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
+def make_pairs(count: int, seed: int = 0) -> list[tuple[str, str]]:
+    """Deterministic word-salad sentence pairs of varied length (a translation-shaped toy corpus)."""
+    rng = random.Random(seed)
+    pairs = []
+    for _ in range(count):
+        length = rng.randint(3, 14)
+        picks = [rng.randrange(len(WORDS_SRC)) for _ in range(length)]
+        src = " ".join(WORDS_SRC[i] for i in picks).capitalize() + "."
+        tgt = " ".join(WORDS_TGT[i] for i in picks).capitalize() + "."
+        pairs.append((src, tgt))
+    return pairs
+
+
+def write_files_corpus(directory: Path, sizes: dict[str, int] | None = None, seed: int = 0,
+                       langs: tuple[str, str] = ("en", "de")) -> Path:
+    """`<split>.<lang>` files for train/valid/test in `directory`; returns it."""
+    directory.mkdir(parents=True, exist_ok=True)
+    sizes = sizes or {"train": 300, "valid": 40, "test": 40}
+    for offset, (split, size) in enumerate(sizes.items()):
+        pairs = make_pairs(size, seed + offset)
+        for side, lang in enumerate(langs):
+            (directory / f"{split}.{lang}").write_text("".join(p[side] + "\n" for p in pairs), encoding="utf-8")
+    return directory

@@ -1,0 +1,84 @@
+from pathlib import Path
+
+import pytest
+
+from pipeline.config import ConfigError, DataConfig, PipelineConfig, load_config
+from reder.config import ModelConfig
+
+CONFIGS = sorted((Path(__file__).resolve().parents[2] / "configs").glob("*.yaml"))
+
+
+def test_configs_directory_is_not_empty():
+    assert {p.name for p in CONFIGS} >= {"default.yaml", "smoke.yaml", "multi30k.yaml"}
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_every_shipped_yaml_loads(path):
+    cfg = load_config(path)
+    assert isinstance(cfg, PipelineConfig)
+    assert isinstance(cfg.model, ModelConfig)
+    assert cfg.model.vocab_size >= 64
+    if cfg.data.local_dir:  # resolved against the YAML file, not the current directory
+        assert Path(cfg.data.local_dir).is_absolute()
+
+
+def test_defaults_come_from_the_dataclasses():
+    cfg = load_config(None)
+    assert cfg.data == DataConfig()
+    assert cfg.model == ModelConfig()
+    assert cfg.data.source == "sword"
+
+
+def test_overrides_are_parsed_and_typed():
+    cfg = load_config(None, ["model.vocab_size=4000", "model.dropout=0.3", "data.lenient=true",
+                             "data.source=multi30k", "data.src_lang=de", "spm.model_type=unigram",
+                             "loss.lambda_fba=1e-3", "data.max_length_ratio=2"])
+    assert cfg.model.vocab_size == 4000 and isinstance(cfg.model.vocab_size, int)
+    assert cfg.model.dropout == 0.3
+    assert cfg.data.lenient is True
+    assert cfg.data.source == "multi30k" and cfg.data.src_lang == "de"
+    assert cfg.spm.model_type == "unigram"
+    assert cfg.loss.lambda_fba == pytest.approx(1e-3)
+    assert cfg.data.max_length_ratio == 2.0 and isinstance(cfg.data.max_length_ratio, float)
+
+
+@pytest.mark.parametrize("override, fragment", [
+    ("data.bogus=1", "data.bogus"),
+    ("bogus=1", "bogus"),
+    ("model.vocab_size=lots", "model.vocab_size: expected int, got str"),
+    ("model.vocab_size=1.5", "model.vocab_size: expected int, got float"),
+    ("data.lenient=3", "data.lenient: expected bool"),
+    ("data.source=europarl", "data.source: expected one of"),
+    ("data.max_chars.deep=1", "data.max_chars"),
+    ("model.n_heads=3", "model: ModelConfig: d_model must be divisible by n_heads"),
+    ("noequals", "expected dotted.key=value"),
+])
+def test_bad_overrides_name_the_key(override, fragment):
+    with pytest.raises(ConfigError) as error:
+        load_config(None, [override])
+    assert fragment in str(error.value)
+
+
+def test_bad_yaml_names_the_key_path(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("data:\n  max_chars: many\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"data\.max_chars: expected int, got str 'many'"):
+        load_config(path)
+    path.write_text("model:\n  vocab_size: 100\n  hidden: 3\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"model\.hidden"):
+        load_config(path)
+    path.write_text("data: [1, 2]\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"data: expected a mapping"):
+        load_config(path)
+
+
+def test_missing_config_file_is_a_clear_error(tmp_path):
+    with pytest.raises(ConfigError, match="config file not found"):
+        load_config(tmp_path / "nope.yaml")
+
+
+def test_vocab_size_has_one_source_of_truth():
+    with pytest.raises(ConfigError, match="model.vocab_size"):
+        load_config(None, ["model.vocab_size=32"])
+    with pytest.raises(ConfigError, match="spm.vocab_size"):
+        load_config(None, ["spm.vocab_size=8000"])  # not a key: the size lives in model.vocab_size

@@ -1,0 +1,271 @@
+import gzip
+import io
+import json
+import tarfile
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from pipeline import ingest
+from pipeline.config import load_config
+from pipeline.ingest import CorpusError
+from tests.conftest import SHARED_DATA
+from tests.pipeline.conftest import make_pairs, write_files_corpus
+from tests.pipeline.sword_module import write_ztext_module
+
+
+def files_config(local_dir, *overrides):
+    return load_config(None, ["data.source=files", f"data.local_dir={local_dir}", "data.src_lang=en",
+                              "data.tgt_lang=de", *overrides])
+
+
+def assert_nothing_written(workdir: Path):
+    leftovers = [p.name for p in workdir.iterdir() if not p.name.endswith(".lock")] if workdir.exists() else []
+    assert leftovers == [], leftovers
+
+
+def test_files_corpus_roundtrips_to_parquet(tmp_path):
+    corpus = write_files_corpus(tmp_path / "corpus")
+    out = ingest.run(files_config(corpus), tmp_path / "work")
+    assert (out / "_SUCCESS").exists()
+    train = pq.read_table(out / "train")
+    assert train.schema.names == ["id", "src", "tgt"]
+    assert str(train.schema.field("id").type) == "int64"
+    lines_src = (corpus / "train.en").read_text(encoding="utf-8").splitlines()
+    lines_tgt = (corpus / "train.de").read_text(encoding="utf-8").splitlines()
+    for row in train.to_pylist():  # id is the 1-based line number in the source files
+        assert (row["src"], row["tgt"]) == (lines_src[row["id"] - 1], lines_tgt[row["id"] - 1])
+    report = json.loads((out / "report.json").read_text())
+    assert report["splits"]["train"]["read"] == 300
+    assert report["splits"]["train"]["kept"] + sum(report["splits"]["train"]["dropped"].values()) == 300
+    assert pq.read_table(out / "valid").num_rows == 40
+
+
+def test_misaligned_files_name_both_files_and_counts(tmp_path):
+    corpus = write_files_corpus(tmp_path / "corpus")
+    (corpus / "valid.de").write_text("eins\nzwei\n", encoding="utf-8")
+    with pytest.raises(CorpusError) as error:
+        ingest.run(files_config(corpus), tmp_path / "work")
+    message = str(error.value)
+    assert "misaligned" in message and str(corpus / "valid.en") in message and str(corpus / "valid.de") in message
+    assert "40 lines" in message and "has 2" in message
+    assert_nothing_written(tmp_path / "work")
+
+
+def test_invalid_utf8_names_file_and_line(tmp_path):
+    corpus = write_files_corpus(tmp_path / "corpus")
+    lines = (corpus / "train.de").read_bytes().split(b"\n")
+    lines[6] = b"kaputt \xff\xfe text"
+    (corpus / "train.de").write_bytes(b"\n".join(lines))
+    with pytest.raises(CorpusError, match=rf"{corpus / 'train.de'}:7: invalid UTF-8"):
+        ingest.run(files_config(corpus), tmp_path / "work")
+    assert_nothing_written(tmp_path / "work")
+    out = ingest.run(files_config(corpus, "data.lenient=true"), tmp_path / "work")
+    report = json.loads((out / "report.json").read_text())
+    assert report["splits"]["train"]["dropped"]["invalid_utf8"] == 1
+    assert 7 not in pq.read_table(out / "train").column("id").to_pylist()
+
+
+def test_empty_corpus_is_an_error(tmp_path):
+    corpus = write_files_corpus(tmp_path / "corpus")
+    (corpus / "train.en").write_text("", encoding="utf-8")
+    (corpus / "train.de").write_text("", encoding="utf-8")
+    with pytest.raises(CorpusError, match="empty corpus: no train pairs"):
+        ingest.run(files_config(corpus), tmp_path / "work")
+    assert_nothing_written(tmp_path / "work")
+    (corpus / "train.en").write_text("\n \n", encoding="utf-8")  # only empty lines: all dropped
+    (corpus / "train.de").write_text("a\n\n", encoding="utf-8")
+    with pytest.raises(CorpusError, match=r"dropped \{'empty': 2\}"):
+        ingest.run(files_config(corpus), tmp_path / "work")
+
+
+def test_missing_file_is_a_clear_error(tmp_path):
+    corpus = write_files_corpus(tmp_path / "corpus")
+    (corpus / "test.de").unlink()
+    with pytest.raises(CorpusError, match=rf"corpus file not found: {corpus / 'test.de'}"):
+        ingest.run(files_config(corpus), tmp_path / "work")
+    assert_nothing_written(tmp_path / "work")
+
+
+def test_filters_drop_from_train_and_only_count_in_eval(tmp_path):
+    corpus = write_files_corpus(tmp_path / "corpus", {"train": 5, "valid": 5, "test": 5})
+    src = ["A dog runs.", "", "x" * 50, "Short.", "A dog runs.", "The cat sits."]
+    tgt = ["Ein Hund läuft.", "Leer nicht.", "y" * 50, "Das ist ein sehr viel längerer Satz.",
+           "Ein Hund läuft.", "Die Katze sitzt."]
+    for split in ("train", "valid"):
+        (corpus / f"{split}.en").write_text("\n".join(src) + "\n", encoding="utf-8")
+        (corpus / f"{split}.de").write_text("\n".join(tgt) + "\n", encoding="utf-8")
+    out = ingest.run(files_config(corpus, "data.max_chars=40", "data.max_length_ratio=3"), tmp_path / "w")
+    report = json.loads((out / "report.json").read_text())["splits"]
+    assert report["train"]["dropped"] == {"duplicate": 1, "empty": 1, "length_ratio": 1, "too_long": 1}
+    assert pq.read_table(out / "train").column("id").to_pylist() == [1, 6]
+    assert report["valid"]["flagged"] == {"duplicate": 1, "empty": 1, "length_ratio": 1, "too_long": 1}
+    assert pq.read_table(out / "valid").num_rows == 6
+
+
+def test_gzip_crlf_and_tsv_inputs(tmp_path):
+    pairs = make_pairs(20)
+    corpus = tmp_path / "gz"
+    corpus.mkdir()
+    for split in ingest.SPLITS:
+        for side, lang in enumerate(("en", "de")):
+            text = "".join(p[side] + "\r\n" for p in pairs).encode("utf-8")
+            (corpus / f"{split}.{lang}.gz").write_bytes(gzip.compress(text))
+    out = ingest.run(files_config(corpus), tmp_path / "w1")
+    assert pq.read_table(out / "train").column("src").to_pylist() == [p[0] for p in pairs]
+
+    tsv = tmp_path / "tsv"
+    tsv.mkdir()
+    for split in ingest.SPLITS:
+        (tsv / f"{split}.tsv").write_text("".join(f"{a}\t{b}\n" for a, b in pairs), encoding="utf-8")
+    out = ingest.run(load_config(None, ["data.source=tsv", f"data.local_dir={tsv}"]), tmp_path / "w2")
+    assert pq.read_table(out / "test").column("tgt").to_pylist() == [p[1] for p in pairs]
+    (tsv / "valid.tsv").write_text("one\ttwo\nno tab here\n", encoding="utf-8")
+    with pytest.raises(CorpusError, match=rf"{tsv / 'valid.tsv'}:2: expected 2 tab-separated fields"):
+        ingest.run(load_config(None, ["data.source=tsv", f"data.local_dir={tsv}"]), tmp_path / "w3")
+
+
+def test_rerun_skips_and_changed_input_or_config_gets_a_new_directory(tmp_path):
+    corpus = write_files_corpus(tmp_path / "corpus")
+    first = ingest.run(files_config(corpus), tmp_path / "w")
+    started = json.loads((first / "manifest.json").read_text())["started"]
+    assert ingest.run(files_config(corpus), tmp_path / "w") == first
+    assert json.loads((first / "manifest.json").read_text())["started"] == started
+    assert ingest.run(files_config(corpus, "data.max_chars=500"), tmp_path / "w") != first
+    with open(corpus / "test.de", "a", encoding="utf-8") as handle:
+        handle.write("Ein neuer Satz.\n")
+    with open(corpus / "test.en", "a", encoding="utf-8") as handle:
+        handle.write("A new sentence.\n")
+    assert ingest.run(files_config(corpus), tmp_path / "w") != first
+
+
+def test_limit_keeps_the_first_lines(tmp_path):
+    corpus = write_files_corpus(tmp_path / "corpus")
+    out = ingest.run(files_config(corpus, "data.limit=25", "data.dedupe=false"), tmp_path / "w")
+    assert pq.read_table(out / "train").column("id").to_pylist()[-1] <= 25
+
+
+def test_named_corpus_download_path(tmp_path, monkeypatch):
+    """The download branch on file:// URLs: fetched once into the cache, gunzipped, read."""
+    remote = tmp_path / "remote"
+    remote.mkdir()
+    pairs = make_pairs(30)
+    for stem in ("train", "val", "test_2016_flickr"):
+        for side, lang in enumerate(("en", "de")):
+            (remote / f"{stem}.{lang}.gz").write_bytes(gzip.compress("".join(p[side] + "\n" for p in pairs).encode()))
+    url = remote.as_uri() + "/{stem}.{lang}.gz"
+    corpus = ingest.NAMED["multi30k"]
+    patched = ingest.NamedCorpus(corpus.languages, {
+        name: ingest.SplitSource(src.stem, (ingest.Archive(url.replace("{stem}", src.stem)),))
+        for name, src in corpus.splits.items()})
+    monkeypatch.setitem(ingest.NAMED, "multi30k", patched)
+    cfg = load_config(None, ["data.source=multi30k", "data.src_lang=en", "data.tgt_lang=de",
+                             f"data.cache_dir={tmp_path / 'cache'}"])
+    out = ingest.run(cfg, tmp_path / "w")
+    assert pq.read_table(out / "valid").column("tgt").to_pylist() == [p[1] for p in pairs]
+    assert (tmp_path / "cache" / "multi30k" / "val.de").is_file()
+    with pytest.raises(CorpusError, match="is not in data.local_dir"):
+        ingest.read_corpus(load_config(None, ["data.source=multi30k", "data.tgt_lang=de",
+                                              "data.download=false"]).data, tmp_path)
+    with pytest.raises(CorpusError, match="has languages"):
+        ingest.read_corpus(load_config(None, ["data.source=multi30k", "data.tgt_lang=ro"]).data, tmp_path)
+
+
+def test_iwslt14_preparation_follows_fairseq_split(tmp_path):
+    lines = {lang: [f"{lang} sentence {i}" for i in range(1, 47)] for lang in ("de", "en")}
+    archive = tmp_path / "de-en.tgz"
+    with tarfile.open(archive, "w:gz") as tar:
+        def add(name, text):
+            data = text.encode("utf-8")
+            info = tarfile.TarInfo(f"de-en/{name}")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+        for lang, body in lines.items():
+            add(f"train.tags.de-en.{lang}", "<url>http://x</url>\n<talkid>1</talkid>\n" + "\n".join(body) + "\n")
+            for name in ingest._IWSLT_TEST:
+                add(f"{name}.de-en.{lang}.xml", f'<doc><seg id="1"> {name} {lang} </seg>\n<seg id="2">b</seg></doc>')
+    got = ingest._prepare_iwslt14(archive, tmp_path, "valid", ("de", "en"))
+    assert got[0].read_text().splitlines() == ["de sentence 23", "de sentence 46"]
+    train = (tmp_path / "train.en").read_text().splitlines()
+    assert len(train) == 44 and "en sentence 23" not in train and train[0] == "en sentence 1"
+    test = (tmp_path / "test.de").read_text().splitlines()
+    assert len(test) == 10 and test[0] == "IWSLT14.TED.dev2010 de"
+
+
+@pytest.mark.skipif(not (SHARED_DATA / "multi30k" / "train.en").is_file(), reason="needs ../shared/data/multi30k")
+def test_multi30k_loader_on_the_shared_copy(tmp_path):
+    cfg = load_config(None, ["data.source=multi30k", "data.src_lang=en", "data.tgt_lang=fr",
+                             f"data.local_dir={SHARED_DATA / 'multi30k'}", "data.download=false"])
+    raw, _ = ingest.read_corpus(cfg.data, tmp_path)
+    assert {split: len(part.ids) for split, part in raw.items()} == {"train": 29000, "valid": 1014, "test": 1000}
+    first_en = (SHARED_DATA / "multi30k" / "val.en").read_text(encoding="utf-8").split("\n")[0]
+    first_fr = (SHARED_DATA / "multi30k" / "val.fr").read_text(encoding="utf-8").split("\n")[0]
+    assert (raw["valid"].src[0], raw["valid"].tgt[0]) == (first_en, first_fr)
+    cfg2 = load_config(None, ["data.source=multi30k", "data.tgt_lang=de", "data.test_split=test_2017_flickr",
+                              f"data.local_dir={SHARED_DATA / 'multi30k'}", "data.download=false"])
+    raw2, _ = ingest.read_corpus(cfg2.data, tmp_path)
+    assert raw2["test"].origin.endswith("test_2017_flickr.de")
+
+
+def test_clean_osis_keeps_words_apart_and_drops_notes():
+    raw = ('<w lemma="strong:H0430">God</w><note placement="foot">The Hebrew word “God”.</note>'
+           '<w lemma="strong:H1254">created</w> <w>the</w> <w>heavens</w>&amp; '
+           '<title type="psalm">A Psalm.</title> <note>x</note>, end.')
+    assert ingest.clean_osis(raw) == "God created the heavens& A Psalm. , end."
+
+
+def _tiny_sword(tmp_path):
+    library = tmp_path / "sword"
+    verses_en = {("Gen", 1, v): f'<w lemma="x">Verse</w><note>n</note><w>{v}</w> of Genesis.' for v in range(1, 21)}
+    verses_es = {("Gen", 1, v): f"Versículo {v} de Génesis." for v in range(1, 21)}
+    verses_en[("Gen", 1, 5)] = ""  # a verse one module omits: not a pair
+    verses_en[("Exod", 2, 3)] = "Exodus two three."
+    verses_es[("Exod", 2, 3)] = "Éxodo dos tres."
+    write_ztext_module(library, "TinyEn", verses_en, "en")
+    write_ztext_module(library, "TinyEs", verses_es, "es")
+    return library
+
+
+def test_sword_reader_on_a_module_built_here(tmp_path):
+    library = _tiny_sword(tmp_path)
+    cfg = load_config(None, [f"data.sword_path={library}", "data.sword_src_module=TinyEn",
+                             "data.sword_tgt_module=TinyEs", "data.valid_size=3", "data.test_size=4"])
+    raw, notes = ingest.read_sword(cfg.data)
+    assert {split: len(part.ids) for split, part in raw.items()} == {"train": 13, "valid": 3, "test": 4}
+    all_ids = sorted(i for part in raw.values() for i in part.ids)
+    assert len(set(all_ids)) == 20
+    by_text = {src: tgt for part in raw.values() for src, tgt in zip(part.src, part.tgt)}
+    assert by_text["Verse 7 of Genesis."] == "Versículo 7 de Génesis."
+    assert by_text["Exodus two three."] == "Éxodo dos tres."
+    assert "Verse 5 of Genesis." not in by_text and notes["sword_empty_verses"] == notes["sword_verses"] - 20
+    again, _ = ingest.read_sword(cfg.data)  # deterministic split
+    assert {s: p.ids for s, p in again.items()} == {s: p.ids for s, p in raw.items()}
+    other, _ = ingest.read_sword(load_config(None, [f"data.sword_path={library}", "data.sword_src_module=TinyEn",
+                                                    "data.sword_tgt_module=TinyEs", "data.valid_size=3",
+                                                    "data.test_size=4", "data.split_seed=2"]).data)
+    assert other["test"].ids != raw["test"].ids
+
+
+def test_missing_sword_modules_say_how_to_install(tmp_path):
+    cfg = load_config(None, [f"data.sword_path={tmp_path / 'none'}"])
+    with pytest.raises(CorpusError, match="apt-get install -y sword-text-web sword-text-sparv"):
+        ingest.run(cfg, tmp_path / "w")
+    assert_nothing_written(tmp_path / "w")
+
+
+SYSTEM_SWORD = Path("/usr/share/sword/mods.d")
+
+
+@pytest.mark.skipif(not ((SYSTEM_SWORD / "engWEB2015eb.conf").is_file() and (SYSTEM_SWORD / "spaRV1909eb.conf").is_file()),
+                    reason="Debian packages sword-text-web and sword-text-sparv are not installed")
+def test_sword_reader_on_the_debian_bible_pair(tmp_path):
+    cfg = load_config(None)
+    raw, notes = ingest.read_sword(cfg.data)
+    sizes = {split: len(part.ids) for split, part in raw.items()}
+    assert sizes["valid"] == 1000 and sizes["test"] == 1000 and 28000 < sizes["train"] < 31000
+    assert notes["sword_verses"] > 31000
+    by_id = {i: (s, t) for part in raw.values() for i, s, t in zip(part.ids, part.src, part.tgt)}
+    assert by_id[1] == ("In the beginning, God created the heavens and the earth.",  # Gen 1:1
+                        "EN el principio crió Dios los cielos y la tierra.")
+    assert all(s and t for s, t in by_id.values())
