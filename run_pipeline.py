@@ -1,7 +1,7 @@
 """The pipeline CLI: run the stages in order, skipping finished ones, and summarise where outputs are.
 
-    python run_pipeline.py [--config configs/X.yaml] [key=value ...] [--stages ingest,spm,tokenize]
-                           [--force] [--address auto]
+    python run_pipeline.py [--config configs/X.yaml] [key=value ...]
+                           [--stages ingest,spm,tokenize,train,evaluate] [--force] [--address auto]
 """
 from __future__ import annotations
 
@@ -12,14 +12,14 @@ import sys
 import time
 from pathlib import Path
 
-from pipeline import ingest, spm, tokenize
+from pipeline import evaluate, ingest, spm, tokenize, train
 from pipeline.config import ConfigError, PipelineConfig, load_config, to_yaml
 from pipeline.stage import StageError, is_done, read_manifest, write_json, write_text
 from pipeline.tracking import Tracker, tracking_uri
 
 REPO_ROOT = Path(__file__).resolve().parent
 DEFAULT_CONFIG = REPO_ROOT / "configs" / "default.yaml"
-STAGES = {"ingest": ingest, "spm": spm, "tokenize": tokenize}  # in run order
+STAGES = {"ingest": ingest, "spm": spm, "tokenize": tokenize, "train": train, "evaluate": evaluate}  # in run order
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -29,7 +29,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--stages", default=",".join(STAGES), help="comma-separated stages (default: %(default)s)")
     parser.add_argument("--force", action="store_true", help="redo the selected stages even when finished")
     parser.add_argument("--address", default="", help="Ray cluster address ('auto' for `ray up`/`ray start`)")
-    return parser.parse_args(argv)
+    return parser.parse_intermixed_args(argv)  # key=value may come before and after the options
 
 
 def select_stages(text: str) -> list[str]:
@@ -45,7 +45,7 @@ def run(cfg: PipelineConfig, stages: list[str], force: bool = False) -> dict[str
     workdir = Path(cfg.workdir).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
     summary: dict[str, dict] = {}
-    tracker = Tracker(cfg.tracking, workdir, cfg.to_dict())
+    tracker = Tracker(cfg.tracking, workdir, cfg.to_dict(), to_yaml(cfg))
     try:
         for index, name in enumerate(stages, start=1):
             module = STAGES[name]
@@ -54,20 +54,31 @@ def run(cfg: PipelineConfig, stages: list[str], force: bool = False) -> dict[str
             print(f"[{index}/{len(stages)}] {name}: {'running' if status == 'ran' else status} -> {expected}",
                   flush=True)
             started = time.time()
-            output = module.run(cfg, workdir, force=force)
+            if status == "ran":
+                tracker.begin_stage(name)
+            output = module.run(cfg, workdir, force=force, tracker=tracker)
             counts = read_manifest(output)["counts"]
             summary[name] = {"output": str(output), "status": status, "counts": counts,
                              "seconds": round(time.time() - started, 1)}
             if status == "ran":
-                tracker.log_stage(name, output, counts, [output / "report.json", output / "manifest.json"])
-    except BaseException:
-        tracker.close(failed=True)
+                tracker.end_stage(output, counts, stage_artifacts(output))
+            if name == "evaluate":
+                tracker.log_results(json.loads((output / evaluate.RESULTS_FILE).read_text(encoding="utf-8")))
+    except BaseException as error:
+        tracker.close(failed=True, error=f"{type(error).__name__}: {error}")
         raise
     tracker.close()
     write_json(workdir / "last_run.json", {"config": cfg.to_dict(), "stages": summary,
                                            "mlflow_run_id": tracker.run_id})
     write_text(workdir / "config.yaml", to_yaml(cfg))
     return summary
+
+
+def stage_artifacts(output: Path) -> list[Path]:
+    """What a stage's MLflow run keeps: its small files (reports, spm model, plots, hypotheses) and the
+    final model directory; never the Parquet data."""
+    files = [p for p in sorted(output.iterdir()) if p.is_file() and p.name != "_SUCCESS"]
+    return files + [p for p in (output / train.MODEL_DIR,) if p.is_dir()]
 
 
 def print_summary(summary: dict[str, dict], workdir: Path, tracker_note: str) -> None:
@@ -87,6 +98,15 @@ def print_summary(summary: dict[str, dict], workdir: Path, tracker_note: str) ->
             print(f"      {split:<5} kept {counts['kept']:>8} of {counts['read']:>8}   {what}: {json.dumps(reasons)}")
         if name == "spm":
             print(f"      vocab_size {entry['counts']['vocab_size']} (blank id {entry['counts']['blank_id']})")
+        if name == "train":
+            print(f"      {entry['counts']['steps']} steps, best validation BLEU {entry['counts']['best_valid_bleu']:.2f}, "
+                  f"model: {Path(entry['output']) / train.MODEL_DIR}")
+        if name == "evaluate":
+            results = json.loads((Path(entry["output"]) / evaluate.RESULTS_FILE).read_text(encoding="utf-8"))
+            print(f"      {results['split']} ({results['decoder']}):  BLEU src2tgt {results['bleu_src2tgt']:.2f}  "
+                  f"tgt2src {results['bleu_tgt2src']:.2f}   chrF {results['chrf_src2tgt']:.1f} / "
+                  f"{results['chrf_tgt2src']:.1f}   round trip {results['roundtrip_bleu_src']:.1f} / "
+                  f"{results['roundtrip_bleu_tgt']:.1f}")
     print(f"  workdir {workdir}   {tracker_note}")
 
 

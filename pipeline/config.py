@@ -95,6 +95,70 @@ class TokenizeConfig:
 
 
 @dataclass(frozen=True)
+class TrainConfig:
+    """Ray Train of the duplex model (pipeline/train.py). Batches are per worker, fairseq-style; the
+    optimisation defaults are the paper recipe (DESIGN.md), the shipped configs size the run."""
+
+    num_workers: int = 1  # Ray Train workers (DDP ranks)
+    use_gpu: bool = False
+    cpus_per_worker: float = 1.0
+    gpus_per_worker: float = 1.0  # only with use_gpu
+    max_tokens: int = 4096  # per worker and micro-batch: sentences × (longest source + longest target)
+    update_freq: int = 1  # micro-batches per update (gradient accumulation)
+    max_steps: int = 300_000  # optimizer updates
+    lr: float = 5e-4
+    warmup_steps: int = 4000  # inverse-sqrt schedule: linear warm-up from warmup_init_lr, then lr·√(warmup/step)
+    warmup_init_lr: float = 1e-7
+    adam_betas: tuple[float, ...] = (0.9, 0.98)
+    adam_eps: float = 1e-8
+    weight_decay: float = 0.01
+    clip_norm: float = 1.0  # 0 = no clipping (the norm is still reported)
+    bf16: bool = True  # autocast to bfloat16 on GPU; ignored on CPU
+    log_every: int = 10  # steps between metric reports (loss terms, lr, tokens/s, grad norm)
+    validate_every: int = 2000  # steps between validations; each validation writes a checkpoint
+    valid_max_sentences: int = 500  # validation decodes at most this many sentences (0 = all)
+    keep_checkpoints: int = 5  # Ray keeps the best K by validation BLEU (and always the latest)
+    average_best: int = 5  # the final model averages the best N checkpoints (1 = the best alone)
+    max_failures: int = 1  # worker-group restarts from the latest checkpoint before the stage fails
+    storage_path: str = ""  # Ray Train storage; empty = <workdir>/ray_results (shared storage on a cluster)
+    seed: int = 1
+    fail_at_step: int = 0  # fault drill: raise once after this step in a run that did not resume (0 = off)
+    start_timeout_s: float = 60.0  # how long the driver waits for the requested resources to exist
+
+    def __post_init__(self) -> None:
+        if self.num_workers < 1 or self.max_tokens < 1 or self.update_freq < 1 or self.max_steps < 1:
+            raise ValueError("train: num_workers >= 1, max_tokens >= 1, update_freq >= 1, max_steps >= 1")
+        if self.validate_every < 1 or self.log_every < 1 or self.keep_checkpoints < 1 or self.average_best < 1:
+            raise ValueError("train: validate_every, log_every, keep_checkpoints, average_best must be >= 1")
+        if self.average_best > self.keep_checkpoints:
+            raise ValueError(f"train: average_best ({self.average_best}) cannot exceed keep_checkpoints "
+                             f"({self.keep_checkpoints})")
+        if len(self.adam_betas) != 2 or self.lr <= 0 or self.warmup_steps < 0:
+            raise ValueError("train: adam_betas needs two values, lr > 0, warmup_steps >= 0")
+
+
+@dataclass(frozen=True)
+class EvaluateConfig:
+    """Evaluation (pipeline/evaluate.py): decoders, splits and the speed measurements."""
+
+    splits: tuple[str, ...] = ("test", "valid")
+    beam_size: int = 5  # CTC prefix beam search (greedy always runs too); 1 = greedy only
+    batch_size: int = 64
+    max_sentences: int = 0  # per split, 0 = all
+    latency_sentences: int = 100  # sentences timed one at a time (batch 1)
+    throughput_batch: int = 64  # batch size of the throughput measurement
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.splits) - {"train", "valid", "test"})
+        if not self.splits or unknown:
+            raise ValueError(f"evaluate: splits must be among train/valid/test, got {list(self.splits)}")
+        if self.beam_size < 1 or self.batch_size < 1 or self.max_sentences < 0:
+            raise ValueError("evaluate: beam_size and batch_size must be >= 1, max_sentences >= 0")
+        if self.latency_sentences < 0 or self.throughput_batch < 1:
+            raise ValueError("evaluate: latency_sentences >= 0 and throughput_batch >= 1")
+
+
+@dataclass(frozen=True)
 class RayConfig:
     """How the driver connects to Ray: `address` empty starts a local instance."""
 
@@ -124,9 +188,20 @@ class PipelineConfig:
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     loss: LossConfig = field(default_factory=LossConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """Plain nested dicts and lists (tuples become lists), loadable again by `from_dict`."""
+        return _plain(dataclasses.asdict(self))
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {key: _plain(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(item) for item in value]
+    return value
 
 
 class ConfigError(ValueError):

@@ -130,7 +130,7 @@ def output_dir(cfg: PipelineConfig, workdir: Path) -> Path:
     return stage_dir(workdir, "ingest", {"data": data, "files": input_fingerprint(cfg.data)})
 
 
-def run(cfg: PipelineConfig, workdir: Path, force: bool = False) -> Path:
+def run(cfg: PipelineConfig, workdir: Path, force: bool = False, tracker: Any = None) -> Path:
     """Read, validate, filter and write the corpus; returns the finished output directory."""
     workdir = Path(workdir).resolve()
     out = output_dir(cfg, workdir)

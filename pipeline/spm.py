@@ -37,7 +37,7 @@ def output_dir(cfg: PipelineConfig, workdir: Path) -> Path:
                                       "ingest": ingest.output_dir(cfg, workdir).name})
 
 
-def run(cfg: PipelineConfig, workdir: Path, force: bool = False) -> Path:
+def run(cfg: PipelineConfig, workdir: Path, force: bool = False, tracker: Any = None) -> Path:
     """Train the joint model on a sample of the ingested train split; returns the output directory."""
     workdir = Path(workdir).resolve()
     corpus = require_done(ingest.output_dir(cfg, workdir), "ingest")

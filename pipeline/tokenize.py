@@ -45,7 +45,7 @@ def output_dir(cfg: PipelineConfig, workdir: Path) -> Path:
                                            "ingest": ingest.output_dir(cfg, workdir).name})
 
 
-def run(cfg: PipelineConfig, workdir: Path, force: bool = False) -> Path:
+def run(cfg: PipelineConfig, workdir: Path, force: bool = False, tracker: Any = None) -> Path:
     """Tokenize every split on Ray (connecting/starting it from `cfg.ray` if needed)."""
     workdir = Path(workdir).resolve()
     corpus = require_done(ingest.output_dir(cfg, workdir), "ingest")

@@ -1,8 +1,15 @@
-"""MLflow tracking for the stages run so far: one parent run per invocation, one nested run per stage.
+"""MLflow tracking: one parent run per pipeline invocation, one nested run per stage that runs.
+
+The parent run carries the whole config flattened as params, the resolved config YAML and the headline
+results (`bleu_src2tgt`, `bleu_tgt2src`, chrF, round-trip BLEU). Each stage's nested run carries its
+counts as metrics and its reports as artifacts; the train stage's run also gets the per-step metrics
+(logged by rank 0 of the Ray Train worker group straight into that run), the SentencePiece model, the
+final averaged model and a PNG of the loss terms and validation BLEU; the evaluate stage's run gets the
+hypotheses and results.json.
 
 The store defaults to an embedded sqlite file in the workdir (`sqlite:///<workdir>/mlflow.db`, artifacts
-beside it); `tracking.uri` or $MLFLOW_TRACKING_URI point at a server instead. Browse the local store with
-`mlflow ui --backend-store-uri sqlite:///<workdir>/mlflow.db`.
+in `<workdir>/mlartifacts`); `tracking.uri` or $MLFLOW_TRACKING_URI point at a server instead. Browse the
+local store with `mlflow ui --backend-store-uri sqlite:///<workdir>/mlflow.db`.
 """
 from __future__ import annotations
 
@@ -11,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.config import TrackingConfig
+
+HEADLINE = ("bleu_src2tgt", "bleu_tgt2src", "chrf_src2tgt", "chrf_tgt2src", "roundtrip_bleu_src", "roundtrip_bleu_tgt")
 
 
 def tracking_uri(cfg: TrackingConfig, workdir: Path) -> str:
@@ -27,19 +36,57 @@ def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
     return flat
 
 
+def numeric(values: dict[str, Any]) -> dict[str, float]:
+    """The finite numbers of a (flattened) dict, as floats: what MLflow can take as metrics."""
+    out = {}
+    for key, value in flatten(values).items():
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value == value and abs(value) != float("inf"):
+            out[key] = float(value)
+    return out
+
+
+def plot_history(history: list[dict[str, Any]], path: Path) -> Path:
+    """PNG: training loss terms (left) and validation BLEU per direction (right) over steps."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, (losses, bleu) = plt.subplots(1, 2, figsize=(12, 4.5))
+    keys = sorted({k for h in history for k in h if k.startswith("train_")})
+    for key in keys:
+        points = [(h["step"], h[key]) for h in history if key in h]
+        losses.plot([p[0] for p in points], [p[1] for p in points], label=key.removeprefix("train_"))
+    losses.set(xlabel="step", ylabel="loss", title="training loss terms")
+    losses.legend(fontsize=7)
+    for key in ("bleu_src2tgt", "bleu_tgt2src", "valid_bleu"):
+        points = [(h["step"], h[key]) for h in history if key in h]
+        bleu.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=key)
+    bleu.set(xlabel="step", ylabel="BLEU", title="validation BLEU (greedy)")
+    bleu.legend(fontsize=7)
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+    return path
+
+
 class Tracker:
-    """Records stage counts. The parent run starts at the first stage that actually ran, so a run that
-    fails on its input (or skips everything) does not open MLflow at all; disabled: does nothing."""
+    """Opens the parent run at the first stage that actually runs (a run that skips everything opens
+    nothing); a stage that fails leaves both runs FAILED with the error. Disabled: every method does
+    nothing."""
 
-    def __init__(self, cfg: TrackingConfig, workdir: Path, config: dict[str, Any]) -> None:
+    def __init__(self, cfg: TrackingConfig, workdir: Path, config: dict[str, Any], config_yaml: str = "") -> None:
         self.cfg = cfg
+        self.workdir = Path(workdir).resolve()
         self.uri = tracking_uri(cfg, workdir)
-        self.artifacts = (Path(workdir).resolve() / "mlartifacts").as_uri()
+        self.artifacts = (self.workdir / "mlartifacts").as_uri()
         self.config = config
+        self.config_yaml = config_yaml
         self.run_id: str | None = None
+        self.stage_run_id: str | None = None
 
-    def log_stage(self, stage: str, output: Path, counts: dict[str, Any], artifacts: list[Path]) -> None:
-        """A nested run for `stage`: numeric counts as metrics, the output dir as a tag, reports attached."""
+    def begin_stage(self, stage: str) -> None:
+        """Start the nested run of `stage` (and the parent run, the first time)."""
         if not self.cfg.enabled:
             return
         import mlflow
@@ -51,18 +98,59 @@ class Tracker:
                 mlflow.create_experiment(self.cfg.experiment, artifact_location=self.artifacts if local else None)
             mlflow.set_experiment(self.cfg.experiment)
             self.run_id = mlflow.start_run(run_name="pipeline").info.run_id
-            mlflow.log_params({k: str(v)[:500] for k, v in flatten(self.config).items()})
-        with mlflow.start_run(run_name=stage, nested=True):
-            mlflow.set_tag("output", str(output))
-            metrics = {k: float(v) for k, v in flatten(counts).items()
-                       if isinstance(v, (int, float)) and not isinstance(v, bool)}
-            mlflow.log_metrics(metrics)
-            for path in artifacts:
-                if path.is_file():
-                    mlflow.log_artifact(str(path))
+            params = {k: str(v)[:500] for k, v in flatten(self.config).items()}
+            mlflow.log_params(params)
+            if self.config_yaml:
+                mlflow.log_text(self.config_yaml, "config.yaml")
+        self.stage_run_id = mlflow.start_run(run_name=stage, nested=True).info.run_id
 
-    def close(self, failed: bool = False) -> None:
-        if self.run_id is not None:
-            import mlflow
+    def worker_target(self) -> dict[str, str] | None:
+        """Where Ray workers log their per-step metrics (absolute URI, the current stage's run)."""
+        if not self.cfg.enabled or self.stage_run_id is None:
+            return None
+        return {"uri": self.uri, "run_id": self.stage_run_id}
 
+    def end_stage(self, output: Path, counts: dict[str, Any], artifacts: list[Path], failed: bool = False) -> None:
+        """Close the stage's nested run with its counts as metrics and files/directories as artifacts."""
+        if self.stage_run_id is None:
+            return
+        import mlflow
+
+        mlflow.set_tag("output", str(output))
+        mlflow.log_metrics(numeric(counts))
+        for path in artifacts:
+            if path.is_file():
+                mlflow.log_artifact(str(path))
+            elif path.is_dir():
+                mlflow.log_artifacts(str(path), artifact_path=path.name)
+        mlflow.end_run(status="FAILED" if failed else "FINISHED")
+        self.stage_run_id = None
+
+    def log_results(self, results: dict[str, Any]) -> None:
+        """Headline metrics on the parent run (the current stage run gets them from its counts)."""
+        if self.run_id is None:
+            return
+        from mlflow.tracking import MlflowClient
+
+        client = MlflowClient(self.uri)
+        for key in HEADLINE:
+            if key in results:
+                client.log_metric(self.run_id, key, float(results[key]))
+        for key in ("bleu_signature", "chrf_signature"):
+            if key in results:
+                client.set_tag(self.run_id, key, results[key])
+
+    def close(self, failed: bool = False, error: str = "") -> None:
+        """End the open runs; a failure marks them FAILED with the error text as the `error` tag."""
+        if self.run_id is None:
+            return
+        import mlflow
+
+        if error:
+            mlflow.set_tag("error", error[:5000])  # the innermost open run: the failing stage's
+            if self.stage_run_id is not None:
+                mlflow.MlflowClient(self.uri).set_tag(self.run_id, "error", error[:5000])
+        if self.stage_run_id is not None:
             mlflow.end_run(status="FAILED" if failed else "FINISHED")
+            self.stage_run_id = None
+        mlflow.end_run(status="FAILED" if failed else "FINISHED")

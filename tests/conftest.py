@@ -14,6 +14,13 @@ def seed_everything() -> None:
     torch.manual_seed(0)
 
 
+@pytest.fixture(autouse=True)
+def no_inherited_mlflow_uri(monkeypatch: pytest.MonkeyPatch) -> None:
+    """mlflow.set_tracking_uri exports MLFLOW_TRACKING_URI: without this, one test's store leaks into the
+    next pipeline run of the same process."""
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if torch.cuda.is_available():
         return

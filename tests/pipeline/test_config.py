@@ -9,7 +9,8 @@ CONFIGS = sorted((Path(__file__).resolve().parents[2] / "configs").glob("*.yaml"
 
 
 def test_configs_directory_is_not_empty():
-    assert {p.name for p in CONFIGS} >= {"default.yaml", "smoke.yaml", "multi30k.yaml"}
+    assert {p.name for p in CONFIGS} >= {"default.yaml", "smoke.yaml", "multi30k.yaml", "wmt16_enro.yaml",
+                                         "wmt14_ende.yaml"}
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
@@ -82,3 +83,15 @@ def test_vocab_size_has_one_source_of_truth():
         load_config(None, ["model.vocab_size=32"])
     with pytest.raises(ConfigError, match="spm.vocab_size"):
         load_config(None, ["spm.vocab_size=8000"])  # not a key: the size lives in model.vocab_size
+
+
+def test_train_and_evaluate_sections_are_checked():
+    default = load_config(Path(__file__).resolve().parents[2] / "configs" / "default.yaml")
+    assert default.evaluate.splits == ("test",) and default.train.adam_betas == (0.9, 0.98)
+    assert default.loss.aux_start_step < default.train.max_steps  # stage two happens
+    with pytest.raises(ConfigError, match="average_best"):
+        load_config(None, ["train.keep_checkpoints=2", "train.average_best=3"])
+    with pytest.raises(ConfigError, match="splits"):
+        load_config(None, ["evaluate.splits=[dev]"])
+    with pytest.raises(ConfigError, match="train.max_token"):
+        load_config(None, ["train.max_token=10"])
