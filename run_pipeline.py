@@ -2,6 +2,9 @@
 
     python run_pipeline.py [--config configs/X.yaml] [key=value ...]
                            [--stages ingest,spm,tokenize,train,evaluate] [--force] [--address auto]
+    python run_pipeline.py tune [--config configs/X.yaml] [key=value ...] [--samples N] [--force] [--address auto]
+
+`tune` sweeps the training stage over the config's `tune.space` with Ray Tune (pipeline/tune.py).
 """
 from __future__ import annotations
 
@@ -110,7 +113,39 @@ def print_summary(summary: dict[str, dict], workdir: Path, tracker_note: str) ->
     print(f"  workdir {workdir}   {tracker_note}")
 
 
+def tune_main(argv: list[str]) -> int:
+    """`run_pipeline.py tune ...`: the sweep (data stages first when not finished)."""
+    from pipeline import tune
+
+    parser = argparse.ArgumentParser(prog="run_pipeline.py tune", description=tune.__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", default=str(DEFAULT_CONFIG), help="YAML config (default: %(default)s)")
+    parser.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. tune.num_samples=4")
+    parser.add_argument("--samples", type=int, default=0, help="tune.num_samples (default: the config's)")
+    parser.add_argument("--force", action="store_true", help="run the sweep again even when finished")
+    parser.add_argument("--address", default="", help="Ray cluster address ('auto' for `ray up`/`ray start`)")
+    args = parser.parse_intermixed_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        overrides = list(args.overrides) + ([f"ray.address={args.address}"] if args.address else []) \
+            + ([f"tune.num_samples={args.samples}"] if args.samples else [])
+        cfg = load_config(args.config, overrides)
+        out = tune.run(cfg, Path(cfg.workdir), force=args.force)
+    except (ConfigError, StageError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    counts = read_manifest(out)["counts"]
+    print(f"\ntune: {counts['trials']} trials ({counts['failed']} failed, {counts['stopped_early']} stopped early); "
+          f"best {cfg.tune.metric} {counts['best_' + cfg.tune.metric]:.2f} with {counts['best']}\n"
+          f"  {out / 'trials.csv'}\n  {out / 'best.yaml'}  (train it: python run_pipeline.py --config "
+          f"{out / 'best.yaml'})")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["tune"]:
+        return tune_main(argv[1:])
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:

@@ -22,7 +22,10 @@ def ensure_ray(cfg: RayConfig) -> None:
         ray.init(address=cfg.address, runtime_env={
             "working_dir": str(REPO_ROOT), "excludes": [".venv/", ".git/", "runs/", "*.parquet"]})
     else:
-        kwargs = {"include_dashboard": False}
+        # The dashboard serves the State API, through which Ray Train V2's PlacementGroupCleaner sees a
+        # dead controller: without it, a Tune trial stopped by ASHA leaks its workers' placement group and
+        # the next trials wait for CPUs forever.
+        kwargs = {"include_dashboard": True}
         if cfg.num_cpus:
             kwargs["num_cpus"] = cfg.num_cpus
         if cfg.object_store_memory_mb:

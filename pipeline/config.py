@@ -158,6 +158,46 @@ class EvaluateConfig:
             raise ValueError("evaluate: latency_sentences >= 0 and throughput_batch >= 1")
 
 
+SEARCH_KINDS = ("choice", "grid", "uniform", "loguniform")
+
+
+@dataclass(frozen=True)
+class TuneConfig:
+    """Ray Tune sweeps of training keys (pipeline/tune.py). `space` maps a dotted key of the model, loss
+    or train sections to one of {choice: [..]}, {grid: [..]}, {uniform: [lo, hi]} or
+    {loguniform: [lo, hi], zero: p} (p = the probability of sampling exactly 0)."""
+
+    space: dict = field(default_factory=dict)
+    num_samples: int = 8  # samples of the space (each grid point is run num_samples times)
+    metric: str = "valid_bleu"  # reported at every validation; the mean of both directions' BLEU
+    mode: Literal["max", "min"] = "max"
+    search: Literal["random", "optuna"] = "random"
+    scheduler: Literal["asha", "fifo"] = "asha"
+    grace_period: int = 0  # steps before ASHA may stop a trial; 0 = train.validate_every
+    reduction_factor: int = 2
+    max_concurrent: int = 0  # 0 = as many trials as the cluster's CPUs/GPUs hold
+    max_failures: int = 0  # retries of a failed trial (the sweep goes on either way)
+
+    def __post_init__(self) -> None:
+        for key, spec in self.space.items():
+            if not isinstance(spec, dict) or len(set(spec) & set(SEARCH_KINDS)) != 1 \
+                    or set(spec) - {*SEARCH_KINDS, "zero"}:
+                raise ValueError(f"tune.space.{key}: expected one of {list(SEARCH_KINDS)} (loguniform may add "
+                                 f"zero: p), got {spec!r}")
+            kind = next(k for k in SEARCH_KINDS if k in spec)
+            values = spec[kind]
+            if not isinstance(values, list) or not values:
+                raise ValueError(f"tune.space.{key}.{kind}: expected a non-empty list, got {values!r}")
+            if kind in ("uniform", "loguniform") and (len(values) != 2 or not values[0] < values[1]):
+                raise ValueError(f"tune.space.{key}.{kind}: expected [low, high] with low < high, got {values}")
+            if kind == "loguniform" and values[0] <= 0:
+                raise ValueError(f"tune.space.{key}.loguniform: low must be > 0 (use zero: p for 0)")
+            if "zero" in spec and (kind != "loguniform" or not 0 <= spec["zero"] < 1):
+                raise ValueError(f"tune.space.{key}: zero (a probability in [0, 1)) goes with loguniform only")
+        if self.num_samples < 1 or self.reduction_factor < 2 or self.grace_period < 0 or self.max_concurrent < 0:
+            raise ValueError("tune: num_samples >= 1, reduction_factor >= 2, grace_period >= 0, max_concurrent >= 0")
+
+
 @dataclass(frozen=True)
 class RayConfig:
     """How the driver connects to Ray: `address` empty starts a local instance."""
@@ -190,6 +230,7 @@ class PipelineConfig:
     loss: LossConfig = field(default_factory=LossConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
+    tune: TuneConfig = field(default_factory=TuneConfig)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain nested dicts and lists (tuples become lists), loadable again by `from_dict`."""
@@ -251,6 +292,18 @@ def check_consistency(cfg: PipelineConfig) -> None:
     if cfg.model.vocab_size < 64:
         raise ConfigError(f"model.vocab_size: at least 64 pieces are needed for a joint SentencePiece "
                           f"model, got {cfg.model.vocab_size}")
+    for key, spec in cfg.tune.space.items():
+        section = key.split(".")[0]
+        if section not in ("model", "loss", "train"):
+            raise ConfigError(f"tune.space: {key!r} is not a training key (model.*, loss.*, train.*)")
+        try:
+            _field_type(PipelineConfig, section, section)
+            _field_type(typing.get_type_hints(PipelineConfig)[section], key.split(".", 1)[1], key)
+        except (ConfigError, IndexError) as error:
+            raise ConfigError(f"tune.space: {error}") from error
+        if key == "model.upsample_ratio" and min(spec.get("choice", spec.get("grid", [0]))) < cfg.model.upsample_ratio:
+            raise ConfigError(f"tune.space.model.upsample_ratio: values below the config's upsample_ratio "
+                              f"({cfg.model.upsample_ratio}) would train on pairs that tokenize filtered for it")
 
 
 def to_yaml(cfg: PipelineConfig) -> str:
@@ -297,6 +350,10 @@ def _convert(hint: Any, value: Any, path: str) -> Any:
         if isinstance(value, bool) or not isinstance(value, int):
             raise ConfigError(f"{path}: expected int, got {type(value).__name__} {value!r}")
         return value
+    if hint is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{path}: expected a mapping, got {type(value).__name__} {value!r}")
+        return dict(value)
     if hint in (str, bool):
         if not isinstance(value, hint):
             raise ConfigError(f"{path}: expected {hint.__name__}, got {type(value).__name__} {value!r}")

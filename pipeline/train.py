@@ -100,36 +100,44 @@ def training_dataset(path: Path) -> Any:
     return ray.data.read_parquet(str(path)).materialize()
 
 
-def _build(cfg: PipelineConfig, workdir: Path, name: str, data: Path, corpus: Path, spm_dir: Path, tmp: Path,
-           tracker: Any) -> dict[str, Any]:
-    import ray
+def make_trainer(cfg: PipelineConfig, name: str, storage: Path, data: Path, corpus: Path, spm_dir: Path,
+                 mlflow_target: dict[str, str] | None, callbacks: tuple = ()) -> Any:
+    """The TorchTrainer of one training run (run `name` under `storage`; a run with the same pair
+    resumes from its latest checkpoint). `mlflow_target` receives rank 0's per-step metrics."""
     import ray.train
     from ray.train.torch import TorchTrainer
 
+    train = cfg.train
+    loop_config = {
+        "model": asdict(cfg.model), "loss": asdict(cfg.loss), "train": asdict(train),
+        "spm_proto": (spm_dir / spm.MODEL_FILE).read_bytes(),
+        "valid": {"ids": str(data / "valid"), "text": str(corpus / "valid")},
+        "mlflow": mlflow_target,
+    }
+    resources = {"CPU": train.cpus_per_worker, **({"GPU": train.gpus_per_worker} if train.use_gpu else {})}
+    return TorchTrainer(
+        train_loop, train_loop_config=loop_config,
+        scaling_config=ray.train.ScalingConfig(num_workers=train.num_workers, use_gpu=train.use_gpu,
+                                               resources_per_worker=resources),
+        run_config=ray.train.RunConfig(
+            name=name, storage_path=str(storage), callbacks=list(callbacks),
+            failure_config=ray.train.FailureConfig(max_failures=train.max_failures),
+            checkpoint_config=ray.train.CheckpointConfig(num_to_keep=train.keep_checkpoints,
+                                                         checkpoint_score_attribute="valid_bleu",
+                                                         checkpoint_score_order="max")),
+        datasets={"train": training_dataset(data / "train")})
+
+
+def _build(cfg: PipelineConfig, workdir: Path, name: str, data: Path, corpus: Path, spm_dir: Path, tmp: Path,
+           tracker: Any) -> dict[str, Any]:
     from cluster.connect import ensure_ray
 
     ensure_ray(cfg.ray)
     check_resources(cfg.train, cfg.train.start_timeout_s)
     train = cfg.train
     storage = Path(train.storage_path).expanduser().resolve() if train.storage_path else workdir / "ray_results"
-    loop_config = {
-        "model": asdict(cfg.model), "loss": asdict(cfg.loss), "train": asdict(train),
-        "spm_proto": (spm_dir / spm.MODEL_FILE).read_bytes(),
-        "valid": {"ids": str(data / "valid"), "text": str(corpus / "valid")},
-        "mlflow": tracker.worker_target() if tracker is not None else None,
-    }
-    resources = {"CPU": train.cpus_per_worker, **({"GPU": train.gpus_per_worker} if train.use_gpu else {})}
-    trainer = TorchTrainer(
-        train_loop, train_loop_config=loop_config,
-        scaling_config=ray.train.ScalingConfig(num_workers=train.num_workers, use_gpu=train.use_gpu,
-                                               resources_per_worker=resources),
-        run_config=ray.train.RunConfig(
-            name=name, storage_path=str(storage),
-            failure_config=ray.train.FailureConfig(max_failures=train.max_failures),
-            checkpoint_config=ray.train.CheckpointConfig(num_to_keep=train.keep_checkpoints,
-                                                         checkpoint_score_attribute="valid_bleu",
-                                                         checkpoint_score_order="max")),
-        datasets={"train": training_dataset(data / "train")})
+    trainer = make_trainer(cfg, name, storage, data, corpus, spm_dir,
+                           tracker.worker_target() if tracker is not None else None)
     started = time.time()
     try:
         result = trainer.fit()

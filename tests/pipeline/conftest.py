@@ -20,8 +20,8 @@ def ray_session():
     import ray
 
     if not ray.is_initialized():
-        ray.init(num_cpus=2, object_store_memory=200 * 1024 * 1024, include_dashboard=False,
-                 log_to_driver=False)
+        # The dashboard serves the State API that Ray Train's placement-group cleaner needs (cluster/connect.py).
+        ray.init(num_cpus=2, object_store_memory=200 * 1024 * 1024, include_dashboard=True, log_to_driver=False)
     yield ray
     ray.shutdown()
 

@@ -1,0 +1,338 @@
+"""Tune stage: Ray Tune sweeps of training keys (the upsampling ratio, the auxiliary-loss weights and
+their start step, or any other model/loss/train key), tracked in MLflow.
+
+    python run_pipeline.py tune [--config configs/X.yaml] [key=value ...] [--samples N] [--address auto]
+
+The data stages run first (skipped when a normal run finished them: trials never recompute them). Each
+trial is a driver function (Ray 2.60's Train V2 pattern) that builds the train stage's own TorchTrainer for
+its config, with `TuneReportCallback` forwarding rank 0's reports to Tune; ASHA (or FIFO) stops weak
+trials on `tune.metric` (validation BLEU, the mean of both directions) over training steps. A trial that
+fails is retried `tune.max_failures` times and then reported; the sweep goes on.
+
+MLflow: one parent run "tune" (the base config as params), one nested run per trial (its sampled values as
+params, per-step training metrics, `valid_bleu`, `bleu_src2tgt`, `bleu_tgt2src` of its best validation);
+trials stopped early are closed FINISHED with the tag `stopped_early`, failed ones FAILED with the error.
+
+Output `<workdir>/tune-<hash>/`: `trials.csv` (one row per trial: id, status, sampled values, steps, best
+metric and both directions' BLEU), `bleu_vs_params.png` (validation BLEU against each searched key), and
+`best.yaml` (the base config with the best trial's values: `run_pipeline.py --config best.yaml` trains it).
+"""
+from __future__ import annotations
+
+import copy
+import csv
+import io
+import logging
+import math
+import os
+import random
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from pipeline import ingest, spm, tokenize, train
+from pipeline.config import PipelineConfig, check_consistency, from_dict, to_yaml
+from pipeline.stage import StageError, require_done, run_stage, stage_dir, write_text
+from pipeline.tracking import flatten, tracking_uri
+
+log = logging.getLogger(__name__)
+
+DATA_STAGES = (ingest, spm, tokenize)
+
+
+def output_dir(cfg: PipelineConfig, workdir: Path) -> Path:
+    return stage_dir(workdir, "tune", {"tune": asdict(cfg.tune), "model": asdict(cfg.model), "loss": asdict(cfg.loss),
+                                       "train": asdict(cfg.train), "data": tokenize.output_dir(cfg, workdir).name})
+
+
+def run(cfg: PipelineConfig, workdir: Path, force: bool = False) -> Path:
+    """Run the data stages if needed, then the sweep; returns the tune stage's directory."""
+    if not cfg.tune.space:
+        raise StageError("tune: tune.space is empty; declare the keys to search in the config (see the "
+                         "tune section of configs/default.yaml)")
+    workdir = Path(workdir).resolve()
+    for stage in DATA_STAGES:
+        stage.run(cfg, workdir)
+    inputs = {name: require_done(module.output_dir(cfg, workdir), name)
+              for name, module in (("tokenize", tokenize), ("ingest", ingest), ("spm", spm))}
+    out = output_dir(cfg, workdir)
+    return run_stage("tune", out, lambda tmp: _sweep(cfg, workdir, out.name, inputs, tmp),
+                     config={"tune": asdict(cfg.tune)}, inputs={k: str(v) for k, v in inputs.items()}, force=force)
+
+
+def search_space(space: dict[str, dict]) -> dict[str, Any]:
+    """The YAML space as Ray Tune search primitives (keys stay dotted)."""
+    from ray import tune
+
+    out: dict[str, Any] = {}
+    for key, spec in space.items():
+        if "choice" in spec:
+            out[key] = tune.choice(spec["choice"])
+        elif "grid" in spec:
+            out[key] = tune.grid_search(spec["grid"])
+        elif "uniform" in spec:
+            out[key] = tune.uniform(*spec["uniform"])
+        elif spec.get("zero"):
+            low, high, zero = spec["loguniform"][0], spec["loguniform"][1], spec["zero"]
+            out[key] = tune.sample_from(lambda _, low=low, high=high, zero=zero: _log_uniform_or_zero(low, high, zero))
+        else:
+            out[key] = tune.loguniform(*spec["loguniform"])
+    return out
+
+
+def _log_uniform_or_zero(low: float, high: float, zero: float) -> float:
+    if random.random() < zero:
+        return 0.0
+    return math.exp(random.uniform(math.log(low), math.log(high)))
+
+
+def trial_config(base: PipelineConfig, params: dict[str, Any]) -> PipelineConfig:
+    """The base config with a trial's dotted values applied, validated like a loaded config."""
+    raw = copy.deepcopy(base.to_dict())
+    for key, value in params.items():
+        node = raw
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node[part]
+        node[leaf] = value
+    cfg = from_dict(PipelineConfig, raw)
+    check_consistency(cfg)
+    return cfg
+
+
+def _trial(params: dict[str, Any], *, base: dict, keys: list[str], inputs: dict[str, str], storage: str,
+           mlflow: dict[str, str] | None) -> None:
+    """One trial (runs in a Tune actor): the train stage's trainer for this config, reports forwarded."""
+    import ray.tune
+    from ray.tune.integration.ray_train import TuneReportCallback
+
+    cfg = trial_config(from_dict(PipelineConfig, base), {k: params[k] for k in keys})
+    trial_id = ray.tune.get_context().get_trial_id()
+    client = run_id = None
+    if mlflow is not None:
+        from mlflow.tracking import MlflowClient
+
+        client = MlflowClient(mlflow["uri"])
+        found = client.search_runs([mlflow["experiment_id"]],
+                                   f"tags.trial_id = '{trial_id}' and tags.mlflow.parentRunId = '{mlflow['parent']}'")
+        run_id = found[0].info.run_id if found else client.create_run(
+            mlflow["experiment_id"], run_name=f"trial {trial_id}",
+            tags={"mlflow.parentRunId": mlflow["parent"], "trial_id": trial_id}).info.run_id
+        if not found:
+            for key in keys:
+                client.log_param(run_id, key, params[key])
+    trainer = train.make_trainer(cfg, f"trial-{trial_id}", Path(storage), Path(inputs["tokenize"]),
+                                 Path(inputs["ingest"]), Path(inputs["spm"]),
+                                 {"uri": mlflow["uri"], "run_id": run_id} if run_id else None, (TuneReportCallback(),))
+    try:
+        result = trainer.fit()
+    except Exception as error:
+        if client is not None:
+            client.set_tag(run_id, "error", f"{type(error).__name__}: {error}"[:5000])
+            client.set_terminated(run_id, "FAILED")
+        raise
+    if client is not None:
+        best = _best_validation([m for _, m in result.best_checkpoints], cfg.tune.metric, cfg.tune.mode)
+        for key in ("valid_bleu", "bleu_src2tgt", "bleu_tgt2src"):
+            if best and key in best:
+                client.log_metric(run_id, key, float(best[key]))
+        client.set_terminated(run_id, "FINISHED")
+
+
+def _best_validation(reports: list[dict[str, Any]], metric: str, mode: str) -> dict[str, Any] | None:
+    scored = [r for r in reports if isinstance(r.get(metric), (int, float)) and math.isfinite(r[metric])]
+    if not scored:
+        return None
+    return (max if mode == "max" else min)(scored, key=lambda r: r[metric])
+
+
+def _concurrency(cfg: PipelineConfig) -> int:
+    """How many trials' worker groups the cluster holds at once (or tune.max_concurrent)."""
+    import ray
+
+    if cfg.tune.max_concurrent:
+        return cfg.tune.max_concurrent
+    have = ray.cluster_resources()
+    fits = int(have.get("CPU", 0) // (cfg.train.num_workers * cfg.train.cpus_per_worker))
+    if cfg.train.use_gpu:
+        fits = min(fits, int(have.get("GPU", 0) // (cfg.train.num_workers * cfg.train.gpus_per_worker)))
+    return max(1, fits)
+
+
+def _sweep(cfg: PipelineConfig, workdir: Path, name: str, inputs: dict[str, Path], tmp: Path) -> dict[str, Any]:
+    import ray.tune
+
+    from cluster.connect import ensure_ray
+
+    ensure_ray(cfg.ray)
+    train.check_resources(cfg.train, cfg.train.start_timeout_s)
+    # The metric is reported at validations only; ASHA skips reports without it, Tune's strict check
+    # would reject the first (training-only) report instead.
+    os.environ["TUNE_DISABLE_STRICT_METRIC_CHECKING"] = "1"
+    keys = sorted(cfg.tune.space)
+    storage = (Path(cfg.train.storage_path).expanduser().resolve() if cfg.train.storage_path
+               else workdir / "ray_results") / name
+    mlflow = _open_sweep_run(cfg, workdir, name)
+    trainable = ray.tune.with_parameters(_trial, base=cfg.to_dict(), keys=keys,
+                                         inputs={k: str(v) for k, v in inputs.items()}, storage=str(storage),
+                                         mlflow=mlflow)
+    tune = cfg.tune
+    scheduler = ray.tune.schedulers.ASHAScheduler(
+        time_attr="step", max_t=cfg.train.max_steps, grace_period=tune.grace_period or cfg.train.validate_every,
+        reduction_factor=tune.reduction_factor) if tune.scheduler == "asha" else ray.tune.schedulers.FIFOScheduler()
+    search_alg = None
+    if tune.search == "optuna":
+        from ray.tune.search.optuna import OptunaSearch  # needs `pip install optuna`
+
+        search_alg = OptunaSearch()
+    tuner = ray.tune.Tuner(
+        # The driver function only waits on its trainer: no CPU (a CPU each would halve the concurrent
+        # trials on a small machine), just the logical memory Ray needs for a non-empty request.
+        ray.tune.with_resources(trainable, {"cpu": 0, "memory": 256 * 1024**2}),
+        param_space=search_space(tune.space),
+        tune_config=ray.tune.TuneConfig(metric=tune.metric, mode=tune.mode, num_samples=tune.num_samples,
+                                        scheduler=scheduler, search_alg=search_alg,
+                                        max_concurrent_trials=_concurrency(cfg)),
+        run_config=ray.tune.RunConfig(name=name, storage_path=str(storage.parent),
+                                      failure_config=ray.tune.FailureConfig(max_failures=tune.max_failures)))
+    failed = False
+    try:
+        grid = tuner.fit()
+        rows = [_row(result, keys, cfg) for result in grid]
+    except BaseException:
+        failed = True
+        raise
+    finally:
+        if mlflow is not None:
+            _close_trial_runs(mlflow, rows if not failed else [], failed)
+    return _publish(cfg, rows, keys, tmp, mlflow)
+
+
+def _row(result: Any, keys: list[str], cfg: PipelineConfig) -> dict[str, Any]:
+    frame = result.metrics_dataframe
+    reports = frame.to_dict("records") if frame is not None else []
+    best = _best_validation(reports, cfg.tune.metric, cfg.tune.mode) or {}
+    steps = max((int(r["step"]) for r in reports if isinstance(r.get("step"), (int, float))), default=0)
+    status = "error" if result.error else ("stopped early" if steps < cfg.train.max_steps else "finished")
+    trial_id = Path(result.path).name if result.path else ""
+    trial_id = result.metrics.get("trial_id", trial_id) if result.metrics else trial_id
+    row = {"trial_id": trial_id, "status": status, **{k: result.config.get(k) for k in keys}, "steps": steps,
+           cfg.tune.metric: best.get(cfg.tune.metric, math.nan), "best_step": best.get("step", math.nan),
+           "bleu_src2tgt": best.get("bleu_src2tgt", math.nan), "bleu_tgt2src": best.get("bleu_tgt2src", math.nan),
+           "error": _last_line(result.error) if result.error else ""}
+    return row
+
+
+def _last_line(error: BaseException) -> str:
+    """The innermost message of a (wrapped, multi-line) trial error: its last non-empty line."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return (lines[-1] if lines else type(error).__name__)[:300]
+
+
+def _publish(cfg: PipelineConfig, rows: list[dict[str, Any]], keys: list[str], tmp: Path,
+             mlflow: dict[str, str] | None) -> dict[str, Any]:
+    metric = cfg.tune.metric
+    scored = [r for r in rows if isinstance(r[metric], float) and math.isfinite(r[metric])]
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=list(rows[0]) if rows else ["trial_id"])
+    writer.writeheader()
+    writer.writerows(rows)
+    write_text(tmp / "trials.csv", buffer.getvalue())
+    _print_table(rows)
+    counts = {"trials": len(rows), "failed": sum(r["status"] == "error" for r in rows),
+              "stopped_early": sum(r["status"] == "stopped early" for r in rows)}
+    if not scored:
+        raise StageError(f"tune: no trial reached a validation ({counts}); see {tmp / 'trials.csv'} for errors")
+    best = (max if cfg.tune.mode == "max" else min)(scored, key=lambda r: r[metric])
+    best_cfg = trial_config(cfg, {k: best[k] for k in keys})
+    write_text(tmp / "best.yaml", f"# best of {len(rows)} trials by {metric} ({best[metric]:.2f}, trial "
+                                  f"{best['trial_id']}): {', '.join(f'{k}={best[k]}' for k in keys)}\n"
+                                  + to_yaml(best_cfg))
+    _plot(rows, keys, metric, tmp / "bleu_vs_params.png")
+    if mlflow is not None:
+        from mlflow.tracking import MlflowClient
+
+        client = MlflowClient(mlflow["uri"])
+        for path in ("trials.csv", "best.yaml", "bleu_vs_params.png"):
+            client.log_artifact(mlflow["parent"], str(tmp / path))
+        client.log_metric(mlflow["parent"], f"best_{metric}", float(best[metric]))
+        for key, value in counts.items():
+            client.log_metric(mlflow["parent"], key, float(value))
+        client.set_terminated(mlflow["parent"], "FINISHED")
+    return {**counts, f"best_{metric}": best[metric], "best": {k: best[k] for k in keys}}
+
+
+def _print_table(rows: list[dict[str, Any]]) -> None:
+    if not rows:
+        return
+    columns = [c for c in rows[0] if c != "error"]
+    cells = [[_cell(r[c]) for c in columns] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
+    print("  ".join(c.ljust(w) for c, w in zip(columns, widths)))
+    for row, source in zip(cells, rows):
+        print("  ".join(v.ljust(w) for v, w in zip(row, widths)) + (f"  {source['error']}" if source["error"] else ""))
+
+
+def _cell(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def _plot(rows: list[dict[str, Any]], keys: list[str], metric: str, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(1, len(keys), figsize=(4.5 * len(keys), 4), squeeze=False)
+    for axis, key in zip(axes[0], keys):
+        for status, marker in (("finished", "o"), ("stopped early", "x")):
+            points = [(r[key], r[metric]) for r in rows if r["status"] == status and math.isfinite(r[metric])]
+            if points:
+                axis.scatter([p[0] for p in points], [p[1] for p in points], marker=marker, label=status)
+        axis.set(xlabel=key, ylabel=f"{metric} (best validation)")
+        if any(isinstance(r[key], float) for r in rows) and all(r[key] > 0 for r in rows if isinstance(r[key], float)):
+            axis.set_xscale("log")
+        axis.legend(fontsize=7)
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+
+
+def _open_sweep_run(cfg: PipelineConfig, workdir: Path, name: str) -> dict[str, str] | None:
+    if not cfg.tracking.enabled:
+        return None
+    from mlflow.tracking import MlflowClient
+
+    uri = tracking_uri(cfg.tracking, workdir)
+    client = MlflowClient(uri)
+    experiment = client.get_experiment_by_name(cfg.tracking.experiment)
+    if experiment is None:
+        location = (workdir / "mlartifacts").as_uri() if uri.startswith("sqlite:") else None
+        experiment_id = client.create_experiment(cfg.tracking.experiment, artifact_location=location)
+    else:
+        experiment_id = experiment.experiment_id
+    parent = client.create_run(experiment_id, run_name="tune", tags={"tune_dir": name}).info.run_id
+    for key, value in flatten(cfg.to_dict()).items():
+        client.log_param(parent, key, str(value)[:500])
+    client.log_text(parent, to_yaml(cfg), "config.yaml")
+    return {"uri": uri, "experiment_id": experiment_id, "parent": parent}
+
+
+def _close_trial_runs(mlflow: dict[str, str], rows: list[dict[str, Any]], failed: bool) -> None:
+    """Trials that Tune stopped (ASHA) never reach their own `set_terminated`: close them here."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(mlflow["uri"])
+    by_trial = {r["trial_id"]: r for r in rows}
+    for run in client.search_runs([mlflow["experiment_id"]], f"tags.mlflow.parentRunId = '{mlflow['parent']}'"):
+        if run.info.status != "RUNNING":
+            continue
+        row = by_trial.get(run.data.tags.get("trial_id", ""))
+        if row is not None:
+            client.set_tag(run.info.run_id, "stopped_early", "true")
+            for key in ("valid_bleu", "bleu_src2tgt", "bleu_tgt2src"):
+                if isinstance(row.get(key), float) and math.isfinite(row[key]):
+                    client.log_metric(run.info.run_id, key, row[key])
+        client.set_terminated(run.info.run_id, "FAILED" if failed else "FINISHED")
+    if failed:
+        client.set_terminated(mlflow["parent"], "FAILED")
