@@ -11,8 +11,9 @@ log = logging.getLogger(__name__)
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
-def ensure_ray(cfg: RayConfig) -> None:
-    """Initialise Ray once per process; a no-op when the caller (or a test fixture) already did."""
+def ensure_ray(cfg: RayConfig, dashboard: bool = False) -> None:
+    """Initialise Ray once per process; a no-op when the caller (or a test fixture) already did.
+    `dashboard`: start the dashboard with a local instance (Tune sweeps need it, see below)."""
     import ray
 
     if ray.is_initialized():
@@ -24,8 +25,8 @@ def ensure_ray(cfg: RayConfig) -> None:
     else:
         # The dashboard serves the State API, through which Ray Train V2's PlacementGroupCleaner sees a
         # dead controller: without it, a Tune trial stopped by ASHA leaks its workers' placement group and
-        # the next trials wait for CPUs forever.
-        kwargs = {"include_dashboard": True}
+        # the next trials wait for CPUs forever. A plain run does without its processes.
+        kwargs = {"include_dashboard": dashboard}
         if cfg.num_cpus:
             kwargs["num_cpus"] = cfg.num_cpus
         if cfg.object_store_memory_mb:

@@ -50,6 +50,9 @@ def run(cfg: PipelineConfig, workdir: Path, force: bool = False) -> Path:
     if not cfg.tune.space:
         raise StageError("tune: tune.space is empty; declare the keys to search in the config (see the "
                          "tune section of configs/default.yaml)")
+    from cluster.connect import ensure_ray
+
+    ensure_ray(cfg.ray, dashboard=True)  # before the data stages start Ray without it
     workdir = Path(workdir).resolve()
     for stage in DATA_STAGES:
         stage.run(cfg, workdir)
@@ -127,9 +130,10 @@ def _trial(params: dict[str, Any], *, base: dict, keys: list[str], inputs: dict[
     try:
         result = trainer.fit()
     except Exception as error:
+        # Left RUNNING: the driver closes it, FAILED only if Tune reports the trial as errored (a trial
+        # that Tune stops also lands here, its trainer interrupted).
         if client is not None:
             client.set_tag(run_id, "error", f"{type(error).__name__}: {error}"[:5000])
-            client.set_terminated(run_id, "FAILED")
         raise
     if client is not None:
         best = _best_validation([m for _, m in result.best_checkpoints], cfg.tune.metric, cfg.tune.mode)
@@ -164,7 +168,7 @@ def _sweep(cfg: PipelineConfig, workdir: Path, name: str, inputs: dict[str, Path
 
     from cluster.connect import ensure_ray
 
-    ensure_ray(cfg.ray)
+    ensure_ray(cfg.ray, dashboard=True)
     train.check_resources(cfg.train, cfg.train.start_timeout_s)
     # The metric is reported at validations only; ASHA skips reports without it, Tune's strict check
     # would reject the first (training-only) report instead.
@@ -195,29 +199,30 @@ def _sweep(cfg: PipelineConfig, workdir: Path, name: str, inputs: dict[str, Path
                                         max_concurrent_trials=_concurrency(cfg)),
         run_config=ray.tune.RunConfig(name=name, storage_path=str(storage.parent),
                                       failure_config=ray.tune.FailureConfig(max_failures=tune.max_failures)))
-    failed = False
     try:
         grid = tuner.fit()
         rows = [_row(result, keys, cfg) for result in grid]
-    except BaseException:
-        failed = True
-        raise
-    finally:
         if mlflow is not None:
-            _close_trial_runs(mlflow, rows if not failed else [], failed)
-    return _publish(cfg, rows, keys, tmp, mlflow)
+            _close_trial_runs(mlflow, rows, failed=False)
+        return _publish(cfg, rows, keys, tmp, mlflow)
+    except BaseException:
+        if mlflow is not None:  # whatever is still open is closed FAILED, the sweep's run too
+            _close_trial_runs(mlflow, [], failed=True)
+        raise
 
 
 def _row(result: Any, keys: list[str], cfg: PipelineConfig) -> dict[str, Any]:
     frame = result.metrics_dataframe
     reports = frame.to_dict("records") if frame is not None else []
-    best = _best_validation(reports, cfg.tune.metric, cfg.tune.mode) or {}
+    validated = [r for r in reports if isinstance(r.get("valid_bleu"), float) and math.isfinite(r["valid_bleu"])]
+    best = _best_validation(validated, cfg.tune.metric, cfg.tune.mode) or {}  # the best validated report
     steps = max((int(r["step"]) for r in reports if isinstance(r.get("step"), (int, float))), default=0)
     status = "error" if result.error else ("stopped early" if steps < cfg.train.max_steps else "finished")
     trial_id = Path(result.path).name if result.path else ""
     trial_id = result.metrics.get("trial_id", trial_id) if result.metrics else trial_id
     row = {"trial_id": trial_id, "status": status, **{k: result.config.get(k) for k in keys}, "steps": steps,
-           cfg.tune.metric: best.get(cfg.tune.metric, math.nan), "best_step": best.get("step", math.nan),
+           cfg.tune.metric: best.get(cfg.tune.metric, math.nan), "valid_bleu": best.get("valid_bleu", math.nan),
+           "best_step": best.get("step", math.nan),
            "bleu_src2tgt": best.get("bleu_src2tgt", math.nan), "bleu_tgt2src": best.get("bleu_tgt2src", math.nan),
            "error": _last_line(result.error) if result.error else ""}
     return row
@@ -319,7 +324,8 @@ def _open_sweep_run(cfg: PipelineConfig, workdir: Path, name: str) -> dict[str, 
 
 
 def _close_trial_runs(mlflow: dict[str, str], rows: list[dict[str, Any]], failed: bool) -> None:
-    """Trials that Tune stopped (ASHA) never reach their own `set_terminated`: close them here."""
+    """Trials that Tune stopped never reach their own `set_terminated` (ASHA also stops the trials that
+    reach max_t, on their last report): close them here, tagging the ones stopped before the end."""
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(mlflow["uri"])
@@ -329,10 +335,14 @@ def _close_trial_runs(mlflow: dict[str, str], rows: list[dict[str, Any]], failed
             continue
         row = by_trial.get(run.data.tags.get("trial_id", ""))
         if row is not None:
-            client.set_tag(run.info.run_id, "stopped_early", "true")
+            if row["status"] != "error" and "error" in run.data.tags:
+                client.delete_tag(run.info.run_id, "error")  # the interruption of a stopped trial
+            if row["status"] == "stopped early":
+                client.set_tag(run.info.run_id, "stopped_early", "true")
             for key in ("valid_bleu", "bleu_src2tgt", "bleu_tgt2src"):
                 if isinstance(row.get(key), float) and math.isfinite(row[key]):
                     client.log_metric(run.info.run_id, key, row[key])
-        client.set_terminated(run.info.run_id, "FAILED" if failed else "FINISHED")
+        errored = failed or (row is not None and row["status"] == "error")
+        client.set_terminated(run.info.run_id, "FAILED" if errored else "FINISHED")
     if failed:
         client.set_terminated(mlflow["parent"], "FAILED")
