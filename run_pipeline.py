@@ -5,6 +5,8 @@
     python run_pipeline.py tune [--config configs/X.yaml] [key=value ...] [--samples N] [--force] [--address auto]
 
 `tune` sweeps the training stage over the config's `tune.space` with Ray Tune (pipeline/tune.py).
+On a cluster started with `ray up cluster.yaml`, the head's cluster file (cluster/head.py) supplies the Ray
+address, the MLflow server and the shared workdir root (docs/cluster.md); options and overrides still win.
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import sys
 import time
 from pathlib import Path
 
+from cluster.connect import cluster_overrides, prepare_cluster_run
 from pipeline import evaluate, ingest, spm, tokenize, train
 from pipeline.config import ConfigError, PipelineConfig, load_config, to_yaml
 from pipeline.stage import StageError, is_done, read_manifest, write_json, write_text
@@ -33,6 +36,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--force", action="store_true", help="redo the selected stages even when finished")
     parser.add_argument("--address", default="", help="Ray cluster address ('auto' for `ray up`/`ray start`)")
     return parser.parse_intermixed_args(argv)  # key=value may come before and after the options
+
+
+def load_run_config(path: str, overrides: list[str]) -> PipelineConfig:
+    """The config with the user's overrides, then the cluster file's settings for what they left unset."""
+    cfg = load_config(path, overrides)
+    extra = cluster_overrides(cfg)
+    if extra:
+        print(f"on a Ray cluster (cluster file): {' '.join(extra)}", flush=True)
+        cfg = load_config(path, overrides + extra)
+    return cfg
 
 
 def select_stages(text: str) -> list[str]:
@@ -129,7 +142,8 @@ def tune_main(argv: list[str]) -> int:
     try:
         overrides = list(args.overrides) + ([f"ray.address={args.address}"] if args.address else []) \
             + ([f"tune.num_samples={args.samples}"] if args.samples else [])
-        cfg = load_config(args.config, overrides)
+        cfg = load_run_config(args.config, overrides)
+        prepare_cluster_run(cfg)
         out = tune.run(cfg, Path(cfg.workdir), force=args.force)
     except (ConfigError, StageError) as error:
         print(f"error: {error}", file=sys.stderr)
@@ -150,8 +164,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         overrides = list(args.overrides) + ([f"ray.address={args.address}"] if args.address else [])
-        cfg = load_config(args.config, overrides)
+        cfg = load_run_config(args.config, overrides)
         stages = select_stages(args.stages)
+        prepare_cluster_run(cfg)
         summary = run(cfg, stages, force=args.force)
     except (ConfigError, StageError) as error:
         print(f"error: {error}", file=sys.stderr)

@@ -94,6 +94,9 @@ class TokenizeConfig:
             raise ValueError("tokenize: workers must be >= 0 and batch_size >= 1")
 
 
+PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """Ray Train of the duplex model (pipeline/train.py). Batches are per worker, fairseq-style; the
@@ -124,6 +127,7 @@ class TrainConfig:
     seed: int = 1
     fail_at_step: int = 0  # fault drill: raise once after this step in a run that did not resume (0 = off)
     start_timeout_s: float = 60.0  # how long the driver waits for the requested resources to exist
+    placement_strategy: str = "PACK"  # Ray placement of the workers: PACK, SPREAD (across nodes), STRICT_*
 
     def __post_init__(self) -> None:
         if self.num_workers < 1 or self.max_tokens < 1 or self.update_freq < 1 or self.max_steps < 1:
@@ -135,6 +139,9 @@ class TrainConfig:
                              f"({self.keep_checkpoints})")
         if len(self.adam_betas) != 2 or self.lr <= 0 or self.warmup_steps < 0:
             raise ValueError("train: adam_betas needs two values, lr > 0, warmup_steps >= 0")
+        if self.placement_strategy not in PLACEMENT_STRATEGIES:
+            raise ValueError(f"train: placement_strategy must be one of {PLACEMENT_STRATEGIES} "
+                             f"(got {self.placement_strategy!r})")
 
 
 @dataclass(frozen=True)

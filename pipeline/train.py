@@ -118,7 +118,8 @@ def make_trainer(cfg: PipelineConfig, name: str, storage: Path, data: Path, corp
     return TorchTrainer(
         train_loop, train_loop_config=loop_config,
         scaling_config=ray.train.ScalingConfig(num_workers=train.num_workers, use_gpu=train.use_gpu,
-                                               resources_per_worker=resources),
+                                               resources_per_worker=resources,
+                                               placement_strategy=train.placement_strategy),
         run_config=ray.train.RunConfig(
             name=name, storage_path=str(storage), callbacks=list(callbacks),
             failure_config=ray.train.FailureConfig(max_failures=train.max_failures),
@@ -306,6 +307,8 @@ def train_loop(config: dict[str, Any]) -> None:
     use_bf16 = tc["bf16"] and device.type == "cuda"
     validator = Validator(config["valid"], config["spm_proto"], tc["valid_max_sentences"]) if rank == 0 else None
     mlflow = _MlflowLogger(config["mlflow"]) if rank == 0 and config["mlflow"] else None
+    if mlflow is not None and resumed_from is not None:
+        mlflow.log({"resumed_from_step": resumed_from}, step)  # one point per restart of the worker group
     stream = _stream(ray.train.get_dataset_shard("train"), tc["max_tokens"], tc["seed"], rank, epoch, skip)
     sums: dict[str, float] = {}
     tokens, window_start = 0, time.perf_counter()

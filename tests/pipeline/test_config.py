@@ -95,3 +95,6 @@ def test_train_and_evaluate_sections_are_checked():
         load_config(None, ["evaluate.splits=[dev]"])
     with pytest.raises(ConfigError, match="train.max_token"):
         load_config(None, ["train.max_token=10"])
+    with pytest.raises(ConfigError, match="placement_strategy"):
+        load_config(None, ["train.placement_strategy=SCATTER"])
+    assert load_config(None, ["train.placement_strategy=SPREAD"]).train.placement_strategy == "SPREAD"

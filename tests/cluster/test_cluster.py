@@ -1,0 +1,198 @@
+"""cluster.yaml / cluster/onprem.yaml against Ray's own launcher validator, the cluster file the head writes,
+and a real two-node Ray cluster on loopback: the smoke pipeline with its two training workers on different
+nodes, MLflow through an `mlflow server`, and a training worker killed by PID mid-run."""
+from __future__ import annotations
+
+import copy
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from cluster import check, connect, head
+from pipeline.config import ConfigError, load_config
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+YAMLS = [REPO_ROOT / "cluster.yaml", REPO_ROOT / "cluster" / "onprem.yaml"]
+
+
+def load(path: Path) -> dict:
+    return yaml.safe_load(path.read_text(encoding="utf-8"))
+
+
+@pytest.mark.parametrize("path", YAMLS, ids=lambda p: p.name)
+def test_shipped_cluster_yamls_pass_rays_validator(path):
+    prepared = check.validate(load(path))
+    assert prepared["head_node_type"] in prepared["available_node_types"]
+    text = path.read_text(encoding="utf-8")
+    assert "RAY_AUTH_MODE=token ray start --head" in text or "RAY_AUTH_MODE=token ~/duplex/.venv/bin/ray start --head" in text
+    assert "cluster.head start --shared /mnt/shared/duplex" in text
+    assert "~/.ray/auth_token" in text  # the token travels as a file mount, never in the repository
+    assert check.placeholders(text), "the shipped files are templates: their placeholders must be listed"
+
+
+def test_aws_yaml_has_cpu_head_and_two_gpu_worker_types_and_opens_only_ssh():
+    config = check.validate(load(YAMLS[0]))
+    types = config["available_node_types"]
+    assert types[config["head_node_type"]]["node_config"]["InstanceType"].startswith("m")
+    workers = {name: spec for name, spec in types.items() if name != config["head_node_type"]}
+    assert {spec["node_config"]["InstanceType"] for spec in workers.values()} == {"g5.2xlarge", "p4d.24xlarge"}
+    assert all(spec["min_workers"] == 0 and spec["max_workers"] >= 1 for spec in workers.values())
+    rules = config["provider"]["security_group"]["IpPermissions"]
+    assert [(rule["FromPort"], rule["ToPort"]) for rule in rules] == [(22, 22)]
+
+
+@pytest.mark.parametrize("path", YAMLS, ids=lambda p: p.name)
+@pytest.mark.parametrize("breakage", ["misspelled_top_key", "misspelled_node_key", "head_type_missing"])
+def test_broken_copies_fail_rays_validator(path, breakage, tmp_path):
+    config = load(path)
+    broken = copy.deepcopy(config)
+    if breakage == "misspelled_top_key":
+        broken["setup_comands"] = broken.pop("setup_commands")
+    elif breakage == "misspelled_node_key":
+        if "available_node_types" in broken:
+            broken["available_node_types"]["gpu_1x"]["min_workerz"] = broken["available_node_types"]["gpu_1x"].pop("min_workers")
+        else:  # the local provider builds its node types from head_ip / worker_ips
+            broken["provider"]["head_ipp"] = broken["provider"].pop("head_ip")
+    else:
+        if "head_node_type" in broken:
+            del broken["head_node_type"]
+        else:
+            del broken["provider"]["head_ip"]
+    with pytest.raises(Exception) as caught:
+        check.validate(broken)
+    assert caught.type.__name__ in ("ValidationError", "ValueError", "ClickException"), caught.value
+    target = tmp_path / path.name
+    target.write_text(yaml.safe_dump(broken), encoding="utf-8")
+    assert check.check(target) == 1
+
+
+def test_cluster_file_supplies_address_tracking_and_shared_workdir(tmp_path, monkeypatch):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.setenv(connect.CLUSTER_FILE_ENV, str(tmp_path / "cluster.json"))
+    smoke = REPO_ROOT / "configs" / "smoke.yaml"
+    cfg = load_config(smoke, ["tracking.enabled=true"])
+    assert connect.cluster_overrides(cfg) == []  # no file: a laptop run, nothing changes
+    (tmp_path / "cluster.json").write_text(json.dumps(
+        {"ray_address": "10.0.0.5:6379", "tracking_uri": "http://10.0.0.5:5000", "shared_dir": "/mnt/shared/duplex"}))
+    assert connect.cluster_overrides(cfg) == ["ray.address=10.0.0.5:6379", "tracking.uri=http://10.0.0.5:5000",
+                                              "workdir=/mnt/shared/duplex/runs/smoke"]
+    mine = load_config(smoke, ["tracking.enabled=true", "ray.address=auto", "tracking.uri=http://elsewhere:5000",
+                               f"workdir={tmp_path / 'mine'}"])
+    assert connect.cluster_overrides(mine) == []  # what the user set wins
+    (tmp_path / "cluster.json").write_text(json.dumps({"ray_address": "auto"}))
+    with pytest.raises(ConfigError, match="cluster.json: cluster file lacks"):
+        connect.cluster_overrides(cfg)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_for(predicate, timeout_s: float, what: str, process: subprocess.Popen, log: Path):
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        value = predicate()
+        if value:
+            return value
+        if process.poll() is not None:
+            raise AssertionError(f"driver exited ({process.returncode}) before {what}:\n{log.read_text()[-4000:]}")
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}:\n{log.read_text()[-4000:]}")
+
+
+def registered_checkpoints(workdir: Path) -> list[Path]:
+    """Checkpoints Ray Train's controller has registered (a directory alone is not enough: one reported at
+    the moment a worker dies is never registered, and the restarted group starts without it)."""
+    for snapshot in workdir.glob("ray_results/*/checkpoint_manager_snapshot.json"):
+        try:
+            results = json.loads(snapshot.read_text())["checkpoint_results"]
+        except (OSError, ValueError, KeyError):  # being rewritten
+            return []
+        return [snapshot.parent / r["checkpoint_dir_name"] for r in results]
+    return []
+
+
+@pytest.mark.slow
+def test_two_node_cluster_spreads_training_and_survives_a_killed_worker(tmp_path, monkeypatch):
+    """Head + second node (1 CPU each, 200 MB object stores, auth mode set), the head's MLflow server and
+    cluster file via `python -m cluster.head`, then `run_pipeline.py` as a driver that finds all of it in the
+    cluster file. After the first checkpoint the training worker on the second node is SIGKILLed; Ray Train
+    must restart the worker group from that checkpoint and finish every step."""
+    from mlflow.tracking import MlflowClient
+    from ray.cluster_utils import Cluster
+    from ray.util.state import list_actors
+
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")  # every process of this test cluster inherits it
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.setenv(connect.CLUSTER_FILE_ENV, str(tmp_path / "cluster.json"))
+    shared = tmp_path / "shared"
+    node_args = {"num_cpus": 1, "object_store_memory": 200 * 1024 * 1024}
+    cluster = Cluster(initialize_head=True, connect=False,
+                      head_node_args={**node_args, "include_dashboard": True, "dashboard_port": free_port()})
+    try:
+        second = cluster.add_node(**node_args)
+        port = free_port()
+        assert head.main(["start", "--shared", str(shared), "--host", "127.0.0.1", "--advertise", "127.0.0.1",
+                          "--port", str(port), "--ray-address", cluster.address]) == 0
+        uri = f"http://127.0.0.1:{port}"
+        log = tmp_path / "driver.log"
+        steps = 40
+        with open(log, "wb") as out:
+            driver = subprocess.Popen(
+                [sys.executable, "run_pipeline.py", "--config", "configs/smoke.yaml", "tracking.enabled=true",
+                 "train.placement_strategy=SPREAD", f"train.max_steps={steps}", "train.cpus_per_worker=1",
+                 "train.max_failures=1"],
+                cwd=REPO_ROOT, stdout=out, stderr=subprocess.STDOUT, env=dict(os.environ))
+        workdir = shared / "runs" / "smoke"
+        first = wait_for(lambda: registered_checkpoints(workdir), 400, "the first registered checkpoint",
+                         driver, log)[0]
+
+        def train_workers():
+            return list_actors(address=cluster.address, filters=[("class_name", "=", "RayTrainWorker")],
+                               detail=True, raise_on_missing_output=False)
+
+        alive = wait_for(lambda: [a for a in train_workers() if a.state == "ALIVE"], 60, "live workers", driver, log)
+        assert len({a.node_id for a in alive}) == 2, f"SPREAD must place the 2 workers on 2 nodes: {alive}"
+        victim = next(a for a in alive if a.node_id == second.node_id)
+        os.kill(victim.pid, signal.SIGKILL)
+        assert driver.wait(timeout=500) == 0, log.read_text()[-6000:]
+        output = log.read_text()
+        assert "on a Ray cluster (cluster file)" in output and "cluster: 2 nodes see the workdir" in output
+
+        # The restart happened: the killed actor is dead, a second worker group ran, the run resumed.
+        actors = train_workers()
+        assert len(actors) >= 4 and any(a.actor_id == victim.actor_id and a.state == "DEAD" for a in actors)
+        summary = json.loads((workdir / "last_run.json").read_text())
+        assert summary["stages"]["train"]["counts"]["restarts"] >= 1
+        train_out = Path(summary["stages"]["train"]["output"])
+        history = json.loads((train_out / "history.json").read_text())
+        resumed = [h["resumed_from"] for h in history if "resumed_from" in h]
+        first_step = int(json.loads((first / "history.json").read_text())[-1]["step"])
+        assert resumed and resumed[0] >= first_step
+        # No checkpoint or metric lost: one validation per 10 steps up to the last, each exactly once.
+        assert [h["step"] for h in history if "valid_bleu" in h] == list(range(10, steps + 1, 10))
+
+        client = MlflowClient(uri)
+        runs = client.search_runs([client.get_experiment_by_name("duplex").experiment_id])
+        parent = next(r for r in runs if "mlflow.parentRunId" not in r.data.tags)
+        assert parent.info.status == "FINISHED"
+        assert {"bleu_src2tgt", "bleu_tgt2src"} <= set(parent.data.metrics)
+        train_run = next(r for r in runs if r.data.tags.get("mlflow.runName") == "train")
+        logged = {m.step for m in client.get_metric_history(train_run.info.run_id, "train_total")}
+        assert set(range(5, steps + 1, 5)) <= logged
+        assert [m.value for m in client.get_metric_history(train_run.info.run_id, "resumed_from_step")]
+        assert client.list_artifacts(train_run.info.run_id)  # artifacts went through the server to shared storage
+        assert any((shared / "mlflow" / "artifacts").rglob("model.pt"))
+    finally:
+        head.main(["stop"])
+        cluster.shutdown()
