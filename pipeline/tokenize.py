@@ -145,16 +145,18 @@ def plan_workers(requested: int, cpus: float) -> tuple[int, float, float]:
     return actors, min(1.0, budget / actors), io_cpus
 
 
-def free_cpus(settle_s: float = 15.0) -> float:
-    """CPUs free in the cluster now. A Ray Data actor pool from a previous execution is torn down
-    asynchronously, so wait (up to `settle_s`) for the free count to climb back to the cluster's total
-    before sizing a new pool; on a cluster shared with other work, take what is free after the wait."""
+def free_cpus(settle_s: float = 15.0, none_free_s: float = 120.0) -> float:
+    """CPUs free in the cluster now. A Ray Data actor pool or a Train worker group from a previous
+    execution is torn down asynchronously, so wait (up to `settle_s`) for the free count to climb back to
+    the cluster's total before sizing a new pool; on a cluster shared with other work, take what is free
+    after the wait — and while nothing at all is free, keep waiting up to `none_free_s` (on a loaded
+    2-core machine a finished sweep's placement groups took longer than 15 s to go)."""
     import ray
 
     total = ray.cluster_resources().get("CPU", 0.0)
-    deadline = time.monotonic() + settle_s
+    started = time.monotonic()
     free = ray.available_resources().get("CPU", 0.0)
-    while free < total and time.monotonic() < deadline:
+    while free < total and time.monotonic() - started < (settle_s if free > 0 else none_free_s):
         time.sleep(0.1)
         free = max(free, ray.available_resources().get("CPU", 0.0))
     return free

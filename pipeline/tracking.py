@@ -26,6 +26,17 @@ def tracking_uri(cfg: TrackingConfig, workdir: Path) -> str:
     return cfg.uri or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path(workdir).resolve()}/mlflow.db"
 
 
+def ensure_experiment(client: Any, name: str, workdir: Path) -> str:
+    """The id of experiment `name`, created if missing. With the embedded sqlite store its artifacts go to
+    <workdir>/mlartifacts; a server keeps its own artifact store (`--artifacts-destination`)."""
+    experiment = client.get_experiment_by_name(name)
+    if experiment is not None:
+        return experiment.experiment_id
+    local = client.tracking_uri.startswith("sqlite:")
+    return client.create_experiment(name, artifact_location=(Path(workdir).resolve() / "mlartifacts").as_uri()
+                                    if local else None)
+
+
 def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
     """{"a": {"b": 1}} -> {"a.b": 1}; lists and scalars stay leaves."""
     if not isinstance(value, dict):
@@ -79,7 +90,6 @@ class Tracker:
         self.cfg = cfg
         self.workdir = Path(workdir).resolve()
         self.uri = tracking_uri(cfg, workdir)
-        self.artifacts = (self.workdir / "mlartifacts").as_uri()
         self.config = config
         self.config_yaml = config_yaml
         self.run_id: str | None = None
@@ -93,9 +103,7 @@ class Tracker:
 
         if self.run_id is None:
             mlflow.set_tracking_uri(self.uri)
-            if mlflow.get_experiment_by_name(self.cfg.experiment) is None:
-                local = self.uri.startswith("sqlite:")
-                mlflow.create_experiment(self.cfg.experiment, artifact_location=self.artifacts if local else None)
+            ensure_experiment(mlflow.MlflowClient(self.uri), self.cfg.experiment, self.workdir)
             mlflow.set_experiment(self.cfg.experiment)
             self.run_id = mlflow.start_run(run_name="pipeline").info.run_id
             params = {k: str(v)[:500] for k, v in flatten(self.config).items()}

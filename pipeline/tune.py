@@ -33,7 +33,7 @@ from typing import Any
 from pipeline import ingest, spm, tokenize, train
 from pipeline.config import PipelineConfig, check_consistency, from_dict, to_yaml
 from pipeline.stage import StageError, require_done, run_stage, stage_dir, write_text
-from pipeline.tracking import flatten, tracking_uri
+from pipeline.tracking import ensure_experiment, flatten, tracking_uri
 
 log = logging.getLogger(__name__)
 
@@ -310,12 +310,7 @@ def _open_sweep_run(cfg: PipelineConfig, workdir: Path, name: str) -> dict[str, 
 
     uri = tracking_uri(cfg.tracking, workdir)
     client = MlflowClient(uri)
-    experiment = client.get_experiment_by_name(cfg.tracking.experiment)
-    if experiment is None:
-        location = (workdir / "mlartifacts").as_uri() if uri.startswith("sqlite:") else None
-        experiment_id = client.create_experiment(cfg.tracking.experiment, artifact_location=location)
-    else:
-        experiment_id = experiment.experiment_id
+    experiment_id = ensure_experiment(client, cfg.tracking.experiment, workdir)
     parent = client.create_run(experiment_id, run_name="tune", tags={"tune_dir": name}).info.run_id
     for key, value in flatten(cfg.to_dict()).items():
         client.log_param(parent, key, str(value)[:500])
