@@ -1,0 +1,152 @@
+"""The DAG head against brute force over all paths, plain autograd and gradcheck (float64)."""
+import itertools
+
+import pytest
+import torch
+
+from reder.dag import (DagLinks, dag_greedy, dag_log_likelihood, dag_loss, dag_viterbi, edge_mask, masked_log_softmax,
+                       masked_logsumexp, target_emissions, viterbi_align)
+
+CASES = [(9, 6), (7, 3), (5, 5), (2, 2), (8, 4), (6, 2)]  # (graph length L_b, target length M_b)
+
+
+def _graphs(cases, vocab=5):
+    """Random batch: log E (B, L, L) normalised over j > i, log-probs (B, L, V), targets (B, M)."""
+    graph_lengths = torch.tensor([length for length, _ in cases])
+    target_lengths = torch.tensor([steps for _, steps in cases])
+    length, steps = int(graph_lengths.max()), int(target_lengths.max())
+    scores = 2 * torch.randn(len(cases), length, length, dtype=torch.float64)
+    log_edges = masked_log_softmax(scores, edge_mask(graph_lengths, length), dim=-1)
+    log_probs = torch.randn(len(cases), length, vocab, dtype=torch.float64).log_softmax(-1)
+    targets = torch.randint(0, vocab, (len(cases), steps))
+    return log_edges, log_probs, targets, graph_lengths, target_lengths
+
+
+def _paths(length, steps):
+    """Every vertex sequence 0 = a_1 < … < a_M = L − 1."""
+    if steps == 1:
+        return [(0,)] if length == 1 else []
+    return [(0, *middle, length - 1) for middle in itertools.combinations(range(1, length - 1), steps - 2)]
+
+
+def _path_scores(log_edges, emissions, length, steps):
+    paths = _paths(length, steps)
+    scores = [sum(log_edges[a, b] for a, b in zip(path, path[1:])) + sum(emissions[i, v] for i, v in enumerate(path)) for path in paths]
+    return paths, torch.stack(scores)
+
+
+def test_dp_value_and_gradients_equal_brute_force_and_autograd():
+    log_edges, log_probs, targets, graph_lengths, target_lengths = _graphs(CASES)
+    emissions = target_emissions(log_probs, targets)  # (B, M, L)
+    weights = torch.randn(len(CASES), dtype=torch.float64)
+    results = {}
+    for name in ("hand_written", "autograd", "brute_force"):
+        edges, emits = log_edges.detach().requires_grad_(), emissions.detach().requires_grad_()
+        if name == "brute_force":
+            value = torch.stack([torch.logsumexp(_path_scores(edges[b], emits[b], length, steps)[1], 0)
+                                 for b, (length, steps) in enumerate(CASES)])
+        else:
+            value = dag_log_likelihood(edges, emits, graph_lengths, target_lengths, hand_written=name == "hand_written")
+        (value * weights).sum().backward()
+        results[name] = (value.detach(), edges.grad, emits.grad)
+    for name in ("hand_written", "autograd"):
+        for got, expected in zip(results[name], results["brute_force"]):
+            assert torch.isfinite(got).all()
+            assert (got - expected).abs().max() < 1e-9, name
+
+
+def test_hand_written_backward_passes_gradcheck():
+    log_edges, log_probs, targets, graph_lengths, target_lengths = _graphs([(6, 4), (4, 2), (5, 5)])
+    emissions = target_emissions(log_probs, targets).detach().requires_grad_()
+    log_edges = log_edges.detach().requires_grad_()
+    assert torch.autograd.gradcheck(lambda e, m: dag_log_likelihood(e, m, graph_lengths, target_lengths), (log_edges, emissions))
+
+
+def test_infeasible_samples_are_dropped_and_counted_without_nan():
+    cases = [(6, 4), (3, 5), (4, 2)]  # the middle graph is shorter than its target
+    log_edges, log_probs, targets, graph_lengths, target_lengths = _graphs(cases)
+    log_edges, log_probs = log_edges.requires_grad_(), log_probs.requires_grad_()
+    loss, dropped = dag_loss(log_edges, log_probs, graph_lengths, targets, target_lengths)
+    loss.backward()
+    assert int(dropped) == 1 and torch.isfinite(loss)
+    assert torch.isfinite(log_edges.grad).all() and torch.isfinite(log_probs.grad).all()
+    assert log_probs.grad[1].abs().max() == 0  # nothing from the dropped sample
+    keep = [0, 2]
+    expected, _ = dag_loss(log_edges[keep], log_probs[keep], graph_lengths[keep], targets[keep], target_lengths[keep])
+    assert (loss - expected).abs() < 1e-12
+    likelihood = dag_log_likelihood(log_edges, target_emissions(log_probs, targets), graph_lengths, target_lengths)
+    assert likelihood[1] == float("-inf") and torch.isfinite(likelihood[[0, 2]]).all()
+
+
+def test_viterbi_alignment_equals_brute_force_argmax():
+    log_edges, log_probs, targets, graph_lengths, target_lengths = _graphs(CASES + [(3, 4)])
+    emissions = target_emissions(log_probs, targets)
+    path, feasible, score = viterbi_align(log_edges, emissions, graph_lengths, target_lengths)
+    for b, (length, steps) in enumerate(CASES):
+        paths, scores = _path_scores(log_edges[b], emissions[b], length, steps)
+        assert feasible[b] and abs(score[b] - scores.max()) < 1e-12
+        assert path[b, :steps].tolist() == list(paths[int(scores.argmax())]) and (path[b, steps:] == -1).all()
+    assert not feasible[-1] and score[-1] == float("-inf") and (path[-1] == -1).all()
+
+
+def test_links_rows_sum_to_one_over_later_vertices_and_no_nan_with_padding():
+    links = DagLinks(d_model=8, n_heads=2, max_positions=16).double()
+    graph_lengths = torch.tensor([9, 5, 2, 7])
+    states = torch.randn(4, 9, 8, dtype=torch.float64, requires_grad=True)
+    log_edges = links(states, graph_lengths)  # (B, L, L)
+    assert not torch.isnan(log_edges).any()
+    mask = edge_mask(graph_lengths, 9)
+    assert (log_edges[~mask] == float("-inf")).all() and torch.isfinite(log_edges[mask]).all()
+    for b, length in enumerate(graph_lengths.tolist()):
+        sums = log_edges[b, : length - 1].exp().sum(-1)
+        assert (sums - 1).abs().max() < 1e-12
+    log_probs = torch.randn(4, 9, 6, dtype=torch.float64, requires_grad=True).log_softmax(-1)
+    targets = torch.randint(0, 6, (4, 5))
+    loss, dropped = dag_loss(log_edges, log_probs, graph_lengths, targets, torch.tensor([5, 3, 2, 5]))
+    loss.backward()
+    assert int(dropped) == 0 and torch.isfinite(loss)
+    grads = [states.grad] + [p.grad for p in links.parameters()]
+    assert all(g is not None and torch.isfinite(g).all() for g in grads)
+    assert states.grad[1, 5:].abs().max() == 0  # padded vertices get nothing
+
+
+def test_masked_logsumexp_gives_zero_gradients_where_torch_gives_nan():
+    x = torch.tensor([[0.5, float("-inf")], [float("-inf"), float("-inf")]], dtype=torch.float64, requires_grad=True)
+    torch.logsumexp(x, dim=1)[0].backward()
+    assert torch.isnan(x.grad).any()  # the failure mode the masked version exists for
+    x.grad = None
+    value = masked_logsumexp(x, dim=1)
+    value[0].backward()
+    assert value[1] == float("-inf") and value[0] == 0.5 and torch.equal(x.grad, torch.tensor([[1.0, 0], [0, 0]], dtype=torch.float64))
+
+
+def _walk(log_edges, log_probs, length, lookahead):
+    """One sentence, plainly: follow argmax_j log E(a, j) + β·max_y log P(y|v_j), emit argmax tokens."""
+    vertex, tokens = 0, [int(log_probs[0].argmax())]
+    while vertex < length - 1:
+        vertex = max(range(vertex + 1, length), key=lambda j: float(log_edges[vertex, j] + lookahead * log_probs[j].max()))
+        tokens.append(int(log_probs[vertex].argmax()))
+    return [t for i, t in enumerate(tokens) if i == 0 or t != tokens[i - 1]]
+
+
+@pytest.mark.parametrize("lookahead", [0.0, 1.0])
+def test_greedy_and_lookahead_follow_the_argmax_transitions(lookahead):
+    log_edges, log_probs, _, graph_lengths, _ = _graphs(CASES, vocab=3)
+    hypotheses = dag_greedy(log_edges, log_probs, graph_lengths, lookahead)
+    for b, (length, _) in enumerate(CASES):
+        assert hypotheses[b] == _walk(log_edges[b], log_probs[b], length, lookahead)
+
+
+@pytest.mark.parametrize("length_penalty", [0.0, 1.0, 2.0])
+def test_viterbi_decoding_equals_brute_force_over_paths_of_every_length(length_penalty):
+    log_edges, log_probs, _, graph_lengths, _ = _graphs(CASES, vocab=4)
+    hypotheses = dag_viterbi(log_edges, log_probs, graph_lengths, length_penalty)
+    best = log_probs.max(-1).values  # (B, L)
+    for b, (length, _) in enumerate(CASES):
+        candidates = []
+        for steps in range(1, length + 1):
+            for path in _paths(length, steps):
+                score = sum(float(log_edges[b, i, j]) for i, j in zip(path, path[1:])) + sum(float(best[b, v]) for v in path)
+                candidates.append((score / steps**length_penalty, path))
+        _, path = max(candidates)
+        assert hypotheses[b] == [int(log_probs[b, v].argmax()) for v in path]
