@@ -218,3 +218,23 @@ def dag_viterbi(log_edges: torch.Tensor, log_probs: torch.Tensor, graph_lengths:
             path.append(int(backpointers[step][b, path[-1]]))
         hypotheses.append([int(tokens[b, v]) for v in reversed(path)])
     return hypotheses
+
+
+DAG_DECODERS = ("greedy", "lookahead", "viterbi")
+
+
+def dag_decode(decoder: str, log_edges: torch.Tensor, log_probs: torch.Tensor, graph_lengths: torch.Tensor) -> list[list[int]]:
+    """Raw ids (BOS/EOS kept) of one hypothesis per graph; lookahead uses β = 1, Viterbi length penalty 1."""
+    if decoder == "greedy":
+        return dag_greedy(log_edges, log_probs, graph_lengths)
+    if decoder == "lookahead":
+        return dag_greedy(log_edges, log_probs, graph_lengths, lookahead=1.0)
+    if decoder == "viterbi":
+        return dag_viterbi(log_edges, log_probs, graph_lengths)
+    raise ValueError(f"DAG decoder must be one of {DAG_DECODERS}, got {decoder!r}")
+
+
+def graph_lengths_for(input_lengths: torch.Tensor, ratio: float) -> torch.Tensor:
+    """Vertices of each graph, int(λ·S_b), for inputs of S_b tokens counting BOS and EOS (float64 arithmetic,
+    the same rounding as Python's int(ratio * length))."""
+    return (input_lengths.double() * ratio).floor().long()
