@@ -72,11 +72,14 @@ def target_emissions(log_probs: torch.Tensor, targets: torch.Tensor) -> torch.Te
 
 
 def _alpha(log_edges: torch.Tensor, emissions: torch.Tensor) -> torch.Tensor:
-    """α (B, M, L): α_0 = start at vertex 0; α_i[j] = logsumexp_k(α_{i−1}[k] + log E_kj) + log P(y_i|v_j)."""
+    """α (B, M, L): α_0 = start at vertex 0; α_i[j] = logsumexp_k(α_{i−1}[k] + log E_kj) + log P(y_i|v_j).
+
+    Here and in `_beta` no gradient flows (they run inside `_DagLikelihood`), so the fused `torch.logsumexp`
+    is safe: its *values* on all-(−inf) slices are −inf; only its gradients there are NaN. ~3× faster."""
     alpha = emissions.new_full(emissions.shape, NEG_INF)
     alpha[:, 0, 0] = emissions[:, 0, 0]
     for i in range(1, emissions.shape[1]):
-        alpha[:, i] = masked_logsumexp(alpha[:, i - 1, :, None] + log_edges, dim=1) + emissions[:, i]
+        alpha[:, i] = torch.logsumexp(alpha[:, i - 1, :, None] + log_edges, dim=1) + emissions[:, i]
     return alpha
 
 
@@ -86,7 +89,7 @@ def _beta(log_edges: torch.Tensor, emissions: torch.Tensor, graph_lengths: torch
     beta = emissions.new_full(emissions.shape, NEG_INF)
     beta[torch.arange(batch), target_lengths - 1, graph_lengths - 1] = 0.0
     for i in range(steps - 2, -1, -1):
-        following = masked_logsumexp(log_edges + (emissions[:, i + 1] + beta[:, i + 1])[:, None, :], dim=2)  # (B, L)
+        following = torch.logsumexp(log_edges + (emissions[:, i + 1] + beta[:, i + 1])[:, None, :], dim=2)  # (B, L)
         beta[:, i] = torch.where((i < target_lengths - 1)[:, None], following, beta[:, i])
     return beta
 
@@ -113,9 +116,11 @@ class _DagLikelihood(torch.autograd.Function):
         feasible = torch.isfinite(log_likelihood)[:, None, None]  # (B, 1, 1); infeasible samples get zero gradients
         z = torch.where(feasible, log_likelihood[:, None, None], 0.0)
         grad_emissions = (alpha + beta - z).exp()  # (B, M, L): posterior of vertex j emitting y_i
-        grad_edges = torch.zeros_like(log_edges)
-        for i in range(1, emissions.shape[1]):
-            grad_edges += (alpha[:, i - 1, :, None] + log_edges + (emissions[:, i] + beta[:, i])[:, None, :] - z).exp()
+        before, after = alpha - z, emissions + beta  # (B, M, L): the vectors each edge term adds to log E
+        grad_edges, term = torch.zeros_like(log_edges), torch.empty_like(log_edges)
+        for i in range(1, emissions.shape[1]):  # one (B, L, L) buffer, reused: memory stays O(B·L²)
+            torch.add(log_edges, before[:, i - 1, :, None], out=term)
+            grad_edges += term.add_(after[:, i, None, :]).exp_()
         scale = grad[:, None, None]
         return torch.where(feasible, grad_edges * scale, 0.0), torch.where(feasible, grad_emissions * scale, 0.0), None, None
 
