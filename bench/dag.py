@@ -12,7 +12,10 @@ reports:
 - `peak_mb`: on CPU the peak RSS during forward + backward minus the RSS before it (glibc's mmap threshold
   pinned and VmHWM reset, as bench/memory.py does); on CUDA torch.cuda.max_memory_allocated minus the
   memory allocated before it. It includes the gradient buffers, which both variants need;
-- `step_s`: the median wall time of forward + backward (torch's default threads: set OMP_NUM_THREADS).
+- `step_s`: the median wall time of forward + backward (torch's default threads: set OMP_NUM_THREADS),
+  from a second subprocess with glibc's default malloc settings (the pinned mmap threshold of the memory
+  run turns every freed (B, L, L) temporary into an munmap and page faults, which slows the
+  hand-written passes, which allocate per step, far more than autograd).
 Decoding: ms per sentence of greedy, lookahead and Viterbi on random graphs of each length (batch
 `--decode-batch`, vocabulary 1000).
 """
@@ -122,11 +125,14 @@ def decode_times(lengths: list[int], batch: int, device: str, repeats: int) -> l
 
 
 def _run_child(batch: int, steps: int, length: int, hand_written: bool, args: argparse.Namespace) -> dict:
-    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", MALLOC_TRIM_THRESHOLD_="0")
+    """Memory from a child with malloc pinned (real peaks), time from a child with default malloc."""
     command = [sys.executable, "-m", "bench.dag", "--child", str(batch), str(steps), str(length), str(int(hand_written)),
                "--device", args.device, "--repeats", str(args.repeats)]
-    out = subprocess.run(command, capture_output=True, text=True, env=env, check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    rows = []
+    for env in (dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", MALLOC_TRIM_THRESHOLD_="0"), dict(os.environ)):
+        out = subprocess.run(command, capture_output=True, text=True, env=env, check=True)
+        rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    return {**rows[0], "step_s": rows[1]["step_s"]}
 
 
 def main() -> None:
