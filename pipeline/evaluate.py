@@ -1,7 +1,8 @@
 """Evaluate stage: decode valid/test in both directions, score with sacreBLEU, time the decoders.
 
 For each split in `evaluate.splits` (the ingested text, encoded with the run's SentencePiece model) and
-each direction: greedy CTC decoding and (beam_size > 1) CTC prefix beam search; detokenized hypotheses are
+each direction: greedy CTC decoding and (beam_size > 1) CTC prefix beam search — for a DAG model (head "dag")
+its greedy, lookahead and Viterbi decoders instead; detokenized hypotheses are
 written to `<split>.<direction>.<decoder>.txt` and scored against the original text with sacreBLEU's BLEU
 and chrF (signatures recorded). Round trip: x → ŷ → x̂ and y → x̂ → ŷ (greedy), scored against x and y.
 Speed: per-sentence latency at batch 1 and sentences/s at batch `throughput_batch`, on the test split.
@@ -27,6 +28,7 @@ from pipeline.config import PipelineConfig
 from pipeline.stage import require_done, run_stage, stage_dir, write_json, write_text
 from reder import DIRECTIONS, EOS_ID
 from reder.checkpoint import SPM_FILE, load_model_dir
+from reder.dag import DAG_DECODERS
 from reder.translate import encode_lines, translate_ids
 
 log = logging.getLogger(__name__)
@@ -74,6 +76,8 @@ def evaluate_model(model_dir: Path, corpus: Path, cfg: PipelineConfig, out: Path
     model, meta = load_model_dir(model_dir, "cuda" if torch.cuda.is_available() else "cpu")
     sp = sentencepiece.SentencePieceProcessor(model_file=str(model_dir / SPM_FILE))
     decoders = {"greedy": 1, **({f"beam{evaluation.beam_size}": evaluation.beam_size} if evaluation.beam_size > 1 else {})}
+    if model.cfg.head == "dag":  # DAG models: their own decoders, no beam (beam_size is CTC's)
+        decoders = {name: 1 for name in DAG_DECODERS}
     scores: dict[str, Any] = {}
     signatures: dict[str, str] = {}
     roundtrip: dict[str, Any] = {}
@@ -85,7 +89,7 @@ def evaluate_model(model_dir: Path, corpus: Path, cfg: PipelineConfig, out: Path
             encoded = encode_lines(sp, inputs)
             for decoder, beam in decoders.items():
                 started = time.perf_counter()
-                ids = translate_ids(model, encoded, direction, beam, evaluation.batch_size)
+                ids = translate_ids(model, encoded, direction, beam, evaluation.batch_size, _decoder(decoder))
                 seconds = time.perf_counter() - started
                 hypotheses = [sp.decode(h) for h in ids]
                 write_text(out / f"{split}.{direction}.{decoder}.txt", "".join(h + "\n" for h in hypotheses))
@@ -126,16 +130,21 @@ def measure_speed(model: Any, encoded: list[list[int]], decoders: dict[str, int]
     single = encoded[: evaluation.latency_sentences]
     for decoder, beam in decoders.items():
         if single:
-            translate_ids(model, single[:2], "src2tgt", beam, 1)  # warm-up
+            translate_ids(model, single[:2], "src2tgt", beam, 1, _decoder(decoder))  # warm-up
             times = []
             for sequence in single:
                 started = time.perf_counter()
-                translate_ids(model, [sequence], "src2tgt", beam, 1)
+                translate_ids(model, [sequence], "src2tgt", beam, 1, _decoder(decoder))
                 times.append(time.perf_counter() - started)
             times.sort()
             speed[f"{decoder}_latency_ms"] = round(1000 * sum(times) / len(times), 3)
             speed[f"{decoder}_latency_p90_ms"] = round(1000 * times[int(0.9 * (len(times) - 1))], 3)
         started = time.perf_counter()
-        translate_ids(model, encoded, "src2tgt", beam, evaluation.throughput_batch)
+        translate_ids(model, encoded, "src2tgt", beam, evaluation.throughput_batch, _decoder(decoder))
         speed[f"{decoder}_sentences_per_s"] = round(len(encoded) / (time.perf_counter() - started), 2)
     return speed
+
+
+def _decoder(name: str) -> str:
+    """translate_ids' `decoder` for a decoder name: a DAG decoder by its own name; CTC's are greedy + beam size."""
+    return name if name in DAG_DECODERS else "greedy"

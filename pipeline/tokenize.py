@@ -12,6 +12,9 @@ gives T = r·(|x|+1) output frames; a CTC path for y+EOS needs at least (|y|+1) 
 rep(y) counts adjacent equal pieces in y (CTC must put a blank between them). The pair is feasible for
 src2tgt iff T >= (|y|+1) + rep(y), and for tgt2src iff r·(|y|+1) >= (|x|+1) + rep(x). Pairs infeasible
 in either direction are dropped from train and counted by direction; on valid/test they are counted only.
+With `model.head: dag` the rule is the DAG's instead: the graph over BOS x EOS has int(λ·(|x|+2))
+vertices (λ = graph_upsample_ratio) and a path must visit one per token of BOS y EOS, so src2tgt is
+feasible iff int(λ·(|x|+2)) >= |y|+2 (repeats need nothing extra), and tgt2src likewise.
 """
 from __future__ import annotations
 
@@ -40,7 +43,7 @@ ROWS_PER_BLOCK = 50_000
 
 def output_dir(cfg: PipelineConfig, workdir: Path) -> Path:
     # workers and batch_size do not change the output, so they are not part of the key
-    return stage_dir(workdir, "tokenize", {"upsample_ratio": cfg.model.upsample_ratio,
+    return stage_dir(workdir, "tokenize", {**_feasibility_key(cfg),
                                            "spm": spm.output_dir(cfg, workdir).name,
                                            "ingest": ingest.output_dir(cfg, workdir).name})
 
@@ -50,7 +53,7 @@ def run(cfg: PipelineConfig, workdir: Path, force: bool = False, tracker: Any = 
     workdir = Path(workdir).resolve()
     corpus = require_done(ingest.output_dir(cfg, workdir), "ingest")
     model_dir = require_done(spm.output_dir(cfg, workdir), "spm")
-    config = {"tokenize": asdict(cfg.tokenize), "upsample_ratio": cfg.model.upsample_ratio}
+    config = {"tokenize": asdict(cfg.tokenize), **_feasibility_key(cfg)}
     return run_stage("tokenize", output_dir(cfg, workdir),
                      lambda tmp: _build(cfg, corpus, model_dir / spm.MODEL_FILE, tmp), config=config,
                      inputs={"ingest": str(corpus), "spm": str(model_dir)}, force=force)
@@ -63,22 +66,30 @@ def _build(cfg: PipelineConfig, corpus: Path, model_path: Path, tmp: Path) -> di
     model_proto = model_path.read_bytes()
     spm.load(model_proto, cfg.model.vocab_size)  # fail here, not inside an actor, on a bad model
     files = [p for split in ingest.SPLITS for p in sorted((corpus / split).glob("*.parquet"))]
-    report = tokenize_files(files, tmp, model_proto, cfg.model.upsample_ratio, cfg.tokenize.workers,
-                            cfg.tokenize.batch_size)
+    head = cfg.model.head
+    ratio = cfg.model.graph_upsample_ratio if head == "dag" else cfg.model.upsample_ratio
+    report = tokenize_files(files, tmp, model_proto, ratio, cfg.tokenize.workers, cfg.tokenize.batch_size, head)
     write_json(tmp / "report.json", report)
     return {**report["splits"], "workers": report["workers"], "ray_seconds": report["ray_seconds"]}
 
 
-def tokenize_files(files: list[Path], out: Path, model_proto: bytes, upsample_ratio: int, workers: int = 0,
-                   batch_size: int = 1024) -> dict[str, Any]:
+def _feasibility_key(cfg: PipelineConfig) -> dict[str, Any]:
+    """What the feasibility filter depends on; CTC keys are unchanged, so CTC stage hashes stay the same."""
+    if cfg.model.head == "dag":
+        return {"head": "dag", "graph_upsample_ratio": cfg.model.graph_upsample_ratio}
+    return {"upsample_ratio": cfg.model.upsample_ratio}
+
+
+def tokenize_files(files: list[Path], out: Path, model_proto: bytes, upsample_ratio: float, workers: int = 0,
+                   batch_size: int = 1024, head: str = "ctc") -> dict[str, Any]:
     """Tokenize ingest Parquet files (split = name of each file's directory) into `out/<split>/`.
 
     All splits go through one Ray Data execution, so its fixed cost (planning, actor start) is paid once.
     Returns the report: per-split counts, the number of actors, the seconds spent on Ray."""
     staging = out / "_staging"
     started = time.time()
-    actors = tokenize_on_ray([str(p) for p in files], staging, model_proto, upsample_ratio, workers, batch_size)
-    report: dict[str, Any] = {"upsample_ratio": upsample_ratio, "workers": actors,
+    actors = tokenize_on_ray([str(p) for p in files], staging, model_proto, upsample_ratio, workers, batch_size, head)
+    report: dict[str, Any] = {"upsample_ratio": upsample_ratio, **({"head": head} if head != "ctc" else {}), "workers": actors,
                               "ray_seconds": round(time.time() - started, 3), "splits": {}}
     staged = pq.read_table(staging)
     present = {Path(p).parent.name for p in files}
@@ -95,11 +106,12 @@ def tokenize_files(files: list[Path], out: Path, model_proto: bytes, upsample_ra
 class Tokenizer:
     """Ray Data UDF: text batch -> id lists, lengths and feasibility flags (one model per actor)."""
 
-    def __init__(self, model_proto: bytes, upsample_ratio: int) -> None:
+    def __init__(self, model_proto: bytes, upsample_ratio: float, head: str = "ctc") -> None:
         import sentencepiece
 
         self.processor = sentencepiece.SentencePieceProcessor(model_proto=model_proto)
-        self.upsample_ratio = upsample_ratio
+        self.upsample_ratio = upsample_ratio  # r for CTC, λ (graph_upsample_ratio) for DAG
+        self.feasible = dag_feasible if head == "dag" else ctc_feasible
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         # num_threads=1: parallelism comes from the actor pool, not from threads inside each actor
@@ -107,13 +119,13 @@ class Tokenizer:
         tgt = self.processor.encode(batch.column("tgt").to_pylist(), num_threads=1)
         src_ids, src_len = _list_column(src)
         tgt_ids, tgt_len = _list_column(tgt)
-        ratio = self.upsample_ratio
+        ratio, feasible = self.upsample_ratio, self.feasible
         splits = [Path(path).parent.name for path in batch.column("path").to_pylist()]
         return pa.table({
             "split": pa.array(splits, pa.string()), "id": batch.column("id"), "src_ids": src_ids, "tgt_ids": tgt_ids,
             "src_len": pa.array(src_len, pa.int32()), "tgt_len": pa.array(tgt_len, pa.int32()),
-            "feasible_src2tgt": pa.array([ctc_feasible(len(x), y, ratio) for x, y in zip(src, tgt)]),
-            "feasible_tgt2src": pa.array([ctc_feasible(len(y), x, ratio) for x, y in zip(src, tgt)]),
+            "feasible_src2tgt": pa.array([feasible(len(x), y, ratio) for x, y in zip(src, tgt)]),
+            "feasible_tgt2src": pa.array([feasible(len(y), x, ratio) for x, y in zip(src, tgt)]),
         })
 
 
@@ -121,6 +133,11 @@ def ctc_feasible(input_len: int, target: list[int], upsample_ratio: int) -> bool
     """Whether CTC can emit `target`+EOS from `input_len` pieces (+EOS) upsampled by the ratio."""
     repeats = sum(1 for a, b in zip(target, target[1:]) if a == b)
     return upsample_ratio * (input_len + 1) >= len(target) + 1 + repeats
+
+
+def dag_feasible(input_len: int, target: list[int], graph_upsample_ratio: float) -> bool:
+    """Whether a DAG graph over BOS + `input_len` pieces + EOS has a vertex for each of BOS + target + EOS."""
+    return int(graph_upsample_ratio * (input_len + 2)) >= len(target) + 2
 
 
 def _list_column(sequences: list[list[int]]) -> tuple[pa.Array, np.ndarray]:
@@ -162,8 +179,8 @@ def free_cpus(settle_s: float = 15.0, none_free_s: float = 120.0) -> float:
     return free
 
 
-def tokenize_on_ray(files: list[str], staging: Path, model_proto: bytes, upsample_ratio: int,
-                    workers: int = 0, batch_size: int = 1024) -> int:
+def tokenize_on_ray(files: list[str], staging: Path, model_proto: bytes, upsample_ratio: float,
+                    workers: int = 0, batch_size: int = 1024, head: str = "ctc") -> int:
     """Tokenize ingest's Parquet `files` into `staging` with a Ray Data actor pool (each row keeps its
     split, the name of its file's directory); returns the number of actors."""
     import ray
@@ -187,7 +204,7 @@ def tokenize_on_ray(files: list[str], staging: Path, model_proto: bytes, upsampl
     finally:
         context.use_datasource_v2 = previous
     dataset = dataset.map_batches(
-        Tokenizer, fn_constructor_kwargs={"model_proto": model_proto, "upsample_ratio": upsample_ratio},
+        Tokenizer, fn_constructor_kwargs={"model_proto": model_proto, "upsample_ratio": upsample_ratio, "head": head},
         batch_format="pyarrow", batch_size=batch_size, compute=ray.data.ActorPoolStrategy(size=actors),
         num_cpus=actor_cpus)
     dataset.write_parquet(str(staging), ray_remote_args={"num_cpus": io_cpus})

@@ -4,6 +4,7 @@ from typing import Any
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 DIRECTIONS = ("src2tgt", "tgt2src")
+HEADS = ("ctc", "dag")
 
 
 @dataclass(frozen=True)
@@ -23,6 +24,9 @@ class ModelConfig:
     share_ends: bool = False  # tie the two ends' layers (embeddings and positions are always shared/own)
     label_smoothing: float = 0.1
     memory_efficient: bool = True  # rebuild activations in backward instead of storing them
+    head: str = "ctc"  # output head at both ends: "ctc" or "dag" (DA-Transformer; DESIGN.md, "DAG head")
+    graph_upsample_ratio: float = 8.0  # λ (head="dag"): a graph has int(λ·(|x|+2)) vertices, |x| without BOS/EOS
+    link_heads: int = 4  # heads of the DAG link scorer (head="dag")
 
     def __post_init__(self) -> None:
         checks = {
@@ -34,6 +38,11 @@ class ModelConfig:
             "attention_dropout must be in [0, 1)": 0.0 <= self.attention_dropout < 1.0,
             "label_smoothing must be in [0, 1)": 0.0 <= self.label_smoothing < 1.0,
             "max_relative_distance must be >= 1": self.max_relative_distance >= 1,
+            f"head must be one of {HEADS}": self.head in HEADS,
+            "graph_upsample_ratio must be a number >= 1": isinstance(self.graph_upsample_ratio, (int, float))
+            and not isinstance(self.graph_upsample_ratio, bool) and self.graph_upsample_ratio >= 1,
+            "link_heads must be >= 1 and divide d_model": isinstance(self.link_heads, int) and self.link_heads >= 1
+            and self.d_model % self.link_heads == 0,
         }
         for message, ok in checks.items():
             if not ok:
@@ -41,6 +50,7 @@ class ModelConfig:
 
     @property
     def blank_id(self) -> int:
+        """The CTC blank; with head="dag" the same id is the skip token of FBA's laid-out target."""
         return self.vocab_size - 1
 
     def to_dict(self) -> dict[str, Any]:

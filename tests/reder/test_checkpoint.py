@@ -1,4 +1,6 @@
 """Model directories, checkpoint averaging and batched translation."""
+import json
+
 import pytest
 import torch
 
@@ -60,3 +62,36 @@ def test_translate_ids_batches_by_length_and_keeps_input_order():
     too_long = [4] * (model.cfg.max_positions // model.cfg.upsample_ratio) + [EOS_ID]
     with pytest.raises(ValueError, match="input 2: 33 pieces"):
         translate_ids(model, [sequences[0], too_long], "tgt2src")
+
+
+def test_dag_model_directory_round_trips_the_head_fields_and_decodes_identically(tmp_path):
+    model = tiny_model(head="dag", graph_upsample_ratio=2.5, link_heads=2)
+    src, src_lengths = random_batch([5, 3, 4], 12)
+    tgt, tgt_lengths = random_batch([4, 4, 2], 12)
+    model.loss(src, src_lengths, tgt, tgt_lengths, step=0)
+    model.eval()
+    spm_file = tmp_path / "fake.model"
+    spm_file.write_bytes(b"not read by the model")
+    loaded, meta = load_model_dir(save_model_dir(tmp_path / "model", model, spm_file, "en", "de"))
+    assert meta["model"]["head"] == "dag" and meta["model"]["graph_upsample_ratio"] == 2.5 and meta["model"]["link_heads"] == 2
+    assert loaded.cfg == model.cfg
+    assert torch.equal(loaded.links["src"].query.weight, model.links["src"].query.weight)
+    sequences = [src[i, : src_lengths[i]].tolist() for i in range(3)]
+    for decoder in ("greedy", "lookahead", "viterbi"):
+        assert translate_ids(loaded, sequences, "src2tgt", decoder=decoder) == translate_ids(model, sequences, "src2tgt", decoder=decoder)
+    too_long = [4] * model.max_input_length() + [EOS_ID]
+    with pytest.raises(ValueError, match="graph_upsample_ratio 2.5"):
+        translate_ids(model, [too_long], "tgt2src")
+
+
+def test_old_model_directories_without_head_fields_load_as_ctc(tmp_path):
+    model = _initialized(0)
+    spm_file = tmp_path / "fake.model"
+    spm_file.write_bytes(b"x")
+    directory = save_model_dir(tmp_path / "model", model, spm_file, "en", "de")
+    meta = read_meta(directory)
+    for key in ("head", "graph_upsample_ratio", "link_heads"):
+        del meta["model"][key]
+    (directory / CONFIG_FILE).write_text(json.dumps(meta), encoding="utf-8")
+    loaded, _ = load_model_dir(directory)
+    assert loaded.cfg == model.cfg and loaded.cfg.head == "ctc"

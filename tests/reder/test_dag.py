@@ -1,0 +1,302 @@
+"""The DAG head against brute force over all paths, plain autograd and gradcheck (float64)."""
+import itertools
+import time
+
+import pytest
+import sacrebleu
+import torch
+
+from reder import BOS_ID, DIRECTIONS, EOS_ID, PAD_ID, LossConfig, ModelConfig, REDER
+from reder.dag import (DagLinks, dag_greedy, dag_log_likelihood, dag_loss, dag_viterbi, edge_mask, masked_log_softmax,
+                       masked_logsumexp, target_emissions, viterbi_align)
+
+from tests.reder.helpers import padding_mask, random_batch, tiny_config, tiny_model
+from tests.reder.test_learning import MULTI30K, N_PAIRS, _encode
+
+OVERFIT_MAX_STEPS, OVERFIT_LIMIT_S = 80, 150  # ~1 s (stage one) to ~1.5 s (stage two) per update on 2 cores
+DAG_AUX_START = 30  # stage two; the DAG head fits these pairs in ~40 updates
+CASES = [(9, 6), (7, 3), (5, 5), (2, 2), (8, 4), (6, 2)]  # (graph length L_b, target length M_b)
+
+
+def _graphs(cases, vocab=5):
+    """Random batch: log E (B, L, L) normalised over j > i, log-probs (B, L, V), targets (B, M)."""
+    graph_lengths = torch.tensor([length for length, _ in cases])
+    target_lengths = torch.tensor([steps for _, steps in cases])
+    length, steps = int(graph_lengths.max()), int(target_lengths.max())
+    scores = 2 * torch.randn(len(cases), length, length, dtype=torch.float64)
+    log_edges = masked_log_softmax(scores, edge_mask(graph_lengths, length), dim=-1)
+    log_probs = torch.randn(len(cases), length, vocab, dtype=torch.float64).log_softmax(-1)
+    targets = torch.randint(0, vocab, (len(cases), steps))
+    return log_edges, log_probs, targets, graph_lengths, target_lengths
+
+
+def _paths(length, steps):
+    """Every vertex sequence 0 = a_1 < … < a_M = L − 1."""
+    if steps == 1:
+        return [(0,)] if length == 1 else []
+    return [(0, *middle, length - 1) for middle in itertools.combinations(range(1, length - 1), steps - 2)]
+
+
+def _path_scores(log_edges, emissions, length, steps):
+    paths = _paths(length, steps)
+    scores = [sum(log_edges[a, b] for a, b in zip(path, path[1:])) + sum(emissions[i, v] for i, v in enumerate(path)) for path in paths]
+    return paths, torch.stack(scores)
+
+
+def test_dp_value_and_gradients_equal_brute_force_and_autograd():
+    log_edges, log_probs, targets, graph_lengths, target_lengths = _graphs(CASES)
+    emissions = target_emissions(log_probs, targets)  # (B, M, L)
+    weights = torch.randn(len(CASES), dtype=torch.float64)
+    results = {}
+    for name in ("hand_written", "autograd", "brute_force"):
+        edges, emits = log_edges.detach().requires_grad_(), emissions.detach().requires_grad_()
+        if name == "brute_force":
+            value = torch.stack([torch.logsumexp(_path_scores(edges[b], emits[b], length, steps)[1], 0)
+                                 for b, (length, steps) in enumerate(CASES)])
+        else:
+            value = dag_log_likelihood(edges, emits, graph_lengths, target_lengths, hand_written=name == "hand_written")
+        (value * weights).sum().backward()
+        results[name] = (value.detach(), edges.grad, emits.grad)
+    for name in ("hand_written", "autograd"):
+        for got, expected in zip(results[name], results["brute_force"]):
+            assert torch.isfinite(got).all()
+            assert (got - expected).abs().max() < 1e-9, name
+
+
+def test_hand_written_backward_passes_gradcheck():
+    log_edges, log_probs, targets, graph_lengths, target_lengths = _graphs([(6, 4), (4, 2), (5, 5)])
+    emissions = target_emissions(log_probs, targets).detach().requires_grad_()
+    log_edges = log_edges.detach().requires_grad_()
+    assert torch.autograd.gradcheck(lambda e, m: dag_log_likelihood(e, m, graph_lengths, target_lengths), (log_edges, emissions))
+
+
+def test_infeasible_samples_are_dropped_and_counted_without_nan():
+    cases = [(6, 4), (3, 5), (4, 2)]  # the middle graph is shorter than its target
+    log_edges, log_probs, targets, graph_lengths, target_lengths = _graphs(cases)
+    log_edges, log_probs = log_edges.requires_grad_(), log_probs.requires_grad_()
+    loss, dropped = dag_loss(log_edges, log_probs, graph_lengths, targets, target_lengths)
+    loss.backward()
+    assert int(dropped) == 1 and torch.isfinite(loss)
+    assert torch.isfinite(log_edges.grad).all() and torch.isfinite(log_probs.grad).all()
+    assert log_probs.grad[1].abs().max() == 0  # nothing from the dropped sample
+    keep = [0, 2]
+    expected, _ = dag_loss(log_edges[keep], log_probs[keep], graph_lengths[keep], targets[keep], target_lengths[keep])
+    assert (loss - expected).abs() < 1e-12
+    likelihood = dag_log_likelihood(log_edges, target_emissions(log_probs, targets), graph_lengths, target_lengths)
+    assert likelihood[1] == float("-inf") and torch.isfinite(likelihood[[0, 2]]).all()
+
+
+def test_viterbi_alignment_equals_brute_force_argmax():
+    log_edges, log_probs, targets, graph_lengths, target_lengths = _graphs(CASES + [(3, 4)])
+    emissions = target_emissions(log_probs, targets)
+    path, feasible, score = viterbi_align(log_edges, emissions, graph_lengths, target_lengths)
+    for b, (length, steps) in enumerate(CASES):
+        paths, scores = _path_scores(log_edges[b], emissions[b], length, steps)
+        assert feasible[b] and abs(score[b] - scores.max()) < 1e-12
+        assert path[b, :steps].tolist() == list(paths[int(scores.argmax())]) and (path[b, steps:] == -1).all()
+    assert not feasible[-1] and score[-1] == float("-inf") and (path[-1] == -1).all()
+
+
+def test_links_rows_sum_to_one_over_later_vertices_and_no_nan_with_padding():
+    links = DagLinks(d_model=8, n_heads=2, max_positions=16).double()
+    graph_lengths = torch.tensor([9, 5, 2, 7])
+    states = torch.randn(4, 9, 8, dtype=torch.float64, requires_grad=True)
+    log_edges = links(states, graph_lengths)  # (B, L, L)
+    assert not torch.isnan(log_edges).any()
+    mask = edge_mask(graph_lengths, 9)
+    assert (log_edges[~mask] == float("-inf")).all() and torch.isfinite(log_edges[mask]).all()
+    for b, length in enumerate(graph_lengths.tolist()):
+        sums = log_edges[b, : length - 1].exp().sum(-1)
+        assert (sums - 1).abs().max() < 1e-12
+    log_probs = torch.randn(4, 9, 6, dtype=torch.float64, requires_grad=True).log_softmax(-1)
+    targets = torch.randint(0, 6, (4, 5))
+    loss, dropped = dag_loss(log_edges, log_probs, graph_lengths, targets, torch.tensor([5, 3, 2, 5]))
+    loss.backward()
+    assert int(dropped) == 0 and torch.isfinite(loss)
+    grads = [states.grad] + [p.grad for p in links.parameters()]
+    assert all(g is not None and torch.isfinite(g).all() for g in grads)
+    assert states.grad[1, 5:].abs().max() == 0  # padded vertices get nothing
+
+
+def test_masked_logsumexp_gives_zero_gradients_where_torch_gives_nan():
+    x = torch.tensor([[0.5, float("-inf")], [float("-inf"), float("-inf")]], dtype=torch.float64, requires_grad=True)
+    torch.logsumexp(x, dim=1)[0].backward()
+    assert torch.isnan(x.grad).any()  # the failure mode the masked version exists for
+    x.grad = None
+    value = masked_logsumexp(x, dim=1)
+    value[0].backward()
+    assert value[1] == float("-inf") and value[0] == 0.5 and torch.equal(x.grad, torch.tensor([[1.0, 0], [0, 0]], dtype=torch.float64))
+
+
+def _walk(log_edges, log_probs, length, lookahead):
+    """One sentence, plainly: follow argmax_j log E(a, j) + β·max_y log P(y|v_j), emit argmax tokens."""
+    vertex, tokens = 0, [int(log_probs[0].argmax())]
+    while vertex < length - 1:
+        vertex = max(range(vertex + 1, length), key=lambda j: float(log_edges[vertex, j] + lookahead * log_probs[j].max()))
+        tokens.append(int(log_probs[vertex].argmax()))
+    return [t for i, t in enumerate(tokens) if i == 0 or t != tokens[i - 1]]
+
+
+@pytest.mark.parametrize("lookahead", [0.0, 1.0])
+def test_greedy_and_lookahead_follow_the_argmax_transitions(lookahead):
+    log_edges, log_probs, _, graph_lengths, _ = _graphs(CASES, vocab=3)
+    hypotheses = dag_greedy(log_edges, log_probs, graph_lengths, lookahead)
+    for b, (length, _) in enumerate(CASES):
+        assert hypotheses[b] == _walk(log_edges[b], log_probs[b], length, lookahead)
+
+
+@pytest.mark.parametrize("length_penalty", [0.0, 1.0, 2.0])
+def test_viterbi_decoding_equals_brute_force_over_paths_of_every_length(length_penalty):
+    log_edges, log_probs, _, graph_lengths, _ = _graphs(CASES, vocab=4)
+    hypotheses = dag_viterbi(log_edges, log_probs, graph_lengths, length_penalty)
+    best = log_probs.max(-1).values  # (B, L)
+    for b, (length, _) in enumerate(CASES):
+        candidates = []
+        for steps in range(1, length + 1):
+            for path in _paths(length, steps):
+                score = sum(float(log_edges[b, i, j]) for i, j in zip(path, path[1:])) + sum(float(best[b, v]) for v in path)
+                candidates.append((score / steps**length_penalty, path))
+        _, path = max(candidates)
+        assert hypotheses[b] == [int(log_probs[b, v].argmax()) for v in path]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not MULTI30K.is_dir(), reason=f"{MULTI30K} is absent")
+def test_dag_model_overfits_64_multi30k_pairs_in_both_directions():
+    english = (MULTI30K / "train.en").read_text(encoding="utf-8").splitlines()[:N_PAIRS]
+    german = (MULTI30K / "train.de").read_text(encoding="utf-8").splitlines()[:N_PAIRS]
+    words = sorted({w for line in english + german for w in line.split()})
+    vocab = {w: i + 4 for i, w in enumerate(words)}  # 0-3 are pad, unk, bos, eos; the last id is the skip token
+    inverse = {i: w for w, i in vocab.items()}
+    cfg = ModelConfig(vocab_size=len(vocab) + 5, d_model=128, n_heads=4, ffn_dim=256, layers_per_end=2, dropout=0.0,
+                      max_relative_distance=8, head="dag", graph_upsample_ratio=2.0, link_heads=4)
+    model = REDER(cfg, LossConfig(lambda_fba=0.1, lambda_cc=0.1, aux_start_step=DAG_AUX_START)).train()
+    src, src_lengths = _encode(english, vocab)
+    tgt, tgt_lengths = _encode(german, vocab)
+    optimizer = torch.optim.Adam(model.parameters(), lr=2e-3, betas=(0.9, 0.98))
+
+    def bleu(direction: str, decoder: str) -> float:
+        model.eval()
+        tokens, lengths, references = (src, src_lengths, german) if direction == "src2tgt" else (tgt, tgt_lengths, english)
+        hypotheses = [" ".join(inverse.get(t, "<unk>") for t in h) for h in model.translate(tokens, lengths, direction, decoder=decoder)]
+        model.train()
+        return sacrebleu.corpus_bleu(hypotheses, [references]).score
+
+    start, step, scores = time.monotonic(), 0, {}
+    while step < OVERFIT_MAX_STEPS and time.monotonic() - start < OVERFIT_LIMIT_S:
+        terms = model.loss(src, src_lengths, tgt, tgt_lengths, step)
+        optimizer.zero_grad()
+        terms["total"].backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        step += 1
+        if step % 10 == 0 and step >= DAG_AUX_START + 10:  # score only once the auxiliary stage has run a while
+            scores = {d: bleu(d, "greedy") for d in DIRECTIONS}
+            print(step, f"{time.monotonic() - start:.0f}s", {k: round(v.item(), 3) for k, v in terms.items()}, scores)
+            if min(scores.values()) > 90:
+                break
+    scores = {d: bleu(d, "greedy") for d in DIRECTIONS}
+    assert terms["fba_src2tgt"] > 0 and terms["cc_tgt2src"] > 0  # the auxiliary stage ran
+    assert terms["dropped_src2tgt"] == 0 and terms["dropped_tgt2src"] == 0
+    assert min(scores.values()) > 90, scores
+    others = {(d, decoder): bleu(d, decoder) for d in DIRECTIONS for decoder in ("lookahead", "viterbi")}
+    print(others)
+    assert min(others.values()) > 80, others
+
+
+def _dag_model(loss_config=None, **overrides):
+    return tiny_model(loss_config, **{"head": "dag", "graph_upsample_ratio": 2.5, "link_heads": 2, **overrides})
+
+
+@pytest.mark.parametrize("ratio", [1.0, 2.0, 2.5, 8.0])
+def test_graph_upsampling_copies_tokens_uniformly_between_bos_and_eos_anchors(ratio):
+    model = _dag_model(graph_upsample_ratio=ratio, max_positions=128)
+    tokens, lengths = random_batch([5, 2, 4], 12)
+    graph, graph_lengths = model.upsample(tokens, lengths)
+    for b, length in enumerate(lengths.tolist()):
+        anchored = [BOS_ID] + tokens[b, :length].tolist()  # BOS x… EOS
+        vertices = int(ratio * len(anchored))
+        assert graph_lengths[b] == vertices and (graph[b, vertices:] == 0).all()
+        assert graph[b, :vertices].tolist() == [anchored[j * len(anchored) // vertices] for j in range(vertices)]
+        assert graph[b, 0] == BOS_ID and graph[b, vertices - 1] == EOS_ID
+        if ratio == int(ratio):  # an integer λ repeats every token λ times, as CTC's upsampling does
+            assert graph[b, :vertices].tolist() == torch.tensor(anchored).repeat_interleave(int(ratio)).tolist()
+    assert model.max_input_length() == max(n for n in range(200) if int(ratio * (n + 1)) <= 128)
+
+
+def test_trunk_stays_invertible_and_unchanged_with_the_dag_head():
+    ctc = tiny_model(layers_per_end=3).double().eval()
+    dag = _dag_model(layers_per_end=3).double().eval()
+    missing, unexpected = dag.load_state_dict(ctc.state_dict(), strict=False)
+    assert not unexpected and missing and all(name.startswith("links.") for name in missing)
+    h, mask = torch.randn(3, 7, 16, dtype=torch.float64), padding_mask([7, 5, 2])
+    for direction, back in (("src2tgt", "tgt2src"), ("tgt2src", "src2tgt")):
+        out = dag.layers(h, mask, direction)
+        assert torch.equal(out, ctc.layers(h, mask, direction))
+        assert (dag.layers(out, mask, back) - h).abs().max() < 1e-10
+
+
+def test_dag_loss_terms_gradients_and_dropped_counts():
+    model = _dag_model(LossConfig(lambda_fba=0.3, lambda_cc=0.2), graph_upsample_ratio=1.0).train()
+    src, src_lengths = random_batch([5, 4, 3], 12)
+    tgt, tgt_lengths = random_batch([4, 6, 3], 12)  # λ = 1: the second pair cannot fit src2tgt, the first not tgt2src
+    terms = model.loss(src, src_lengths, tgt, tgt_lengths, step=0)
+    names = {f"{kind}_{d}" for kind in ("dag", "fba", "cc", "dropped", "dropped_cc") for d in DIRECTIONS} | {"total"}
+    assert set(terms) == names
+    assert int(terms["dropped_src2tgt"]) == 1 and int(terms["dropped_tgt2src"]) == 1
+    expected = sum(terms[f"dag_{d}"] + 0.3 * terms[f"fba_{d}"] + 0.2 * terms[f"cc_{d}"] for d in DIRECTIONS)
+    assert torch.allclose(terms["total"], expected) and all(torch.isfinite(v) for v in terms.values())
+    terms["total"].backward()
+    for name, param in model.named_parameters():
+        assert param.grad is not None and torch.isfinite(param.grad).all(), name
+    assert model.links["src"].query.weight.grad.abs().sum() > 0 and model.links["tgt"].query.weight.grad.abs().sum() > 0
+
+
+def test_fba_lays_the_target_on_its_viterbi_path():
+    model = _dag_model(dropout=0.0, attention_dropout=0.0).double().train()
+    src, src_lengths = random_batch([5, 3], 12)
+    tgt, tgt_lengths = random_batch([4, 3], 12)
+    model.initialize(src, src_lengths, tgt, tgt_lengths)
+    log_probs, log_edges, lengths = model.outputs(src, src_lengths, "src2tgt")
+    tokens, on_path, feasible = model._lay_out_on_path(log_probs, log_edges, lengths, tgt, tgt_lengths)
+    targets = torch.cat([torch.full((2, 1), BOS_ID), tgt], dim=1)
+    path, _, _ = viterbi_align(log_edges, target_emissions(log_probs, targets), lengths, tgt_lengths + 1)
+    assert feasible.all()
+    for b in range(2):
+        steps, length = int(tgt_lengths[b]) + 1, int(lengths[b])
+        vertices = path[b, :steps].tolist()
+        assert vertices[0] == 0 and vertices[-1] == length - 1
+        assert tokens[b, vertices].tolist() == targets[b, :steps].tolist() and on_path[b].sum() == steps
+        others = [j for j in range(length) if j not in vertices]
+        assert (tokens[b, others] == model.cfg.blank_id).all() and (tokens[b, length:] == PAD_ID).all()
+        assert on_path[b, vertices].all() and not on_path[b, others].any()
+    model.loss_config = LossConfig(lambda_fba=1.0, lambda_cc=0.0)
+    terms = model.loss(src, src_lengths, tgt, tgt_lengths, step=0, directions=("src2tgt",))
+    assert terms["fba_src2tgt"] > 0
+    terms["fba_src2tgt"].backward()
+    assert all(p.grad.abs().sum() > 0 for n, p in model.named_parameters() if n.startswith("ends."))
+
+
+def test_translate_with_every_dag_decoder_in_both_directions_and_clear_errors():
+    model = _dag_model().eval()
+    tokens, lengths = random_batch([5, 3, 1], 12)
+    for direction in DIRECTIONS:
+        for decoder in ("greedy", "lookahead", "viterbi"):
+            hypotheses = model.translate(tokens, lengths, direction, decoder=decoder)
+            assert len(hypotheses) == 3 and all(4 <= t < 11 or t == 1 for h in hypotheses for t in h)
+    with pytest.raises(ValueError, match="DAG decoder must be one of"):
+        model.translate(tokens, lengths, "src2tgt", decoder="beam")
+    with pytest.raises(ValueError, match="beam search is not implemented"):
+        model.translate(tokens, lengths, "src2tgt", beam_size=4)
+    with pytest.raises(ValueError, match="needs head='dag'"):
+        tiny_model().eval().translate(tokens, lengths, "src2tgt", decoder="viterbi")
+
+
+def test_config_rejects_unknown_heads_and_bad_graph_settings():
+    assert tiny_config().head == "ctc" and not hasattr(tiny_model(), "links")
+    cfg = tiny_config(head="dag", graph_upsample_ratio=3.5, link_heads=4)
+    assert ModelConfig.from_dict(cfg.to_dict()) == cfg
+    for overrides, message in (({"head": "crf"}, "head must be one of"), ({"graph_upsample_ratio": 0.5}, "graph_upsample_ratio"),
+                               ({"graph_upsample_ratio": True}, "graph_upsample_ratio"), ({"link_heads": 3}, "link_heads")):
+        with pytest.raises(ValueError, match=message):
+            tiny_config(**{"head": "dag", **overrides})
