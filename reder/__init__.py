@@ -1,6 +1,7 @@
 """REDER: the reversible duplex Transformer, pure PyTorch."""
-from reder.config import BOS_ID, DIRECTIONS, EOS_ID, PAD_ID, UNK_ID, LossConfig, ModelConfig
+from reder.autoregressive import Transformer
+from reder.config import BOS_ID, DIRECTIONS, EOS_ID, PAD_ID, UNK_ID, LossConfig, ModelConfig, TransformerConfig
 from reder.losses import DuplexLoss
 from reder.model import REDER
 
-__all__ = ["BOS_ID", "DIRECTIONS", "EOS_ID", "PAD_ID", "UNK_ID", "DuplexLoss", "LossConfig", "ModelConfig", "REDER"]
+__all__ = ["BOS_ID", "DIRECTIONS", "EOS_ID", "PAD_ID", "UNK_ID", "DuplexLoss", "LossConfig", "ModelConfig", "REDER", "Transformer", "TransformerConfig"]

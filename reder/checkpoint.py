@@ -1,8 +1,9 @@
 """Model directories: everything needed to translate with a trained model, and nothing else.
 
-A model directory holds `model.pt` (the state dict), `config.json` (the ModelConfig, the language codes
-and decoding defaults) and `spm.model` (the joint SentencePiece model). Files are written to temporary
-names and renamed, so an interrupted save never leaves a half-written model behind.
+A model directory holds `model.pt` (the state dict), `config.json` (the model's config, its `architecture`
+"reder" or "transformer" (older directories lack it: they are REDER), the language codes, decoding
+defaults, and for a teacher its `direction`) and `spm.model` (the joint SentencePiece model). Files are
+written to temporary names and renamed, so an interrupted save never leaves a half-written model behind.
 """
 import json
 import os
@@ -12,20 +13,25 @@ from typing import Any, Optional
 
 import torch
 
-from reder.config import ModelConfig
+from reder.autoregressive import Transformer
+from reder.config import DIRECTIONS, ModelConfig, TransformerConfig
 from reder.model import REDER
 
 MODEL_FILE, CONFIG_FILE, SPM_FILE = "model.pt", "config.json", "spm.model"
+ARCHITECTURES = {"reder": (REDER, ModelConfig), "transformer": (Transformer, TransformerConfig)}
 
 
-def save_model_dir(directory: Path, model: REDER, spm_model: Path, src_lang: str, tgt_lang: str,
+def save_model_dir(directory: Path, model: REDER | Transformer, spm_model: Path, src_lang: str, tgt_lang: str,
                    extra: Optional[dict[str, Any]] = None) -> Path:
     """Write a self-contained model directory (see module doc); returns it."""
+    architecture = next((name for name, (cls, _) in ARCHITECTURES.items() if isinstance(model, cls)), None)
+    if architecture is None:
+        raise TypeError(f"save_model_dir: expected a REDER or Transformer model, got {type(model).__name__}")
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     state = {name: tensor.detach().cpu() for name, tensor in model.state_dict().items()}
     _atomic(directory / MODEL_FILE, lambda path: torch.save(state, path))
-    meta = {"model": model.cfg.to_dict(), "src_lang": src_lang, "tgt_lang": tgt_lang, **(extra or {})}
+    meta = {"model": model.cfg.to_dict(), "src_lang": src_lang, "tgt_lang": tgt_lang, **(extra or {}), "architecture": architecture}
     _atomic(directory / CONFIG_FILE, lambda path: path.write_text(json.dumps(meta, indent=2), encoding="utf-8"))
     if Path(spm_model).resolve() != (directory / SPM_FILE).resolve():
         _atomic(directory / SPM_FILE, lambda path: shutil.copyfile(spm_model, path))
@@ -41,12 +47,35 @@ def read_meta(directory: Path) -> dict[str, Any]:
     return json.loads((directory / CONFIG_FILE).read_text(encoding="utf-8"))
 
 
-def load_model_dir(directory: Path, device: str | torch.device = "cpu") -> tuple[REDER, dict[str, Any]]:
-    """The model (eval mode) and its config.json contents."""
+def load_model_dir(directory: Path, device: str | torch.device = "cpu") -> tuple[REDER | Transformer, dict[str, Any]]:
+    """The model (eval mode; REDER or Transformer, by `architecture`) and its config.json contents."""
     meta = read_meta(directory)
-    model = REDER(ModelConfig.from_dict(meta["model"]))
+    architecture = meta.get("architecture", "reder")
+    if architecture not in ARCHITECTURES:
+        raise ValueError(f"{directory}: unknown architecture {architecture!r}; known: {sorted(ARCHITECTURES)}")
+    model_class, config_class = ARCHITECTURES[architecture]
+    model = model_class(config_class.from_dict(meta["model"]))
     model.load_state_dict(torch.load(Path(directory) / MODEL_FILE, map_location="cpu", weights_only=True))
     return model.to(device).eval(), meta
+
+
+def load_teacher_dir(directory: Path, direction: str, vocab_size: int, device: str | torch.device = "cpu") -> Transformer:
+    """A teacher Transformer (eval mode) for `direction`, checked against the run's vocabulary size."""
+    if direction not in DIRECTIONS:
+        raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
+    if not Path(directory).is_dir():
+        raise FileNotFoundError(f"teacher directory {directory} does not exist")
+    meta = read_meta(directory)
+    architecture = meta.get("architecture", "reder")
+    if architecture != "transformer":
+        raise ValueError(f"{directory} is not a teacher: its architecture is {architecture!r}, expected 'transformer'")
+    if meta.get("direction") != direction:
+        raise ValueError(f"{directory}: the teacher translates {meta.get('direction')!r}, but {direction!r} was asked for")
+    if meta["model"]["vocab_size"] != vocab_size:
+        raise ValueError(f"{directory}: vocabulary mismatch: teacher has {meta['model']['vocab_size']} pieces, "
+                         f"the run's SentencePiece model has {vocab_size}")
+    model, _ = load_model_dir(directory, device)
+    return model
 
 
 def average_state_dicts(states: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:

@@ -62,6 +62,50 @@ class ModelConfig:
 
 
 @dataclass(frozen=True)
+class TransformerConfig:
+    """The autoregressive Transformer (teacher for distillation and AR baseline; reder/autoregressive.py)."""
+
+    vocab_size: int = 8000  # the joint SentencePiece vocabulary, CTC blank (never generated) included as the last id
+    d_model: int = 512
+    n_heads: int = 8
+    ffn_dim: int = 2048
+    encoder_layers: int = 6
+    decoder_layers: int = 6
+    dropout: float = 0.1
+    attention_dropout: float = 0.0
+    label_smoothing: float = 0.1
+    max_positions: int = 1024  # longest source (with EOS) and longest output (with EOS)
+
+    def __post_init__(self) -> None:
+        checks = {
+            "vocab_size must be > 4 (pad, unk, bos, eos, blank)": self.vocab_size > 4,
+            "d_model must be divisible by n_heads": self.n_heads >= 1 and self.d_model % self.n_heads == 0,
+            "d_model must be even (sinusoidal positions)": self.d_model % 2 == 0,
+            "ffn_dim must be >= 1": self.ffn_dim >= 1,
+            "encoder_layers and decoder_layers must be >= 1": self.encoder_layers >= 1 and self.decoder_layers >= 1,
+            "dropout must be in [0, 1)": 0.0 <= self.dropout < 1.0,
+            "attention_dropout must be in [0, 1)": 0.0 <= self.attention_dropout < 1.0,
+            "label_smoothing must be in [0, 1)": 0.0 <= self.label_smoothing < 1.0,
+            "max_positions must be >= 2": self.max_positions >= 2,
+        }
+        for message, ok in checks.items():
+            if not ok:
+                raise ValueError(f"TransformerConfig: {message} (got {self})")
+
+    @property
+    def blank_id(self) -> int:
+        """The CTC blank of the shared vocabulary: never a real piece, so never generated."""
+        return self.vocab_size - 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> "TransformerConfig":
+        return cls(**_checked(cls, values))
+
+
+@dataclass(frozen=True)
 class LossConfig:
     """Weights of the auxiliary losses and the step at which they switch on (stage two)."""
 

@@ -76,14 +76,15 @@ def _prefix_search(frame_candidates: list[list[tuple[int, float]]], blank: int, 
 
 
 @torch.no_grad()
-def ctc_beam_search(
+def ctc_nbest(
     log_probs: torch.Tensor, lengths: torch.Tensor, blank: int, beam_size: int
-) -> list[tuple[list[int], float]]:
-    """Prefix beam search, batched over sentences; returns (raw labels, normalised score) per sentence.
+) -> list[list[tuple[list[int], float]]]:
+    """Prefix beam search, batched over sentences: per sentence up to `beam_size` (raw labels, normalised
+    score), best first (equal scores keep the search's order), without label sequences of probability 0.
 
     Each frame considers its top-`beam_size` tokens (with beam 1 this is exactly greedy decoding). The
     final beam plus the greedy hypothesis are rescored by the exact length-normalised CTC likelihood, so the
-    result never scores below greedy.
+    best entry never scores below greedy.
     """
     k = min(beam_size, log_probs.shape[-1])
     top_log_probs, top_tokens = log_probs.float().topk(k, dim=-1)  # (B, T, k)
@@ -98,6 +99,14 @@ def ctc_beam_search(
         pool = list(dict.fromkeys([*beam, tuple(greedy[index])]))  # greedy joins the n-best, duplicates merged
         candidates = [list(p) for p in pool]
         scores = ctc_scores(log_probs[index], length, candidates, blank)
-        best = max(range(len(candidates)), key=scores.__getitem__)
-        results.append((candidates[best], scores[best]))
+        ranked = sorted(range(len(candidates)), key=lambda i: -scores[i])[:beam_size]  # stable: ties keep pool order
+        ranked = [i for i in ranked if scores[i] > -math.inf] or ranked[:1]  # drop prefixes no alignment reaches
+        results.append([(candidates[i], scores[i]) for i in ranked])
     return results
+
+
+def ctc_beam_search(
+    log_probs: torch.Tensor, lengths: torch.Tensor, blank: int, beam_size: int
+) -> list[tuple[list[int], float]]:
+    """The best entry of `ctc_nbest` per sentence: (raw labels, normalised score); never below greedy."""
+    return [nbest[0] for nbest in ctc_nbest(log_probs, lengths, blank, beam_size)]

@@ -10,7 +10,7 @@ from reder.config import BOS_ID, DIRECTIONS, EOS_ID, PAD_ID, LossConfig, ModelCo
 from reder.ctc import collapse_frames, smoothed_ctc_loss, valid_mask, viterbi_align
 from reder.dag import DagLinks, dag_decode, dag_greedy, dag_loss, graph_lengths_for, target_emissions
 from reder.dag import viterbi_align as dag_viterbi_align
-from reder.decode import ctc_beam_search, ctc_greedy, strip_special
+from reder.decode import ctc_beam_search, ctc_greedy, ctc_nbest, strip_special
 from reder.layers import ActNorm, DuplexLayer, LayerRng
 from reder.losses import forward_backward_agreement
 from reder.reversible import Op, invert_ops, run_trunk
@@ -274,6 +274,15 @@ class REDER(nn.Module):
             hypotheses = [labels for labels, _ in ctc_beam_search(log_probs, out_lengths, self.cfg.blank_id, beam_size)]
         return [strip_special(h, self.cfg.blank_id) for h in hypotheses]
 
+
+    @torch.no_grad()
+    def candidates(self, tokens: torch.Tensor, lengths: torch.Tensor, direction: str, beam_size: int) -> list[list[list[int]]]:
+        """CTC n-best per sentence (best first, specials stripped, duplicates after stripping merged): for reranking."""
+        if self.cfg.head != "ctc":
+            raise ValueError(f"candidates need a CTC head, this model's head is {self.cfg.head!r}")
+        log_probs, _, out_lengths = self.outputs(tokens, lengths, direction)
+        nbest = ctc_nbest(log_probs, out_lengths, self.cfg.blank_id, beam_size)
+        return [list(map(list, dict.fromkeys(tuple(strip_special(h, self.cfg.blank_id)) for h, _ in entries))) for entries in nbest]
 
 def _pad(sequences: list[list[int]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """Right-padded (B, T) token tensor and (B,) lengths."""

@@ -1,12 +1,20 @@
-"""Model directories, checkpoint averaging and batched translation."""
+"""Model directories (REDER and Transformer), checkpoint averaging, batched translation, teacher reranking
+and the command line."""
+import io
 import json
+from dataclasses import replace
 
 import pytest
+import sentencepiece
 import torch
 
-from reder import EOS_ID
-from reder.checkpoint import CONFIG_FILE, MODEL_FILE, average_state_dicts, load_model_dir, read_meta, save_model_dir
-from reder.translate import pad_batch, translate_ids
+from reder import EOS_ID, PAD_ID, TransformerConfig
+from reder.autoregressive import Transformer
+from reder.checkpoint import CONFIG_FILE, MODEL_FILE, average_state_dicts, load_model_dir, load_teacher_dir, read_meta, save_model_dir
+from reder.decode import ctc_nbest, strip_special
+from reder.rerank import rerank
+from reder.translate import main as translate_main
+from reder.translate import pad_batch, translate_ids, translate_lines
 from tests.reder.helpers import random_batch, tiny_model
 
 
@@ -95,3 +103,124 @@ def test_old_model_directories_without_head_fields_load_as_ctc(tmp_path):
     (directory / CONFIG_FILE).write_text(json.dumps(meta), encoding="utf-8")
     loaded, _ = load_model_dir(directory)
     assert loaded.cfg == model.cfg and loaded.cfg.head == "ctc"
+
+
+def _teacher(seed: int = 0, vocab_size: int = 12) -> Transformer:
+    torch.manual_seed(seed)
+    return Transformer(TransformerConfig(vocab_size=vocab_size, d_model=16, n_heads=2, ffn_dim=32, encoder_layers=2,
+                                         decoder_layers=1, max_positions=64)).eval()
+
+
+def test_transformer_model_directory_round_trip_translates_identically(tmp_path):
+    teacher = _teacher()
+    spm_file = tmp_path / "fake.model"
+    spm_file.write_bytes(b"not read by the model")
+    directory = save_model_dir(tmp_path / "teacher", teacher, spm_file, "en", "de", extra={"direction": "tgt2src"})
+    loaded, meta = load_model_dir(directory)
+    assert isinstance(loaded, Transformer) and not loaded.training and loaded.cfg == teacher.cfg
+    assert meta["architecture"] == "transformer" and meta["direction"] == "tgt2src"
+    assert read_meta(save_model_dir(tmp_path / "reder", _initialized(0), spm_file, "en", "de"))["architecture"] == "reder"
+    tokens, lengths = random_batch([6, 4, 5], 12)
+    for beam_size in (1, 3):
+        assert loaded.translate(tokens, lengths, beam_size=beam_size) == teacher.translate(tokens, lengths, beam_size=beam_size)
+    sequences = [tokens[i, : lengths[i]].tolist() for i in range(3)]
+    one_by_one = [teacher.translate(*pad_batch([s]), beam_size=2)[0] for s in sequences]
+    assert translate_ids(loaded, sequences, "tgt2src", beam_size=2, batch_size=2) == one_by_one
+    with pytest.raises(ValueError, match="input 1: 65 pieces .* exceed the model's limit of 64 \\(max_positions 64\\)"):
+        translate_ids(loaded, [[4] * 64 + [EOS_ID]], "tgt2src")
+
+
+def test_load_teacher_dir_names_each_problem(tmp_path):
+    spm_file = tmp_path / "fake.model"
+    spm_file.write_bytes(b"x")
+    teacher_dir = save_model_dir(tmp_path / "teacher", _teacher(), spm_file, "en", "de", extra={"direction": "src2tgt"})
+    loaded = load_teacher_dir(teacher_dir, "src2tgt", vocab_size=12)
+    assert isinstance(loaded, Transformer) and not loaded.training
+    torch.testing.assert_close(loaded.embed.weight, _teacher().embed.weight)
+    with pytest.raises(FileNotFoundError, match="teacher directory .*missing.* does not exist"):
+        load_teacher_dir(tmp_path / "missing", "src2tgt", 12)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="empty is not a model directory"):
+        load_teacher_dir(tmp_path / "empty", "src2tgt", 12)
+    reder_dir = save_model_dir(tmp_path / "reder", _initialized(0), spm_file, "en", "de")
+    with pytest.raises(ValueError, match="reder is not a teacher: its architecture is 'reder'"):
+        load_teacher_dir(reder_dir, "src2tgt", 12)
+    with pytest.raises(ValueError, match="the teacher translates 'src2tgt', but 'tgt2src' was asked for"):
+        load_teacher_dir(teacher_dir, "tgt2src", 12)
+    with pytest.raises(ValueError, match="vocabulary mismatch: teacher has 12 pieces, the run's SentencePiece model has 13"):
+        load_teacher_dir(teacher_dir, "src2tgt", 13)
+
+
+def test_candidates_are_the_stripped_deduplicated_ctc_nbest():
+    model = _initialized(0)
+    tokens, lengths = random_batch([7, 2, 5, 3], 12)
+    log_probs, out_lengths = model(tokens, lengths, "src2tgt")
+    candidates = model.candidates(tokens, lengths, "src2tgt", beam_size=5)
+    for row, entries in enumerate(ctc_nbest(log_probs, out_lengths, model.cfg.blank_id, 5)):
+        expected = []
+        for labels, _ in entries:
+            stripped = strip_special(labels, model.cfg.blank_id)
+            if stripped not in expected:
+                expected.append(stripped)
+        assert candidates[row] == expected
+    assert [c[0] for c in candidates] == model.translate(tokens, lengths, "src2tgt", beam_size=5)
+    with pytest.raises(ValueError, match="candidates need a CTC head"):
+        tiny_model(head="dag", graph_upsample_ratio=2.5, link_heads=2).candidates(tokens, lengths, "src2tgt", 5)
+
+
+def test_translate_ids_with_a_teacher_reranks_the_ctc_candidates():
+    model, teacher = _initialized(0), _teacher(1)
+    tokens, lengths = random_batch([7, 2, 5, 3, 6], 12)
+    sequences = [tokens[i, : lengths[i]].tolist() for i in range(5)]
+    reranked = translate_ids(model, sequences, "tgt2src", beam_size=4, batch_size=2, teacher=teacher)
+    manual = [rerank(teacher, *pad_batch([s]), model.candidates(*pad_batch([s]), "tgt2src", 4))[0] for s in sequences]
+    assert reranked == manual
+    assert reranked != translate_ids(model, sequences, "tgt2src", beam_size=4)  # the teacher changed some choices
+    with pytest.raises(ValueError, match="needs a CTC model and beam_size > 1"):
+        translate_ids(model, sequences, "tgt2src", beam_size=1, teacher=teacher)
+    with pytest.raises(ValueError, match="input 1: 7 pieces .* exceed the teacher's limit of 6"):
+        translate_ids(model, sequences, "tgt2src", beam_size=2, teacher=Transformer(replace(teacher.cfg, max_positions=6)))
+
+
+@pytest.fixture()
+def spm_dir(tmp_path):
+    """A real SentencePiece model of 29 pieces (the models add the blank: vocabulary 30)."""
+    sentences = ["the cat sat on the mat", "a dog ran in the park", "the bird sang a song", "dogs and cats are friends"] * 20
+    sentencepiece.SentencePieceTrainer.train(sentence_iterator=iter(sentences), model_prefix=str(tmp_path / "spm"),
+                                             vocab_size=29, pad_id=PAD_ID, unk_id=1, bos_id=2, eos_id=EOS_ID,
+                                             minloglevel=2, hard_vocab_limit=True)
+    return tmp_path
+
+
+def test_cli_reranks_with_a_teacher_and_decodes_with_a_transformer(spm_dir, monkeypatch, capsys):
+    torch.manual_seed(0)
+    model = tiny_model(vocab_size=30)
+    src, src_lengths = random_batch([5, 3, 4], 30)
+    model.loss(src, src_lengths, src, src_lengths, step=0)
+    model.eval()
+    spm_file = spm_dir / "spm.model"
+    reder_dir = save_model_dir(spm_dir / "reder", model, spm_file, "en", "de")
+    teacher = _teacher(2, vocab_size=30)
+    teacher_dir = save_model_dir(spm_dir / "teacher", teacher, spm_file, "en", "de", extra={"direction": "src2tgt"})
+    sp = sentencepiece.SentencePieceProcessor(model_file=str(spm_file))
+    lines = ["the cat sat", "a dog sang a song on the mat", "birds"]
+
+    def run(*args: str) -> tuple[int, str, str]:
+        monkeypatch.setattr("sys.stdin", io.StringIO("".join(line + "\n" for line in lines)))
+        code = translate_main(list(args))
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    code, out, _ = run("--checkpoint", str(reder_dir), "--direction", "src2tgt", "--beam", "3", "--teacher", str(teacher_dir))
+    assert code == 0 and out.splitlines() == translate_lines(model, sp, lines, "src2tgt", 3, teacher=teacher)
+    code, out, _ = run("--checkpoint", str(teacher_dir), "--direction", "src2tgt", "--beam", "2")
+    assert code == 0 and out.splitlines() == translate_lines(teacher, sp, lines, "src2tgt", 2)
+    for args, message in [
+        (("--checkpoint", str(reder_dir), "--direction", "src2tgt", "--teacher", str(teacher_dir)), "needs a CTC model and --beam > 1"),
+        (("--checkpoint", str(reder_dir), "--direction", "tgt2src", "--beam", "3", "--teacher", str(teacher_dir)),
+         "the teacher translates 'src2tgt', but 'tgt2src'"),
+        (("--checkpoint", str(reder_dir), "--direction", "src2tgt", "--beam", "3", "--teacher", str(spm_dir / "nope")), "does not exist"),
+        (("--checkpoint", str(teacher_dir), "--direction", "tgt2src"), "is a Transformer for direction 'src2tgt', not 'tgt2src'"),
+    ]:
+        code, out, err = run(*args)
+        assert code == 2 and out == "" and message in err, err
