@@ -1,9 +1,12 @@
 """The pipeline CLI: run the stages in order, skipping finished ones, and summarise where outputs are.
 
     python run_pipeline.py [--config configs/X.yaml] [key=value ...]
-                           [--stages ingest,spm,tokenize,train,evaluate] [--force] [--address auto]
+                           [--stages ingest,spm,tokenize,teacher,distill,train,evaluate] [--force] [--address auto]
     python run_pipeline.py tune [--config configs/X.yaml] [key=value ...] [--samples N] [--force] [--address auto]
 
+The teacher and distill stages run when something needs them: `distill.enabled` (sequence-level KD, the
+paper's setting) needs both unless `distill.corpus` names an already-distilled corpus; the evaluation's
+teacher baseline and reranking need the teachers. Otherwise they are reported as not needed.
 `tune` sweeps the training stage over the config's `tune.space` with Ray Tune (pipeline/tune.py).
 On a cluster started with `ray up cluster.yaml`, the head's cluster file (cluster/head.py) supplies the Ray
 address, the MLflow server and the shared workdir root (docs/cluster.md); options and overrides still win.
@@ -18,14 +21,24 @@ import time
 from pathlib import Path
 
 from cluster.connect import cluster_overrides, prepare_cluster_run
-from pipeline import evaluate, ingest, spm, tokenize, train
+from pipeline import distill, evaluate, ingest, spm, teacher, tokenize, train
 from pipeline.config import ConfigError, PipelineConfig, load_config, to_yaml
 from pipeline.stage import StageError, is_done, read_manifest, write_json, write_text
 from pipeline.tracking import Tracker, tracking_uri
 
 REPO_ROOT = Path(__file__).resolve().parent
 DEFAULT_CONFIG = REPO_ROOT / "configs" / "default.yaml"
-STAGES = {"ingest": ingest, "spm": spm, "tokenize": tokenize, "train": train, "evaluate": evaluate}  # in run order
+STAGES = {"ingest": ingest, "spm": spm, "tokenize": tokenize, "teacher": teacher, "distill": distill, "train": train,
+          "evaluate": evaluate}  # in run order
+
+
+def needed(name: str, cfg: PipelineConfig) -> bool:
+    """Whether stage `name` has work to do under this config (teacher and distill are optional)."""
+    if name == "teacher":
+        return teacher.needed(cfg)
+    if name == "distill":
+        return cfg.distill.enabled
+    return True
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -65,6 +78,11 @@ def run(cfg: PipelineConfig, stages: list[str], force: bool = False) -> dict[str
     try:
         for index, name in enumerate(stages, start=1):
             module = STAGES[name]
+            if not needed(name, cfg):
+                print(f"[{index}/{len(stages)}] {name}: not needed (distill.enabled={cfg.distill.enabled}, "
+                      f"evaluate.teacher_baseline={cfg.evaluate.teacher_baseline}, "
+                      f"evaluate.rerank_with_teacher={cfg.evaluate.rerank_with_teacher})", flush=True)
+                continue
             expected = module.output_dir(cfg, workdir)
             status = "skipped (finished earlier)" if is_done(expected) and not force else "ran"
             print(f"[{index}/{len(stages)}] {name}: {'running' if status == 'ran' else status} -> {expected}",
@@ -92,9 +110,9 @@ def run(cfg: PipelineConfig, stages: list[str], force: bool = False) -> dict[str
 
 def stage_artifacts(output: Path) -> list[Path]:
     """What a stage's MLflow run keeps: its small files (reports, spm model, plots, hypotheses) and the
-    final model directory; never the Parquet data."""
+    final model directory (the teachers' per-direction directories); never the Parquet data."""
     files = [p for p in sorted(output.iterdir()) if p.is_file() and p.name != "_SUCCESS"]
-    return files + [p for p in (output / train.MODEL_DIR,) if p.is_dir()]
+    return files + [p for p in (output / train.MODEL_DIR, output / "src2tgt", output / "tgt2src") if p.is_dir()]
 
 
 def print_summary(summary: dict[str, dict], workdir: Path, tracker_note: str) -> None:
@@ -114,6 +132,17 @@ def print_summary(summary: dict[str, dict], workdir: Path, tracker_note: str) ->
             print(f"      {split:<5} kept {counts['kept']:>8} of {counts['read']:>8}   {what}: {json.dumps(reasons)}")
         if name == "spm":
             print(f"      vocab_size {entry['counts']['vocab_size']} (blank id {entry['counts']['blank_id']})")
+        if name == "teacher":
+            for direction in ("src2tgt", "tgt2src"):
+                counts = entry["counts"][direction]
+                print(f"      {direction}: " + (f"{counts['steps']} steps, best validation BLEU {counts['best_valid_bleu']:.2f}"
+                                                if "steps" in counts else "given checkpoint"))
+        if name == "distill":
+            counts = entry["counts"]
+            print(f"      {counts['rows']} pairs; teacher BLEU vs reference {counts['teacher_bleu_src2tgt']:.2f} / "
+                  f"{counts['teacher_bleu_tgt2src']:.2f}; length ratio {counts['length_ratio_src2tgt']:.2f} / "
+                  f"{counts['length_ratio_tgt2src']:.2f}; reference fallbacks {counts['fallback_src2tgt']} / "
+                  f"{counts['fallback_tgt2src']}")
         if name == "train":
             print(f"      {entry['counts']['steps']} steps, best validation BLEU {entry['counts']['best_valid_bleu']:.2f}, "
                   f"model: {Path(entry['output']) / train.MODEL_DIR}")

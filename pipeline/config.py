@@ -18,7 +18,7 @@ from typing import Any, Literal, Union
 
 import yaml
 
-from reder.config import LossConfig, ModelConfig
+from reder.config import LossConfig, ModelConfig, TransformerConfig
 
 CORPORA = ("sword", "multi30k", "iwslt14", "wmt16_enro", "wmt14_ende", "files", "tsv")
 
@@ -154,6 +154,9 @@ class EvaluateConfig:
     max_sentences: int = 0  # per split, 0 = all
     latency_sentences: int = 100  # sentences timed one at a time (batch 1)
     throughput_batch: int = 64  # batch size of the throughput measurement
+    teacher_baseline: bool = True  # also decode and time the AR teachers (greedy and teacher_beam_size)
+    teacher_beam_size: int = 4
+    rerank_with_teacher: bool = False  # CTC beam candidates rescored by the teacher (decoder beamK_rerank)
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.splits) - {"train", "valid", "test"})
@@ -163,6 +166,48 @@ class EvaluateConfig:
             raise ValueError("evaluate: beam_size and batch_size must be >= 1, max_sentences >= 0")
         if self.latency_sentences < 0 or self.throughput_batch < 1:
             raise ValueError("evaluate: latency_sentences >= 0 and throughput_batch >= 1")
+        if self.teacher_beam_size < 1:
+            raise ValueError("evaluate: teacher_beam_size must be >= 1")
+
+
+@dataclass(frozen=True)
+class TeacherConfig:
+    """The autoregressive teachers, one per direction (pipeline/teacher.py): their shape and their Ray Train
+    run (the same TrainConfig as REDER's; batches, schedule and checkpoints work the same way). With both
+    checkpoint paths set, those model directories are used instead of training."""
+
+    model: TransformerConfig = field(default_factory=TransformerConfig)  # vocab_size: always model.vocab_size
+    train: TrainConfig = field(default_factory=TrainConfig)
+    src2tgt_checkpoint: str = ""  # an existing teacher model directory (reder.checkpoint) for src→tgt
+    tgt2src_checkpoint: str = ""
+
+    def __post_init__(self) -> None:
+        if bool(self.src2tgt_checkpoint) != bool(self.tgt2src_checkpoint):
+            raise ValueError("teacher: set both src2tgt_checkpoint and tgt2src_checkpoint, or neither")
+
+
+@dataclass(frozen=True)
+class DistillConfig:
+    """Sequence-level knowledge distillation (pipeline/distill.py): the teachers decode the training split
+    in both directions with batched beam search; REDER's src2tgt trains on (x, teacher(x)), its tgt2src on
+    (teacher(y), y). Valid and test are never distilled."""
+
+    enabled: bool = True  # false: REDER trains on the references (no KD)
+    corpus: str = ""  # an already-distilled train Parquet dir (id, src_ids, kd_tgt_ids, tgt_ids, kd_src_ids)
+    beam_size: int = 4
+    length_penalty: float = 1.0
+    max_len_a: float = 1.2  # longest output: max_len_a · |input| + max_len_b pieces
+    max_len_b: int = 10
+    batch_size: int = 128  # sentences per map_batches call (one batched beam search)
+    workers: int = 0  # teacher replicas (Ray Data actors); 0 = one per GPU with use_gpu, else free CPUs - 1
+    use_gpu: bool = False
+    cpus_per_worker: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.beam_size < 1 or self.batch_size < 1 or self.workers < 0 or self.max_len_b < 0:
+            raise ValueError("distill: beam_size >= 1, batch_size >= 1, workers >= 0, max_len_b >= 0")
+        if self.max_len_a < 0 or self.cpus_per_worker <= 0:
+            raise ValueError("distill: max_len_a >= 0 and cpus_per_worker > 0")
 
 
 SEARCH_KINDS = ("choice", "grid", "uniform", "loguniform")
@@ -235,6 +280,8 @@ class PipelineConfig:
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     loss: LossConfig = field(default_factory=LossConfig)
+    teacher: TeacherConfig = field(default_factory=TeacherConfig)
+    distill: DistillConfig = field(default_factory=DistillConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
     tune: TuneConfig = field(default_factory=TuneConfig)
@@ -289,6 +336,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
         raw = _resolve_local_dir(raw, path.parent)
     for override in overrides:
         _apply_override(raw, override)
+    raw = _teacher_vocabulary(raw)
     cfg = from_dict(PipelineConfig, raw)
     check_consistency(cfg)
     return cfg
@@ -296,9 +344,16 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
 
 def check_consistency(cfg: PipelineConfig) -> None:
     """Cross-section rules that no single section can check."""
+    if cfg.teacher.model.vocab_size != cfg.model.vocab_size:
+        raise ConfigError(f"teacher.model.vocab_size ({cfg.teacher.model.vocab_size}) must equal model.vocab_size "
+                          f"({cfg.model.vocab_size}): teachers and REDER share one SentencePiece vocabulary "
+                          f"(leave teacher.model.vocab_size unset)")
     if cfg.model.vocab_size < 64:
         raise ConfigError(f"model.vocab_size: at least 64 pieces are needed for a joint SentencePiece "
                           f"model, got {cfg.model.vocab_size}")
+    if cfg.evaluate.rerank_with_teacher and (cfg.model.head != "ctc" or cfg.evaluate.beam_size < 2):
+        raise ConfigError("evaluate.rerank_with_teacher reranks the CTC beam: it needs model.head=ctc and "
+                          f"evaluate.beam_size >= 2 (got head {cfg.model.head!r}, beam_size {cfg.evaluate.beam_size})")
     for key, spec in cfg.tune.space.items():
         section = key.split(".")[0]
         if section not in ("model", "loss", "train"):
@@ -405,6 +460,17 @@ def _parse_scalar(text: str) -> Any:
         except ValueError:
             return value
     return value
+
+
+def _teacher_vocabulary(raw: dict[str, Any]) -> dict[str, Any]:
+    """teacher.model.vocab_size follows model.vocab_size (one joint vocabulary) unless set explicitly."""
+    model = raw.get("model") if isinstance(raw.get("model"), dict) else {}
+    teacher = raw.get("teacher") if isinstance(raw.get("teacher"), dict) else {}
+    teacher_model = teacher.get("model") if isinstance(teacher.get("model"), dict) else {}
+    if "teacher" in raw and not isinstance(raw["teacher"], dict) or "model" in teacher and not isinstance(teacher["model"], dict):
+        return raw  # from_dict reports the bad section
+    vocab = model.get("vocab_size", ModelConfig.vocab_size)
+    return {**raw, "teacher": {**teacher, "model": {"vocab_size": vocab, **teacher_model}}}
 
 
 def _resolve_local_dir(raw: dict[str, Any], base: Path) -> dict[str, Any]:

@@ -7,6 +7,13 @@ written to `<split>.<direction>.<decoder>.txt` and scored against the original t
 and chrF (signatures recorded). Round trip: x → ŷ → x̂ and y → x̂ → ŷ (greedy), scored against x and y.
 Speed: per-sentence latency at batch 1 and sentences/s at batch `throughput_batch`, on the test split.
 
+The autoregressive teachers (pipeline/teacher.py) are the baseline: with `evaluate.teacher_baseline` each
+direction's teacher decodes the same splits greedily (`teacher_greedy`) and with beam search
+(`teacher_beamB`), scored and timed the same way, and `speed` gets REDER's speed-up over each teacher
+decoder (`speedup_<decoder>_vs_<teacher decoder>`, from latency at batch 1 and from sentences/s). With
+`evaluate.rerank_with_teacher` the CTC beam's candidates are rescored by the teacher of their direction
+(mean token log-prob, all candidates of a batch in one teacher pass): decoder `beamK_rerank`.
+
 `results.json` holds the headline numbers (test split, greedy): `bleu_src2tgt`, `bleu_tgt2src`,
 `chrf_src2tgt`, `chrf_tgt2src`, `roundtrip_bleu_src`, `roundtrip_bleu_tgt`, the signatures, the MLflow
 run id, and every (split, direction, decoder) score under `scores`.
@@ -17,13 +24,13 @@ import logging
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import pyarrow.parquet as pq
 import sacrebleu
 import torch
 
-from pipeline import ingest, train
+from pipeline import ingest, teacher, train
 from pipeline.config import PipelineConfig
 from pipeline.stage import require_done, run_stage, stage_dir, write_json, write_text
 from reder import DIRECTIONS, EOS_ID
@@ -36,19 +43,27 @@ log = logging.getLogger(__name__)
 RESULTS_FILE = "results.json"
 
 
+def uses_teachers(cfg: PipelineConfig) -> bool:
+    return cfg.evaluate.teacher_baseline or cfg.evaluate.rerank_with_teacher
+
+
 def output_dir(cfg: PipelineConfig, workdir: Path) -> Path:
+    teachers = {"teacher": teacher.output_dir(cfg, workdir).name} if uses_teachers(cfg) else {}
     return stage_dir(workdir, "evaluate", {"evaluate": asdict(cfg.evaluate), "train": train.output_dir(cfg, workdir).name,
-                                           "ingest": ingest.output_dir(cfg, workdir).name})
+                                           "ingest": ingest.output_dir(cfg, workdir).name, **teachers})
 
 
 def run(cfg: PipelineConfig, workdir: Path, force: bool = False, tracker: Any = None) -> Path:
     workdir = Path(workdir).resolve()
     model_dir = require_done(train.output_dir(cfg, workdir), "train") / train.MODEL_DIR
     corpus = require_done(ingest.output_dir(cfg, workdir), "ingest")
+    inputs = {"model": str(model_dir), "ingest": str(corpus)}
+    if uses_teachers(cfg):
+        inputs["teacher"] = str(require_done(teacher.output_dir(cfg, workdir), "teacher"))
     run_id = tracker.run_id if tracker is not None else None
     return run_stage("evaluate", output_dir(cfg, workdir),
-                     lambda tmp: evaluate_model(model_dir, corpus, cfg, tmp, run_id),
-                     config=asdict(cfg.evaluate), inputs={"model": str(model_dir), "ingest": str(corpus)}, force=force)
+                     lambda tmp: evaluate_model(model_dir, corpus, cfg, tmp, run_id, inputs.get("teacher")),
+                     config=asdict(cfg.evaluate), inputs=inputs, force=force)
 
 
 def corpus_scores(hypotheses: list[str], references: list[str]) -> dict[str, Any]:
@@ -68,16 +83,43 @@ def read_text_split(corpus: Path, split: str, limit: int = 0) -> tuple[list[str]
     return table.column("src").to_pylist(), table.column("tgt").to_pylist()
 
 
-def evaluate_model(model_dir: Path, corpus: Path, cfg: PipelineConfig, out: Path, mlflow_run_id: str | None) -> dict:
+Decoder = Callable[[list[list[int]], str, int], list[list[int]]]  # (encoded inputs, direction, batch size) → ids
+
+
+def decoders_for(model: Any, evaluation: Any, teachers: dict[str, Any]) -> dict[str, Decoder]:
+    """Every evaluated system by name: REDER's decoders (CTC greedy and beam, with teacher reranking; or the
+    DAG decoders) and, with `evaluate.teacher_baseline`, the teachers' greedy and beam search."""
+    if (evaluation.teacher_baseline or evaluation.rerank_with_teacher) and set(teachers) != {"src2tgt", "tgt2src"}:
+        raise ValueError("evaluate.teacher_baseline / evaluate.rerank_with_teacher need both directions' teachers "
+                         "(the teacher stage's output)")
+    if model.cfg.head == "dag":  # DAG models: their own decoders, no beam (beam_size is CTC's)
+        systems: dict[str, Decoder] = {name: (lambda enc, d, bs, name=name: translate_ids(model, enc, d, 1, bs, name))
+                                       for name in DAG_DECODERS}
+    else:
+        systems = {"greedy": lambda enc, d, bs: translate_ids(model, enc, d, 1, bs)}
+        beam = evaluation.beam_size
+        if beam > 1:
+            systems[f"beam{beam}"] = lambda enc, d, bs: translate_ids(model, enc, d, beam, bs)
+            if evaluation.rerank_with_teacher:
+                systems[f"beam{beam}_rerank"] = lambda enc, d, bs: translate_ids(model, enc, d, beam, bs, teacher=teachers[d])
+    if evaluation.teacher_baseline:
+        for name, size in (("teacher_greedy", 1), (f"teacher_beam{evaluation.teacher_beam_size}", evaluation.teacher_beam_size)):
+            systems[name] = lambda enc, d, bs, size=size: translate_ids(teachers[d], enc, d, size, bs)
+    return systems
+
+
+def evaluate_model(model_dir: Path, corpus: Path, cfg: PipelineConfig, out: Path, mlflow_run_id: str | None,
+                   teacher_dir: str | None = None) -> dict:
     """Decode, score and time (see module doc); writes results.json and the hypotheses into `out`."""
     import sentencepiece
 
     evaluation = cfg.evaluate
-    model, meta = load_model_dir(model_dir, "cuda" if torch.cuda.is_available() else "cpu")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model, meta = load_model_dir(model_dir, device)
     sp = sentencepiece.SentencePieceProcessor(model_file=str(model_dir / SPM_FILE))
-    decoders = {"greedy": 1, **({f"beam{evaluation.beam_size}": evaluation.beam_size} if evaluation.beam_size > 1 else {})}
-    if model.cfg.head == "dag":  # DAG models: their own decoders, no beam (beam_size is CTC's)
-        decoders = {name: 1 for name in DAG_DECODERS}
+    teachers = {d: teacher.check_teacher(p, d, cfg, model_dir / SPM_FILE).to(device)
+                for d, p in teacher.model_dirs(Path(teacher_dir)).items()} if teacher_dir else {}
+    decoders = decoders_for(model, evaluation, teachers)
     scores: dict[str, Any] = {}
     signatures: dict[str, str] = {}
     roundtrip: dict[str, Any] = {}
@@ -87,9 +129,9 @@ def evaluate_model(model_dir: Path, corpus: Path, cfg: PipelineConfig, out: Path
         greedy_ids = {}
         for direction, (inputs, references) in sides.items():
             encoded = encode_lines(sp, inputs)
-            for decoder, beam in decoders.items():
+            for decoder, translate in decoders.items():
                 started = time.perf_counter()
-                ids = translate_ids(model, encoded, direction, beam, evaluation.batch_size, _decoder(decoder))
+                ids = translate(encoded, direction, evaluation.batch_size)
                 seconds = time.perf_counter() - started
                 hypotheses = [sp.decode(h) for h in ids]
                 write_text(out / f"{split}.{direction}.{decoder}.txt", "".join(h + "\n" for h in hypotheses))
@@ -123,28 +165,31 @@ def evaluate_model(model_dir: Path, corpus: Path, cfg: PipelineConfig, out: Path
                                     "roundtrip_bleu_src", "roundtrip_bleu_tgt")}
 
 
-def measure_speed(model: Any, encoded: list[list[int]], decoders: dict[str, int], evaluation: Any) -> dict[str, Any]:
-    """Latency (ms per sentence, batch 1, mean and p90) and throughput (sentences/s at a large batch)."""
+def measure_speed(model: Any, encoded: list[list[int]], decoders: dict[str, Decoder], evaluation: Any) -> dict[str, Any]:
+    """Latency (ms per sentence, batch 1, mean and p90) and throughput (sentences/s at a large batch) of every
+    decoder, src2tgt; with teacher decoders, REDER's speed-up over each of them."""
     speed: dict[str, Any] = {"device": str(next(model.parameters()).device), "threads": torch.get_num_threads(),
                              "direction": "src2tgt"}
     single = encoded[: evaluation.latency_sentences]
-    for decoder, beam in decoders.items():
+    for decoder, translate in decoders.items():
         if single:
-            translate_ids(model, single[:2], "src2tgt", beam, 1, _decoder(decoder))  # warm-up
+            translate(single[:2], "src2tgt", 1)  # warm-up
             times = []
             for sequence in single:
                 started = time.perf_counter()
-                translate_ids(model, [sequence], "src2tgt", beam, 1, _decoder(decoder))
+                translate([sequence], "src2tgt", 1)
                 times.append(time.perf_counter() - started)
             times.sort()
             speed[f"{decoder}_latency_ms"] = round(1000 * sum(times) / len(times), 3)
             speed[f"{decoder}_latency_p90_ms"] = round(1000 * times[int(0.9 * (len(times) - 1))], 3)
         started = time.perf_counter()
-        translate_ids(model, encoded, "src2tgt", beam, evaluation.throughput_batch, _decoder(decoder))
+        translate(encoded, "src2tgt", evaluation.throughput_batch)
         speed[f"{decoder}_sentences_per_s"] = round(len(encoded) / (time.perf_counter() - started), 2)
+    for ours in [d for d in decoders if not d.startswith("teacher_")]:
+        for baseline in [d for d in decoders if d.startswith("teacher_")]:
+            if single:
+                speed[f"speedup_{ours}_vs_{baseline}_batch1"] = round(
+                    speed[f"{baseline}_latency_ms"] / speed[f"{ours}_latency_ms"], 2)
+            speed[f"speedup_{ours}_vs_{baseline}_batch{evaluation.throughput_batch}"] = round(
+                speed[f"{ours}_sentences_per_s"] / speed[f"{baseline}_sentences_per_s"], 2)
     return speed
-
-
-def _decoder(name: str) -> str:
-    """translate_ids' `decoder` for a decoder name: a DAG decoder by its own name; CTC's are greedy + beam size."""
-    return name if name in DAG_DECODERS else "greedy"

@@ -37,6 +37,31 @@ def ensure_experiment(client: Any, name: str, workdir: Path) -> str:
                                     if local else None)
 
 
+def child_run(target: dict[str, str] | None, name: str) -> dict[str, str] | None:
+    """A run nested under `target`'s run (same store) for one part of a stage — a teacher direction —
+    as a worker target ({"uri", "run_id"}); None when tracking is off."""
+    if target is None:
+        return None
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(target["uri"])
+    parent = client.get_run(target["run_id"])
+    run = client.create_run(parent.info.experiment_id, run_name=name, tags={"mlflow.parentRunId": target["run_id"]})
+    return {"uri": target["uri"], "run_id": run.info.run_id}
+
+
+def finish_child_run(target: dict[str, str] | None, counts: dict[str, Any], failed: bool = False) -> None:
+    """Log `counts` as metrics on a child run and close it."""
+    if target is None:
+        return
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(target["uri"])
+    for key, value in numeric(counts).items():
+        client.log_metric(target["run_id"], key, value)
+    client.set_terminated(target["run_id"], status="FAILED" if failed else "FINISHED")
+
+
 def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
     """{"a": {"b": 1}} -> {"a.b": 1}; lists and scalars stay leaves."""
     if not isinstance(value, dict):

@@ -14,6 +14,11 @@ both directions, scores it with sacreBLEU and attaches a checkpoint. Ray keeps t
 `keep_checkpoints` by `valid_bleu` plus the latest; a run started again with the same config (same Ray
 storage path and run name), or a worker group restarted after a failure (`max_failures`), resumes from the
 latest checkpoint: same step, same position in the epoch.
+
+With sequence-level knowledge distillation (`distill.enabled`, pipeline/distill.py) the training split is
+the distill stage's: every update trains src2tgt on (x, teacher(x)) and tgt2src on (teacher(y), y), one
+forward/backward per direction. The same loop trains the autoregressive teachers (pipeline/teacher.py):
+the loop's `task` says which model, objective and validation directions a run has.
 """
 from __future__ import annotations
 
@@ -27,16 +32,17 @@ import tempfile
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Optional
 
 import pyarrow.parquet as pq
 import torch
 
-from pipeline import ingest, spm, tokenize
-from pipeline.config import PipelineConfig
+from pipeline import distill, ingest, spm, tokenize
+from pipeline.config import PipelineConfig, TrainConfig
 from pipeline.stage import StageError, require_done, run_stage, stage_dir, write_json
 from pipeline.tracking import plot_history
-from reder import DIRECTIONS, EOS_ID, DuplexLoss, LossConfig, ModelConfig, REDER
+from reder import DIRECTIONS, EOS_ID, DuplexLoss, LossConfig, ModelConfig, REDER, TransformerConfig
+from reder.autoregressive import Transformer
 from reder.checkpoint import average_state_dicts, save_model_dir
 from reder.translate import pad_batch, translate_ids
 
@@ -51,19 +57,27 @@ _NOT_HASHED = ("log_every", "max_failures", "storage_path", "fail_at_step", "sta
 def output_dir(cfg: PipelineConfig, workdir: Path) -> Path:
     section = {k: v for k, v in asdict(cfg.train).items() if k not in _NOT_HASHED}
     return stage_dir(workdir, "train", {"model": asdict(cfg.model), "loss": asdict(cfg.loss), "train": section,
-                                        "data": tokenize.output_dir(cfg, workdir).name})
+                                        "data": training_data(cfg, workdir).parent.name})
+
+
+def training_data(cfg: PipelineConfig, workdir: Path) -> Path:
+    """REDER's training split: the distill stage's (KD pairs) with distill.enabled, else tokenize's."""
+    data = distill.output_dir(cfg, workdir) if cfg.distill.enabled else tokenize.output_dir(cfg, workdir)
+    return data / "train"
 
 
 def run(cfg: PipelineConfig, workdir: Path, force: bool = False, tracker: Any = None) -> Path:
     """Train (or resume), then publish the averaged model; `tracker` gets the MLflow run for the workers."""
     workdir = Path(workdir).resolve()
     data = require_done(tokenize.output_dir(cfg, workdir), "tokenize")
+    train_data = require_done(training_data(cfg, workdir).parent, "distill" if cfg.distill.enabled else "tokenize") / "train"
     corpus = require_done(ingest.output_dir(cfg, workdir), "ingest")
     spm_dir = require_done(spm.output_dir(cfg, workdir), "spm")
     out = output_dir(cfg, workdir)
     config = {"model": asdict(cfg.model), "loss": asdict(cfg.loss), "train": asdict(cfg.train)}
-    return run_stage("train", out, lambda tmp: _build(cfg, workdir, out.name, data, corpus, spm_dir, tmp, tracker),
-                     config=config, inputs={"tokenize": str(data), "ingest": str(corpus), "spm": str(spm_dir)},
+    return run_stage("train", out, lambda tmp: _build(cfg, workdir, out.name, train_data, data, corpus, spm_dir, tmp, tracker),
+                     config=config, inputs={"train_data": str(train_data), "tokenize": str(data), "ingest": str(corpus),
+                                            "spm": str(spm_dir)},
                      force=force)
 
 
@@ -100,17 +114,27 @@ def training_dataset(path: Path) -> Any:
     return ray.data.read_parquet(str(path)).materialize()
 
 
-def make_trainer(cfg: PipelineConfig, name: str, storage: Path, data: Path, corpus: Path, spm_dir: Path,
-                 mlflow_target: dict[str, str] | None, callbacks: tuple = ()) -> Any:
+def storage_path(train: TrainConfig, workdir: Path) -> Path:
+    """Ray Train's storage: train.storage_path (shared storage on a cluster), else <workdir>/ray_results."""
+    return Path(train.storage_path).expanduser().resolve() if train.storage_path else Path(workdir) / "ray_results"
+
+
+def make_trainer(cfg: PipelineConfig, name: str, storage: Path, train_data: Path, data: Path, corpus: Path,
+                 spm_dir: Path, mlflow_target: dict[str, str] | None, callbacks: tuple = (),
+                 task: dict[str, str] | None = None) -> Any:
     """The TorchTrainer of one training run (run `name` under `storage`; a run with the same pair
-    resumes from its latest checkpoint). `mlflow_target` receives rank 0's per-step metrics."""
+    resumes from its latest checkpoint) on the `train_data` split, validated on `data`/valid.
+    `mlflow_target` receives rank 0's per-step metrics. `task` is REDER's (default) or
+    {"kind": "teacher", "direction": d}: the teacher of one direction, with the teacher section's config."""
     import ray.train
     from ray.train.torch import TorchTrainer
 
-    train = cfg.train
+    task = task or {"kind": "reder"}
+    teacher = task["kind"] == "teacher"
+    train = cfg.teacher.train if teacher else cfg.train
     loop_config = {
-        "model": asdict(cfg.model), "loss": asdict(cfg.loss), "train": asdict(train),
-        "spm_proto": (spm_dir / spm.MODEL_FILE).read_bytes(),
+        "task": task, "model": asdict(cfg.teacher.model if teacher else cfg.model), "loss": asdict(cfg.loss),
+        "train": asdict(train), "spm_proto": (spm_dir / spm.MODEL_FILE).read_bytes(),
         "valid": {"ids": str(data / "valid"), "text": str(corpus / "valid")},
         "mlflow": mlflow_target,
     }
@@ -126,19 +150,12 @@ def make_trainer(cfg: PipelineConfig, name: str, storage: Path, data: Path, corp
             checkpoint_config=ray.train.CheckpointConfig(num_to_keep=train.keep_checkpoints,
                                                          checkpoint_score_attribute="valid_bleu",
                                                          checkpoint_score_order="max")),
-        datasets={"train": training_dataset(data / "train")})
+        datasets={"train": training_dataset(train_data)})
 
 
-def _build(cfg: PipelineConfig, workdir: Path, name: str, data: Path, corpus: Path, spm_dir: Path, tmp: Path,
-           tracker: Any) -> dict[str, Any]:
-    from cluster.connect import ensure_ray
-
-    ensure_ray(cfg.ray)
-    check_resources(cfg.train, cfg.train.start_timeout_s)
-    train = cfg.train
-    storage = Path(train.storage_path).expanduser().resolve() if train.storage_path else workdir / "ray_results"
-    trainer = make_trainer(cfg, name, storage, data, corpus, spm_dir,
-                           tracker.worker_target() if tracker is not None else None)
+def fit_and_average(trainer: Any, run_path: Path, average_best: int, model: torch.nn.Module) -> dict[str, Any]:
+    """Fit, then load into `model` the average of the best `average_best` checkpoints by validation BLEU.
+    Returns {"history": the latest checkpoint's history, "averaged": [(step, valid_bleu)], "fit_seconds"}."""
     started = time.time()
     try:
         result = trainer.fit()
@@ -146,28 +163,48 @@ def _build(cfg: PipelineConfig, workdir: Path, name: str, data: Path, corpus: Pa
         raise StageError(f"train: Ray Train failed ({type(error).__name__}): {error}") from error
     scored = [(c, m) for c, m in result.best_checkpoints if "valid_bleu" in m]
     if not scored:
-        raise StageError(f"train: the run under {storage / name} produced no validated checkpoint")
-    best = sorted(scored, key=lambda cm: (-cm[1]["valid_bleu"], -cm[1]["step"]))[: train.average_best]
-    states, history = [], []
+        raise StageError(f"train: the run under {run_path} produced no validated checkpoint")
+    best = sorted(scored, key=lambda cm: (-cm[1]["valid_bleu"], -cm[1]["step"]))[:average_best]
+    states = []
     for checkpoint, _ in best:
         with checkpoint.as_directory() as directory:
             states.append(torch.load(Path(directory) / "model.pt", map_location="cpu", weights_only=True))
     with result.checkpoint.as_directory() as directory:  # the latest: the whole history
         history = json.loads((Path(directory) / HISTORY_FILE).read_text(encoding="utf-8"))
-    model = REDER(ModelConfig.from_dict(asdict(cfg.model)))
     model.load_state_dict(average_state_dicts(states))
-    averaged = [{"step": m["step"], "valid_bleu": m["valid_bleu"]} for _, m in best]
-    save_model_dir(tmp / MODEL_DIR, model, spm_dir / spm.MODEL_FILE, cfg.data.src_lang, cfg.data.tgt_lang,
-                   extra={"averaged_checkpoints": averaged})
-    write_json(tmp / HISTORY_FILE, history)
+    return {"history": history, "averaged": [{"step": m["step"], "valid_bleu": m["valid_bleu"]} for _, m in best],
+            "fit_seconds": round(time.time() - started, 1)}
+
+
+def run_report(fitted: dict[str, Any], run_path: Path) -> dict[str, Any]:
+    """report.json of a finished run: steps, averaged checkpoints, last validation, restarts."""
+    history = fitted["history"]
     last = history[-1]
-    report = {"steps": last["step"], "averaged_checkpoints": averaged, "ray_run": str(storage / name),
-              "fit_seconds": round(time.time() - started, 1),
-              "last_valid": {k: v for k, v in last.items() if k.startswith(("bleu_", "valid_"))},
-              "restarts": sum(1 for h in history if h.get("resumed_from"))}
+    return {"steps": last["step"], "averaged_checkpoints": fitted["averaged"], "ray_run": str(run_path),
+            "fit_seconds": fitted["fit_seconds"],
+            "last_valid": {k: v for k, v in last.items() if k.startswith(("bleu_", "valid_"))},
+            "restarts": sum(1 for h in history if h.get("resumed_from"))}
+
+
+def _build(cfg: PipelineConfig, workdir: Path, name: str, train_data: Path, data: Path, corpus: Path, spm_dir: Path,
+           tmp: Path, tracker: Any) -> dict[str, Any]:
+    from cluster.connect import ensure_ray
+
+    ensure_ray(cfg.ray)
+    check_resources(cfg.train, cfg.train.start_timeout_s)
+    storage = storage_path(cfg.train, workdir)
+    trainer = make_trainer(cfg, name, storage, train_data, data, corpus, spm_dir,
+                           tracker.worker_target() if tracker is not None else None)
+    model = REDER(ModelConfig.from_dict(asdict(cfg.model)))
+    fitted = fit_and_average(trainer, storage / name, cfg.train.average_best, model)
+    save_model_dir(tmp / MODEL_DIR, model, spm_dir / spm.MODEL_FILE, cfg.data.src_lang, cfg.data.tgt_lang,
+                   extra={"averaged_checkpoints": fitted["averaged"],
+                          "distilled": cfg.distill.enabled})
+    write_json(tmp / HISTORY_FILE, fitted["history"])
+    report = run_report(fitted, storage / name)
     write_json(tmp / "report.json", report)
-    plot_history(history, tmp / "training.png")
-    return {"steps": last["step"], "best_valid_bleu": averaged[0]["valid_bleu"], "restarts": report["restarts"]}
+    plot_history(fitted["history"], tmp / "training.png")
+    return {"steps": report["steps"], "best_valid_bleu": fitted["averaged"][0]["valid_bleu"], "restarts": report["restarts"]}
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -217,24 +254,31 @@ def _all_reduce(value: float, op: str) -> float:
     return float(tensor.item())
 
 
-def _epoch(shard: Any, max_tokens: int, seed: int) -> tuple[list[tuple[list[int], list[int]]], list[list[int]]]:
-    """This worker's pairs for one epoch and their batches, cut to the same count on every rank (DDP needs
-    the same number of updates everywhere)."""
-    pairs: list[tuple[list[int], list[int]]] = []
+KD_COLUMNS = ("kd_tgt_ids", "kd_src_ids")
+
+
+def _epoch(shard: Any, max_tokens: int, seed: int) -> tuple[list[tuple[list[int], ...]], list[list[int]]]:
+    """This worker's examples for one epoch and their batches, cut to the same count on every rank (DDP
+    needs the same number of updates everywhere). An example is (src, tgt), or with KD columns
+    (src, tgt, kd_tgt, kd_src); a KD example is bucketed by its longer variant of each side."""
+    examples: list[tuple[list[int], ...]] = []
     for batch in shard.iter_batches(batch_size=8192, batch_format="pyarrow"):
-        pairs.extend(zip(batch["src_ids"].to_pylist(), batch["tgt_ids"].to_pylist()))
-    batches = token_batches([len(s) for s, _ in pairs], [len(t) for _, t in pairs], max_tokens, seed)
-    return pairs, batches[: int(_all_reduce(len(batches), "min"))]
+        columns = ["src_ids", "tgt_ids"] + [c for c in KD_COLUMNS if c in batch.column_names]
+        examples.extend(zip(*(batch[c].to_pylist() for c in columns)))
+    src_lengths = [max(len(e[0]), len(e[3])) if len(e) == 4 else len(e[0]) for e in examples]
+    tgt_lengths = [max(len(e[1]), len(e[2])) if len(e) == 4 else len(e[1]) for e in examples]
+    batches = token_batches(src_lengths, tgt_lengths, max_tokens, seed)
+    return examples, batches[: int(_all_reduce(len(batches), "min"))]
 
 
 def _stream(shard: Any, max_tokens: int, seed: int, rank: int, epoch: int, skip: int) -> Iterator[tuple[int, int, list]]:
-    """Endless (epoch, index-in-epoch, batch of pairs), starting at `skip` batches into `epoch`."""
+    """Endless (epoch, index-in-epoch, batch of examples), starting at `skip` batches into `epoch`."""
     while True:
-        pairs, batches = _epoch(shard, max_tokens, seed * 100_003 + epoch * 1_009 + rank)
+        examples, batches = _epoch(shard, max_tokens, seed * 100_003 + epoch * 1_009 + rank)
         if not batches:
             raise RuntimeError("train: a worker's shard yields no batch; use fewer workers or more data")
         for index in range(skip, len(batches)):
-            yield epoch, index, [pairs[i] for i in batches[index]]
+            yield epoch, index, [examples[i] for i in batches[index]]
         epoch, skip = epoch + 1, 0
 
 
@@ -244,10 +288,47 @@ def _tensors(pairs: list, device: torch.device) -> tuple[torch.Tensor, torch.Ten
     return src, src_lengths, tgt, tgt_lengths
 
 
-class Validator:
-    """Greedy decoding of the validation split in both directions, scored with sacreBLEU (rank 0)."""
+def passes(examples: list[tuple[list[int], ...]], device: torch.device) -> tuple[tuple, Optional[tuple]]:
+    """The tensors of one micro-batch: (src, src_lengths, tgt, tgt_lengths) for both directions, or with KD
+    examples src2tgt's (x, teacher(x)) and tgt2src's own (teacher(y), y) batch (DuplexLoss.tgt2src_batch)."""
+    if len(examples[0]) == 2:
+        return _tensors(examples, device), None
+    forward = _tensors([(src, kd_tgt) for src, _, kd_tgt, _ in examples], device)
+    return forward, _tensors([(kd_src, tgt) for _, tgt, _, kd_src in examples], device)
 
-    def __init__(self, paths: dict[str, str], spm_proto: bytes, max_sentences: int) -> None:
+
+class TeacherObjective(torch.nn.Module):
+    """One direction's teacher as a DDP-wrappable objective with REDER's call signature: the batch's
+    (src, tgt) pairs are read in the teacher's direction; terms are named by direction."""
+
+    def __init__(self, model: Transformer, direction: str) -> None:
+        super().__init__()
+        self.model, self.direction = model, direction
+
+    def forward(self, src: torch.Tensor, src_lengths: torch.Tensor, tgt: torch.Tensor, tgt_lengths: torch.Tensor,
+                step: int, tgt2src_batch: None = None) -> dict[str, torch.Tensor]:
+        if self.direction == "tgt2src":
+            src, src_lengths, tgt, tgt_lengths = tgt, tgt_lengths, src, src_lengths
+        terms = self.model.loss(src, src_lengths, tgt, tgt_lengths)
+        return {f"nll_{self.direction}": terms["nll"], "total": terms["total"]}
+
+
+def build_task(config: dict[str, Any]) -> tuple[torch.nn.Module, torch.nn.Module, tuple[str, ...]]:
+    """(model, objective, validation directions) of a loop config's task (REDER or one teacher)."""
+    task = config["task"]
+    if task["kind"] == "teacher":
+        model = Transformer(TransformerConfig.from_dict(config["model"]))
+        return model, TeacherObjective(model, task["direction"]), (task["direction"],)
+    model = REDER(ModelConfig.from_dict(config["model"]), LossConfig.from_dict(config["loss"]))
+    return model, DuplexLoss(model), DIRECTIONS
+
+
+class Validator:
+    """Greedy decoding of the validation split in `directions`, scored with sacreBLEU (rank 0); for a
+    teacher also its validation loss (mean token NLL, `valid_nll_<direction>`)."""
+
+    def __init__(self, paths: dict[str, str], spm_proto: bytes, max_sentences: int,
+                 directions: tuple[str, ...] = DIRECTIONS) -> None:
         import sentencepiece
 
         ids = pq.read_table(paths["ids"]).sort_by("id")
@@ -256,25 +337,42 @@ class Validator:
             ids, text = ids.slice(0, max_sentences), text.slice(0, max_sentences)
         by_id = dict(zip(text.column("id").to_pylist(), zip(text.column("src").to_pylist(), text.column("tgt").to_pylist())))
         kept = ids.column("id").to_pylist()
+        self.directions = directions
         self.inputs = {"src2tgt": [s + [EOS_ID] for s in ids.column("src_ids").to_pylist()],
                        "tgt2src": [t + [EOS_ID] for t in ids.column("tgt_ids").to_pylist()]}
         self.references = {"src2tgt": [by_id[i][1] for i in kept], "tgt2src": [by_id[i][0] for i in kept]}
         self.sp = sentencepiece.SentencePieceProcessor(model_proto=spm_proto)
 
-    def __call__(self, model: REDER) -> dict[str, float]:
+    def __call__(self, model: torch.nn.Module) -> dict[str, float]:
         from pipeline.evaluate import corpus_scores
 
         was_training = model.training
         model.eval()
         scores = {}
         try:
-            for direction in DIRECTIONS:
+            for direction in self.directions:
                 hypotheses = [self.sp.decode(h) for h in translate_ids(model, self.inputs[direction], direction)]
                 scores[f"bleu_{direction}"] = corpus_scores(hypotheses, self.references[direction])["bleu"]
+                if isinstance(model, Transformer):
+                    scores[f"valid_nll_{direction}"] = self._nll(model, direction)
         finally:
             model.train(was_training)
-        scores["valid_bleu"] = sum(scores[f"bleu_{d}"] for d in DIRECTIONS) / len(DIRECTIONS)
+        scores["valid_bleu"] = sum(scores[f"bleu_{d}"] for d in self.directions) / len(self.directions)
         return scores
+
+    @torch.no_grad()
+    def _nll(self, model: Transformer, direction: str, batch_size: int = 64) -> float:
+        """Token-weighted mean NLL of the references under the teacher (teacher forcing)."""
+        back = "tgt2src" if direction == "src2tgt" else "src2tgt"
+        device = next(model.parameters()).device
+        total = tokens = 0.0
+        for start in range(0, len(self.inputs[direction]), batch_size):
+            src, src_lengths = pad_batch(self.inputs[direction][start : start + batch_size], device)
+            tgt, tgt_lengths = pad_batch(self.inputs[back][start : start + batch_size], device)
+            count = float(tgt_lengths.sum())
+            total += float(model.loss(src, src_lengths, tgt, tgt_lengths)["nll"]) * count
+            tokens += count
+        return total / max(tokens, 1.0)
 
 
 def train_loop(config: dict[str, Any]) -> None:
@@ -287,7 +385,8 @@ def train_loop(config: dict[str, Any]) -> None:
     tc = config["train"]
     torch.manual_seed(tc["seed"])
     device = ray.train.torch.get_device()
-    model = REDER(ModelConfig.from_dict(config["model"]), LossConfig.from_dict(config["loss"])).to(device)
+    model, objective, directions = build_task(config)
+    model.to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=tc["lr"], betas=tuple(tc["adam_betas"]), eps=tc["adam_eps"],
                                   weight_decay=tc["weight_decay"])
     scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -303,9 +402,9 @@ def train_loop(config: dict[str, Any]) -> None:
         scheduler.load_state_dict(state["scheduler"])
         step, epoch, skip, resumed_from = state["step"], state["epoch"], state["next_batch"], state["step"]
         history.append({"step": step, "resumed_from": step})
-    objective = ray.train.torch.prepare_model(DuplexLoss(model))
+    objective = ray.train.torch.prepare_model(objective)
     use_bf16 = tc["bf16"] and device.type == "cuda"
-    validator = Validator(config["valid"], config["spm_proto"], tc["valid_max_sentences"]) if rank == 0 else None
+    validator = Validator(config["valid"], config["spm_proto"], tc["valid_max_sentences"], directions) if rank == 0 else None
     mlflow = _MlflowLogger(config["mlflow"]) if rank == 0 and config["mlflow"] else None
     if mlflow is not None and resumed_from is not None:
         mlflow.log({"resumed_from_step": resumed_from}, step)  # one point per restart of the worker group
@@ -316,16 +415,16 @@ def train_loop(config: dict[str, Any]) -> None:
         model.train()
         optimizer.zero_grad(set_to_none=True)
         for micro in range(tc["update_freq"]):
-            epoch, index, pairs = next(stream)
-            src, src_lengths, tgt, tgt_lengths = _tensors(pairs, device)
+            epoch, index, examples = next(stream)
+            batch, reverse = passes(examples, device)
             sync = micro == tc["update_freq"] - 1 or not hasattr(objective, "no_sync")
             with (objective.no_sync() if not sync else contextlib.nullcontext()), \
                  torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_bf16):
-                terms = objective(src, src_lengths, tgt, tgt_lengths, step)
+                terms = objective(*batch, step, tgt2src_batch=reverse)
                 (terms["total"] / tc["update_freq"]).backward()
             for name, value in terms.items():
                 sums[name] = sums.get(name, 0.0) + float(value.detach()) / tc["update_freq"]
-            tokens += int(src_lengths.sum() + tgt_lengths.sum())
+            tokens += sum(int(b[1].sum() + b[3].sum()) for b in (batch, reverse) if b is not None)
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), tc["clip_norm"] if tc["clip_norm"] > 0 else math.inf)
         optimizer.step()
         scheduler.step()
@@ -362,7 +461,7 @@ def train_loop(config: dict[str, Any]) -> None:
             raise RuntimeError(f"fault drill: train.fail_at_step={step} (rank {rank})")
 
 
-def _save(model: REDER, optimizer: Any, scheduler: Any, step: int, epoch: int, next_batch: int, history: list) -> str:
+def _save(model: torch.nn.Module, optimizer: Any, scheduler: Any, step: int, epoch: int, next_batch: int, history: list) -> str:
     directory = tempfile.mkdtemp(prefix=f"reder-step{step}-")
     torch.save(model.state_dict(), Path(directory) / "model.pt")
     torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "step": step,

@@ -3,7 +3,7 @@ their start step, or any other model/loss/train key), tracked in MLflow.
 
     python run_pipeline.py tune [--config configs/X.yaml] [key=value ...] [--samples N] [--address auto]
 
-The data stages run first (skipped when a normal run finished them: trials never recompute them). Each
+The data stages — with KD on, the teacher and distill stages too — run first (skipped when a normal run finished them: trials never recompute them). Each
 trial is a driver function (Ray 2.60's Train V2 pattern) that builds the train stage's own TorchTrainer for
 its config, with `TuneReportCallback` forwarding rank 0's reports to Tune; ASHA (or FIFO) stops weak
 trials on `tune.metric` (validation BLEU, the mean of both directions) over training steps. A trial that
@@ -30,7 +30,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from pipeline import ingest, spm, tokenize, train
+from pipeline import distill, ingest, spm, teacher, tokenize, train
 from pipeline.config import PipelineConfig, check_consistency, from_dict, to_yaml
 from pipeline.stage import StageError, require_done, run_stage, stage_dir, write_text
 from pipeline.tracking import ensure_experiment, flatten, tracking_uri
@@ -42,7 +42,7 @@ DATA_STAGES = (ingest, spm, tokenize)
 
 def output_dir(cfg: PipelineConfig, workdir: Path) -> Path:
     return stage_dir(workdir, "tune", {"tune": asdict(cfg.tune), "model": asdict(cfg.model), "loss": asdict(cfg.loss),
-                                       "train": asdict(cfg.train), "data": tokenize.output_dir(cfg, workdir).name})
+                                       "train": asdict(cfg.train), "data": train.training_data(cfg, workdir).parent.name})
 
 
 def run(cfg: PipelineConfig, workdir: Path, force: bool = False) -> Path:
@@ -56,8 +56,13 @@ def run(cfg: PipelineConfig, workdir: Path, force: bool = False) -> Path:
     workdir = Path(workdir).resolve()
     for stage in DATA_STAGES:
         stage.run(cfg, workdir)
+    if cfg.distill.enabled:  # sequence-level KD: the trials train on the distilled split
+        if not cfg.distill.corpus:
+            teacher.run(cfg, workdir)
+        distill.run(cfg, workdir)
     inputs = {name: require_done(module.output_dir(cfg, workdir), name)
               for name, module in (("tokenize", tokenize), ("ingest", ingest), ("spm", spm))}
+    inputs["train_data"] = train.training_data(cfg, workdir)
     out = output_dir(cfg, workdir)
     return run_stage("tune", out, lambda tmp: _sweep(cfg, workdir, out.name, inputs, tmp),
                      config={"tune": asdict(cfg.tune)}, inputs={k: str(v) for k, v in inputs.items()}, force=force)
@@ -124,8 +129,8 @@ def _trial(params: dict[str, Any], *, base: dict, keys: list[str], inputs: dict[
         if not found:
             for key in keys:
                 client.log_param(run_id, key, params[key])
-    trainer = train.make_trainer(cfg, f"trial-{trial_id}", Path(storage), Path(inputs["tokenize"]),
-                                 Path(inputs["ingest"]), Path(inputs["spm"]),
+    trainer = train.make_trainer(cfg, f"trial-{trial_id}", Path(storage), Path(inputs["train_data"]),
+                                 Path(inputs["tokenize"]), Path(inputs["ingest"]), Path(inputs["spm"]),
                                  {"uri": mlflow["uri"], "run_id": run_id} if run_id else None, (TuneReportCallback(),))
     try:
         result = trainer.fit()
@@ -174,8 +179,7 @@ def _sweep(cfg: PipelineConfig, workdir: Path, name: str, inputs: dict[str, Path
     # would reject the first (training-only) report instead.
     os.environ["TUNE_DISABLE_STRICT_METRIC_CHECKING"] = "1"
     keys = sorted(cfg.tune.space)
-    storage = (Path(cfg.train.storage_path).expanduser().resolve() if cfg.train.storage_path
-               else workdir / "ray_results") / name
+    storage = train.storage_path(cfg.train, workdir) / name
     mlflow = _open_sweep_run(cfg, workdir, name)
     trainable = ray.tune.with_parameters(_trial, base=cfg.to_dict(), keys=keys,
                                          inputs={k: str(v) for k, v in inputs.items()}, storage=str(storage),

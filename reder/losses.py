@@ -1,4 +1,6 @@
 """Auxiliary losses of REDER and the module a trainer wraps in DistributedDataParallel."""
+from typing import Optional
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -26,7 +28,11 @@ def forward_backward_agreement(
 
 
 class DuplexLoss(nn.Module):
-    """`forward` = `model.loss(...)`, so DDP (which hooks `forward`) can wrap the training objective."""
+    """`forward` = `model.loss(...)`, so DDP (which hooks `forward`) can wrap the training objective.
+
+    `tgt2src_batch` (src, src_lengths, tgt, tgt_lengths) gives tgt2src its own pairs (sequence-level KD:
+    src2tgt learns (x, teacher(x)), tgt2src learns (teacher(y), y)); both directions still go through one
+    forward call, so DDP sees every parameter used in every update."""
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
@@ -40,5 +46,10 @@ class DuplexLoss(nn.Module):
         tgt_lengths: torch.Tensor,
         step: int,
         directions: tuple[str, ...] = DIRECTIONS,
+        tgt2src_batch: Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] = None,
     ) -> dict[str, torch.Tensor]:
-        return self.model.loss(src_tokens, src_lengths, tgt_tokens, tgt_lengths, step, directions)
+        if tgt2src_batch is None:
+            return self.model.loss(src_tokens, src_lengths, tgt_tokens, tgt_lengths, step, directions)
+        terms = self.model.loss(src_tokens, src_lengths, tgt_tokens, tgt_lengths, step, ("src2tgt",))
+        reverse = self.model.loss(*tgt2src_batch, step, ("tgt2src",))
+        return {**terms, **reverse, "total": terms["total"] + reverse["total"]}

@@ -151,7 +151,7 @@ def test_two_node_cluster_spreads_training_and_survives_a_killed_worker(tmp_path
             driver = subprocess.Popen(
                 [sys.executable, "run_pipeline.py", "--config", "configs/smoke.yaml", "tracking.enabled=true",
                  "train.placement_strategy=SPREAD", f"train.max_steps={steps}", "train.cpus_per_worker=1",
-                 "train.max_failures=1"],
+                 "train.max_failures=1", "distill.enabled=false", "evaluate.teacher_baseline=false"],
                 cwd=REPO_ROOT, stdout=out, stderr=subprocess.STDOUT, env=dict(os.environ))
         workdir = shared / "runs" / "smoke"
         first = wait_for(lambda: registered_checkpoints(workdir), 400, "the first registered checkpoint",

@@ -1,37 +1,85 @@
-"""The evaluate stage decodes a DAG model with its own decoders (greedy, lookahead, Viterbi)."""
+"""The evaluate stage decodes a DAG model with its own decoders (greedy, lookahead, Viterbi), a CTC model
+with greedy, beam and teacher-reranked beam, and the AR teachers as the baseline with REDER's speed-ups."""
 import json
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline import evaluate, spm
+import pytest
+import sentencepiece
+
+from pipeline import evaluate, spm, teacher
 from pipeline.config import load_config
-from reder import REDER, ModelConfig
-from reder.checkpoint import save_model_dir
+from pipeline.stage import write_json
+from reder import REDER, ModelConfig, TransformerConfig
+from reder.autoregressive import Transformer
+from reder.checkpoint import load_teacher_dir, save_model_dir
+from reder.translate import encode_lines, translate_ids
 from tests.pipeline.conftest import make_pairs
 
 VOCAB = 64
 
 
-def test_dag_models_are_scored_and_timed_with_every_dag_decoder(tmp_path):
+def _corpus(tmp_path):
     pairs = make_pairs(12)
     (tmp_path / "spm.model").write_bytes(spm.train([s for pair in pairs for s in pair] * 5, VOCAB))
     corpus = tmp_path / "corpus"
     (corpus / "test").mkdir(parents=True)
     pq.write_table(pa.table({"id": list(range(len(pairs))), "src": [s for s, _ in pairs], "tgt": [t for _, t in pairs]}),
                    corpus / "test" / "part-00000.parquet")
-    cfg = load_config(None, [f"model.vocab_size={VOCAB}", "model.head=dag", "model.graph_upsample_ratio=2",
-                             "evaluate.splits=[test]", "evaluate.latency_sentences=2", "evaluate.throughput_batch=4"])
-    model = REDER(ModelConfig(vocab_size=VOCAB, d_model=8, n_heads=2, ffn_dim=16, layers_per_end=1, head="dag",
+    return pairs, corpus
+
+
+def _teacher_stage(tmp_path):
+    """A teacher stage's output: teachers.json naming two tiny random teachers (one per direction)."""
+    stage = tmp_path / "teacher-stage"
+    for direction in ("src2tgt", "tgt2src"):
+        model = Transformer(TransformerConfig(vocab_size=VOCAB, d_model=8, n_heads=2, ffn_dim=16, encoder_layers=1,
+                                              decoder_layers=1, max_positions=128)).eval()
+        save_model_dir(stage / direction, model, tmp_path / "spm.model", "en", "de", extra={"direction": direction})
+    write_json(stage / teacher.TEACHERS_FILE, {"src2tgt": "src2tgt", "tgt2src": "tgt2src"})
+    return stage
+
+
+@pytest.mark.parametrize("head", ["dag", "ctc"])
+def test_models_are_scored_and_timed_with_their_decoders_against_the_teacher_baseline(tmp_path, head):
+    pairs, corpus = _corpus(tmp_path)
+    options = ["model.head=dag", "model.graph_upsample_ratio=2"] if head == "dag" else \
+        ["evaluate.beam_size=3", "evaluate.rerank_with_teacher=true"]
+    cfg = load_config(None, [f"model.vocab_size={VOCAB}", "evaluate.splits=[test]", "evaluate.latency_sentences=2",
+                             "evaluate.throughput_batch=4", "evaluate.teacher_beam_size=2", *options])
+    model = REDER(ModelConfig(vocab_size=VOCAB, d_model=8, n_heads=2, ffn_dim=16, layers_per_end=1, head=head,
                               graph_upsample_ratio=2.0, link_heads=2, max_positions=128)).eval()
     model_dir = save_model_dir(tmp_path / "model", model, tmp_path / "spm.model", "en", "de")
     out = tmp_path / "out"
     out.mkdir()
-    headline = evaluate.evaluate_model(model_dir, corpus, cfg, out, None)
+    headline = evaluate.evaluate_model(model_dir, corpus, cfg, out, None, str(_teacher_stage(tmp_path)))
     results = json.loads((out / evaluate.RESULTS_FILE).read_text())
-    decoders = ("greedy", "lookahead", "viterbi")
+    ours = ("greedy", "lookahead", "viterbi") if head == "dag" else ("greedy", "beam3", "beam3_rerank")
+    decoders = (*ours, "teacher_greedy", "teacher_beam2")
     assert set(results["scores"]) == {f"test.{d}.{decoder}" for d in ("src2tgt", "tgt2src") for decoder in decoders}
-    assert all(f"{decoder}_latency_ms" in results["speed"] for decoder in decoders)
+    speed = results["speed"]
+    assert all(f"{decoder}_latency_ms" in speed for decoder in decoders)
+    for decoder in ours:
+        assert speed[f"speedup_{decoder}_vs_teacher_beam2_batch1"] == pytest.approx(
+            speed["teacher_beam2_latency_ms"] / speed[f"{decoder}_latency_ms"], rel=0.01)
+        assert f"speedup_{decoder}_vs_teacher_greedy_batch4" in speed
     for decoder in decoders:
         assert len((out / f"test.src2tgt.{decoder}.txt").read_text(encoding="utf-8").splitlines()) == len(pairs)
     assert headline["bleu_src2tgt"] == results["scores"]["test.src2tgt.greedy"]["bleu"]
+    if head == "ctc":  # the reranked hypotheses are the teacher's pick among the beam's candidates
+        sp = sentencepiece.SentencePieceProcessor(model_file=str(tmp_path / "spm.model"))
+        tgt2src = load_teacher_dir(tmp_path / "teacher-stage" / "tgt2src", "tgt2src", VOCAB)
+        expected = translate_ids(model, encode_lines(sp, [t for _, t in pairs]), "tgt2src", 3, 64, teacher=tgt2src)
+        assert (out / "test.tgt2src.beam3_rerank.txt").read_text(encoding="utf-8").splitlines() == \
+            [sp.decode(h) for h in expected]
+
+
+def test_a_requested_teacher_baseline_without_teachers_is_an_error(tmp_path):
+    _, corpus = _corpus(tmp_path)
+    cfg = load_config(None, [f"model.vocab_size={VOCAB}", "evaluate.splits=[test]"])
+    model_dir = save_model_dir(tmp_path / "model", REDER(ModelConfig(vocab_size=VOCAB, d_model=8, n_heads=2, ffn_dim=16,
+                                                                     layers_per_end=1)).eval(),
+                               tmp_path / "spm.model", "en", "de")
+    with pytest.raises(ValueError, match="teacher_baseline"):
+        evaluate.evaluate_model(model_dir, corpus, cfg, tmp_path, None)

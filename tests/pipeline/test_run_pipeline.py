@@ -46,16 +46,25 @@ def test_later_stage_alone_needs_earlier_ones(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_smoke_config_end_to_end_with_tracking_then_skips(tmp_path, capsys, ray_session):
-    """All five stages through Ray (2 training workers, gloo DDP), tracked in MLflow; then the translate
-    CLI reproduces the evaluate stage's hypotheses, a second run skips everything, and a GPU request on
-    this CPU-only cluster fails fast."""
+    """All seven stages through Ray (AR teachers on Ray Train, KD on Ray Data, REDER with 2 training workers
+    and gloo DDP on the distilled pairs), tracked in MLflow; then the translate CLI reproduces the evaluate
+    stage's hypotheses (REDER's and the teacher's), a second run skips everything, a GPU request on this
+    CPU-only cluster fails fast, and an incompatible teacher checkpoint is a clear error."""
     workdir = tmp_path / "work"
     args = ["--config", str(SMOKE), f"workdir={workdir}", "tracking.enabled=true"]
     assert run_pipeline.main(args) == 0
     out = capsys.readouterr().out
-    assert "[5/5] evaluate: running" in out and "vocab_size 256 (blank id 255)" in out
+    assert "[7/7] evaluate: running" in out and "vocab_size 256 (blank id 255)" in out
     last = json.loads((workdir / "last_run.json").read_text())
-    assert [entry["status"] for entry in last["stages"].values()] == ["ran"] * 5
+    assert [entry["status"] for entry in last["stages"].values()] == ["ran"] * 7
+    teacher_counts, distill_counts = last["stages"]["teacher"]["counts"], last["stages"]["distill"]["counts"]
+    assert teacher_counts["src2tgt"]["steps"] == teacher_counts["tgt2src"]["steps"] == 20
+    assert distill_counts["rows"] == last["stages"]["tokenize"]["counts"]["train"]["kept"]
+    for direction in ("src2tgt", "tgt2src"):
+        assert 0 <= distill_counts[f"fallback_{direction}"] <= distill_counts["rows"]
+        assert distill_counts[f"length_ratio_{direction}"] > 0 and f"teacher_bleu_{direction}" in distill_counts
+    train_manifest = json.loads((Path(last["stages"]["train"]["output"]) / "manifest.json").read_text())
+    assert train_manifest["inputs"]["train_data"] == str(Path(last["stages"]["distill"]["output"]) / "train")
     assert last["stages"]["tokenize"]["counts"]["train"]["kept"] > 350
     assert last["stages"]["train"]["counts"]["steps"] == 30
 
@@ -68,8 +77,12 @@ def test_smoke_config_end_to_end_with_tracking_then_skips(tmp_path, capsys, ray_
     assert results["bleu_signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a")
     assert results["mlflow_run_id"] == last["mlflow_run_id"]
     assert set(results["scores"]) == {f"{split}.{d}.{decoder}" for split in ("test", "valid")
-                                      for d in ("src2tgt", "tgt2src") for decoder in ("greedy", "beam4")}
-    assert results["speed"]["greedy_latency_ms"] > 0 and results["speed"]["beam4_sentences_per_s"] > 0
+                                      for d in ("src2tgt", "tgt2src")
+                                      for decoder in ("greedy", "beam4", "teacher_greedy", "teacher_beam4")}
+    speed = results["speed"]
+    assert speed["greedy_latency_ms"] > 0 and speed["beam4_sentences_per_s"] > 0
+    assert speed["speedup_greedy_vs_teacher_beam4_batch1"] == pytest.approx(
+        speed["teacher_beam4_latency_ms"] / speed["greedy_latency_ms"], rel=0.01)
     hypotheses = (evaluate_dir / "test.src2tgt.greedy.txt").read_text(encoding="utf-8").splitlines()
     assert len(hypotheses) == 50
 
@@ -81,12 +94,21 @@ def test_smoke_config_end_to_end_with_tracking_then_skips(tmp_path, capsys, ray_
     client = MlflowClient(uri)
     runs = mlflow.search_runs(experiment_names=["duplex"], output_format="list")
     by_name = {run.info.run_name: run for run in runs}
-    assert set(by_name) == {"pipeline", "ingest", "spm", "tokenize", "train", "evaluate"}
+    stages = ("ingest", "spm", "tokenize", "teacher", "distill", "train", "evaluate")
+    assert set(by_name) == {"pipeline", *stages, "teacher src2tgt", "teacher tgt2src"}
     parent = by_name["pipeline"]
     assert parent.info.run_id == last["mlflow_run_id"] and parent.info.status == "FINISHED"
-    for stage in ("ingest", "spm", "tokenize", "train", "evaluate"):
+    for stage in stages:
         assert by_name[stage].data.tags["mlflow.parentRunId"] == parent.info.run_id
         assert by_name[stage].info.status == "FINISHED"
+    for direction in ("src2tgt", "tgt2src"):  # each teacher: a run under the teacher stage's, BLEU and NLL
+        teacher_run = by_name[f"teacher {direction}"]
+        assert teacher_run.data.tags["mlflow.parentRunId"] == by_name["teacher"].info.run_id
+        assert teacher_run.info.status == "FINISHED"
+        assert [m.step for m in client.get_metric_history(teacher_run.info.run_id, f"valid_nll_{direction}")] == [10, 20]
+        assert [m.step for m in client.get_metric_history(teacher_run.info.run_id, f"bleu_{direction}")] == [10, 20]
+        assert len(client.get_metric_history(teacher_run.info.run_id, f"train_nll_{direction}")) == 4
+    assert "teacher_bleu_src2tgt" in by_name["distill"].data.metrics
     assert parent.data.metrics["bleu_src2tgt"] == pytest.approx(results["bleu_src2tgt"])
     assert parent.data.metrics["bleu_tgt2src"] == pytest.approx(results["bleu_tgt2src"])
     assert parent.data.params["model.vocab_size"] == "256" and parent.data.params["train.num_workers"] == "2"
@@ -115,12 +137,31 @@ def test_smoke_config_end_to_end_with_tracking_then_skips(tmp_path, capsys, ray_
                                  "--direction", "src2tgt"], input="".join(s + "\n" for s in test_src),
                                 capture_output=True, text=True, check=True, cwd=Path(run_pipeline.__file__).parent)
     assert translated.stdout.splitlines() == hypotheses
+    teacher_dir = Path(last["stages"]["teacher"]["output"]) / "tgt2src" / "model"
+    test_tgt = evaluate.read_text_split(Path(last["stages"]["ingest"]["output"]), "test", 50)[1]
+    translated = subprocess.run([sys.executable, "-m", "reder.translate", "--checkpoint", str(teacher_dir),
+                                 "--direction", "tgt2src", "--beam", "4"], input="".join(s + "\n" for s in test_tgt),
+                                capture_output=True, text=True, check=True, cwd=Path(run_pipeline.__file__).parent)
+    assert translated.stdout.splitlines() == (evaluate_dir / "test.tgt2src.teacher_beam4.txt").read_text(
+        encoding="utf-8").splitlines()
 
     assert run_pipeline.main(args) == 0  # second run: everything finished already
-    assert capsys.readouterr().out.count("skipped (finished earlier)") == 10  # progress lines + summary
-    assert len(mlflow.search_runs(experiment_names=["duplex"], output_format="list")) == 6  # no run opened
+    assert capsys.readouterr().out.count("skipped (finished earlier)") == 14  # progress lines + summary
+    assert len(mlflow.search_runs(experiment_names=["duplex"], output_format="list")) == 10  # no run opened
 
     started = time.monotonic()
     assert run_pipeline.main(args + ["train.use_gpu=true", "train.start_timeout_s=1", "--stages", "train"]) == 2
     assert "GPU: need 2, cluster has 0" in capsys.readouterr().err
     assert time.monotonic() - started < 30
+
+    # A teacher checkpoint that is not a teacher for this run: a REDER model directory, then a missing one.
+    reder_dir = str(model_dir)
+    wrong = args + [f"teacher.src2tgt_checkpoint={reder_dir}", f"teacher.tgt2src_checkpoint={reder_dir}",
+                    "--stages", "teacher"]
+    assert run_pipeline.main(wrong) == 2
+    assert "teacher.src2tgt_checkpoint" in capsys.readouterr().err
+    missing = args + [f"teacher.src2tgt_checkpoint={tmp_path / 'nowhere'}", f"teacher.tgt2src_checkpoint={teacher_dir}",
+                      "--stages", "teacher"]
+    assert run_pipeline.main(missing) == 2
+    err = capsys.readouterr().err
+    assert "nowhere" in err and "teacher.src2tgt_checkpoint" in err

@@ -55,7 +55,7 @@ def test_an_interrupted_run_continues_from_its_checkpoint(tmp_path, capsys, ray_
     """A run that dies after the step-10 checkpoint (no restarts allowed) publishes nothing; started
     again it resumes at step 10 with the optimizer state and reaches max_steps, not 10 + max_steps."""
     args = ["--config", str(SMOKE), f"workdir={tmp_path}", "train.num_workers=1", "train.max_steps=20",
-            "loss.aux_start_step=15"]
+            "loss.aux_start_step=15", "distill.enabled=false", "evaluate.teacher_baseline=false"]
     failing = args + ["train.fail_at_step=12", "train.max_failures=0", "--stages", "ingest,spm,tokenize,train"]
     assert run_pipeline.main(failing) == 2
     assert "fault drill: train.fail_at_step=12" in capsys.readouterr().err
@@ -75,3 +75,48 @@ def test_an_interrupted_run_continues_from_its_checkpoint(tmp_path, capsys, ray_
     assert after["step"] == 15 and math.isfinite(after["train_total"])
     # the schedule went on from step 10 rather than restarting its warm-up
     assert after["lr"] == pytest.approx(train.inverse_sqrt(15, 0.002, 10, 1e-7))
+
+
+def test_kd_examples_train_each_direction_on_its_own_distilled_pairs():
+    """A KD micro-batch: src2tgt on (x, teacher(x)), tgt2src on (teacher(y), y); DuplexLoss runs both in one
+    forward and its terms equal two separate one-direction losses."""
+    import torch
+
+    from reder import DuplexLoss, LossConfig
+    from tests.reder.helpers import tiny_model
+
+    examples = [([4, 5, 6], [7, 8], [9], [10, 4, 5, 6]), ([5], [6, 7, 8], [4, 4, 9], [5, 5])]  # src, tgt, kd_tgt, kd_src
+    forward, backward = train.passes(examples, torch.device("cpu"))
+    assert forward[0].tolist() == [[4, 5, 6, 3], [5, 3, 0, 0]] and forward[2].tolist() == [[9, 3, 0, 0], [4, 4, 9, 3]]
+    assert backward[0].tolist() == [[10, 4, 5, 6, 3], [5, 5, 3, 0, 0]] and backward[2].tolist() == [[7, 8, 3, 0], [6, 7, 8, 3]]
+    reference, none = train.passes([e[:2] for e in examples], torch.device("cpu"))
+    assert none is None and reference[2].tolist() == [[7, 8, 3, 0], [6, 7, 8, 3]]
+
+    model = tiny_model(LossConfig(aux_start_step=0), dropout=0.0, attention_dropout=0.0).double()
+    model.initialize(*forward)  # ActNorm from one batch, so both evaluations below see the same model
+    joint = DuplexLoss(model)(*forward, 1, tgt2src_batch=backward)
+    alone = {**model.loss(*forward, 1, ("src2tgt",)), **model.loss(*backward, 1, ("tgt2src",))}
+    for name in ("ctc_src2tgt", "fba_src2tgt", "cc_src2tgt", "ctc_tgt2src", "fba_tgt2src", "cc_tgt2src"):
+        torch.testing.assert_close(joint[name], alone[name])
+    assert joint["fba_tgt2src"] > 0 and joint["cc_src2tgt"] > 0
+    lam = model.loss_config
+    expected = sum(alone[f"ctc_{d}"] + lam.lambda_fba * alone[f"fba_{d}"] + lam.lambda_cc * alone[f"cc_{d}"]
+                   for d in ("src2tgt", "tgt2src"))
+    torch.testing.assert_close(joint["total"], expected)
+
+
+def test_teacher_objective_reads_the_batch_in_its_direction():
+    import torch
+
+    from reder import TransformerConfig
+    from reder.autoregressive import Transformer
+
+    model = Transformer(TransformerConfig(vocab_size=16, d_model=8, n_heads=2, ffn_dim=16, encoder_layers=1,
+                                          decoder_layers=1, dropout=0.0, max_positions=32))
+    src, src_lengths = train.pad_batch([[4, 5, 3], [6, 3]])
+    tgt, tgt_lengths = train.pad_batch([[7, 3], [8, 9, 10, 3]])
+    forward = train.TeacherObjective(model, "src2tgt")(src, src_lengths, tgt, tgt_lengths, 0)
+    backward = train.TeacherObjective(model, "tgt2src")(src, src_lengths, tgt, tgt_lengths, 0)
+    assert set(forward) == {"nll_src2tgt", "total"} and set(backward) == {"nll_tgt2src", "total"}
+    torch.testing.assert_close(forward["total"], model.loss(src, src_lengths, tgt, tgt_lengths)["total"])
+    torch.testing.assert_close(backward["nll_tgt2src"], model.loss(tgt, tgt_lengths, src, src_lengths)["nll"])

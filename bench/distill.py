@@ -1,0 +1,197 @@
+"""Knowledge-distillation decoding speed: the distill stage on Ray Data with 1 and 2 CPU actors, and the
+teacher's batched beam search in one process (on the GPU when there is one) at several batch sizes.
+
+    python -m bench.distill [--teachers <workdir>/teacher-<hash>] [--sentences 500] [--batch-sizes 32 128 512]
+
+Prints one JSON object. Input: the first `--sentences` pairs of Multi30k train (../shared/data/multi30k),
+both directions decoded (so 2 × sentences decodes per measurement), beam `--beam` (4, as for KD).
+Teachers: a finished teacher stage (`--teachers`, its spm.model tokenizes the input), else randomly
+initialised teachers of `--d-model/--layers/--ffn-dim` with a SentencePiece model trained on the input
+(`teachers: random`): a random teacher never ends a sentence early, so every output runs to the length cap
+(1.2·|x| + 10) — more decoding steps than a trained teacher needs, an upper bound on the work;
+`--train-steps N` first trains them N updates on all of Multi30k train (realistic output lengths; on a GPU).
+`training_bleu` scores the decoded (training) sentences against their references: a sanity check only.
+- `ray_actors1`, `ray_actors2`: `distill.distill_on_ray` on CPU (Ray already running), sentences/s.
+- `direct_batch<B>`: `distill.decode` in this process, both directions, sentences/s (device in `device`).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_DATA = REPO_ROOT.parent / "shared" / "data" / "multi30k"
+
+
+def _spm(lines: list[str], work: Path, vocab_size: int) -> Path:
+    """The pipeline's joint SentencePiece model (special ids, blank last) trained on `lines`."""
+    from pipeline import spm
+
+    (work / "spm.model").write_bytes(spm.train(lines, vocab_size, num_threads=os.cpu_count() or 1))
+    return work / "spm.model"
+
+
+def _random_teachers(work: Path, spm_model: Path, args: argparse.Namespace) -> dict[str, str]:
+    from reder import TransformerConfig
+    from reder.autoregressive import Transformer
+    from reder.checkpoint import save_model_dir
+
+    dirs = {}
+    for direction in ("src2tgt", "tgt2src"):
+        model = Transformer(TransformerConfig(vocab_size=args.vocab_size, d_model=args.d_model, n_heads=args.heads,
+                                              ffn_dim=args.ffn_dim, encoder_layers=args.layers,
+                                              decoder_layers=args.layers, dropout=0.0))
+        dirs[direction] = str(save_model_dir(work / direction, model, spm_model, "en", "de", extra={"direction": direction}))
+    return dirs
+
+
+def _train(dirs: dict[str, str], pairs: dict[str, tuple[list[list[int]], list[list[int]]]], steps: int, max_tokens: int,
+           device: str) -> dict[str, float]:
+    """Train each random teacher `steps` updates on its direction's pairs (so it ends sentences as a real
+    teacher does) and save it back; returns the last training loss per direction."""
+    from pipeline.train import inverse_sqrt, token_batches
+    from reder.checkpoint import load_model_dir, read_meta, save_model_dir
+    from reder.translate import pad_batch
+
+    losses = {}
+    for direction, directory in dirs.items():
+        model, meta = load_model_dir(Path(directory), device)
+        model.train()
+        inputs, outputs = pairs[direction]
+        batches = token_batches([len(x) for x in inputs], [len(y) for y in outputs], max_tokens, seed=1)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=7e-4, betas=(0.9, 0.98), weight_decay=0.01)
+        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: inverse_sqrt(step, 7e-4, 1000, 1e-7) / 7e-4)
+        for step in range(steps):
+            batch = batches[step % len(batches)]
+            src, src_lengths = pad_batch([inputs[i] + [3] for i in batch], device)
+            tgt, tgt_lengths = pad_batch([outputs[i] + [3] for i in batch], device)
+            with torch.autocast(device, dtype=torch.bfloat16, enabled=device == "cuda"):
+                loss = model.loss(src, src_lengths, tgt, tgt_lengths)["total"]
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            schedule.step()
+        losses[direction] = round(float(loss.detach()), 4)
+        save_model_dir(Path(directory), model.eval().cpu(), Path(directory) / "spm.model", meta["src_lang"],
+                       meta["tgt_lang"], extra={"direction": direction})
+    return losses
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data-dir", default=str(DEFAULT_DATA))
+    parser.add_argument("--teachers", default="", help="a finished teacher stage directory (teachers.json)")
+    parser.add_argument("--sentences", type=int, default=500)
+    parser.add_argument("--beam", type=int, default=4)
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[32, 128, 512])
+    parser.add_argument("--ray-batch-size", type=int, default=64, help="rows per map_batches call on Ray")
+    parser.add_argument("--no-ray", action="store_true", help="skip the Ray measurements")
+    parser.add_argument("--vocab-size", type=int, default=8000)
+    parser.add_argument("--d-model", type=int, default=256)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--ffn-dim", type=int, default=1024)
+    parser.add_argument("--layers", type=int, default=3)
+    parser.add_argument("--train-steps", type=int, default=0,
+                        help="random teachers: train them this many updates on all of Multi30k train first")
+    parser.add_argument("--train-tokens", type=int, default=8192, help="tokens per training batch")
+    args = parser.parse_args(argv)
+
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    import sacrebleu
+    import sentencepiece
+
+    from pipeline import distill, teacher, tokenize
+    from pipeline.config import DistillConfig
+    from reder.checkpoint import SPM_FILE, load_teacher_dir
+
+    data = Path(args.data_dir)
+    all_english = (data / "train.en").read_text(encoding="utf-8").splitlines()
+    all_german = (data / "train.de").read_text(encoding="utf-8").splitlines()
+    english, german = all_english[: args.sentences], all_german[: args.sentences]
+    work = Path(tempfile.mkdtemp(prefix="bench-distill-"))
+    try:
+        if args.teachers:
+            dirs = {d: str(p) for d, p in teacher.model_dirs(Path(args.teachers)).items()}
+            spm_model = Path(dirs["src2tgt"]) / SPM_FILE
+        else:
+            spm_model = _spm(all_english + all_german, work, args.vocab_size)
+            dirs = _random_teachers(work, spm_model, args)
+        sp = sentencepiece.SentencePieceProcessor(model_file=str(spm_model))
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        trained = {}
+        if args.train_steps and not args.teachers:
+            every_en, every_de = sp.encode(all_english), sp.encode(all_german)
+            started = time.perf_counter()
+            trained = _train(dirs, {"src2tgt": (every_en, every_de), "tgt2src": (every_de, every_en)},
+                             args.train_steps, args.train_tokens, device)
+            trained["seconds"] = round(time.perf_counter() - started, 1)
+        vocab_size = sp.get_piece_size() if args.teachers else args.vocab_size
+        src, tgt = sp.encode(english), sp.encode(german)
+        ids = pa.list_(pa.int32())
+        table = pa.table({"id": pa.array(range(len(src)), pa.int64()), "src_ids": pa.array(src, ids),
+                          "tgt_ids": pa.array(tgt, ids), "src_len": pa.array(map(len, src), pa.int32()),
+                          "tgt_len": pa.array(map(len, tgt), pa.int32())}, schema=tokenize.SCHEMA)
+        (work / "train").mkdir()
+        pq.write_table(table, work / "train" / "part-00000.parquet")
+        report: dict = {"benchmark": "distill", "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                        "machine": platform.platform(), "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+                        "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+                        "teachers": args.teachers or ("random, trained %d steps" % args.train_steps if trained else "random"),
+                        "teacher_training_loss": trained or None, "sentences": len(src), "decodes_per_run": 2 * len(src),
+                        "beam": args.beam}
+        decoding = {"beam_size": args.beam, "length_penalty": 1.0, "max_len_a": 1.2, "max_len_b": 10}
+        loaded = {d: load_teacher_dir(Path(p), d, vocab_size, device) for d, p in dirs.items()}
+        report["teacher_parameters"] = sum(p.numel() for p in loaded["src2tgt"].parameters())
+        for batch_size in args.batch_sizes:
+            distill.decode(loaded["src2tgt"], src[: min(8, len(src))], batch_size=batch_size, **decoding)  # warm-up
+            if device == "cuda":
+                torch.cuda.synchronize()
+            started = time.perf_counter()
+            outputs = distill.decode(loaded["src2tgt"], src, batch_size=batch_size, **decoding)
+            outputs += distill.decode(loaded["tgt2src"], tgt, batch_size=batch_size, **decoding)
+            if device == "cuda":
+                torch.cuda.synchronize()
+            seconds = time.perf_counter() - started
+            report[f"direct_batch{batch_size}"] = {"sentences_per_s": round(2 * len(src) / seconds, 2),
+                                                   "seconds": round(seconds, 2),
+                                                   "mean_output_pieces": round(sum(map(len, outputs)) / len(outputs), 2)}
+            if "training_bleu" not in report:  # the decoded sentences are training pairs: a sanity check only
+                report["training_bleu"] = {
+                    "src2tgt": round(sacrebleu.corpus_bleu(sp.decode(outputs[: len(src)]), [german]).score, 2),
+                    "tgt2src": round(sacrebleu.corpus_bleu(sp.decode(outputs[len(src):]), [english]).score, 2)}
+        if not args.no_ray:
+            import ray
+
+            started = time.perf_counter()
+            ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False)
+            report["ray_init_s"] = round(time.perf_counter() - started, 2)
+            for actors in (1, 2):
+                staging = work / f"staging-{actors}"
+                started = time.perf_counter()
+                distill.distill_on_ray(work / "train", staging, dirs, vocab_size,
+                                       DistillConfig(workers=actors, batch_size=args.ray_batch_size, **decoding))
+                seconds = time.perf_counter() - started
+                report[f"ray_actors{actors}"] = {"sentences_per_s": round(2 * len(src) / seconds, 2),
+                                                 "seconds": round(seconds, 2)}
+            ray.shutdown()
+            report["ray_speedup_1_to_2_actors"] = round(report["ray_actors1"]["seconds"] / report["ray_actors2"]["seconds"], 2)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print(json.dumps(report, indent=2))
+    return report
+
+
+if __name__ == "__main__":
+    main()

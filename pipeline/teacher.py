@@ -1,0 +1,150 @@
+"""Teacher stage: one autoregressive Transformer per direction (reder.autoregressive), trained on Ray Train.
+
+The teachers distill the training split for REDER (pipeline/distill.py, sequence-level KD as in the paper)
+and are the quality and latency baseline of the evaluate stage (and, optionally, rerank REDER's beam).
+Each direction is one Ray Train run of the train stage's own loop (`train.make_trainer` with a teacher
+task): token-bucketed batches, inverse-sqrt warm-up, label-smoothed cross-entropy, validation BLEU
+(greedy) and validation NLL, checkpoints by validation BLEU, resume, averaging of the best
+`teacher.train.average_best`. Sizes and budget come from the `teacher` section (`teacher.model`,
+`teacher.train`); the vocabulary is the run's joint SentencePiece model.
+
+With `teacher.src2tgt_checkpoint` and `teacher.tgt2src_checkpoint` set, nothing is trained: the two model
+directories are checked (a transformer, the right direction, the run's vocabulary — size and the very same
+spm.model) and used as they are.
+
+Output `<workdir>/teacher-<hash>/`: `teachers.json` (direction → model directory), and for trained teachers
+`<direction>/model/` (a model directory: `python -m reder.translate --checkpoint` reads it),
+`<direction>/history.json`, `<direction>/training.png`, `report.json`. MLflow: a run per direction nested
+under the stage's run, with the per-step training metrics, `valid_bleu` and `valid_nll_<direction>`.
+"""
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from pipeline import ingest, spm, tokenize, train
+from pipeline.config import PipelineConfig
+from pipeline.stage import StageError, require_done, run_stage, stage_dir, write_json
+from pipeline.tracking import child_run, finish_child_run, plot_history
+from reder import DIRECTIONS, TransformerConfig
+from reder.autoregressive import Transformer
+from reder.checkpoint import SPM_FILE, load_teacher_dir, save_model_dir
+
+log = logging.getLogger(__name__)
+
+TEACHERS_FILE = "teachers.json"
+
+
+def needed(cfg: PipelineConfig) -> bool:
+    """Whether any later stage uses the teachers: KD without a given corpus, the evaluation baseline or
+    reranking."""
+    kd = cfg.distill.enabled and not cfg.distill.corpus
+    return kd or cfg.evaluate.teacher_baseline or cfg.evaluate.rerank_with_teacher
+
+
+def given_checkpoints(cfg: PipelineConfig) -> dict[str, Path]:
+    """The user's teacher model directories (absolute), or {} when the stage trains its own."""
+    if not cfg.teacher.src2tgt_checkpoint:
+        return {}
+    return {"src2tgt": Path(cfg.teacher.src2tgt_checkpoint).expanduser().resolve(),
+            "tgt2src": Path(cfg.teacher.tgt2src_checkpoint).expanduser().resolve()}
+
+
+def output_dir(cfg: PipelineConfig, workdir: Path) -> Path:
+    given = given_checkpoints(cfg)
+    if given:
+        key: dict[str, Any] = {"checkpoints": {d: str(p) for d, p in given.items()}}
+    else:
+        section = {k: v for k, v in asdict(cfg.teacher.train).items() if k not in train._NOT_HASHED}
+        key = {"model": asdict(cfg.teacher.model), "train": section}
+    return stage_dir(workdir, "teacher", {**key, "spm": spm.output_dir(cfg, workdir).name,
+                                          "data": tokenize.output_dir(cfg, workdir).name})
+
+
+def model_dirs(out: Path) -> dict[str, Path]:
+    """direction → teacher model directory, from a finished teacher stage's teachers.json."""
+    entries = json.loads((Path(out) / TEACHERS_FILE).read_text(encoding="utf-8"))
+    return {direction: (Path(out) / path).resolve() for direction, path in entries.items()}
+
+
+def run(cfg: PipelineConfig, workdir: Path, force: bool = False, tracker: Any = None) -> Path:
+    """Train both teachers (or check the given ones) and publish the stage directory."""
+    workdir = Path(workdir).resolve()
+    data = require_done(tokenize.output_dir(cfg, workdir), "tokenize")
+    corpus = require_done(ingest.output_dir(cfg, workdir), "ingest")
+    spm_dir = require_done(spm.output_dir(cfg, workdir), "spm")
+    out = output_dir(cfg, workdir)
+    given = given_checkpoints(cfg)
+    config = {"checkpoints": {d: str(p) for d, p in given.items()}} if given else \
+        {"model": asdict(cfg.teacher.model), "train": asdict(cfg.teacher.train)}
+    build = (lambda tmp: _check_given(given, cfg, spm_dir, tmp)) if given else \
+        (lambda tmp: _train_both(cfg, workdir, out.name, data, corpus, spm_dir, tmp, tracker))
+    return run_stage("teacher", out, build, config=config,
+                     inputs={"tokenize": str(data), "ingest": str(corpus), "spm": str(spm_dir)}, force=force)
+
+
+def check_teacher(directory: Path, direction: str, cfg: PipelineConfig, spm_model: Path) -> Transformer:
+    """Load a teacher model directory for `direction`, failing clearly on a missing or incompatible one
+    (not a transformer, another direction, another vocabulary)."""
+    teacher = load_teacher_dir(directory, direction, cfg.model.vocab_size)
+    if (Path(directory) / SPM_FILE).read_bytes() != Path(spm_model).read_bytes():
+        raise StageError(f"teacher {direction}: vocabulary mismatch: {Path(directory) / SPM_FILE} is not this "
+                         f"run's SentencePiece model ({spm_model}); a teacher must share REDER's joint vocabulary")
+    return teacher
+
+
+def _check_given(given: dict[str, Path], cfg: PipelineConfig, spm_dir: Path, tmp: Path) -> dict[str, Any]:
+    counts = {}
+    for direction, directory in given.items():
+        try:
+            teacher = check_teacher(directory, direction, cfg, spm_dir / spm.MODEL_FILE)
+        except (FileNotFoundError, ValueError) as error:
+            raise StageError(f"teacher.{direction}_checkpoint: {error}") from error
+        counts[direction] = {"parameters": sum(p.numel() for p in teacher.parameters()), "trained": 0}
+    write_json(tmp / TEACHERS_FILE, {d: str(p) for d, p in given.items()})
+    return counts
+
+
+def _train_both(cfg: PipelineConfig, workdir: Path, name: str, data: Path, corpus: Path, spm_dir: Path, tmp: Path,
+                tracker: Any) -> dict[str, Any]:
+    from cluster.connect import ensure_ray
+
+    ensure_ray(cfg.ray)
+    train.check_resources(cfg.teacher.train, cfg.teacher.train.start_timeout_s)
+    storage = train.storage_path(cfg.teacher.train, workdir)
+    target = tracker.worker_target() if tracker is not None else None
+    counts, reports = {}, {}
+    for direction in DIRECTIONS:
+        run_name = f"{name}-{direction}"
+        child = child_run(target, f"teacher {direction}")
+        trainer = train.make_trainer(cfg, run_name, storage, data / "train", data, corpus, spm_dir, child,
+                                     task={"kind": "teacher", "direction": direction})
+        model = Transformer(TransformerConfig.from_dict(asdict(cfg.teacher.model)))
+        try:
+            fitted = train.fit_and_average(trainer, storage / run_name, cfg.teacher.train.average_best, model)
+        except BaseException:
+            finish_child_run(child, {}, failed=True)
+            raise
+        save_model_dir(tmp / direction / train.MODEL_DIR, model, spm_dir / spm.MODEL_FILE, cfg.data.src_lang,
+                       cfg.data.tgt_lang, extra={"direction": direction, "averaged_checkpoints": fitted["averaged"]})
+        write_json(tmp / direction / train.HISTORY_FILE, fitted["history"])
+        plot_history(fitted["history"], tmp / direction / "training.png")
+        reports[direction] = train.run_report(fitted, storage / run_name)
+        best = fitted["averaged"][0]
+        counts[direction] = {"steps": reports[direction]["steps"], "best_valid_bleu": best["valid_bleu"],
+                             "restarts": reports[direction]["restarts"]}
+        finish_child_run(child, counts[direction])
+        log.info("teacher %s: %d steps, best validation BLEU %.2f", direction, counts[direction]["steps"],
+                 best["valid_bleu"])
+    write_json(tmp / "report.json", reports)
+    write_json(tmp / TEACHERS_FILE, {d: f"{d}/{train.MODEL_DIR}" for d in DIRECTIONS})
+    return counts
+
+
+def load_teachers(cfg: PipelineConfig, workdir: Path, device: str = "cpu") -> dict[str, Transformer]:
+    """Both directions' teachers of a finished teacher stage (eval mode)."""
+    out = require_done(output_dir(cfg, Path(workdir).resolve()), "teacher")
+    return {d: load_teacher_dir(p, d, cfg.model.vocab_size, device) for d, p in model_dirs(out).items()}
