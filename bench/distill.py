@@ -60,31 +60,18 @@ def _train(dirs: dict[str, str], pairs: dict[str, tuple[list[list[int]], list[li
            device: str) -> dict[str, float]:
     """Train each random teacher `steps` updates on its direction's pairs (so it ends sentences as a real
     teacher does) and save it back; returns the last training loss per direction."""
-    from pipeline.train import inverse_sqrt, token_batches
-    from reder.checkpoint import load_model_dir, read_meta, save_model_dir
-    from reder.translate import pad_batch
+    from bench import training
+    from reder.checkpoint import load_model_dir, save_model_dir
 
     losses = {}
     for direction, directory in dirs.items():
         model, meta = load_model_dir(Path(directory), device)
-        model.train()
         inputs, outputs = pairs[direction]
-        batches = token_batches([len(x) for x in inputs], [len(y) for y in outputs], max_tokens, seed=1)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=7e-4, betas=(0.9, 0.98), weight_decay=0.01)
-        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: inverse_sqrt(step, 7e-4, 1000, 1e-7) / 7e-4)
-        for step in range(steps):
-            batch = batches[step % len(batches)]
-            src, src_lengths = pad_batch([inputs[i] + [3] for i in batch], device)
-            tgt, tgt_lengths = pad_batch([outputs[i] + [3] for i in batch], device)
-            with torch.autocast(device, dtype=torch.bfloat16, enabled=device == "cuda"):
-                loss = model.loss(src, src_lengths, tgt, tgt_lengths)["total"]
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optimizer.step()
-            schedule.step()
-        losses[direction] = round(float(loss.detach()), 4)
-        save_model_dir(Path(directory), model.eval().cpu(), Path(directory) / "spm.model", meta["src_lang"],
+        order = training.batches(list(map(len, inputs)), list(map(len, outputs)), max_tokens)
+        fitted = training.fit(model, lambda step, b: model.loss(*training.tensors(inputs, outputs, order[b], device))["total"],
+                              len(order), steps, 7e-4, 1000, device)
+        losses[direction] = fitted["last_loss"]
+        save_model_dir(Path(directory), model.cpu(), Path(directory) / "spm.model", meta["src_lang"],
                        meta["tgt_lang"], extra={"direction": direction})
     return losses
 

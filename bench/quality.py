@@ -1,0 +1,199 @@
+"""Quality on Multi30k En↔De, both directions: AR teachers vs REDER with and without KD and without the
+auxiliary losses, the same number of updates each, on one GPU (or CPU, slowly), without Ray.
+
+    python -m bench.quality teachers --data-dir ../shared/data/multi30k --out OUT [--steps 3000]
+    python -m bench.quality reder --data-dir ../shared/data/multi30k --from OUT --out OUT2 [--steps 3000]
+
+Two phases, so that each fits one 10-minute GPU call (the device machines have no Ray, see bench/training.py;
+the pipeline's `configs/multi30k.yaml` is the same recipe through Ray):
+- `teachers`: a joint SentencePiece model (the pipeline's spm stage code), one AR Transformer per direction
+  (`teacher` section of configs/multi30k.yaml) trained `--steps` updates, scored on test_2016_flickr and
+  test_2017_flickr (sacreBLEU/chrF, greedy and beam 4) and timed (latency at batch 1, sentences/s at
+  batch 64, pipeline.evaluate.measure_speed); then the whole training split distilled both ways (beam 4,
+  pipeline.distill.decode and apply_fallbacks). Writes spm.model, kd.parquet, teachers.json into OUT.
+- `reder`: REDER (`model` section of configs/multi30k.yaml) trained `--steps` updates per variant —
+  `kd` (KD pairs, FBA + CC from half-way), `raw` (the references, FBA + CC from half-way), `kd_noaux` (KD
+  pairs, no auxiliary losses) — each scored (greedy, both directions, round trip) and timed the same way.
+Prints and writes JSON (`teachers.json` / `reder.json`).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import time
+from dataclasses import replace
+from datetime import datetime, timezone
+from pathlib import Path
+from types import SimpleNamespace
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+TESTS = ("test_2016_flickr", "test_2017_flickr")
+SPEED = SimpleNamespace(latency_sentences=100, throughput_batch=64)
+
+
+def _lines(data: Path, split: str) -> tuple[list[str], list[str]]:
+    return ((data / f"{split}.en").read_text(encoding="utf-8").splitlines(),
+            (data / f"{split}.de").read_text(encoding="utf-8").splitlines())
+
+
+def _scores(translate, sp, data: Path, directions=("src2tgt", "tgt2src")) -> dict[str, dict[str, float]]:
+    """sacreBLEU BLEU/chrF of `translate(encoded, direction)` on both test sets."""
+    from pipeline.evaluate import corpus_scores
+    from reder.translate import encode_lines
+
+    scores = {}
+    for split in TESTS:
+        english, german = _lines(data, split)
+        for direction in directions:
+            inputs, references = (english, german) if direction == "src2tgt" else (german, english)
+            hypotheses = [sp.decode(h) for h in translate(encode_lines(sp, inputs), direction)]
+            result = corpus_scores(hypotheses, references)
+            scores[f"{split}.{direction}"] = {"bleu": round(result["bleu"], 2), "chrf": round(result["chrf"], 2)}
+    return scores
+
+
+def _header(args: argparse.Namespace, device: str) -> dict:
+    """What every report starts with: the machine, the date and the training budget."""
+    return {"benchmark": "quality", "phase": args.phase, "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "machine": platform.platform(), "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+            "steps": args.steps, "max_tokens": args.max_tokens, "lr": args.lr, "warmup": args.warmup,
+            "overrides": args.overrides}
+
+
+def teachers_phase(args: argparse.Namespace, cfg, device: str) -> dict:
+    import sentencepiece
+
+    from bench import training
+    from pipeline import distill, spm
+    from pipeline.evaluate import measure_speed
+    from reder import TransformerConfig
+    from reder.autoregressive import Transformer
+    from reder.translate import translate_ids
+
+    data, out = Path(args.data_dir), Path(args.out)
+    english, german = _lines(data, "train")
+    english, german = english[: args.train_limit or None], german[: args.train_limit or None]
+    started = time.perf_counter()
+    proto = spm.train(english + german, cfg.model.vocab_size, num_threads=os.cpu_count() or 1)
+    (out / "spm.model").write_bytes(proto)
+    sp = sentencepiece.SentencePieceProcessor(model_proto=proto)
+    src, tgt = sp.encode(english), sp.encode(german)
+    report = {**_header(args, device), "spm_seconds": round(time.perf_counter() - started, 1), "train_pairs": len(src)}
+    teachers = {}
+    for direction, (inputs, outputs) in {"src2tgt": (src, tgt), "tgt2src": (tgt, src)}.items():
+        torch.manual_seed(1)
+        model = Transformer(TransformerConfig.from_dict(cfg.teacher.model.to_dict())).to(device)
+        order = training.batches(list(map(len, inputs)), list(map(len, outputs)), args.max_tokens)
+        report[f"train_{direction}"] = training.fit(
+            model, lambda step, b: model.loss(*training.tensors(inputs, outputs, order[b], device))["total"],
+            len(order), args.steps, args.lr, args.warmup, device, args.time_cap_s)
+        teachers[direction] = model
+    for beam in (1, 4):
+        translate = lambda encoded, d, beam=beam: translate_ids(teachers[d], encoded, d, beam, 64)  # noqa: E731
+        report[f"teacher_{'greedy' if beam == 1 else f'beam{beam}'}"] = _scores(translate, sp, data)
+    test = sp.encode(_lines(data, TESTS[0])[0])
+    test = [t + [3] for t in test]
+    report["speed"] = measure_speed(teachers["src2tgt"], test, {
+        "teacher_greedy": lambda enc, d, bs: translate_ids(teachers[d], enc, d, 1, bs),
+        "teacher_beam4": lambda enc, d, bs: translate_ids(teachers[d], enc, d, 4, bs)}, SPEED)
+    started = time.perf_counter()
+    kd_tgt = distill.decode(teachers["src2tgt"], src, 4, 1.0, 1.2, 10, batch_size=512)
+    kd_src = distill.decode(teachers["tgt2src"], tgt, 4, 1.0, 1.2, 10, batch_size=512)
+    ids = pa.list_(pa.int32())
+    table = pa.table({"id": pa.array(range(len(src)), pa.int64()), "src_ids": pa.array(src, ids),
+                      "kd_tgt_ids": pa.array(kd_tgt, ids), "tgt_ids": pa.array(tgt, ids), "kd_src_ids": pa.array(kd_src, ids)})
+    report["distill_seconds"] = round(time.perf_counter() - started, 1)
+    report["distill"] = distill.statistics(table, out / "spm.model")
+    table, report["distill_fallbacks"] = distill.apply_fallbacks(table, cfg)
+    pq.write_table(table, out / "kd.parquet")
+    return report
+
+
+def reder_phase(args: argparse.Namespace, cfg, device: str) -> dict:
+    import sentencepiece
+
+    from bench import training
+    from pipeline import tokenize
+    from pipeline.evaluate import corpus_scores, measure_speed
+    from reder import DuplexLoss, LossConfig, REDER
+    from reder.translate import encode_lines, translate_ids
+
+    data, source = Path(args.data_dir), Path(args.source)
+    sp = sentencepiece.SentencePieceProcessor(model_file=str(source / "spm.model"))
+    kd = pq.read_table(source / "kd.parquet")
+    src, tgt = kd.column("src_ids").to_pylist(), kd.column("tgt_ids").to_pylist()
+    kd_tgt, kd_src = kd.column("kd_tgt_ids").to_pylist(), kd.column("kd_src_ids").to_pylist()
+    ratio = cfg.model.upsample_ratio
+    feasible = [i for i in range(len(src)) if tokenize.ctc_feasible(len(src[i]), tgt[i], ratio)
+                and tokenize.ctc_feasible(len(tgt[i]), src[i], ratio)]  # the tokenize stage's filter
+    report = {**_header(args, device), "train_pairs": len(src), "feasible_reference_pairs": len(feasible)}
+    half = LossConfig(lambda_fba=cfg.loss.lambda_fba, lambda_cc=cfg.loss.lambda_cc, aux_start_step=args.steps // 2)
+    variants = {"kd": (True, half), "raw": (False, half), "kd_noaux": (True, LossConfig(0.0, 0.0, 0))}
+    test = [t + [3] for t in sp.encode(_lines(data, TESTS[0])[0])]
+    for name in args.variants:
+        use_kd, loss_config = variants[name]
+        torch.manual_seed(1)
+        model = REDER(replace(cfg.model, memory_efficient=False), loss_config).to(device)
+        objective = DuplexLoss(model)
+        if use_kd:  # src2tgt on (x, teacher(x)), tgt2src on (teacher(y), y); bucketed by the longer side
+            order = training.batches([max(len(a), len(b)) for a, b in zip(src, kd_src)],
+                                     [max(len(a), len(b)) for a, b in zip(tgt, kd_tgt)], args.max_tokens)
+
+            def loss(step: int, b: int) -> torch.Tensor:
+                forward = training.tensors(src, kd_tgt, order[b], device)
+                return objective(*forward, step, tgt2src_batch=training.tensors(kd_src, tgt, order[b], device))["total"]
+        else:
+            pairs_src, pairs_tgt = [src[i] for i in feasible], [tgt[i] for i in feasible]
+            order = training.batches(list(map(len, pairs_src)), list(map(len, pairs_tgt)), args.max_tokens)
+
+            def loss(step: int, b: int) -> torch.Tensor:
+                return objective(*training.tensors(pairs_src, pairs_tgt, order[b], device), step)["total"]
+        entry = {"train": training.fit(model, loss, len(order), args.steps, args.lr, args.warmup, device, args.time_cap_s)}
+        translate = lambda encoded, d: translate_ids(model, encoded, d, 1, 64)  # noqa: E731
+        entry["greedy"] = _scores(translate, sp, data)
+        english, german = _lines(data, TESTS[0])
+        for side, (lines, direction, back) in {"src": (english, "src2tgt", "tgt2src"), "tgt": (german, "tgt2src", "src2tgt")}.items():
+            forward = translate_ids(model, encode_lines(sp, lines), direction, 1, 64)
+            restored = translate_ids(model, [h + [3] for h in forward], back, 1, 64)
+            entry[f"roundtrip_bleu_{side}"] = round(corpus_scores([sp.decode(h) for h in restored], lines)["bleu"], 2)
+        entry["speed"] = measure_speed(model, test, {"greedy": lambda enc, d, bs: translate_ids(model, enc, d, 1, bs)}, SPEED)
+        report[name] = entry
+        print(json.dumps({name: entry}), flush=True)
+    return report
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("phase", choices=("teachers", "reder"))
+    parser.add_argument("--data-dir", default=str(REPO_ROOT.parent / "shared" / "data" / "multi30k"))
+    parser.add_argument("--out", required=True, help="output directory")
+    parser.add_argument("--from", dest="source", default="", help="reder: the teachers phase's output directory")
+    parser.add_argument("--config", default=str(REPO_ROOT / "configs" / "multi30k.yaml"))
+    parser.add_argument("--steps", type=int, default=3000, help="updates per model")
+    parser.add_argument("--max-tokens", type=int, default=16384)
+    parser.add_argument("--lr", type=float, default=7e-4)
+    parser.add_argument("--warmup", type=int, default=1000)
+    parser.add_argument("--time-cap-s", type=float, default=float("inf"), help="stop a model's training after this")
+    parser.add_argument("--variants", nargs="+", default=["kd", "raw", "kd_noaux"])
+    parser.add_argument("--train-limit", type=int, default=0, help="use the first N training pairs (0 = all)")
+    parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. model.d_model=256")
+    args = parser.parse_intermixed_args(argv)
+    from pipeline.config import load_config
+
+    cfg = load_config(args.config, args.overrides)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    report = teachers_phase(args, cfg, device) if args.phase == "teachers" else reder_phase(args, cfg, device)
+    (Path(args.out) / f"{args.phase}.json").write_text(json.dumps(report, indent=2), encoding="utf-8")
+    print(json.dumps(report, indent=2))
+    return report
+
+
+if __name__ == "__main__":
+    main()
