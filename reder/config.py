@@ -7,6 +7,15 @@ DIRECTIONS = ("src2tgt", "tgt2src")
 HEADS = ("ctc", "dag")
 
 
+def _round_trip(cls: type) -> type:
+    """Give a config dataclass `to_dict()` and `from_dict(values)`, which rejects unknown keys (saved in
+    every checkpoint and model directory)."""
+    cls.to_dict = lambda self: asdict(self)
+    cls.from_dict = classmethod(lambda klass, values: klass(**_checked(klass, values)))
+    return cls
+
+
+@_round_trip
 @dataclass(frozen=True)
 class ModelConfig:
     """Shape and regularisation of the reversible duplex Transformer (DESIGN.md, "The model")."""
@@ -44,23 +53,15 @@ class ModelConfig:
             "link_heads must be >= 1 and divide d_model": isinstance(self.link_heads, int) and self.link_heads >= 1
             and self.d_model % self.link_heads == 0,
         }
-        for message, ok in checks.items():
-            if not ok:
-                raise ValueError(f"ModelConfig: {message} (got {self})")
+        _validate(self, checks)
 
     @property
     def blank_id(self) -> int:
         """The CTC blank; with head="dag" the same id is the skip token of FBA's laid-out target."""
         return self.vocab_size - 1
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
-    @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> "ModelConfig":
-        return cls(**_checked(cls, values))
-
-
+@_round_trip
 @dataclass(frozen=True)
 class TransformerConfig:
     """The autoregressive Transformer (teacher for distillation and AR baseline; reder/autoregressive.py)."""
@@ -88,23 +89,15 @@ class TransformerConfig:
             "label_smoothing must be in [0, 1)": 0.0 <= self.label_smoothing < 1.0,
             "max_positions must be >= 2": self.max_positions >= 2,
         }
-        for message, ok in checks.items():
-            if not ok:
-                raise ValueError(f"TransformerConfig: {message} (got {self})")
+        _validate(self, checks)
 
     @property
     def blank_id(self) -> int:
         """The CTC blank of the shared vocabulary: never a real piece, so never generated."""
         return self.vocab_size - 1
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
-    @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> "TransformerConfig":
-        return cls(**_checked(cls, values))
-
-
+@_round_trip
 @dataclass(frozen=True)
 class LossConfig:
     """Weights of the auxiliary losses and the step at which they switch on (stage two)."""
@@ -117,12 +110,12 @@ class LossConfig:
         if self.lambda_fba < 0 or self.lambda_cc < 0 or self.aux_start_step < 0:
             raise ValueError(f"LossConfig: weights and aux_start_step must be >= 0 (got {self})")
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
-    @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> "LossConfig":
-        return cls(**_checked(cls, values))
+def _validate(config: Any, checks: dict[str, bool]) -> None:
+    """Raise ValueError naming the first failed check."""
+    for message, ok in checks.items():
+        if not ok:
+            raise ValueError(f"{type(config).__name__}: {message} (got {config})")
 
 
 def _checked(cls: type, values: dict[str, Any]) -> dict[str, Any]:

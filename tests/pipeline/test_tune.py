@@ -56,7 +56,8 @@ def test_three_trial_sweep_tracks_every_trial_and_writes_a_trainable_best_yaml(t
     even on the tiny smoke data (validation BLEU there is noise around 0.3): the training CTC loss. The
     third trial (an lr that cannot learn in 20 steps) is worse than both others at the step-20 rung and
     is stopped there; the first always runs to the end."""
-    args = ["tune", "--config", str(SMOKE), f"workdir={tmp_path}", "distill.enabled=false", "tracking.enabled=true", "train.num_workers=1",
+    args = ["tune", "--config", str(SMOKE), f"workdir={tmp_path}", "distill.enabled=false", "tracking.enabled=true",
+            "train.num_workers=1",
             "tune.space={train.lr: {grid: [0.001, 0.002, 0.000001]}}", "tune.max_concurrent=1",
             "tune.grace_period=20", "tune.metric=train_ctc_src2tgt", "tune.mode=min"]
     assert run_pipeline.main(args) == 0
@@ -98,7 +99,8 @@ def test_three_trial_sweep_tracks_every_trial_and_writes_a_trainable_best_yaml(t
 
 @pytest.mark.slow
 def test_a_failing_trial_does_not_stop_the_sweep(tmp_path, capsys, ray_session):
-    args = ["tune", "--config", str(SMOKE), f"workdir={tmp_path}", "distill.enabled=false", "tracking.enabled=false", "train.num_workers=1",
+    args = ["tune", "--config", str(SMOKE), f"workdir={tmp_path}", "distill.enabled=false", "tracking.enabled=false",
+            "train.num_workers=1",
             "train.max_steps=10", "train.validate_every=5", "train.max_failures=0", "tune.grace_period=5",
             "tune.space={train.fail_at_step: {grid: [0, 3]}}"]
     assert run_pipeline.main(args) == 0

@@ -1,7 +1,32 @@
-"""Tiny models and batches shared by the reder tests."""
+"""Tiny models and batches shared by the reder tests, and the 64 real Multi30k pairs the learning tests memorise."""
 import torch
 
 from reder import EOS_ID, LossConfig, ModelConfig, REDER
+from reder.translate import pad_batch
+from tests.conftest import SHARED_DATA
+
+MULTI30K = SHARED_DATA / "multi30k"
+N_PAIRS = 64
+
+
+class WordPairs:
+    """The first N_PAIRS Multi30k train pairs with a word vocabulary over both sides (ids from 4: 0-3 are
+    pad, unk, bos, eos; `vocab_size` leaves the last id free for the CTC blank / DAG skip token)."""
+
+    def __init__(self) -> None:
+        self.english = (MULTI30K / "train.en").read_text(encoding="utf-8").splitlines()[:N_PAIRS]
+        self.german = (MULTI30K / "train.de").read_text(encoding="utf-8").splitlines()[:N_PAIRS]
+        words = sorted({w for line in self.english + self.german for w in line.split()})
+        self.vocab = {w: i + 4 for i, w in enumerate(words)}
+        self.inverse = {i: w for w, i in self.vocab.items()}
+        self.vocab_size = len(self.vocab) + 5
+
+    def encode(self, lines: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Word ids with EOS, right-padded (B, T), and lengths (B,)."""
+        return pad_batch([[self.vocab[w] for w in line.split()] + [EOS_ID] for line in lines])
+
+    def decode(self, ids: list[int]) -> str:
+        return " ".join(self.inverse.get(t, "<unk>") for t in ids)
 
 
 def tiny_config(**overrides) -> ModelConfig:

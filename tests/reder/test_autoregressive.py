@@ -12,8 +12,7 @@ from reder import BOS_ID, EOS_ID, PAD_ID, TransformerConfig
 from reder.autoregressive import Transformer
 from reder.rerank import rerank
 from reder.translate import pad_batch
-from tests.conftest import SHARED_DATA
-from tests.reder.helpers import random_batch
+from tests.reder.helpers import MULTI30K, WordPairs, random_batch
 
 VOCAB = 14
 LENGTHS = [5, 3, 7, 2, 9, 4, 6, 8]
@@ -260,26 +259,16 @@ def test_rerank_picks_the_teachers_favourite_in_one_forward_pass():
         rerank(teacher, src[:2], src_lengths[:2], [[[4]], []])
 
 
-MULTI30K = SHARED_DATA / "multi30k"
-N_PAIRS = 64
 TIME_LIMIT_S = 40  # per direction
-
-
-def _encode(lines: list[str], vocab: dict[str, int]) -> tuple[torch.Tensor, torch.Tensor]:
-    return pad_batch([[vocab[w] for w in line.split()] + [EOS_ID] for line in lines])
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(not MULTI30K.is_dir(), reason=f"{MULTI30K} is absent")
 def test_teachers_memorise_64_multi30k_pairs_in_both_directions():
-    english = (MULTI30K / "train.en").read_text(encoding="utf-8").splitlines()[:N_PAIRS]
-    german = (MULTI30K / "train.de").read_text(encoding="utf-8").splitlines()[:N_PAIRS]
-    words = sorted({w for line in english + german for w in line.split()})
-    vocab = {w: i + 4 for i, w in enumerate(words)}  # 0-3 are pad, unk, bos, eos; the blank goes last
-    inverse = {i: w for w, i in vocab.items()}
-    cfg = TransformerConfig(vocab_size=len(vocab) + 5, d_model=128, n_heads=4, ffn_dim=256, encoder_layers=2,
+    data = WordPairs()
+    cfg = TransformerConfig(vocab_size=data.vocab_size, d_model=128, n_heads=4, ffn_dim=256, encoder_layers=2,
                             decoder_layers=2, dropout=0.0, label_smoothing=0.0)
-    sides = {"src2tgt": (_encode(english, vocab), german), "tgt2src": (_encode(german, vocab), english)}
+    sides = {"src2tgt": (data.encode(data.english), data.german), "tgt2src": (data.encode(data.german), data.english)}
     scores = {}
     for direction, ((src, src_lengths), references) in sides.items():
         tgt, tgt_lengths = sides["tgt2src" if direction == "src2tgt" else "src2tgt"][0]
@@ -295,7 +284,7 @@ def test_teachers_memorise_64_multi30k_pairs_in_both_directions():
             step += 1
             if step % 25 == 0 or terms["nll"].item() < 0.01:
                 decoded = model.eval().translate(src, src_lengths, beam_size=4)
-                hypotheses = [" ".join(inverse.get(t, "<unk>") for t in h) for h in decoded]
+                hypotheses = [data.decode(h) for h in decoded]
                 model.train()
                 scores[direction] = sacrebleu.corpus_bleu(hypotheses, [references]).score
                 print(direction, step, f"{time.monotonic() - start:.0f}s", f"nll {terms['nll'].item():.4f}", f"BLEU {scores[direction]:.1f}")

@@ -10,8 +10,7 @@ from reder import BOS_ID, DIRECTIONS, EOS_ID, PAD_ID, LossConfig, ModelConfig, R
 from reder.dag import (DagLinks, dag_greedy, dag_log_likelihood, dag_loss, dag_viterbi, edge_mask, masked_log_softmax,
                        masked_logsumexp, target_emissions, viterbi_align)
 
-from tests.reder.helpers import padding_mask, random_batch, tiny_config, tiny_model
-from tests.reder.test_learning import MULTI30K, N_PAIRS, _encode
+from tests.reder.helpers import MULTI30K, WordPairs, padding_mask, random_batch, tiny_config, tiny_model
 
 OVERFIT_MAX_STEPS, OVERFIT_LIMIT_S = 80, 150  # ~1 s (stage one) to ~1.5 s (stage two) per update on 2 cores
 DAG_AUX_START = 30  # stage two; the DAG head fits these pairs in ~40 updates
@@ -163,22 +162,18 @@ def test_viterbi_decoding_equals_brute_force_over_paths_of_every_length(length_p
 @pytest.mark.slow
 @pytest.mark.skipif(not MULTI30K.is_dir(), reason=f"{MULTI30K} is absent")
 def test_dag_model_overfits_64_multi30k_pairs_in_both_directions():
-    english = (MULTI30K / "train.en").read_text(encoding="utf-8").splitlines()[:N_PAIRS]
-    german = (MULTI30K / "train.de").read_text(encoding="utf-8").splitlines()[:N_PAIRS]
-    words = sorted({w for line in english + german for w in line.split()})
-    vocab = {w: i + 4 for i, w in enumerate(words)}  # 0-3 are pad, unk, bos, eos; the last id is the skip token
-    inverse = {i: w for w, i in vocab.items()}
-    cfg = ModelConfig(vocab_size=len(vocab) + 5, d_model=128, n_heads=4, ffn_dim=256, layers_per_end=2, dropout=0.0,
+    data = WordPairs()  # the last id is the DAG's skip token
+    cfg = ModelConfig(vocab_size=data.vocab_size, d_model=128, n_heads=4, ffn_dim=256, layers_per_end=2, dropout=0.0,
                       max_relative_distance=8, head="dag", graph_upsample_ratio=2.0, link_heads=4)
     model = REDER(cfg, LossConfig(lambda_fba=0.1, lambda_cc=0.1, aux_start_step=DAG_AUX_START)).train()
-    src, src_lengths = _encode(english, vocab)
-    tgt, tgt_lengths = _encode(german, vocab)
+    src, src_lengths = data.encode(data.english)
+    tgt, tgt_lengths = data.encode(data.german)
     optimizer = torch.optim.Adam(model.parameters(), lr=2e-3, betas=(0.9, 0.98))
 
     def bleu(direction: str, decoder: str) -> float:
         model.eval()
-        tokens, lengths, references = (src, src_lengths, german) if direction == "src2tgt" else (tgt, tgt_lengths, english)
-        hypotheses = [" ".join(inverse.get(t, "<unk>") for t in h) for h in model.translate(tokens, lengths, direction, decoder=decoder)]
+        tokens, lengths, references = (src, src_lengths, data.german) if direction == "src2tgt" else (tgt, tgt_lengths, data.english)
+        hypotheses = [data.decode(h) for h in model.translate(tokens, lengths, direction, decoder=decoder)]
         model.train()
         return sacrebleu.corpus_bleu(hypotheses, [references]).score
 

@@ -5,42 +5,28 @@ import pytest
 import sacrebleu
 import torch
 
-from reder import EOS_ID, LossConfig, ModelConfig, REDER
-from tests.conftest import SHARED_DATA
+from reder import LossConfig, ModelConfig, REDER
+from tests.reder.helpers import MULTI30K, WordPairs
 
-MULTI30K = SHARED_DATA / "multi30k"
-N_PAIRS = 64
 TIME_LIMIT_S = 180
 AUX_START = 60  # stage two: the auxiliary losses join after the model has started to fit
-
-
-def _encode(lines: list[str], vocab: dict[str, int]) -> tuple[torch.Tensor, torch.Tensor]:
-    ids = [[vocab[w] for w in line.split()] + [EOS_ID] for line in lines]
-    tokens = torch.zeros(len(ids), max(map(len, ids)), dtype=torch.long)
-    for row, sentence in enumerate(ids):
-        tokens[row, : len(sentence)] = torch.tensor(sentence)
-    return tokens, torch.tensor([len(s) for s in ids])
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(not MULTI30K.is_dir(), reason=f"{MULTI30K} is absent")
 def test_overfits_64_multi30k_pairs_in_both_directions():
-    english = (MULTI30K / "train.en").read_text(encoding="utf-8").splitlines()[:N_PAIRS]
-    german = (MULTI30K / "train.de").read_text(encoding="utf-8").splitlines()[:N_PAIRS]
-    words = sorted({w for line in english + german for w in line.split()})
-    vocab = {w: i + 4 for i, w in enumerate(words)}  # 0-3 are pad, unk, bos, eos; the blank goes last
-    inverse = {i: w for w, i in vocab.items()}
-    cfg = ModelConfig(vocab_size=len(vocab) + 5, d_model=128, n_heads=4, ffn_dim=256, layers_per_end=2,
+    data = WordPairs()
+    cfg = ModelConfig(vocab_size=data.vocab_size, d_model=128, n_heads=4, ffn_dim=256, layers_per_end=2,
                       dropout=0.0, upsample_ratio=3, max_relative_distance=8, label_smoothing=0.0)
     model = REDER(cfg, LossConfig(lambda_fba=0.1, lambda_cc=0.1, aux_start_step=AUX_START)).train()
-    src, src_lengths = _encode(english, vocab)
-    tgt, tgt_lengths = _encode(german, vocab)
+    src, src_lengths = data.encode(data.english)
+    tgt, tgt_lengths = data.encode(data.german)
     optimizer = torch.optim.Adam(model.parameters(), lr=2e-3, betas=(0.9, 0.98))
 
     def bleu(direction: str) -> float:
         model.eval()
-        tokens, lengths, references = (src, src_lengths, german) if direction == "src2tgt" else (tgt, tgt_lengths, english)
-        hypotheses = [" ".join(inverse.get(t, "<unk>") for t in h) for h in model.translate(tokens, lengths, direction)]
+        tokens, lengths, references = (src, src_lengths, data.german) if direction == "src2tgt" else (tgt, tgt_lengths, data.english)
+        hypotheses = [data.decode(h) for h in model.translate(tokens, lengths, direction)]
         model.train()
         return sacrebleu.corpus_bleu(hypotheses, [references]).score
 
