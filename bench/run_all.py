@@ -46,7 +46,7 @@ SUITE: dict[str, tuple[Callable[[dict[str, Any]], list[str]], Callable[[dict[str
                                  str(run["config"]["train"]["max_tokens"])], _needs("tokenize")),
     "decode_speed": (lambda run: ["--workdir", run["workdir"]], _needs("train", "tokenize")),
     "dag": (lambda run: [], lambda run: ""),
-    "distill": (lambda run: ["--workdir", run["workdir"]], _needs("teacher", "tokenize")),
+    "distill": (lambda run: ["--teachers", str(_stage(run, "teacher"))], _needs("teacher")),
 }
 
 
