@@ -291,3 +291,26 @@ def test_teachers_memorise_64_multi30k_pairs_in_both_directions():
                 if scores[direction] > 90:
                     break
     assert min(scores.values()) > 90, scores
+
+
+@pytest.mark.gpu
+def test_cuda_decoding_and_scores_match_the_cpu(models):
+    """The same teacher on the GPU: identical greedy and beam outputs, beam scores and rerank scores to
+    float32 rounding, and bf16-autocast training steps that stay finite."""
+    src, src_lengths = random_batch(LENGTHS, VOCAB)
+    for model in models:
+        on_gpu = Transformer(model.cfg).cuda().eval()
+        on_gpu.load_state_dict(model.state_dict())
+        gpu_src, gpu_lengths = src.cuda(), src_lengths.cuda()
+        assert on_gpu.greedy(gpu_src, gpu_lengths) == model.greedy(src, src_lengths)
+        cpu_beam, gpu_beam = model.beam_search(src, src_lengths, 4), on_gpu.beam_search(gpu_src, gpu_lengths, 4)
+        assert [h for h, _ in gpu_beam] == [h for h, _ in cpu_beam]
+        assert [s for _, s in gpu_beam] == pytest.approx([s for _, s in cpu_beam], abs=1e-4)
+        tgt, tgt_lengths = pad_batch([h + [EOS_ID] for h, _ in cpu_beam])
+        torch.testing.assert_close(on_gpu.score(gpu_src, gpu_lengths, tgt.cuda(), tgt_lengths.cuda()).cpu(),
+                                   model.score(src, src_lengths, tgt, tgt_lengths), atol=1e-4, rtol=1e-4)
+        on_gpu.train()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = on_gpu.loss(gpu_src, gpu_lengths, tgt.cuda(), tgt_lengths.cuda())["total"]
+        loss.backward()
+        assert torch.isfinite(loss) and all(torch.isfinite(p.grad).all() for p in on_gpu.parameters() if p.grad is not None)
