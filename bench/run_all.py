@@ -44,7 +44,7 @@ SUITE: dict[str, tuple[Callable[[dict[str, Any]], list[str]], Callable[[dict[str
     "train_speed": (lambda run: ["--data", str(_stage(run, "tokenize") / "train"), "--vocab-size",
                                  str(run["config"]["model"]["vocab_size"]), "--max-tokens",
                                  str(run["config"]["train"]["max_tokens"])], _needs("tokenize")),
-    "decode_speed": (lambda run: ["--workdir", run["workdir"]], _needs("train", "tokenize")),
+    "decode_speed": (lambda run: ["--workdir", run["workdir"]], _needs("ingest", "teacher", "train")),
     "dag": (lambda run: [], lambda run: ""),
     "distill": (lambda run: ["--teachers", str(_stage(run, "teacher"))], _needs("teacher")),
 }
