@@ -142,12 +142,12 @@ def main(argv: list[str] | None = None) -> dict:
         loaded = {d: load_teacher_dir(Path(p), d, vocab_size, device) for d, p in dirs.items()}
         report["teacher_parameters"] = sum(p.numel() for p in loaded["src2tgt"].parameters())
         for batch_size in args.batch_sizes:
-            distill.decode(loaded["src2tgt"], src[: min(8, len(src))], batch_size=batch_size, **decoding)  # warm-up
+            distill.decode(loaded["src2tgt"], src[: min(8, len(src))], "src2tgt", batch_size=batch_size, **decoding)  # warm-up
             if device == "cuda":
                 torch.cuda.synchronize()
             started = time.perf_counter()
-            outputs = distill.decode(loaded["src2tgt"], src, batch_size=batch_size, **decoding)
-            outputs += distill.decode(loaded["tgt2src"], tgt, batch_size=batch_size, **decoding)
+            outputs = distill.decode(loaded["src2tgt"], src, "src2tgt", batch_size=batch_size, **decoding)
+            outputs += distill.decode(loaded["tgt2src"], tgt, "tgt2src", batch_size=batch_size, **decoding)
             if device == "cuda":
                 torch.cuda.synchronize()
             seconds = time.perf_counter() - started

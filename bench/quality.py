@@ -103,8 +103,8 @@ def teachers_phase(args: argparse.Namespace, cfg, device: str) -> dict:
         "teacher_greedy": lambda enc, d, bs: translate_ids(teachers[d], enc, d, 1, bs),
         "teacher_beam4": lambda enc, d, bs: translate_ids(teachers[d], enc, d, 4, bs)}, SPEED)
     started = time.perf_counter()
-    kd_tgt = distill.decode(teachers["src2tgt"], src, 4, 1.0, 1.2, 10, batch_size=512)
-    kd_src = distill.decode(teachers["tgt2src"], tgt, 4, 1.0, 1.2, 10, batch_size=512)
+    kd_tgt = distill.decode(teachers["src2tgt"], src, "src2tgt", 4, 1.0, 1.2, 10, batch_size=512)
+    kd_src = distill.decode(teachers["tgt2src"], tgt, "tgt2src", 4, 1.0, 1.2, 10, batch_size=512)
     ids = pa.list_(pa.int32())
     table = pa.table({"id": pa.array(range(len(src)), pa.int64()), "src_ids": pa.array(src, ids),
                       "kd_tgt_ids": pa.array(kd_tgt, ids), "tgt_ids": pa.array(tgt, ids), "kd_src_ids": pa.array(kd_src, ids)})

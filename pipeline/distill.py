@@ -34,7 +34,7 @@ from pipeline.stage import StageError, require_done, run_stage, stage_dir, write
 from reder import EOS_ID
 from reder.autoregressive import Transformer
 from reder.checkpoint import load_teacher_dir
-from reder.translate import pad_batch
+from reder.translate import translate_ids
 
 log = logging.getLogger(__name__)
 
@@ -110,29 +110,20 @@ class TeacherDecoder:
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         src, tgt = batch.column("src_ids").to_pylist(), batch.column("tgt_ids").to_pylist()
-        kd_tgt = decode(self.teachers["src2tgt"], src, **self.decoding)
-        kd_src = decode(self.teachers["tgt2src"], tgt, **self.decoding)
+        kd_tgt = decode(self.teachers["src2tgt"], src, "src2tgt", **self.decoding)
+        kd_src = decode(self.teachers["tgt2src"], tgt, "tgt2src", **self.decoding)
         ids = pa.list_(pa.int32())
         return pa.table({"id": batch.column("id"), "src_ids": pa.array(src, ids), "kd_tgt_ids": pa.array(kd_tgt, ids),
                          "tgt_ids": pa.array(tgt, ids), "kd_src_ids": pa.array(kd_src, ids)})
 
 
-@torch.no_grad()
-def decode(model: Transformer, inputs: list[list[int]], beam_size: int, length_penalty: float, max_len_a: float,
-           max_len_b: int, batch_size: int = 128) -> list[list[int]]:
-    """Teacher outputs (piece ids, no EOS) for pieces without EOS, in input order: length-sorted batches of
-    one batched beam search each (the same call for every caller, so outputs match actor or not)."""
-    device = next(model.parameters()).device
-    order = sorted(range(len(inputs)), key=lambda i: (len(inputs[i]), i))
-    outputs: list[list[int]] = [[] for _ in inputs]
-    for start in range(0, len(order), batch_size):
-        chunk = order[start : start + batch_size]
-        tokens, lengths = pad_batch([inputs[i] + [EOS_ID] for i in chunk], device)
-        hypotheses = model.translate(tokens, lengths, beam_size=beam_size, length_penalty=length_penalty,
-                                     max_len_a=max_len_a, max_len_b=max_len_b)
-        for index, hypothesis in zip(chunk, hypotheses):
-            outputs[index] = hypothesis
-    return outputs
+def decode(model: Transformer, inputs: list[list[int]], direction: str, beam_size: int, length_penalty: float,
+           max_len_a: float, max_len_b: int, batch_size: int = 128) -> list[list[int]]:
+    """Teacher outputs (piece ids, no EOS) for pieces without EOS, in input order: `translate_ids`'
+    length-sorted batches, one batched beam search each (the same call for every caller, so outputs match
+    actor or not)."""
+    return translate_ids(model, [x + [EOS_ID] for x in inputs], direction, beam_size, batch_size,
+                         length_penalty=length_penalty, max_len_a=max_len_a, max_len_b=max_len_b)
 
 
 def plan_actors(distill: DistillConfig) -> tuple[int, dict[str, float], float]:

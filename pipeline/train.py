@@ -16,8 +16,8 @@ storage path and run name), or a worker group restarted after a failure (`max_fa
 latest checkpoint: same step, same position in the epoch.
 
 With sequence-level knowledge distillation (`distill.enabled`, pipeline/distill.py) the training split is
-the distill stage's: every update trains src2tgt on (x, teacher(x)) and tgt2src on (teacher(y), y), one
-forward/backward per direction. The same loop trains the autoregressive teachers (pipeline/teacher.py):
+the distill stage's: every update trains src2tgt on (x, teacher(x)) and tgt2src on (teacher(y), y), both
+in one forward/backward (`DuplexLoss`'s tgt2src_batch). The same loop trains the autoregressive teachers (pipeline/teacher.py):
 the loop's `task` says which model, objective and validation directions a run has.
 """
 from __future__ import annotations

@@ -43,14 +43,18 @@ def pad_batch(sequences: list[list[int]], device: str | torch.device = "cpu") ->
 
 
 def translate_ids(model: REDER | Transformer, sequences: list[list[int]], direction: str, beam_size: int = 1,
-                  batch_size: int = 64, decoder: str = "greedy", teacher: Optional[Transformer] = None) -> list[list[int]]:
+                  batch_size: int = 64, decoder: str = "greedy", teacher: Optional[Transformer] = None,
+                  **search: float) -> list[list[int]]:
     """Translate id sequences (each ending in EOS) in length-sorted batches; results in input order.
 
-    A Transformer `model` (one direction) decodes with beam search (beam 1 = greedy); with a `teacher` (a
-    Transformer for this direction), a CTC REDER's n-best of size beam_size > 1 is reranked by the teacher."""
+    A Transformer `model` (the teacher of `direction`) decodes with beam search (beam 1 = greedy; `search`:
+    its length_penalty, max_len_a, max_len_b); with a `teacher` (a Transformer for this direction), a CTC
+    REDER's n-best of size beam_size > 1 is reranked by the teacher."""
     autoregressive = isinstance(model, Transformer)
     if autoregressive and (decoder != "greedy" or teacher is not None):
         raise ValueError("a Transformer model decodes with beam search only (no DAG decoder, no teacher)")
+    if search and not autoregressive:
+        raise ValueError(f"search options {sorted(search)} are the autoregressive Transformer's")
     if teacher is not None and (model.cfg.head != "ctc" or beam_size < 2):
         raise ValueError(f"teacher reranking needs a CTC model and beam_size > 1 (head {model.cfg.head!r}, beam_size {beam_size})")
     detail = f"max_positions {model.cfg.max_positions}"
@@ -71,7 +75,7 @@ def translate_ids(model: REDER | Transformer, sequences: list[list[int]], direct
         chunk = order[start : start + batch_size]
         tokens, lengths = pad_batch([sequences[i] for i in chunk], device)
         if autoregressive:
-            hypotheses = model.translate(tokens, lengths, beam_size=beam_size)
+            hypotheses = model.translate(tokens, lengths, beam_size=beam_size, **search)
         elif teacher is not None:
             hypotheses = rerank(teacher, tokens, lengths, model.candidates(tokens, lengths, direction, beam_size))
         else:

@@ -65,7 +65,8 @@ def test_ray_distillation_with_one_and_two_actors_equals_the_teacher_called_dire
     references = tokenize.read_split(train_dir)
     decoder = distill.TeacherDecoder(teachers, VOCAB, decoding)
     for direction, column, kd in (("src2tgt", "src_ids", "kd_tgt_ids"), ("tgt2src", "tgt_ids", "kd_src_ids")):
-        direct = distill.decode(decoder.teachers[direction], references.column(column).to_pylist(), **decoding)
+        direct = distill.decode(decoder.teachers[direction], references.column(column).to_pylist(), direction,
+                                **decoding)
         assert [row[kd] for row in outputs[1]] == direct
         assert any(direct) and all(len(h) <= int(1.2 * (len(x) + 1)) + 4
                                    for h, x in zip(direct, references.column(column).to_pylist()))
@@ -76,9 +77,9 @@ def test_decode_does_not_depend_on_batch_size(tmp_path):
     teachers = distill.TeacherDecoder(_teachers(tmp_path), VOCAB, {}).teachers
     inputs = tokenize.read_split(_train_split(tmp_path / "train", rows=12)).column("src_ids").to_pylist()
     decoding = {"beam_size": 4, "length_penalty": 1.0, "max_len_a": 1.0, "max_len_b": 3}
-    whole = distill.decode(teachers["src2tgt"], inputs, batch_size=12, **decoding)
-    assert distill.decode(teachers["src2tgt"], inputs, batch_size=1, **decoding) == whole
-    assert distill.decode(teachers["src2tgt"], inputs, batch_size=5, **decoding) == whole
+    whole = distill.decode(teachers["src2tgt"], inputs, "src2tgt", batch_size=12, **decoding)
+    assert distill.decode(teachers["src2tgt"], inputs, "src2tgt", batch_size=1, **decoding) == whole
+    assert distill.decode(teachers["src2tgt"], inputs, "src2tgt", batch_size=5, **decoding) == whole
 
 
 def _kd_table(src, tgt, kd_tgt, kd_src) -> pa.Table:
