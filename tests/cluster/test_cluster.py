@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -93,9 +94,19 @@ def test_cluster_file_supplies_address_tracking_and_shared_workdir(tmp_path, mon
 
 
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A free loopback port below Linux's ephemeral range (32768-60999). A port from bind(0) is itself
+    ephemeral, and one was seen taken again, by a Ray process starting in between, before the dashboard
+    could bind it; ports outside that range are never handed out by bind(0)."""
+    ranges = Path("/proc/sys/net/ipv4/ip_local_port_range")
+    low = int(ranges.read_text().split()[0]) if ranges.is_file() else 32768
+    for port in random.Random().sample(range(20000, min(low, 32768)), 200):
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free loopback port between 20000 and the ephemeral range")
 
 
 def wait_for(predicate, timeout_s: float, what: str, process: subprocess.Popen, log: Path):
