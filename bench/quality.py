@@ -74,7 +74,7 @@ def teachers_phase(args: argparse.Namespace, cfg, device: str) -> dict:
     from pipeline.evaluate import measure_speed
     from reder import TransformerConfig
     from reder.autoregressive import Transformer
-    from reder.translate import translate_ids
+    from reder.translate import encode_lines, translate_ids
 
     data, out = Path(args.data_dir), Path(args.out)
     english, german = _lines(data, "train")
@@ -97,8 +97,7 @@ def teachers_phase(args: argparse.Namespace, cfg, device: str) -> dict:
     for beam in (1, 4):
         translate = lambda encoded, d, beam=beam: translate_ids(teachers[d], encoded, d, beam, 64)  # noqa: E731
         report[f"teacher_{'greedy' if beam == 1 else f'beam{beam}'}"] = _scores(translate, sp, data)
-    test = sp.encode(_lines(data, TESTS[0])[0])
-    test = [t + [3] for t in test]
+    test = encode_lines(sp, _lines(data, TESTS[0])[0])
     report["speed"] = measure_speed(teachers["src2tgt"], test, {
         "teacher_greedy": lambda enc, d, bs: translate_ids(teachers[d], enc, d, 1, bs),
         "teacher_beam4": lambda enc, d, bs: translate_ids(teachers[d], enc, d, 4, bs)}, SPEED)
@@ -121,7 +120,7 @@ def reder_phase(args: argparse.Namespace, cfg, device: str) -> dict:
     from bench import training
     from pipeline import tokenize
     from pipeline.evaluate import corpus_scores, measure_speed
-    from reder import DuplexLoss, LossConfig, REDER
+    from reder import EOS_ID, DuplexLoss, LossConfig, REDER
     from reder.translate import encode_lines, translate_ids
 
     data, source = Path(args.data_dir), Path(args.source)
@@ -135,7 +134,7 @@ def reder_phase(args: argparse.Namespace, cfg, device: str) -> dict:
     report = {**_header(args, device), "train_pairs": len(src), "feasible_reference_pairs": len(feasible)}
     half = LossConfig(lambda_fba=cfg.loss.lambda_fba, lambda_cc=cfg.loss.lambda_cc, aux_start_step=args.steps // 2)
     variants = {"kd": (True, half), "raw": (False, half), "kd_noaux": (True, LossConfig(0.0, 0.0, 0))}
-    test = [t + [3] for t in sp.encode(_lines(data, TESTS[0])[0])]
+    test = encode_lines(sp, _lines(data, TESTS[0])[0])
     for name in args.variants:
         use_kd, loss_config = variants[name]
         torch.manual_seed(1)
@@ -160,7 +159,7 @@ def reder_phase(args: argparse.Namespace, cfg, device: str) -> dict:
         english, german = _lines(data, TESTS[0])
         for side, (lines, direction, back) in {"src": (english, "src2tgt", "tgt2src"), "tgt": (german, "tgt2src", "src2tgt")}.items():
             forward = translate_ids(model, encode_lines(sp, lines), direction, 1, 64)
-            restored = translate_ids(model, [h + [3] for h in forward], back, 1, 64)
+            restored = translate_ids(model, [h + [EOS_ID] for h in forward], back, 1, 64)
             entry[f"roundtrip_bleu_{side}"] = round(corpus_scores([sp.decode(h) for h in restored], lines)["bleu"], 2)
         entry["speed"] = measure_speed(model, test, {"greedy": lambda enc, d, bs: translate_ids(model, enc, d, 1, bs)}, SPEED)
         report[name] = entry
