@@ -10,10 +10,14 @@ the pipeline's `configs/multi30k.yaml` is the same recipe through Ray):
   (`teacher` section of configs/multi30k.yaml) trained `--steps` updates, scored on test_2016_flickr and
   test_2017_flickr (sacreBLEU/chrF, greedy and beam 4) and timed (latency at batch 1, sentences/s at
   batch 64, pipeline.evaluate.measure_speed); then the whole training split distilled both ways (beam 4,
-  pipeline.distill.decode and apply_fallbacks). Writes spm.model, kd.parquet, teachers.json into OUT.
-- `reder`: REDER (`model` section of configs/multi30k.yaml) trained `--steps` updates per variant —
-  `kd` (KD pairs, FBA + CC from half-way), `raw` (the references, FBA + CC from half-way), `kd_noaux` (KD
-  pairs, no auxiliary losses) — each scored (greedy, both directions, round trip) and timed the same way.
+  pipeline.distill.decode and apply_fallbacks). Writes spm.model, kd.parquet, teacher-<direction>/ (model
+  directories) and teachers.json into OUT.
+- `reder`: REDER (`model` section of configs/multi30k.yaml) trained `--steps` updates per variant and seed —
+  `kd` (KD pairs, FBA + CC from `--aux-from`), `raw` (the references, same), `kd_noaux` (KD pairs, no
+  auxiliary losses), `dag_kd` / `dag_kd_noaux` (the DAG head instead of CTC) — each scored with the
+  evaluate stage's decoders (`decoders_for`: CTC greedy, `--beam` and teacher reranking when the teachers
+  were saved; DAG greedy, lookahead, Viterbi) on both test sets, both directions, round trip (greedy),
+  and timed the same way (with the teachers' greedy and beam 4 alongside when they were saved).
 Prints and writes JSON (`teachers.json` / `reder.json`).
 """
 from __future__ import annotations
@@ -74,6 +78,7 @@ def teachers_phase(args: argparse.Namespace, cfg, device: str) -> dict:
     from pipeline.evaluate import measure_speed
     from reder import TransformerConfig
     from reder.autoregressive import Transformer
+    from reder.checkpoint import save_model_dir
     from reder.translate import encode_lines, translate_ids
 
     data, out = Path(args.data_dir), Path(args.out)
@@ -94,6 +99,7 @@ def teachers_phase(args: argparse.Namespace, cfg, device: str) -> dict:
             model, lambda step, b: model.loss(*training.tensors(inputs, outputs, order[b], device))["total"],
             len(order), args.steps, args.lr, args.warmup, device, args.time_cap_s)
         teachers[direction] = model
+        save_model_dir(out / f"teacher-{direction}", model, out / "spm.model", "en", "de", extra={"direction": direction})
     for beam in (1, 4):
         translate = lambda encoded, d, beam=beam: translate_ids(teachers[d], encoded, d, beam, 64)  # noqa: E731
         report[f"teacher_{'greedy' if beam == 1 else f'beam{beam}'}"] = _scores(translate, sp, data)
@@ -114,12 +120,39 @@ def teachers_phase(args: argparse.Namespace, cfg, device: str) -> dict:
     return report
 
 
+VARIANTS = {  # name: (trained on the KD pairs, FBA + CC switched on at --aux-from, model overrides)
+    "kd": (True, True, {}),
+    "raw": (False, True, {}),
+    "kd_noaux": (True, False, {}),
+    "dag_kd": (True, True, {"head": "dag"}),
+    "dag_kd_noaux": (True, False, {"head": "dag"}),
+}
+
+
+def _feasible(model_cfg, source: list[int], target: list[int]) -> bool:
+    """The tokenize stage's filter for this head, both directions."""
+    from pipeline import tokenize
+
+    if model_cfg.head == "dag":
+        rule, ratio = tokenize.dag_feasible, model_cfg.graph_upsample_ratio
+    else:
+        rule, ratio = tokenize.ctc_feasible, model_cfg.upsample_ratio
+    return rule(len(source), target, ratio) and rule(len(target), source, ratio)
+
+
+def _load_teachers(source: Path, vocab_size: int, device: str) -> dict:
+    """The teachers phase's models when it saved them (older outputs have none): baseline speed and reranking."""
+    from reder.checkpoint import load_teacher_dir
+
+    dirs = {d: source / f"teacher-{d}" for d in ("src2tgt", "tgt2src")}
+    return {d: load_teacher_dir(p, d, vocab_size, device) for d, p in dirs.items()} if all(p.is_dir() for p in dirs.values()) else {}
+
+
 def reder_phase(args: argparse.Namespace, cfg, device: str) -> dict:
     import sentencepiece
 
     from bench import training
-    from pipeline import tokenize
-    from pipeline.evaluate import corpus_scores, measure_speed
+    from pipeline.evaluate import corpus_scores, decoders_for, measure_speed
     from reder import EOS_ID, DuplexLoss, LossConfig, REDER
     from reder.translate import encode_lines, translate_ids
 
@@ -128,42 +161,54 @@ def reder_phase(args: argparse.Namespace, cfg, device: str) -> dict:
     kd = pq.read_table(source / "kd.parquet")
     src, tgt = kd.column("src_ids").to_pylist(), kd.column("tgt_ids").to_pylist()
     kd_tgt, kd_src = kd.column("kd_tgt_ids").to_pylist(), kd.column("kd_src_ids").to_pylist()
-    ratio = cfg.model.upsample_ratio
-    feasible = [i for i in range(len(src)) if tokenize.ctc_feasible(len(src[i]), tgt[i], ratio)
-                and tokenize.ctc_feasible(len(tgt[i]), src[i], ratio)]  # the tokenize stage's filter
-    report = {**_header(args, device), "train_pairs": len(src), "feasible_reference_pairs": len(feasible)}
-    half = LossConfig(lambda_fba=cfg.loss.lambda_fba, lambda_cc=cfg.loss.lambda_cc, aux_start_step=args.steps // 2)
-    variants = {"kd": (True, half), "raw": (False, half), "kd_noaux": (True, LossConfig(0.0, 0.0, 0))}
+    teachers = _load_teachers(source, cfg.model.vocab_size, device)
+    evaluation = SimpleNamespace(teacher_baseline=bool(teachers), teacher_beam_size=4, beam_size=args.beam,
+                                 rerank_with_teacher=bool(teachers) and args.beam > 1, **vars(SPEED))
+    aux_from = int(args.aux_from * args.steps)
+    report = {**_header(args, device), "train_pairs": len(src), "aux_from_update": aux_from, "seeds": args.seeds,
+              "teachers_loaded": bool(teachers)}
     test = encode_lines(sp, _lines(data, TESTS[0])[0])
     for name in args.variants:
-        use_kd, loss_config = variants[name]
-        torch.manual_seed(1)
-        model = REDER(replace(cfg.model, memory_efficient=False), loss_config).to(device)
-        objective = DuplexLoss(model)
+        use_kd, aux, overrides = VARIANTS[name]
+        model_cfg = replace(cfg.model, memory_efficient=False, **overrides)
+        loss_config = LossConfig(lambda_fba=cfg.loss.lambda_fba, lambda_cc=cfg.loss.lambda_cc, aux_start_step=aux_from) \
+            if aux else LossConfig(0.0, 0.0, 0)
         if use_kd:  # src2tgt on (x, teacher(x)), tgt2src on (teacher(y), y); bucketed by the longer side
             order = training.batches([max(len(a), len(b)) for a, b in zip(src, kd_src)],
                                      [max(len(a), len(b)) for a, b in zip(tgt, kd_tgt)], args.max_tokens)
-
-            def loss(step: int, b: int) -> torch.Tensor:
-                forward = training.tensors(src, kd_tgt, order[b], device)
-                return objective(*forward, step, tgt2src_batch=training.tensors(kd_src, tgt, order[b], device))["total"]
-        else:
+        else:  # the references, filtered as the tokenize stage would for this head
+            feasible = [i for i in range(len(src)) if _feasible(model_cfg, src[i], tgt[i])]
+            report[f"{name}_feasible_reference_pairs"] = len(feasible)
             pairs_src, pairs_tgt = [src[i] for i in feasible], [tgt[i] for i in feasible]
             order = training.batches(list(map(len, pairs_src)), list(map(len, pairs_tgt)), args.max_tokens)
+        for seed in args.seeds:
+            torch.manual_seed(seed)
+            model = REDER(model_cfg, loss_config).to(device)
+            objective = DuplexLoss(model)
 
             def loss(step: int, b: int) -> torch.Tensor:
+                if use_kd:
+                    forward = training.tensors(src, kd_tgt, order[b], device)
+                    return objective(*forward, step, tgt2src_batch=training.tensors(kd_src, tgt, order[b], device))["total"]
                 return objective(*training.tensors(pairs_src, pairs_tgt, order[b], device), step)["total"]
-        entry = {"train": training.fit(model, loss, len(order), args.steps, args.lr, args.warmup, device, args.time_cap_s)}
-        translate = lambda encoded, d: translate_ids(model, encoded, d, 1, 64)  # noqa: E731
-        entry["greedy"] = _scores(translate, sp, data)
-        english, german = _lines(data, TESTS[0])
-        for side, (lines, direction, back) in {"src": (english, "src2tgt", "tgt2src"), "tgt": (german, "tgt2src", "src2tgt")}.items():
-            forward = translate_ids(model, encode_lines(sp, lines), direction, 1, 64)
-            restored = translate_ids(model, [h + [EOS_ID] for h in forward], back, 1, 64)
-            entry[f"roundtrip_bleu_{side}"] = round(corpus_scores([sp.decode(h) for h in restored], lines)["bleu"], 2)
-        entry["speed"] = measure_speed(model, test, {"greedy": lambda enc, d, bs: translate_ids(model, enc, d, 1, bs)}, SPEED)
-        report[name] = entry
-        print(json.dumps({name: entry}), flush=True)
+
+            entry = {"head": model_cfg.head, "seed": seed,
+                     "train": training.fit(model, loss, len(order), args.steps, args.lr, args.warmup, device, args.time_cap_s)}
+            systems = decoders_for(model, evaluation, teachers)
+            for decoder, translate in systems.items():
+                if not decoder.startswith("teacher_"):  # the teachers are scored by their own phase
+                    entry[decoder] = _scores(lambda encoded, d, t=translate: t(encoded, d, 64), sp, data)
+            english, german = _lines(data, TESTS[0])
+            first = next(iter(systems))  # greedy (CTC and DAG)
+            for side, (lines, direction, back) in {"src": (english, "src2tgt", "tgt2src"),
+                                                   "tgt": (german, "tgt2src", "src2tgt")}.items():
+                forward = systems[first](encode_lines(sp, lines), direction, 64)
+                restored = systems[first]([h + [EOS_ID] for h in forward], back, 64)
+                entry[f"roundtrip_bleu_{side}"] = round(corpus_scores([sp.decode(h) for h in restored], lines)["bleu"], 2)
+            entry["speed"] = measure_speed(model, test, systems, evaluation)
+            key = name if len(args.seeds) == 1 else f"{name}_seed{seed}"
+            report[key] = entry
+            print(json.dumps({key: entry}), flush=True)
     return report
 
 
@@ -179,7 +224,12 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--lr", type=float, default=7e-4)
     parser.add_argument("--warmup", type=int, default=1000)
     parser.add_argument("--time-cap-s", type=float, default=float("inf"), help="stop a model's training after this")
-    parser.add_argument("--variants", nargs="+", default=["kd", "raw", "kd_noaux"])
+    parser.add_argument("--variants", nargs="+", default=["kd", "raw", "kd_noaux", "dag_kd"], choices=list(VARIANTS))
+    parser.add_argument("--aux-from", type=float, default=0.5, help="reder: FBA + CC from this fraction of --steps")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1], help="reder: one model per variant and seed")
+    parser.add_argument("--beam", type=int, default=1,
+                        help="reder: also score CTC beam search of this size (and teacher reranking when the teachers "
+                             "phase saved its models); DAG models are scored with all their decoders")
     parser.add_argument("--train-limit", type=int, default=0, help="use the first N training pairs (0 = all)")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. model.d_model=256")
     args = parser.parse_intermixed_args(argv)

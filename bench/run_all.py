@@ -47,6 +47,7 @@ SUITE: dict[str, tuple[Callable[[dict[str, Any]], list[str]], Callable[[dict[str
     "decode_speed": (lambda run: ["--workdir", run["workdir"]], _needs("ingest", "teacher", "train")),
     "dag": (lambda run: [], lambda run: ""),
     "distill": (lambda run: ["--teachers", str(_stage(run, "teacher"))], _needs("teacher")),
+    "train_scaling": (lambda run: [], lambda run: ""),  # its own run of the default config's data stages
 }
 
 

@@ -3,8 +3,9 @@
     python -m bench.train_scaling [--config configs/default.yaml] [--steps 40] [--workdir runs/bench-scaling]
 
 Runs the data stages once (reused when finished), then the train stage with each worker layout in
-`--layouts` (workers x CPUs per worker; default 1x2 and 2x1: the same two cores as one process with two
-threads, or two DDP processes with one thread each, gloo all-reduce between them). Each worker takes
+`--layouts` (workers x CPUs per worker; default 1x1, 2x1 and 1x2: one worker on one core; two DDP workers
+on one core each, gloo all-reduce between them — the scaling from 1 to 2 workers; and the same two cores
+as one worker with two threads — what DDP costs against threading on one machine). Each worker takes
 `train.max_tokens` per micro-batch, so two workers process twice the tokens per update (weak scaling, as
 with more GPUs). Reports, from the stage's own per-window metrics (all-reduced tokens over wall time,
 the first window dropped as warm-up): tokens/s in all, tokens/s per worker, the stage's wall time, and the
@@ -27,7 +28,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--config", default=str(REPO_ROOT / "configs" / "default.yaml"))
     parser.add_argument("--steps", type=int, default=40, help="updates per layout")
     parser.add_argument("--log-every", type=int, default=5)
-    parser.add_argument("--layouts", nargs="+", default=["1x2", "2x1"], help="WORKERSxCPUS_PER_WORKER")
+    parser.add_argument("--layouts", nargs="+", default=["1x1", "2x1", "1x2"], help="WORKERSxCPUS_PER_WORKER")
     parser.add_argument("--workdir", default=str(REPO_ROOT / "runs" / "bench-scaling"))
     parser.add_argument("overrides", nargs="*", metavar="key=value")
     args = parser.parse_args(argv)
