@@ -10,7 +10,7 @@ import torch
 
 from pipeline.train import inverse_sqrt, token_batches
 from reder import EOS_ID
-from reder.translate import pad_batch
+from reder.ctc import pad_batch
 
 Batch = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 

@@ -49,7 +49,7 @@ def output_dir(cfg: PipelineConfig, workdir: Path) -> Path:
     source: dict[str, Any] = {"corpus": str(Path(cfg.distill.corpus).expanduser().resolve())} if cfg.distill.corpus \
         else {"decoding": {k: getattr(cfg.distill, k) for k in _DECODING},
               "teacher": teacher.output_dir(cfg, workdir).name}
-    return stage_dir(workdir, "distill", {**source, "feasibility": tokenize._feasibility_key(cfg),
+    return stage_dir(workdir, "distill", {**source, "feasibility": tokenize.feasibility_key(cfg),
                                           "tokenize": tokenize.output_dir(cfg, workdir).name})
 
 

@@ -58,7 +58,7 @@ def output_dir(cfg: PipelineConfig, workdir: Path) -> Path:
     if given:
         key: dict[str, Any] = {"checkpoints": {d: str(p) for d, p in given.items()}}
     else:
-        section = {k: v for k, v in asdict(cfg.teacher.train).items() if k not in train._NOT_HASHED}
+        section = {k: v for k, v in asdict(cfg.teacher.train).items() if k not in train.NOT_HASHED}
         key = {"model": asdict(cfg.teacher.model), "train": section}
     return stage_dir(workdir, "teacher", {**key, "spm": spm.output_dir(cfg, workdir).name,
                                           "data": tokenize.output_dir(cfg, workdir).name})

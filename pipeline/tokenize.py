@@ -43,7 +43,7 @@ ROWS_PER_BLOCK = 50_000
 
 def output_dir(cfg: PipelineConfig, workdir: Path) -> Path:
     # workers and batch_size do not change the output, so they are not part of the key
-    return stage_dir(workdir, "tokenize", {**_feasibility_key(cfg),
+    return stage_dir(workdir, "tokenize", {**feasibility_key(cfg),
                                            "spm": spm.output_dir(cfg, workdir).name,
                                            "ingest": ingest.output_dir(cfg, workdir).name})
 
@@ -53,7 +53,7 @@ def run(cfg: PipelineConfig, workdir: Path, force: bool = False, tracker: Any = 
     workdir = Path(workdir).resolve()
     corpus = require_done(ingest.output_dir(cfg, workdir), "ingest")
     model_dir = require_done(spm.output_dir(cfg, workdir), "spm")
-    config = {"tokenize": asdict(cfg.tokenize), **_feasibility_key(cfg)}
+    config = {"tokenize": asdict(cfg.tokenize), **feasibility_key(cfg)}
     return run_stage("tokenize", output_dir(cfg, workdir),
                      lambda tmp: _build(cfg, corpus, model_dir / spm.MODEL_FILE, tmp), config=config,
                      inputs={"ingest": str(corpus), "spm": str(model_dir)}, force=force)
@@ -73,7 +73,7 @@ def _build(cfg: PipelineConfig, corpus: Path, model_path: Path, tmp: Path) -> di
     return {**report["splits"], "workers": report["workers"], "ray_seconds": report["ray_seconds"]}
 
 
-def _feasibility_key(cfg: PipelineConfig) -> dict[str, Any]:
+def feasibility_key(cfg: PipelineConfig) -> dict[str, Any]:
     """What the feasibility filter depends on; CTC keys are unchanged, so CTC stage hashes stay the same."""
     if cfg.model.head == "dag":
         return {"head": "dag", "graph_upsample_ratio": cfg.model.graph_upsample_ratio}

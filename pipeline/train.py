@@ -44,18 +44,19 @@ from pipeline.tracking import plot_history
 from reder import DIRECTIONS, EOS_ID, DuplexLoss, LossConfig, ModelConfig, REDER, TransformerConfig
 from reder.autoregressive import Transformer
 from reder.checkpoint import average_state_dicts, save_model_dir
-from reder.translate import pad_batch, translate_ids
+from reder.ctc import pad_batch
+from reder.translate import translate_ids
 
 log = logging.getLogger(__name__)
 
 MODEL_DIR = "model"
 HISTORY_FILE = "history.json"
 # Keys of the train section that change neither the data order nor the optimisation.
-_NOT_HASHED = ("log_every", "max_failures", "storage_path", "fail_at_step", "start_timeout_s", "valid_max_sentences")
+NOT_HASHED = ("log_every", "max_failures", "storage_path", "fail_at_step", "start_timeout_s", "valid_max_sentences")
 
 
 def output_dir(cfg: PipelineConfig, workdir: Path) -> Path:
-    section = {k: v for k, v in asdict(cfg.train).items() if k not in _NOT_HASHED}
+    section = {k: v for k, v in asdict(cfg.train).items() if k not in NOT_HASHED}
     return stage_dir(workdir, "train", {"model": asdict(cfg.model), "loss": asdict(cfg.loss), "train": section,
                                         "data": training_data(cfg, workdir).parent.name})
 

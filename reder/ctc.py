@@ -1,8 +1,18 @@
-"""CTC pieces: the label-smoothed loss, batched Viterbi forced alignment, and frame collapsing."""
+"""CTC pieces: the label-smoothed loss, batched Viterbi forced alignment, and frame collapsing; padding and
+masks of ragged batches (shared by the model, decoding and training)."""
 import torch
 import torch.nn.functional as F
 
 from reder.config import PAD_ID
+
+
+def pad_batch(sequences: list[list[int]], device: str | torch.device = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded (B, T) token tensor and (B,) lengths."""
+    lengths = torch.tensor([len(s) for s in sequences], dtype=torch.long)
+    tokens = torch.full((len(sequences), int(lengths.max())), PAD_ID, dtype=torch.long)
+    for row, sequence in enumerate(sequences):
+        tokens[row, : len(sequence)] = torch.tensor(sequence, dtype=torch.long)
+    return tokens.to(device), lengths.to(device)
 
 
 def valid_mask(lengths: torch.Tensor, max_length: int) -> torch.Tensor:

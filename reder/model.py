@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from reder.config import BOS_ID, DIRECTIONS, EOS_ID, PAD_ID, LossConfig, ModelConfig
-from reder.ctc import collapse_frames, smoothed_ctc_loss, valid_mask, viterbi_align
+from reder.ctc import collapse_frames, pad_batch, smoothed_ctc_loss, valid_mask, viterbi_align
 from reder.dag import DagLinks, dag_decode, dag_greedy, dag_loss, graph_lengths_for, target_emissions
 from reder.dag import viterbi_align as dag_viterbi_align
 from reder.decode import ctc_beam_search, ctc_greedy, ctc_nbest, strip_special
@@ -250,7 +250,7 @@ class REDER(nn.Module):
         else:
             limit = self.max_input_length() - 1
             decoded = [strip_special(h, self.cfg.blank_id)[:limit] + [EOS_ID] for h in dag_greedy(log_edges, log_probs, lengths)]
-            y_bar, y_bar_lengths = _pad(decoded, x.device)
+            y_bar, y_bar_lengths = pad_batch(decoded, x.device)
         back_log_probs, back_edges, back_lengths = self.outputs(y_bar, y_bar_lengths, back)
         return self._head_loss(back_log_probs, back_edges, back_lengths, x, x_lengths)
 
@@ -283,11 +283,3 @@ class REDER(nn.Module):
         log_probs, _, out_lengths = self.outputs(tokens, lengths, direction)
         nbest = ctc_nbest(log_probs, out_lengths, self.cfg.blank_id, beam_size)
         return [list(map(list, dict.fromkeys(tuple(strip_special(h, self.cfg.blank_id)) for h, _ in entries))) for entries in nbest]
-
-def _pad(sequences: list[list[int]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-padded (B, T) token tensor and (B,) lengths."""
-    lengths = torch.tensor([len(s) for s in sequences], dtype=torch.long, device=device)
-    tokens = torch.full((len(sequences), int(lengths.max())), PAD_ID, dtype=torch.long, device=device)
-    for row, sequence in enumerate(sequences):
-        tokens[row, : len(sequence)] = torch.tensor(sequence, dtype=torch.long, device=device)
-    return tokens, lengths

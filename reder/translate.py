@@ -22,7 +22,8 @@ import torch
 
 from reder.autoregressive import Transformer
 from reder.checkpoint import SPM_FILE, load_model_dir, load_teacher_dir
-from reder.config import DIRECTIONS, EOS_ID, PAD_ID
+from reder.config import DIRECTIONS, EOS_ID
+from reder.ctc import pad_batch
 from reder.dag import DAG_DECODERS
 from reder.model import REDER
 from reder.rerank import rerank
@@ -31,15 +32,6 @@ from reder.rerank import rerank
 def encode_lines(sp: sentencepiece.SentencePieceProcessor, lines: Iterable[str]) -> list[list[int]]:
     """Text → piece ids with the EOS the model expects at the end."""
     return [sp.encode(line.rstrip("\n")) + [EOS_ID] for line in lines]
-
-
-def pad_batch(sequences: list[list[int]], device: str | torch.device = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-padded (B, T) token tensor and (B,) lengths."""
-    lengths = torch.tensor([len(s) for s in sequences], dtype=torch.long)
-    tokens = torch.full((len(sequences), int(lengths.max())), PAD_ID, dtype=torch.long)
-    for row, sequence in enumerate(sequences):
-        tokens[row, : len(sequence)] = torch.tensor(sequence, dtype=torch.long)
-    return tokens.to(device), lengths.to(device)
 
 
 def translate_ids(model: REDER | Transformer, sequences: list[list[int]], direction: str, beam_size: int = 1,

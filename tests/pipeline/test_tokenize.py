@@ -70,8 +70,8 @@ def test_dag_feasibility_matches_the_models_graph_and_dp():
     assert outcomes == {True, False}
     ctc = load_config(None, [])
     dag = load_config(None, ["model.head=dag", "model.graph_upsample_ratio=3"])
-    assert tokenize._feasibility_key(ctc) == {"upsample_ratio": ctc.model.upsample_ratio}
-    assert tokenize._feasibility_key(dag) == {"head": "dag", "graph_upsample_ratio": 3.0}
+    assert tokenize.feasibility_key(ctc) == {"upsample_ratio": ctc.model.upsample_ratio}
+    assert tokenize.feasibility_key(dag) == {"head": "dag", "graph_upsample_ratio": 3.0}
 
 
 def test_worker_plan_never_takes_the_last_cpu():

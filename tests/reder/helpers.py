@@ -2,7 +2,7 @@
 import torch
 
 from reder import EOS_ID, LossConfig, ModelConfig, REDER
-from reder.translate import pad_batch
+from reder.ctc import pad_batch
 from tests.conftest import SHARED_DATA
 
 MULTI30K = SHARED_DATA / "multi30k"

@@ -10,8 +10,8 @@ import torch.nn.functional as F
 
 from reder import BOS_ID, EOS_ID, PAD_ID, TransformerConfig
 from reder.autoregressive import Transformer
+from reder.ctc import pad_batch
 from reder.rerank import rerank
-from reder.translate import pad_batch
 from tests.reder.helpers import MULTI30K, WordPairs, random_batch
 
 VOCAB = 14

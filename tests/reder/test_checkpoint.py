@@ -14,7 +14,8 @@ from reder.checkpoint import CONFIG_FILE, MODEL_FILE, average_state_dicts, load_
 from reder.decode import ctc_nbest, strip_special
 from reder.rerank import rerank
 from reder.translate import main as translate_main
-from reder.translate import pad_batch, translate_ids, translate_lines
+from reder.ctc import pad_batch
+from reder.translate import translate_ids, translate_lines
 from tests.reder.helpers import random_batch, tiny_model
 
 
