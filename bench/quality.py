@@ -154,7 +154,7 @@ def reder_phase(args: argparse.Namespace, cfg, device: str) -> dict:
     from bench import training
     from pipeline.evaluate import corpus_scores, decoders_for, measure_speed
     from reder import EOS_ID, DuplexLoss, LossConfig, REDER
-    from reder.translate import encode_lines, translate_ids
+    from reder.translate import encode_lines
 
     data, source = Path(args.data_dir), Path(args.source)
     sp = sentencepiece.SentencePieceProcessor(model_file=str(source / "spm.model"))
