@@ -129,17 +129,6 @@ VARIANTS = {  # name: (trained on the KD pairs, FBA + CC switched on at --aux-fr
 }
 
 
-def _feasible(model_cfg, source: list[int], target: list[int]) -> bool:
-    """The tokenize stage's filter for this head, both directions."""
-    from pipeline import tokenize
-
-    if model_cfg.head == "dag":
-        rule, ratio = tokenize.dag_feasible, model_cfg.graph_upsample_ratio
-    else:
-        rule, ratio = tokenize.ctc_feasible, model_cfg.upsample_ratio
-    return rule(len(source), target, ratio) and rule(len(target), source, ratio)
-
-
 def _load_teachers(source: Path, vocab_size: int, device: str) -> dict:
     """The teachers phase's models when it saved them (older outputs have none): baseline speed and reranking."""
     from reder.checkpoint import load_teacher_dir
@@ -152,6 +141,7 @@ def reder_phase(args: argparse.Namespace, cfg, device: str) -> dict:
     import sentencepiece
 
     from bench import training
+    from pipeline import tokenize
     from pipeline.evaluate import corpus_scores, decoders_for, measure_speed
     from reder import EOS_ID, DuplexLoss, LossConfig, REDER
     from reder.translate import encode_lines
@@ -177,7 +167,8 @@ def reder_phase(args: argparse.Namespace, cfg, device: str) -> dict:
             order = training.batches([max(len(a), len(b)) for a, b in zip(src, kd_src)],
                                      [max(len(a), len(b)) for a, b in zip(tgt, kd_tgt)], args.max_tokens)
         else:  # the references, filtered as the tokenize stage would for this head
-            feasible = [i for i in range(len(src)) if _feasible(model_cfg, src[i], tgt[i])]
+            rule = tokenize.feasibility_rule(model_cfg)
+            feasible = [i for i in range(len(src)) if rule(len(src[i]), tgt[i]) and rule(len(tgt[i]), src[i])]
             report[f"{name}_feasible_reference_pairs"] = len(feasible)
             pairs_src, pairs_tgt = [src[i] for i in feasible], [tgt[i] for i in feasible]
             order = training.batches(list(map(len, pairs_src)), list(map(len, pairs_tgt)), args.max_tokens)

@@ -197,16 +197,14 @@ def read_corpus(path: Path, references: pa.Table) -> pa.Table:
 
 def apply_fallbacks(table: pa.Table, cfg: PipelineConfig) -> tuple[pa.Table, dict[str, int]]:
     """Replace KD outputs REDER's head cannot align (tokenize's feasibility rules) by the references."""
-    head = cfg.model.head
-    ratio = cfg.model.graph_upsample_ratio if head == "dag" else cfg.model.upsample_ratio
-    feasible = tokenize.dag_feasible if head == "dag" else tokenize.ctc_feasible
+    feasible = tokenize.feasibility_rule(cfg.model)
     src, tgt = table.column("src_ids").to_pylist(), table.column("tgt_ids").to_pylist()
     kd_tgt, kd_src = table.column("kd_tgt_ids").to_pylist(), table.column("kd_src_ids").to_pylist()
     counts = {"fallback_src2tgt": 0, "fallback_tgt2src": 0}
     for i in range(table.num_rows):
-        if not feasible(len(src[i]), kd_tgt[i], ratio):
+        if not feasible(len(src[i]), kd_tgt[i]):
             kd_tgt[i], counts["fallback_src2tgt"] = tgt[i], counts["fallback_src2tgt"] + 1
-        if not feasible(len(tgt[i]), kd_src[i], ratio):
+        if not feasible(len(tgt[i]), kd_src[i]):
             kd_src[i], counts["fallback_tgt2src"] = src[i], counts["fallback_tgt2src"] + 1
     ids = pa.list_(pa.int32())
     return pa.table({"id": table.column("id"), "src_ids": pa.array(src, ids), "kd_tgt_ids": pa.array(kd_tgt, ids),

@@ -23,7 +23,7 @@ import shutil
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import pyarrow as pa
@@ -138,6 +138,13 @@ def ctc_feasible(input_len: int, target: list[int], upsample_ratio: int) -> bool
 def dag_feasible(input_len: int, target: list[int], graph_upsample_ratio: float) -> bool:
     """Whether a DAG graph over BOS + `input_len` pieces + EOS has a vertex for each of BOS + target + EOS."""
     return int(graph_upsample_ratio * (input_len + 2)) >= len(target) + 2
+
+
+def feasibility_rule(model: Any) -> Callable[[int, list[int]], bool]:
+    """This filter for a model config's head, its ratio bound: rule(input_len, target)."""
+    if model.head == "dag":
+        return lambda input_len, target: dag_feasible(input_len, target, model.graph_upsample_ratio)
+    return lambda input_len, target: ctc_feasible(input_len, target, model.upsample_ratio)
 
 
 def _list_column(sequences: list[list[int]]) -> tuple[pa.Array, np.ndarray]:
