@@ -62,6 +62,22 @@ def _scores(translate, sp, data: Path, directions=("src2tgt", "tgt2src")) -> dic
     return scores
 
 
+def _roundtrip(translate, sp, data: Path) -> dict[str, float]:
+    """Round-trip BLEU on test_2016_flickr: x → ŷ → x̂ scored against x, for each side (`translate` as in _scores)."""
+    from pipeline.evaluate import corpus_scores
+    from reder import EOS_ID
+    from reder.translate import encode_lines
+
+    english, german = _lines(data, TESTS[0])
+    result = {}
+    for side, (lines, direction, back) in {"src": (english, "src2tgt", "tgt2src"),
+                                           "tgt": (german, "tgt2src", "src2tgt")}.items():
+        forward = translate(encode_lines(sp, lines), direction)
+        restored = translate([h + [EOS_ID] for h in forward], back)
+        result[f"roundtrip_bleu_{side}"] = round(corpus_scores([sp.decode(h) for h in restored], lines)["bleu"], 2)
+    return result
+
+
 def _header(args: argparse.Namespace, device: str) -> dict:
     """What every report starts with: the machine, the date and the training budget."""
     return {"benchmark": "quality", "phase": args.phase, "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -102,7 +118,8 @@ def teachers_phase(args: argparse.Namespace, cfg, device: str) -> dict:
         save_model_dir(out / f"teacher-{direction}", model, out / "spm.model", "en", "de", extra={"direction": direction})
     for beam in (1, 4):
         translate = lambda encoded, d, beam=beam: translate_ids(teachers[d], encoded, d, beam, 64)  # noqa: E731
-        report[f"teacher_{'greedy' if beam == 1 else f'beam{beam}'}"] = _scores(translate, sp, data)
+        report[f"teacher_{'greedy' if beam == 1 else f'beam{beam}'}"] = {**_scores(translate, sp, data),
+                                                                       **_roundtrip(translate, sp, data)}
     test = encode_lines(sp, _lines(data, TESTS[0])[0])
     report["speed"] = measure_speed(teachers["src2tgt"], test, {
         "teacher_greedy": lambda enc, d, bs: translate_ids(teachers[d], enc, d, 1, bs),
@@ -142,8 +159,8 @@ def reder_phase(args: argparse.Namespace, cfg, device: str) -> dict:
 
     from bench import training
     from pipeline import tokenize
-    from pipeline.evaluate import corpus_scores, decoders_for, measure_speed
-    from reder import EOS_ID, DuplexLoss, LossConfig, REDER
+    from pipeline.evaluate import decoders_for, measure_speed
+    from reder import DuplexLoss, LossConfig, REDER
     from reder.translate import encode_lines
 
     data, source = Path(args.data_dir), Path(args.source)
@@ -189,13 +206,8 @@ def reder_phase(args: argparse.Namespace, cfg, device: str) -> dict:
             for decoder, translate in systems.items():
                 if not decoder.startswith("teacher_"):  # the teachers are scored by their own phase
                     entry[decoder] = _scores(lambda encoded, d, t=translate: t(encoded, d, 64), sp, data)
-            english, german = _lines(data, TESTS[0])
-            first = next(iter(systems))  # greedy (CTC and DAG)
-            for side, (lines, direction, back) in {"src": (english, "src2tgt", "tgt2src"),
-                                                   "tgt": (german, "tgt2src", "src2tgt")}.items():
-                forward = systems[first](encode_lines(sp, lines), direction, 64)
-                restored = systems[first]([h + [EOS_ID] for h in forward], back, 64)
-                entry[f"roundtrip_bleu_{side}"] = round(corpus_scores([sp.decode(h) for h in restored], lines)["bleu"], 2)
+            greedy = next(iter(systems))  # greedy (CTC and DAG)
+            entry.update(_roundtrip(lambda encoded, d: systems[greedy](encoded, d, 64), sp, data))
             entry["speed"] = measure_speed(model, test, systems, evaluation)
             key = name if len(args.seeds) == 1 else f"{name}_seed{seed}"
             report[key] = entry

@@ -1,0 +1,158 @@
+"""One table of every system in bench.quality's reports: quality both ways, round trip, decoding speed and
+training cost side by side (what a user choosing between REDER and two AR models compares).
+
+    python -m bench.quality_table T/teachers.json R/reder.json [R2/reder.json ...] [--out docs/results/quality_cpu]
+
+Inputs are the `teachers` phase's report and one or more `reder` phase reports of the same machine (several
+calls can split the variants: the numbers of one table come from one device; a mix is an error). Each row is
+one system and decoder: sacreBLEU BLEU / chrF on test_2016_flickr and test_2017_flickr in both directions,
+round-trip BLEU (x → ŷ → x̂ on test 2016; REDER with its greedy decoder, the teachers with the decoder of
+the row), latency at batch 1 and sentences/s at batch 64 (en→de), REDER's speed-up over the teachers' beam 4
+(measured in the same process when the reder phase had the teachers, else against the teachers phase's
+timing on the same device), the updates and training seconds of the model, and the total seconds a system
+costs from scratch: a KD-trained REDER adds both teachers' training and the distillation of the corpus.
+Prints the Markdown; with `--out`, writes <out>.md and <out>.json (the rows).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from pipeline.stage import write_json, write_text
+
+TESTS = ("test_2016_flickr", "test_2017_flickr")
+CELLS = [(split, direction) for split in TESTS for direction in ("src2tgt", "tgt2src")]
+SYSTEMS = {  # reder variant -> (label, trained on the teachers' KD corpus)
+    "kd": ("REDER + KD, FBA + CC", True),
+    "raw": ("REDER, no KD, FBA + CC", False),
+    "kd_noaux": ("REDER + KD, no FBA/CC", True),
+    "dag_kd": ("REDER-DAG + KD, FBA + CC", True),
+    "dag_kd_noaux": ("REDER-DAG + KD, no FBA/CC", True),
+}
+BASELINE = "teacher_beam4"
+
+
+def _decoder_label(name: str) -> str:
+    if name.startswith("teacher_"):
+        return name.removeprefix("teacher_").replace("beam", "beam ")
+    if name.startswith("beam"):
+        size, _, rerank = name.removeprefix("beam").partition("_")
+        return f"CTC beam {size}" + (" + teacher rerank" if rerank else "")
+    return name
+
+
+def load(path: Path, phase: str) -> dict[str, Any]:
+    """A bench.quality report of `phase`, or a ValueError naming the file and what is wrong."""
+    try:
+        report = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        raise ValueError(f"{path}: not a readable JSON report ({error})") from error
+    if not isinstance(report, dict) or report.get("benchmark") != "quality" or report.get("phase") != phase:
+        raise ValueError(f"{path}: not a bench.quality '{phase}' report (benchmark={report.get('benchmark')!r}, "
+                         f"phase={report.get('phase')!r})" if isinstance(report, dict) else f"{path}: not a JSON object")
+    return report
+
+
+def _row(system: str, decoder: str, scores: dict, speed: dict, updates: str, train_s: float, total_s: float,
+         speedup: float | None, roundtrip: tuple[float, float] | None) -> dict[str, Any]:
+    return {"system": system, "decoder": _decoder_label(decoder),
+            **{f"{split}.{direction}": scores[f"{split}.{direction}"] for split, direction in CELLS},
+            "roundtrip_bleu_src": roundtrip[0] if roundtrip else None,
+            "roundtrip_bleu_tgt": roundtrip[1] if roundtrip else None,
+            "latency_ms": speed.get(f"{decoder}_latency_ms"), "sentences_per_s": speed.get(f"{decoder}_sentences_per_s"),
+            "speedup_vs_teacher_beam4_batch1": speedup, "updates": updates, "train_s": round(train_s),
+            "total_s": round(total_s)}
+
+
+def rows(teachers: dict[str, Any], reders: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Table rows: the teachers' decoders, then every REDER variant and seed with each of its decoders."""
+    teacher_s = teachers["train_src2tgt"]["seconds"] + teachers["train_tgt2src"]["seconds"]
+    kd_cost = teacher_s + teachers["distill_seconds"]
+    updates = f"{teachers['train_src2tgt']['steps']} + {teachers['train_tgt2src']['steps']}"
+    speed = teachers["speed"]
+    table = []
+    for decoder in (BASELINE, "teacher_greedy"):
+        if decoder in teachers:
+            result = teachers[decoder]
+            roundtrip = (result["roundtrip_bleu_src"], result["roundtrip_bleu_tgt"]) if "roundtrip_bleu_src" in result else None
+            speedup = speed[f"{BASELINE}_latency_ms"] / speed[f"{decoder}_latency_ms"]
+            table.append(_row("AR teachers (one per direction)", decoder, result, speed, updates, teacher_s, teacher_s,
+                              round(speedup, 2), roundtrip))
+    for report in reders:
+        for key, entry in report.items():
+            if not (isinstance(entry, dict) and "train" in entry):
+                continue
+            variant, _, seed = key.partition("_seed")
+            label, kd = SYSTEMS[variant]
+            label += f" (seed {seed})" if seed else ""
+            own = entry["speed"]
+            decoders = [name for name, value in entry.items() if isinstance(value, dict) and f"{TESTS[0]}.src2tgt" in value]
+            for decoder in decoders:
+                speedup = own.get(f"speedup_{decoder}_vs_{BASELINE}_batch1")
+                if speedup is None and f"{decoder}_latency_ms" in own:
+                    speedup = round(speed[f"{BASELINE}_latency_ms"] / own[f"{decoder}_latency_ms"], 2)
+                roundtrip = (entry["roundtrip_bleu_src"], entry["roundtrip_bleu_tgt"]) if decoder == decoders[0] else None
+                train_s = entry["train"]["seconds"]
+                table.append(_row(label, decoder, entry[decoder], own, str(entry["train"]["steps"]), train_s,
+                                  train_s + (kd_cost if kd else 0.0), speedup, roundtrip))
+    return table
+
+
+def _cell(value: Any, digits: int = 1) -> str:
+    if value is None:
+        return "–"
+    return f"{value:,.{digits}f}" if isinstance(value, float) else str(value)
+
+
+def markdown(table: list[dict[str, Any]], teachers: dict[str, Any], reders: list[dict[str, Any]]) -> str:
+    """The Markdown table with a line naming the device, dates and budgets of its sources."""
+    names = {"src2tgt": "en→de", "tgt2src": "de→en"}
+    head = ["system", "decoder", *[f"{names[d]} {s[5:9]} BLEU / chrF" for s, d in CELLS], "round trip en / de",
+            "latency b1 (ms)", "sent/s b64", "speed-up vs teacher beam 4 (b1)", "updates", "train s", "total s incl. KD"]
+    lines = [f"Device: {teachers['device']}. Teachers: {teachers['date']}, {teachers['steps']} updates per direction, "
+             f"distillation {teachers['distill_seconds']:,.0f} s. REDER: "
+             + "; ".join(f"{r['date']}, {r['steps']} updates"
+                         + (f", FBA + CC from update {r['aux_from_update']}" if "aux_from_update" in r else "")
+                         for r in reders) + ".", "",
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for row in table:
+        scores = [f"{row[f'{s}.{d}']['bleu']:.2f} / {row[f'{s}.{d}']['chrf']:.1f}" for s, d in CELLS]
+        roundtrip = "–" if row["roundtrip_bleu_src"] is None else f"{row['roundtrip_bleu_src']:.1f} / {row['roundtrip_bleu_tgt']:.1f}"
+        speedup = "–" if row["speedup_vs_teacher_beam4_batch1"] is None else f"{row['speedup_vs_teacher_beam4_batch1']:.2f}×"
+        lines.append("| " + " | ".join([row["system"], row["decoder"], *scores, roundtrip, _cell(row["latency_ms"]),
+                                         _cell(row["sentences_per_s"], 0), speedup, row["updates"],
+                                         f"{row['train_s']:,}", f"{row['total_s']:,}"]) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> str:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("teachers", type=Path, help="the teachers phase's teachers.json")
+    parser.add_argument("reder", type=Path, nargs="+", help="one or more reder phase reder.json files")
+    parser.add_argument("--out", default="", help="also write <out>.md and <out>.json")
+    args = parser.parse_args(argv)
+    try:
+        teachers = load(args.teachers, "teachers")
+        reders = [load(path, "reder") for path in args.reder]
+    except ValueError as error:
+        parser.error(str(error))
+    for path, report in zip(args.reder, reders):
+        if report["device"] != teachers["device"]:
+            parser.error(f"{path} was measured on {report['device']!r}, {args.teachers} on {teachers['device']!r}: "
+                         "one table holds one device's numbers")
+    table = rows(teachers, reders)
+    text = markdown(table, teachers, reders)
+    if args.out:
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        write_json(out.with_suffix(".json"), {"teachers": str(args.teachers), "reder": [str(p) for p in args.reder],
+                                              "device": teachers["device"], "rows": table})
+        write_text(out.with_suffix(".md"), text)
+    print(text)
+    return text
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,51 @@
+"""bench.quality_table: the one table built from the committed bench.quality reports (real H100 numbers)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench import quality_table
+
+RESULTS = Path(__file__).resolve().parents[2] / "docs" / "results"
+TEACHERS, REDER = RESULTS / "quality_teachers_h100.json", RESULTS / "quality_reder_h100.json"
+
+
+def test_rows_carry_the_reports_numbers_and_the_cost_of_kd():
+    teachers, reder = json.loads(TEACHERS.read_text()), json.loads(REDER.read_text())
+    table = {(row["system"], row["decoder"]): row for row in quality_table.rows(teachers, [reder])}
+    beam = table[("AR teachers (one per direction)", "beam 4")]
+    assert beam["test_2016_flickr.src2tgt"] == teachers["teacher_beam4"]["test_2016_flickr.src2tgt"]
+    assert beam["speedup_vs_teacher_beam4_batch1"] == 1.0 and beam["updates"] == "3000 + 3000"
+    teacher_s = teachers["train_src2tgt"]["seconds"] + teachers["train_tgt2src"]["seconds"]
+    kd, raw = table[("REDER + KD, FBA + CC", "greedy")], table[("REDER, no KD, FBA + CC", "greedy")]
+    assert kd["test_2017_flickr.tgt2src"] == reder["kd"]["greedy"]["test_2017_flickr.tgt2src"]
+    assert kd["roundtrip_bleu_src"] == reder["kd"]["roundtrip_bleu_src"]
+    # a KD model costs its own training plus both teachers and the distillation; without KD, its own only
+    assert kd["total_s"] == round(reder["kd"]["train"]["seconds"] + teacher_s + teachers["distill_seconds"])
+    assert raw["total_s"] == round(reder["raw"]["train"]["seconds"])
+    # measured in the same process as the teachers' beam 4 when the reder phase had them, else from its own phase
+    assert kd["speedup_vs_teacher_beam4_batch1"] == round(
+        teachers["speed"]["teacher_beam4_latency_ms"] / reder["kd"]["speed"]["greedy_latency_ms"], 2)
+
+
+def test_markdown_and_files(tmp_path, capsys):
+    out = tmp_path / "table"
+    text = quality_table.main([str(TEACHERS), str(REDER), "--out", str(out)])
+    assert out.with_suffix(".md").read_text() == text
+    assert "| REDER + KD, no FBA/CC | greedy | 31.62 / 59.2 | 35.43 / 56.4 |" in text
+    assert len(json.loads(out.with_suffix(".json").read_text())["rows"]) == 2 + 3
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"device": "cpu"}, "one table holds one device's numbers"),
+    ({"phase": "teachers"}, "not a bench.quality 'reder' report"),
+])
+def test_mixed_devices_and_wrong_reports_are_errors_naming_the_file(tmp_path, capsys, change, message):
+    bad = tmp_path / "reder.json"
+    bad.write_text(json.dumps({**json.loads(REDER.read_text()), **change}))
+    with pytest.raises(SystemExit):
+        quality_table.main([str(TEACHERS), str(bad)])
+    error = capsys.readouterr().err
+    assert message in error and str(bad) in error
