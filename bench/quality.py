@@ -10,8 +10,8 @@ the pipeline's `configs/multi30k.yaml` is the same recipe through Ray):
   (`teacher` section of configs/multi30k.yaml) trained `--steps` updates, scored on test_2016_flickr and
   test_2017_flickr (sacreBLEU/chrF, greedy and beam 4) and timed (latency at batch 1, sentences/s at
   batch 64, pipeline.evaluate.measure_speed); then the whole training split distilled both ways (beam 4,
-  pipeline.distill.decode and apply_fallbacks). Writes spm.model, kd.parquet, teacher-<direction>/ (model
-  directories) and teachers.json into OUT.
+  pipeline.distill.decode and apply_fallbacks; not with `--no-distill`, for a baseline only). Writes spm.model,
+  kd.parquet, teacher-<direction>/ (model directories) and teachers.json into OUT.
 - `reder`: REDER (`model` section of configs/multi30k.yaml) trained `--steps` updates per variant and seed —
   `kd` (KD pairs, FBA + CC from `--aux-from`), `raw` (the references, same), `kd_noaux` (KD pairs, no
   auxiliary losses), `dag_kd` / `dag_kd_noaux` (the DAG head instead of CTC) — each scored with the
@@ -124,6 +124,8 @@ def teachers_phase(args: argparse.Namespace, cfg, device: str) -> dict:
     report["speed"] = measure_speed(teachers["src2tgt"], test, {
         "teacher_greedy": lambda enc, d, bs: translate_ids(teachers[d], enc, d, 1, bs),
         "teacher_beam4": lambda enc, d, bs: translate_ids(teachers[d], enc, d, 4, bs)}, SPEED)
+    if args.no_distill:  # a baseline only (e.g. the teachers at REDER's training cost), no KD corpus
+        return report
     started = time.perf_counter()
     kd_tgt = distill.decode(teachers["src2tgt"], src, "src2tgt", 4, 1.0, 1.2, 10, batch_size=512)
     kd_src = distill.decode(teachers["tgt2src"], tgt, "tgt2src", 4, 1.0, 1.2, 10, batch_size=512)
@@ -233,6 +235,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--beam", type=int, default=1,
                         help="reder: also score CTC beam search of this size (and teacher reranking when the teachers "
                              "phase saved its models); DAG models are scored with all their decoders")
+    parser.add_argument("--no-distill", action="store_true",
+                        help="teachers: train, score and time the teachers only (a baseline), without the KD corpus")
     parser.add_argument("--train-limit", type=int, default=0, help="use the first N training pairs (0 = all)")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. model.d_model=256")
     args = parser.parse_intermixed_args(argv)

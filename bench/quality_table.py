@@ -1,7 +1,8 @@
 """One table of every system in bench.quality's reports: quality both ways, round trip, decoding speed and
 training cost side by side (what a user choosing between REDER and two AR models compares).
 
-    python -m bench.quality_table T/teachers.json R/reder.json [R2/reder.json ...] [--out docs/results/quality_cpu]
+    python -m bench.quality_table T/teachers.json R/reder.json [R2/reder.json ...] [--baseline T2/teachers.json]
+        [--out docs/results/quality_cpu]
 
 Inputs are the `teachers` phase's report and one or more `reder` phase reports of the same machine (several
 calls can split the variants: the numbers of one table come from one device; a mix is an error). Each row is
@@ -11,6 +12,8 @@ the row), latency at batch 1 and sentences/s at batch 64 (en→de), REDER's spee
 (measured in the same process when the reder phase had the teachers, else against the teachers phase's
 timing on the same device), the updates and training seconds of the model, and the total seconds a system
 costs from scratch: a KD-trained REDER adds both teachers' training and the distillation of the corpus.
+`--baseline` adds the rows of other teachers reports (made with `bench.quality teachers --no-distill`, e.g.
+teachers given as many seconds as REDER took), which are a baseline only, not the KD source.
 Prints the Markdown; with `--out`, writes <out>.md and <out>.json (the rows).
 """
 from __future__ import annotations
@@ -66,20 +69,32 @@ def _row(system: str, decoder: str, scores: dict, speed: dict, updates: str, tra
             "total_s": round(total_s)}
 
 
-def rows(teachers: dict[str, Any], reders: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Table rows: the teachers' decoders, then every REDER variant and seed with each of its decoders."""
-    teacher_s = teachers["train_src2tgt"]["seconds"] + teachers["train_tgt2src"]["seconds"]
-    kd_cost = teacher_s + teachers["distill_seconds"]
+def _teacher_seconds(teachers: dict[str, Any]) -> float:
+    return teachers["train_src2tgt"]["seconds"] + teachers["train_tgt2src"]["seconds"]
+
+
+def _teacher_rows(teachers: dict[str, Any], system: str) -> list[dict[str, Any]]:
+    """The rows of one teachers report: beam 4 and greedy, speed-ups against its own beam 4."""
     updates = f"{teachers['train_src2tgt']['steps']} + {teachers['train_tgt2src']['steps']}"
-    speed = teachers["speed"]
-    table = []
+    speed, seconds, table = teachers["speed"], _teacher_seconds(teachers), []
     for decoder in (BASELINE, "teacher_greedy"):
         if decoder in teachers:
             result = teachers[decoder]
             roundtrip = (result["roundtrip_bleu_src"], result["roundtrip_bleu_tgt"]) if "roundtrip_bleu_src" in result else None
             speedup = speed[f"{BASELINE}_latency_ms"] / speed[f"{decoder}_latency_ms"]
-            table.append(_row("AR teachers (one per direction)", decoder, result, speed, updates, teacher_s, teacher_s,
-                              round(speedup, 2), roundtrip))
+            table.append(_row(system, decoder, result, speed, updates, seconds, seconds, round(speedup, 2), roundtrip))
+    return table
+
+
+def rows(teachers: dict[str, Any], reders: list[dict[str, Any]],
+         baselines: list[dict[str, Any]] = ()) -> list[dict[str, Any]]:
+    """Table rows: the KD teachers' decoders, other teachers trained as baselines only, then every REDER
+    variant and seed with each of its decoders."""
+    kd_cost = _teacher_seconds(teachers) + teachers["distill_seconds"]
+    speed = teachers["speed"]
+    table = _teacher_rows(teachers, "AR teachers (one per direction; the KD source)")
+    for baseline in baselines:
+        table += _teacher_rows(baseline, "AR teachers (one per direction; baseline only)")
     for report in reders:
         for key, entry in report.items():
             if not (isinstance(entry, dict) and "train" in entry):
@@ -106,7 +121,8 @@ def _cell(value: Any, digits: int = 1) -> str:
     return f"{value:,.{digits}f}" if isinstance(value, float) else str(value)
 
 
-def markdown(table: list[dict[str, Any]], teachers: dict[str, Any], reders: list[dict[str, Any]]) -> str:
+def markdown(table: list[dict[str, Any]], teachers: dict[str, Any], reders: list[dict[str, Any]],
+             baselines: list[dict[str, Any]] = ()) -> str:
     """The Markdown table with a line naming the device, dates and budgets of its sources."""
     names = {"src2tgt": "en→de", "tgt2src": "de→en"}
     head = ["system", "decoder", *[f"{names[d]} {s[5:9]} BLEU / chrF" for s, d in CELLS], "round trip en / de",
@@ -115,7 +131,8 @@ def markdown(table: list[dict[str, Any]], teachers: dict[str, Any], reders: list
              f"distillation {teachers['distill_seconds']:,.0f} s. REDER: "
              + "; ".join(f"{r['date']}, {r['steps']} updates"
                          + (f", FBA + CC from update {r['aux_from_update']}" if "aux_from_update" in r else "")
-                         for r in reders) + ".", "",
+                         for r in reders) + "."
+             + "".join(f" Baseline teachers: {b['date']}, {b['steps']} updates per direction." for b in baselines), "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in table:
         scores = [f"{row[f'{s}.{d}']['bleu']:.2f} / {row[f'{s}.{d}']['chrf']:.1f}" for s, d in CELLS]
@@ -131,19 +148,23 @@ def main(argv: list[str] | None = None) -> str:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("teachers", type=Path, help="the teachers phase's teachers.json")
     parser.add_argument("reder", type=Path, nargs="+", help="one or more reder phase reder.json files")
+    parser.add_argument("--baseline", type=Path, action="append", default=[],
+                        help="a teachers report made with --no-distill (e.g. teachers given REDER's training time); "
+                             "repeatable")
     parser.add_argument("--out", default="", help="also write <out>.md and <out>.json")
     args = parser.parse_args(argv)
     try:
         teachers = load(args.teachers, "teachers")
         reders = [load(path, "reder") for path in args.reder]
+        baselines = [load(path, "teachers") for path in args.baseline]
     except ValueError as error:
         parser.error(str(error))
-    for path, report in zip(args.reder, reders):
+    for path, report in [*zip(args.reder, reders), *zip(args.baseline, baselines)]:
         if report["device"] != teachers["device"]:
             parser.error(f"{path} was measured on {report['device']!r}, {args.teachers} on {teachers['device']!r}: "
                          "one table holds one device's numbers")
-    table = rows(teachers, reders)
-    text = markdown(table, teachers, reders)
+    table = rows(teachers, reders, baselines)
+    text = markdown(table, teachers, reders, baselines)
     if args.out:
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)

@@ -15,7 +15,7 @@ TEACHERS, REDER = RESULTS / "quality_teachers_h100.json", RESULTS / "quality_red
 def test_rows_carry_the_reports_numbers_and_the_cost_of_kd():
     teachers, reder = json.loads(TEACHERS.read_text()), json.loads(REDER.read_text())
     table = {(row["system"], row["decoder"]): row for row in quality_table.rows(teachers, [reder])}
-    beam = table[("AR teachers (one per direction)", "beam 4")]
+    beam = table[("AR teachers (one per direction; the KD source)", "beam 4")]
     assert beam["test_2016_flickr.src2tgt"] == teachers["teacher_beam4"]["test_2016_flickr.src2tgt"]
     assert beam["speedup_vs_teacher_beam4_batch1"] == 1.0 and beam["updates"] == "3000 + 3000"
     teacher_s = teachers["train_src2tgt"]["seconds"] + teachers["train_tgt2src"]["seconds"]
@@ -49,3 +49,11 @@ def test_mixed_devices_and_wrong_reports_are_errors_naming_the_file(tmp_path, ca
         quality_table.main([str(TEACHERS), str(bad)])
     error = capsys.readouterr().err
     assert message in error and str(bad) in error
+
+
+def test_baseline_teachers_are_rows_without_kd_cost(capsys):
+    teachers = json.loads(TEACHERS.read_text())
+    text = quality_table.main([str(TEACHERS), str(REDER), "--baseline", str(TEACHERS)])
+    seconds = round(teachers["train_src2tgt"]["seconds"] + teachers["train_tgt2src"]["seconds"])
+    assert f"| AR teachers (one per direction; baseline only) | beam 4 | 37.41 / 62.2 |" in text
+    assert text.count(f"| 3000 + 3000 | {seconds} | {seconds} |") == 4  # KD source and baseline, beam 4 and greedy
