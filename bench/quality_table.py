@@ -64,7 +64,8 @@ def _row(system: str, decoder: str, scores: dict, speed: dict, updates: str, tra
             **{f"{split}.{direction}": scores[f"{split}.{direction}"] for split, direction in CELLS},
             "roundtrip_bleu_src": roundtrip[0] if roundtrip else None,
             "roundtrip_bleu_tgt": roundtrip[1] if roundtrip else None,
-            "latency_ms": speed.get(f"{decoder}_latency_ms"), "sentences_per_s": speed.get(f"{decoder}_sentences_per_s"),
+            "latency_ms": speed.get(f"{decoder}_latency_ms"),
+            "sentences_per_s": speed.get(f"{decoder}_sentences_per_s"),
             "speedup_vs_teacher_beam4_batch1": speedup, "updates": updates, "train_s": round(train_s),
             "total_s": round(total_s)}
 
@@ -80,7 +81,8 @@ def _teacher_rows(teachers: dict[str, Any], system: str) -> list[dict[str, Any]]
     for decoder in (BASELINE, "teacher_greedy"):
         if decoder in teachers:
             result = teachers[decoder]
-            roundtrip = (result["roundtrip_bleu_src"], result["roundtrip_bleu_tgt"]) if "roundtrip_bleu_src" in result else None
+            roundtrip = ((result["roundtrip_bleu_src"], result["roundtrip_bleu_tgt"])
+                         if "roundtrip_bleu_src" in result else None)
             speedup = speed[f"{BASELINE}_latency_ms"] / speed[f"{decoder}_latency_ms"]
             table.append(_row(system, decoder, result, speed, updates, seconds, seconds, round(speedup, 2), roundtrip))
     return table
@@ -115,32 +117,38 @@ def rows(teachers: dict[str, Any], reders: list[dict[str, Any]],
     return table
 
 
-def _cell(value: Any, digits: int = 1) -> str:
-    if value is None:
-        return "–"
-    return f"{value:,.{digits}f}" if isinstance(value, float) else str(value)
+def _cell(value: Any, form: str = "{:,.1f}") -> str:
+    return "–" if value is None else form.format(value)
+
+
+def _sources(teachers: dict[str, Any], reders: list[dict[str, Any]], baselines: list[dict[str, Any]]) -> str:
+    """One line naming the device, dates and budgets of the reports."""
+    line = (f"Device: {teachers['device']}. Teachers: {teachers['date']}, {teachers['steps']} updates per direction, "
+            f"distillation {teachers['distill_seconds']:,.0f} s.")
+    for report in reders:
+        aux = f", FBA + CC from update {report['aux_from_update']}" if "aux_from_update" in report else ""
+        line += f" REDER: {report['date']}, {report['steps']} updates{aux}."
+    for report in baselines:
+        line += f" Baseline teachers: {report['date']}, {report['steps']} updates per direction."
+    return line
 
 
 def markdown(table: list[dict[str, Any]], teachers: dict[str, Any], reders: list[dict[str, Any]],
              baselines: list[dict[str, Any]] = ()) -> str:
-    """The Markdown table with a line naming the device, dates and budgets of its sources."""
+    """The Markdown table under the line naming its sources."""
     names = {"src2tgt": "en→de", "tgt2src": "de→en"}
     head = ["system", "decoder", *[f"{names[d]} {s[5:9]} BLEU / chrF" for s, d in CELLS], "round trip en / de",
-            "latency b1 (ms)", "sent/s b64", "speed-up vs teacher beam 4 (b1)", "updates", "train s", "total s incl. KD"]
-    lines = [f"Device: {teachers['device']}. Teachers: {teachers['date']}, {teachers['steps']} updates per direction, "
-             f"distillation {teachers['distill_seconds']:,.0f} s. REDER: "
-             + "; ".join(f"{r['date']}, {r['steps']} updates"
-                         + (f", FBA + CC from update {r['aux_from_update']}" if "aux_from_update" in r else "")
-                         for r in reders) + "."
-             + "".join(f" Baseline teachers: {b['date']}, {b['steps']} updates per direction." for b in baselines), "",
-             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+            "latency b1 (ms)", "sent/s b64", "speed-up vs teacher beam 4 (b1)", "updates", "train s",
+            "total s incl. KD"]
+    lines = [_sources(teachers, reders, baselines), "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in table:
         scores = [f"{row[f'{s}.{d}']['bleu']:.2f} / {row[f'{s}.{d}']['chrf']:.1f}" for s, d in CELLS]
-        roundtrip = "–" if row["roundtrip_bleu_src"] is None else f"{row['roundtrip_bleu_src']:.1f} / {row['roundtrip_bleu_tgt']:.1f}"
-        speedup = "–" if row["speedup_vs_teacher_beam4_batch1"] is None else f"{row['speedup_vs_teacher_beam4_batch1']:.2f}×"
-        lines.append("| " + " | ".join([row["system"], row["decoder"], *scores, roundtrip, _cell(row["latency_ms"]),
-                                         _cell(row["sentences_per_s"], 0), speedup, row["updates"],
-                                         f"{row['train_s']:,}", f"{row['total_s']:,}"]) + " |")
+        roundtrip = (_cell(row["roundtrip_bleu_src"]) + " / " + _cell(row["roundtrip_bleu_tgt"])
+                     if row["roundtrip_bleu_src"] is not None else "–")
+        cells = [row["system"], row["decoder"], *scores, roundtrip, _cell(row["latency_ms"]),
+                 _cell(row["sentences_per_s"], "{:,.0f}"), _cell(row["speedup_vs_teacher_beam4_batch1"], "{:.2f}×"),
+                 row["updates"], f"{row['train_s']:,}", f"{row['total_s']:,}"]
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
