@@ -23,17 +23,12 @@ import json
 from pathlib import Path
 from typing import Any
 
+from bench.quality import TESTS, VARIANTS
 from pipeline.stage import write_json, write_text
 
-TESTS = ("test_2016_flickr", "test_2017_flickr")
 CELLS = [(split, direction) for split in TESTS for direction in ("src2tgt", "tgt2src")]
-SYSTEMS = {  # reder variant -> (label, trained on the teachers' KD corpus)
-    "kd": ("REDER + KD, FBA + CC", True),
-    "raw": ("REDER, no KD, FBA + CC", False),
-    "kd_noaux": ("REDER + KD, no FBA/CC", True),
-    "dag_kd": ("REDER-DAG + KD, FBA + CC", True),
-    "dag_kd_noaux": ("REDER-DAG + KD, no FBA/CC", True),
-}
+LABELS = {"kd": "REDER + KD, FBA + CC", "raw": "REDER, no KD, FBA + CC", "kd_noaux": "REDER + KD, no FBA/CC",
+          "dag_kd": "REDER-DAG + KD, FBA + CC", "dag_kd_noaux": "REDER-DAG + KD, no FBA/CC"}  # VARIANTS' names
 BASELINE = "teacher_beam4"
 
 
@@ -52,9 +47,11 @@ def load(path: Path, phase: str) -> dict[str, Any]:
         report = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as error:
         raise ValueError(f"{path}: not a readable JSON report ({error})") from error
-    if not isinstance(report, dict) or report.get("benchmark") != "quality" or report.get("phase") != phase:
+    if not isinstance(report, dict):
+        raise ValueError(f"{path}: not a JSON object")
+    if report.get("benchmark") != "quality" or report.get("phase") != phase:
         raise ValueError(f"{path}: not a bench.quality '{phase}' report (benchmark={report.get('benchmark')!r}, "
-                         f"phase={report.get('phase')!r})" if isinstance(report, dict) else f"{path}: not a JSON object")
+                         f"phase={report.get('phase')!r})")
     return report
 
 
@@ -102,8 +99,8 @@ def rows(teachers: dict[str, Any], reders: list[dict[str, Any]],
             if not (isinstance(entry, dict) and "train" in entry):
                 continue
             variant, _, seed = key.partition("_seed")
-            label, kd = SYSTEMS[variant]
-            label += f" (seed {seed})" if seed else ""
+            kd = VARIANTS[variant][0]  # trained on the teachers' KD corpus
+            label = LABELS[variant] + (f" (seed {seed})" if seed else "")
             own = entry["speed"]
             decoders = [name for name, value in entry.items() if isinstance(value, dict) and f"{TESTS[0]}.src2tgt" in value]
             for decoder in decoders:

@@ -55,5 +55,11 @@ def test_baseline_teachers_are_rows_without_kd_cost(capsys):
     teachers = json.loads(TEACHERS.read_text())
     text = quality_table.main([str(TEACHERS), str(REDER), "--baseline", str(TEACHERS)])
     seconds = round(teachers["train_src2tgt"]["seconds"] + teachers["train_tgt2src"]["seconds"])
-    assert f"| AR teachers (one per direction; baseline only) | beam 4 | 37.41 / 62.2 |" in text
+    assert "| AR teachers (one per direction; baseline only) | beam 4 | 37.41 / 62.2 |" in text
     assert text.count(f"| 3000 + 3000 | {seconds} | {seconds} |") == 4  # KD source and baseline, beam 4 and greedy
+
+
+def test_every_quality_variant_has_a_label():
+    from bench import quality
+
+    assert set(quality_table.LABELS) == set(quality.VARIANTS)
