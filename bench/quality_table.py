@@ -67,6 +67,11 @@ def _row(system: str, decoder: str, scores: dict, speed: dict, updates: str, tra
             "total_s": round(total_s)}
 
 
+def _roundtrip(result: dict[str, Any]) -> tuple[float, float] | None:
+    """The (en, de) round-trip BLEU a result carries, if any."""
+    return (result["roundtrip_bleu_src"], result["roundtrip_bleu_tgt"]) if "roundtrip_bleu_src" in result else None
+
+
 def _teacher_seconds(teachers: dict[str, Any]) -> float:
     return teachers["train_src2tgt"]["seconds"] + teachers["train_tgt2src"]["seconds"]
 
@@ -77,11 +82,9 @@ def _teacher_rows(teachers: dict[str, Any], system: str) -> list[dict[str, Any]]
     speed, seconds, table = teachers["speed"], _teacher_seconds(teachers), []
     for decoder in (BASELINE, "teacher_greedy"):
         if decoder in teachers:
-            result = teachers[decoder]
-            roundtrip = ((result["roundtrip_bleu_src"], result["roundtrip_bleu_tgt"])
-                         if "roundtrip_bleu_src" in result else None)
             speedup = speed[f"{BASELINE}_latency_ms"] / speed[f"{decoder}_latency_ms"]
-            table.append(_row(system, decoder, result, speed, updates, seconds, seconds, round(speedup, 2), roundtrip))
+            table.append(_row(system, decoder, teachers[decoder], speed, updates, seconds, seconds, round(speedup, 2),
+                              _roundtrip(teachers[decoder])))
     return table
 
 
@@ -107,7 +110,7 @@ def rows(teachers: dict[str, Any], reders: list[dict[str, Any]],
                 speedup = own.get(f"speedup_{decoder}_vs_{BASELINE}_batch1")
                 if speedup is None and f"{decoder}_latency_ms" in own:
                     speedup = round(speed[f"{BASELINE}_latency_ms"] / own[f"{decoder}_latency_ms"], 2)
-                roundtrip = (entry["roundtrip_bleu_src"], entry["roundtrip_bleu_tgt"]) if decoder == decoders[0] else None
+                roundtrip = _roundtrip(entry) if decoder == decoders[0] else None  # REDER's round trip is greedy
                 train_s = entry["train"]["seconds"]
                 table.append(_row(label, decoder, entry[decoder], own, str(entry["train"]["steps"]), train_s,
                                   train_s + (kd_cost if kd else 0.0), speedup, roundtrip))
