@@ -3,6 +3,7 @@ auxiliary losses, the same number of updates each, on one GPU (or CPU, slowly), 
 
     python -m bench.quality teachers --data-dir ../shared/data/multi30k --out OUT [--steps 3000]
     python -m bench.quality reder --data-dir ../shared/data/multi30k --from OUT --out OUT2 [--steps 3000]
+    python -m bench.quality aux --data-dir ../shared/data/multi30k --from OUT --out OUT3 [--steps 3000] [--aux-from 0.75]
 
 Two phases, so that each fits one 10-minute GPU call (the device machines have no Ray, see bench/training.py;
 the pipeline's `configs/multi30k.yaml` is the same recipe through Ray):
@@ -18,7 +19,11 @@ the pipeline's `configs/multi30k.yaml` is the same recipe through Ray):
   evaluate stage's decoders (`decoders_for`: CTC greedy, `--beam` and teacher reranking when the teachers
   were saved; DAG greedy, lookahead, Viterbi) on both test sets, both directions, round trip (greedy),
   and timed the same way (with the teachers' greedy and beam 4 alongside when they were saved).
-Prints and writes JSON (`teachers.json` / `reder.json`).
+- `aux`: the auxiliary losses' paired ablation, the paper's two-stage recipe: one REDER on the KD pairs without
+  FBA/CC to update `--aux-from` × `--steps`, then continued to `--steps` twice from the same weights, optimizer
+  state and batches, with FBA + CC and without; the first stage and both continuations scored as in `reder`,
+  and the continuations compared with sacreBLEU's paired bootstrap on every test set and direction.
+Prints and writes JSON (`teachers.json` / `reder.json` / `aux.json`).
 """
 from __future__ import annotations
 
@@ -46,8 +51,10 @@ def _lines(data: Path, split: str) -> tuple[list[str], list[str]]:
             (data / f"{split}.de").read_text(encoding="utf-8").splitlines())
 
 
-def _scores(translate, sp, data: Path, directions=("src2tgt", "tgt2src")) -> dict[str, dict[str, float]]:
-    """sacreBLEU BLEU/chrF of `translate(encoded, direction)` on both test sets."""
+def _scores(translate, sp, data: Path, directions=("src2tgt", "tgt2src"),
+            kept: dict | None = None) -> dict[str, dict[str, float]]:
+    """sacreBLEU BLEU/chrF of `translate(encoded, direction)` on both test sets (the detokenized outputs go
+    into `kept` when given, by test set and direction)."""
     from pipeline.evaluate import corpus_scores
     from reder.translate import encode_lines
 
@@ -58,6 +65,8 @@ def _scores(translate, sp, data: Path, directions=("src2tgt", "tgt2src")) -> dic
             inputs, references = (english, german) if direction == "src2tgt" else (german, english)
             hypotheses = [sp.decode(h) for h in translate(encode_lines(sp, inputs), direction)]
             result = corpus_scores(hypotheses, references)
+            if kept is not None:
+                kept[f"{split}.{direction}"] = hypotheses
             scores[f"{split}.{direction}"] = {"bleu": round(result["bleu"], 2), "chrf": round(result["chrf"], 2)}
     return scores
 
@@ -156,35 +165,79 @@ def _load_teachers(source: Path, vocab_size: int, device: str) -> dict:
     return {d: load_teacher_dir(p, d, vocab_size, device) for d, p in dirs.items()} if all(p.is_dir() for p in dirs.values()) else {}
 
 
-def reder_phase(args: argparse.Namespace, cfg, device: str) -> dict:
+def _reder_inputs(args: argparse.Namespace, cfg, device: str) -> SimpleNamespace:
+    """What the reder and aux phases read from the teachers phase's output: the SentencePiece model, the
+    token ids of the references and of the KD outputs, the teachers (when saved) and the evaluation settings."""
     import sentencepiece
 
-    from bench import training
-    from pipeline import tokenize
-    from pipeline.evaluate import decoders_for, measure_speed
-    from reder import DuplexLoss, LossConfig, REDER
     from reder.translate import encode_lines
 
     data, source = Path(args.data_dir), Path(args.source)
     sp = sentencepiece.SentencePieceProcessor(model_file=str(source / "spm.model"))
     kd = pq.read_table(source / "kd.parquet")
-    src, tgt = kd.column("src_ids").to_pylist(), kd.column("tgt_ids").to_pylist()
-    kd_tgt, kd_src = kd.column("kd_tgt_ids").to_pylist(), kd.column("kd_src_ids").to_pylist()
     teachers = _load_teachers(source, cfg.model.vocab_size, device)
     evaluation = SimpleNamespace(teacher_baseline=bool(teachers), teacher_beam_size=4, beam_size=args.beam,
                                  rerank_with_teacher=bool(teachers) and args.beam > 1, **vars(SPEED))
+    return SimpleNamespace(data=data, sp=sp, teachers=teachers, evaluation=evaluation,
+                           test=encode_lines(sp, _lines(data, TESTS[0])[0]),
+                           **{name: kd.column(name).to_pylist() for name in ("src_ids", "tgt_ids", "kd_tgt_ids", "kd_src_ids")})
+
+
+def _kd_loss(objective, inputs: SimpleNamespace, order: list[list[int]], device: str):
+    """loss(step, b) on KD batch b: src2tgt on (x, teacher(x)), tgt2src on (teacher(y), y)."""
+    from bench import training
+
+    def loss(step: int, b: int) -> torch.Tensor:
+        forward = training.tensors(inputs.src_ids, inputs.kd_tgt_ids, order[b], device)
+        backward = training.tensors(inputs.kd_src_ids, inputs.tgt_ids, order[b], device)
+        return objective(*forward, step, tgt2src_batch=backward)["total"]
+    return loss
+
+
+def _kd_batches(inputs: SimpleNamespace, max_tokens: int) -> list[list[int]]:
+    """KD pairs bucketed by the longer side of each direction's pair."""
+    from bench import training
+
+    return training.batches([max(len(a), len(b)) for a, b in zip(inputs.src_ids, inputs.kd_src_ids)],
+                            [max(len(a), len(b)) for a, b in zip(inputs.tgt_ids, inputs.kd_tgt_ids)], max_tokens)
+
+
+def _evaluate(model, inputs: SimpleNamespace, hypotheses: dict | None = None) -> dict:
+    """A trained REDER scored with every decoder of the evaluate stage on both test sets both ways, its greedy
+    round trip, and its speed (with the teachers' alongside when they were saved)."""
+    from pipeline.evaluate import decoders_for, measure_speed
+
+    entry = {}
+    systems = decoders_for(model, inputs.evaluation, inputs.teachers)
+    for decoder, translate in systems.items():
+        if not decoder.startswith("teacher_"):  # the teachers are scored by their own phase
+            kept = {} if hypotheses is not None else None
+            entry[decoder] = _scores(lambda encoded, d, t=translate: t(encoded, d, 64), inputs.sp, inputs.data, kept=kept)
+            if kept is not None:
+                hypotheses[decoder] = kept
+    greedy = next(iter(systems))  # greedy (CTC and DAG)
+    entry.update(_roundtrip(lambda encoded, d: systems[greedy](encoded, d, 64), inputs.sp, inputs.data))
+    entry["speed"] = measure_speed(model, inputs.test, systems, inputs.evaluation)
+    return entry
+
+
+def reder_phase(args: argparse.Namespace, cfg, device: str) -> dict:
+    from bench import training
+    from pipeline import tokenize
+    from reder import DuplexLoss, LossConfig, REDER
+
+    inputs = _reder_inputs(args, cfg, device)
+    src, tgt = inputs.src_ids, inputs.tgt_ids
     aux_from = int(args.aux_from * args.steps)
     report = {**_header(args, device), "train_pairs": len(src), "aux_from_update": aux_from, "seeds": args.seeds,
-              "teachers_loaded": bool(teachers)}
-    test = encode_lines(sp, _lines(data, TESTS[0])[0])
+              "teachers_loaded": bool(inputs.teachers)}
     for name in args.variants:
         use_kd, aux, overrides = VARIANTS[name]
         model_cfg = replace(cfg.model, memory_efficient=False, **overrides)
         loss_config = LossConfig(lambda_fba=cfg.loss.lambda_fba, lambda_cc=cfg.loss.lambda_cc, aux_start_step=aux_from) \
             if aux else LossConfig(0.0, 0.0, 0)
-        if use_kd:  # src2tgt on (x, teacher(x)), tgt2src on (teacher(y), y); bucketed by the longer side
-            order = training.batches([max(len(a), len(b)) for a, b in zip(src, kd_src)],
-                                     [max(len(a), len(b)) for a, b in zip(tgt, kd_tgt)], args.max_tokens)
+        if use_kd:
+            order = _kd_batches(inputs, args.max_tokens)
         else:  # the references, filtered as the tokenize stage would for this head
             rule = tokenize.feasibility_rule(model_cfg)
             feasible = [i for i in range(len(src)) if rule(len(src[i]), tgt[i]) and rule(len(tgt[i]), src[i])]
@@ -195,34 +248,84 @@ def reder_phase(args: argparse.Namespace, cfg, device: str) -> dict:
             torch.manual_seed(seed)
             model = REDER(model_cfg, loss_config).to(device)
             objective = DuplexLoss(model)
-
-            def loss(step: int, b: int) -> torch.Tensor:
-                if use_kd:
-                    forward = training.tensors(src, kd_tgt, order[b], device)
-                    return objective(*forward, step, tgt2src_batch=training.tensors(kd_src, tgt, order[b], device))["total"]
-                return objective(*training.tensors(pairs_src, pairs_tgt, order[b], device), step)["total"]
-
+            loss = _kd_loss(objective, inputs, order, device) if use_kd else \
+                lambda step, b: objective(*training.tensors(pairs_src, pairs_tgt, order[b], device), step)["total"]
             entry = {"head": model_cfg.head, "seed": seed,
                      "train": training.fit(model, loss, len(order), args.steps, args.lr, args.warmup, device, args.time_cap_s)}
-            systems = decoders_for(model, evaluation, teachers)
-            for decoder, translate in systems.items():
-                if not decoder.startswith("teacher_"):  # the teachers are scored by their own phase
-                    entry[decoder] = _scores(lambda encoded, d, t=translate: t(encoded, d, 64), sp, data)
-            greedy = next(iter(systems))  # greedy (CTC and DAG)
-            entry.update(_roundtrip(lambda encoded, d: systems[greedy](encoded, d, 64), sp, data))
-            entry["speed"] = measure_speed(model, test, systems, evaluation)
+            entry.update(_evaluate(model, inputs))
             key = name if len(args.seeds) == 1 else f"{name}_seed{seed}"
             report[key] = entry
             print(json.dumps({key: entry}), flush=True)
     return report
 
 
+def _paired_bootstrap(baseline: dict, system: dict, data: Path, samples: int = 1000) -> dict:
+    """sacreBLEU's paired bootstrap resampling (as `sacrebleu --paired-bs`) of `system` against `baseline`
+    on every test set and direction: {cell: {baseline, system, delta, p_value, ci95 of system}}."""
+    from sacrebleu.metrics import BLEU
+    from sacrebleu.significance import PairedTest
+
+    result = {}
+    for split in TESTS:
+        english, german = _lines(data, split)
+        for direction, references in (("src2tgt", german), ("tgt2src", english)):
+            cell = f"{split}.{direction}"
+            _, scores = PairedTest([("baseline", baseline[cell]), ("system", system[cell])], {"BLEU": BLEU()},
+                                   [references], test_type="bs", n_samples=samples)()
+            base, other = scores["BLEU"]
+            result[cell] = {"baseline": round(base.score, 2), "system": round(other.score, 2),
+                            "delta": round(other.score - base.score, 2), "p_value": round(other.p_value, 4),
+                            "system_ci95": round(other.ci, 2), "samples": samples}
+    return result
+
+
+def aux_phase(args: argparse.Namespace, cfg, device: str) -> dict:
+    """The auxiliary losses' gain as the paper measures it: one REDER trained on the KD pairs without them to
+    update --aux-from × --steps (the first stage), then continued to --steps twice from the same weights and
+    optimizer state, same batches, same seed: with FBA + CC (`kd`) and without (`kd_noaux`). All three are
+    scored; the two continuations are compared with sacreBLEU's paired bootstrap on every test set."""
+    import copy
+
+    from bench import training
+    from reder import DuplexLoss, LossConfig, REDER
+
+    inputs = _reder_inputs(args, cfg, device)
+    fork = int(args.aux_from * args.steps)
+    if not 0 < fork < args.steps:
+        raise ValueError(f"aux: --aux-from {args.aux_from} must put the fork strictly inside the {args.steps} updates")
+    model_cfg = replace(cfg.model, memory_efficient=False)
+    order = _kd_batches(inputs, args.max_tokens)
+    report = {**_header(args, device), "train_pairs": len(inputs.src_ids), "fork_update": fork,
+              "teachers_loaded": bool(inputs.teachers), "head": model_cfg.head,
+              "lambda_fba": cfg.loss.lambda_fba, "lambda_cc": cfg.loss.lambda_cc}
+    torch.manual_seed(1)
+    model, state, hypotheses = REDER(model_cfg, LossConfig(0.0, 0.0, 0)).to(device), {}, {}
+    stage1 = training.fit(model, _kd_loss(DuplexLoss(model), inputs, order, device), len(order), fork, args.lr,
+                          args.warmup, device, state=state)
+    weights, state = copy.deepcopy(model.state_dict()), copy.deepcopy(state)
+    report["stage1"] = {"train": stage1, **_evaluate(model, inputs)}
+    print(json.dumps({"stage1": report["stage1"]}), flush=True)
+    for name, loss_config in (("kd", LossConfig(cfg.loss.lambda_fba, cfg.loss.lambda_cc, aux_start_step=fork)),
+                              ("kd_noaux", LossConfig(0.0, 0.0, 0))):
+        torch.manual_seed(2)
+        model = REDER(model_cfg, loss_config).to(device)
+        model.load_state_dict(weights)
+        entry = {"train": training.fit(model, _kd_loss(DuplexLoss(model), inputs, order, device), len(order),
+                                       args.steps, args.lr, args.warmup, device, state=copy.deepcopy(state))}
+        entry.update(_evaluate(model, inputs, hypotheses.setdefault(name, {})))
+        report[name] = entry
+        print(json.dumps({name: entry}), flush=True)
+    report["paired_bootstrap_greedy"] = _paired_bootstrap(hypotheses["kd_noaux"]["greedy"], hypotheses["kd"]["greedy"],
+                                                          inputs.data)
+    return report
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("phase", choices=("teachers", "reder"))
+    parser.add_argument("phase", choices=("teachers", "reder", "aux"))
     parser.add_argument("--data-dir", default=str(REPO_ROOT.parent / "shared" / "data" / "multi30k"))
     parser.add_argument("--out", required=True, help="output directory")
-    parser.add_argument("--from", dest="source", default="", help="reder: the teachers phase's output directory")
+    parser.add_argument("--from", dest="source", default="", help="reder, aux: the teachers phase's output directory")
     parser.add_argument("--config", default=str(REPO_ROOT / "configs" / "multi30k.yaml"))
     parser.add_argument("--steps", type=int, default=3000, help="updates per model")
     parser.add_argument("--max-tokens", type=int, default=16384)
@@ -230,7 +333,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--warmup", type=int, default=1000)
     parser.add_argument("--time-cap-s", type=float, default=float("inf"), help="stop a model's training after this")
     parser.add_argument("--variants", nargs="+", default=["kd", "raw", "kd_noaux", "dag_kd"], choices=list(VARIANTS))
-    parser.add_argument("--aux-from", type=float, default=0.5, help="reder: FBA + CC from this fraction of --steps")
+    parser.add_argument("--aux-from", type=float, default=0.5, help="reder: FBA + CC from this fraction of --steps; aux: where the first stage ends")
     parser.add_argument("--seeds", type=int, nargs="+", default=[1], help="reder: one model per variant and seed")
     parser.add_argument("--beam", type=int, default=1,
                         help="reder: also score CTC beam search of this size (and teacher reranking when the teachers "
@@ -245,7 +348,7 @@ def main(argv: list[str] | None = None) -> dict:
     cfg = load_config(args.config, args.overrides)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     Path(args.out).mkdir(parents=True, exist_ok=True)
-    report = teachers_phase(args, cfg, device) if args.phase == "teachers" else reder_phase(args, cfg, device)
+    report = {"teachers": teachers_phase, "reder": reder_phase, "aux": aux_phase}[args.phase](args, cfg, device)
     (Path(args.out) / f"{args.phase}.json").write_text(json.dumps(report, indent=2), encoding="utf-8")
     print(json.dumps(report, indent=2))
     return report

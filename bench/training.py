@@ -28,13 +28,20 @@ def tensors(sources: list[list[int]], targets: list[list[int]], index: list[int]
 
 
 def fit(model: torch.nn.Module, loss: Callable[[int, int], torch.Tensor], count: int, steps: int, lr: float,
-        warmup: int, device: str, time_cap_s: float = float("inf")) -> dict[str, float]:
-    """`steps` updates of `loss(step, batch_number)` (or fewer if `time_cap_s` runs out): returns the steps
-    done, the seconds and the last loss."""
+        warmup: int, device: str, time_cap_s: float = float("inf"), state: dict | None = None) -> dict[str, float]:
+    """Train until update `steps` with `loss(step, batch_number)` (or stop early if `time_cap_s` runs out):
+    returns the updates done by this call, its seconds and the last loss. `state`, a dict of the caller's,
+    carries the optimizer, the schedule and the update count from one call to the next: given one that a
+    previous call filled, training goes on where it stopped (a deep copy of it forks the run)."""
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.01)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: inverse_sqrt(step, lr, warmup, 1e-7) / lr)
-    started, value, step = time.perf_counter(), float("nan"), 0
+    step = 0
+    if state:
+        optimizer.load_state_dict(state["optimizer"])
+        schedule.load_state_dict(state["schedule"])
+        step = state["step"]
+    started, value, first = time.perf_counter(), float("nan"), step
     while step < steps and time.perf_counter() - started < time_cap_s:
         with torch.autocast(device, dtype=torch.bfloat16, enabled=device == "cuda"):
             total = loss(step, step % count)
@@ -46,4 +53,6 @@ def fit(model: torch.nn.Module, loss: Callable[[int, int], torch.Tensor], count:
         step += 1
         value = float(total.detach())
     model.eval()
-    return {"steps": step, "seconds": round(time.perf_counter() - started, 1), "last_loss": round(value, 4)}
+    if state is not None:
+        state.update(optimizer=optimizer.state_dict(), schedule=schedule.state_dict(), step=step)
+    return {"steps": step - first, "seconds": round(time.perf_counter() - started, 1), "last_loss": round(value, 4)}

@@ -1,0 +1,61 @@
+"""bench.quality's aux phase (the auxiliary losses' paired ablation) end to end on a slice of Multi30k, and its
+paired bootstrap against sacreBLEU's own scores."""
+import json
+
+import pytest
+import sacrebleu
+
+from bench import quality
+from tests.conftest import SHARED_DATA
+
+TINY = ["model.vocab_size=300", "model.d_model=32", "model.n_heads=2", "model.ffn_dim=64", "model.layers_per_end=1",
+        "teacher.model.d_model=32", "teacher.model.n_heads=2", "teacher.model.ffn_dim=64",
+        "teacher.model.encoder_layers=1", "teacher.model.decoder_layers=1"]
+
+
+@pytest.fixture
+def multi30k_slice(tmp_path):
+    """The first 150 training pairs and 12 sentences of each test set."""
+    data = tmp_path / "data"
+    data.mkdir()
+    for split, count in (("train", 150), *((split, 12) for split in quality.TESTS)):
+        for language in ("en", "de"):
+            lines = (SHARED_DATA / "multi30k" / f"{split}.{language}").read_text(encoding="utf-8").splitlines()
+            (data / f"{split}.{language}").write_text("\n".join(lines[:count]) + "\n", encoding="utf-8")
+    return data
+
+
+def test_paired_bootstrap_matches_sacrebleu_and_finds_a_real_difference(multi30k_slice):
+    english, german = quality._lines(multi30k_slice, quality.TESTS[0])
+    references = {"src2tgt": german, "tgt2src": english}
+    worse = {f"{split}.{d}": [" ".join(line.split()[::2]) for line in quality._lines(multi30k_slice, split)[d == "src2tgt"]]
+             for split in quality.TESTS for d in ("src2tgt", "tgt2src")}
+    perfect = {f"{split}.{d}": quality._lines(multi30k_slice, split)[d == "src2tgt"]
+               for split in quality.TESTS for d in ("src2tgt", "tgt2src")}
+    result = quality._paired_bootstrap(worse, perfect, multi30k_slice, samples=200)
+    assert set(result) == set(worse)
+    cell = result[f"{quality.TESTS[0]}.src2tgt"]
+    expected = sacrebleu.corpus_bleu(worse[f"{quality.TESTS[0]}.src2tgt"], [references["src2tgt"]]).score
+    assert cell["baseline"] == pytest.approx(expected, abs=0.01) and cell["system"] == 100.0
+    assert cell["delta"] == pytest.approx(100.0 - expected, abs=0.02) and cell["p_value"] < 0.05
+
+
+@pytest.mark.slow
+def test_aux_phase_forks_one_first_stage_into_two_continuations(multi30k_slice, tmp_path, capsys):
+    common = ["--data-dir", str(multi30k_slice), "--max-tokens", "600", "--warmup", "1", *TINY]
+    quality.main(["teachers", "--out", str(tmp_path / "T"), "--steps", "2", *common])
+    report = quality.main(["aux", "--from", str(tmp_path / "T"), "--out", str(tmp_path / "A"), "--steps", "4",
+                           "--aux-from", "0.5", *common])
+    assert json.loads((tmp_path / "A" / "aux.json").read_text(encoding="utf-8")) == report
+    assert report["phase"] == "aux" and report["fork_update"] == 2 and report["teachers_loaded"]
+    assert report["stage1"]["train"]["steps"] == 2
+    assert report["kd"]["train"]["steps"] == report["kd_noaux"]["train"]["steps"] == 2
+    # same weights, same batches, same dropout seed: only the auxiliary terms make the losses differ
+    assert report["kd"]["train"]["last_loss"] > report["kd_noaux"]["train"]["last_loss"]
+    for cell, test in report["paired_bootstrap_greedy"].items():
+        assert test["system"] == report["kd"]["greedy"][cell]["bleu"]
+        assert test["baseline"] == report["kd_noaux"]["greedy"][cell]["bleu"]
+    assert "greedy_latency_ms" in report["kd"]["speed"] and "teacher_beam4_latency_ms" in report["kd"]["speed"]
+    with pytest.raises(ValueError, match="strictly inside"):
+        quality.main(["aux", "--from", str(tmp_path / "T"), "--out", str(tmp_path / "B"), "--steps", "4",
+                      "--aux-from", "1.0", *common])

@@ -1,0 +1,58 @@
+"""bench.training.fit: a run stopped and continued through `state` is the run that never stopped, and a deep
+copy of the state forks it (bench.quality's aux phase relies on both)."""
+import copy
+
+import torch
+
+from bench import training
+
+
+def _problem(seed: int = 0):
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+    inputs, targets = torch.randn(3, 5, 4), torch.randn(3, 5, 1)
+    return model, lambda step, b: torch.nn.functional.mse_loss(model(inputs[b]), targets[b])
+
+
+def _fit(model, loss, steps, state=None):  # warm-up longer than the run: every update has its own learning rate
+    return training.fit(model, loss, 3, steps, lr=0.01, warmup=10, device="cpu", state=state)
+
+
+def test_a_continued_run_equals_the_uninterrupted_one():
+    whole, loss = _problem()
+    assert _fit(whole, loss, 6)["steps"] == 6
+    split, loss = _problem()
+    state = {}
+    assert _fit(split, loss, 2, state)["steps"] == 2 and state["step"] == 2
+    report = _fit(split, loss, 6, state)
+    assert report["steps"] == 4 and state["step"] == 6
+    for a, b in zip(whole.parameters(), split.parameters()):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-7)
+
+
+def test_restarting_without_the_state_is_a_different_run():
+    """The check above can fail: without the optimizer's moments and the schedule, the same 6 updates differ."""
+    whole, loss = _problem()
+    _fit(whole, loss, 6)
+    restarted, loss = _problem()
+    _fit(restarted, loss, 2)
+    _fit(restarted, loss, 4)
+    assert not all(torch.allclose(a, b, atol=1e-6) for a, b in zip(whole.parameters(), restarted.parameters()))
+
+
+def test_a_copied_state_forks_two_identical_continuations():
+    model, loss = _problem()
+    state = {}
+    _fit(model, loss, 3, state)
+    weights, snapshot = copy.deepcopy(model.state_dict()), copy.deepcopy(state)
+    _fit(model, loss, 5, state)
+    first = [p.detach().clone() for p in model.parameters()]
+    other, loss = _problem(seed=1)
+    other.load_state_dict(weights)
+    _fit(other, loss, 5, copy.deepcopy(snapshot))  # different data (seed 1), same start: must differ from `first`
+    assert not all(torch.allclose(a, b) for a, b in zip(first, other.parameters()))
+    again, loss = _problem()
+    again.load_state_dict(weights)
+    _fit(again, loss, 5, snapshot)
+    for a, b in zip(first, again.parameters()):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-7)
