@@ -23,7 +23,10 @@ the pipeline's `configs/multi30k.yaml` is the same recipe through Ray):
   FBA/CC to update `--aux-from` × `--steps`, then continued to `--steps` twice from the same weights, optimizer
   state and batches, with FBA + CC and without; the first stage and both continuations scored as in `reder`,
   and the continuations compared with sacreBLEU's paired bootstrap on every test set and direction.
-Prints and writes JSON (`teachers.json` / `reder.json` / `aux.json`).
+Each model is its last update, or, with `--validate-every N`, what the pipeline's train stage publishes: the
+average of the best `--average-best` checkpoints by greedy BLEU on the validation split, scored every N updates
+(the last update's greedy scores are reported beside it). Prints and writes JSON (`teachers.json` /
+`reder.json` / `aux.json`).
 """
 from __future__ import annotations
 
@@ -43,6 +46,7 @@ import torch
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TESTS = ("test_2016_flickr", "test_2017_flickr")
+VALID = "val"
 SPEED = SimpleNamespace(latency_sentences=100, throughput_batch=64)
 
 
@@ -52,14 +56,14 @@ def _lines(data: Path, split: str) -> tuple[list[str], list[str]]:
 
 
 def _scores(translate, sp, data: Path, directions=("src2tgt", "tgt2src"),
-            kept: dict | None = None) -> dict[str, dict[str, float]]:
-    """sacreBLEU BLEU/chrF of `translate(encoded, direction)` on both test sets (the detokenized outputs go
-    into `kept` when given, by test set and direction)."""
+            kept: dict | None = None, splits: tuple[str, ...] = TESTS) -> dict[str, dict[str, float]]:
+    """sacreBLEU BLEU/chrF of `translate(encoded, direction)` on `splits` (both test sets; the detokenized
+    outputs go into `kept` when given, by split and direction)."""
     from pipeline.evaluate import corpus_scores
     from reder.translate import encode_lines
 
     scores = {}
-    for split in TESTS:
+    for split in splits:
         english, german = _lines(data, split)
         for direction in directions:
             inputs, references = (english, german) if direction == "src2tgt" else (german, english)
@@ -87,11 +91,37 @@ def _roundtrip(translate, sp, data: Path) -> dict[str, float]:
     return result
 
 
+def _checkpoints(args: argparse.Namespace, sp, data: Path, directions=("src2tgt", "tgt2src")):
+    """With --validate-every: a training.BestCheckpoints scoring greedy BLEU on the validation split in
+    `directions` (their mean, as the pipeline's valid_bleu), keeping the best --average-best; else None."""
+    from bench import training
+    from reder.translate import translate_ids
+
+    if not args.validate_every:
+        return None
+
+    def valid_bleu(model) -> float:
+        scores = _scores(lambda encoded, d: translate_ids(model, encoded, d), sp, data, directions, splits=(VALID,))
+        return sum(score["bleu"] for score in scores.values()) / len(scores)
+    return training.BestCheckpoints(valid_bleu, args.validate_every, args.average_best)
+
+
+def _average(model, checkpoints, sp, data: Path, directions=("src2tgt", "tgt2src")) -> dict:
+    """Score the last update's `model` greedily on the test sets, then load the average of the best
+    checkpoints into it (what the rest of the report scores): the pipeline's published model."""
+    from reder.translate import translate_ids
+
+    last = _scores(lambda encoded, d: translate_ids(model, encoded, d), sp, data, directions)
+    return {"last_update_greedy": last, "averaged": checkpoints.average(model),
+            "validation_seconds": round(checkpoints.seconds, 1)}
+
+
 def _header(args: argparse.Namespace, device: str) -> dict:
     """What every report starts with: the machine, the date and the training budget."""
     return {"benchmark": "quality", "phase": args.phase, "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "machine": platform.platform(), "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
             "steps": args.steps, "max_tokens": args.max_tokens, "lr": args.lr, "warmup": args.warmup,
+            "validate_every": args.validate_every, "average_best": args.average_best if args.validate_every else 1,
             "overrides": args.overrides}
 
 
@@ -120,9 +150,12 @@ def teachers_phase(args: argparse.Namespace, cfg, device: str) -> dict:
         torch.manual_seed(1)
         model = Transformer(TransformerConfig.from_dict(cfg.teacher.model.to_dict())).to(device)
         order = training.batches(list(map(len, inputs)), list(map(len, outputs)), args.max_tokens)
+        checkpoints = _checkpoints(args, sp, data, (direction,))
         report[f"train_{direction}"] = training.fit(
             model, lambda step, b: model.loss(*training.tensors(inputs, outputs, order[b], device))["total"],
-            len(order), args.steps, args.lr, args.warmup, device, args.time_cap_s)
+            len(order), args.steps, args.lr, args.warmup, device, args.time_cap_s, on_update=checkpoints)
+        if checkpoints:
+            report[f"train_{direction}"].update(_average(model, checkpoints, sp, data, (direction,)))
         teachers[direction] = model
         save_model_dir(out / f"teacher-{direction}", model, out / "spm.model", "en", "de", extra={"direction": direction})
     for beam in (1, 4):
@@ -250,8 +283,12 @@ def reder_phase(args: argparse.Namespace, cfg, device: str) -> dict:
             objective = DuplexLoss(model)
             loss = _kd_loss(objective, inputs, order, device) if use_kd else \
                 lambda step, b: objective(*training.tensors(pairs_src, pairs_tgt, order[b], device), step)["total"]
+            checkpoints = _checkpoints(args, inputs.sp, inputs.data)
             entry = {"head": model_cfg.head, "seed": seed,
-                     "train": training.fit(model, loss, len(order), args.steps, args.lr, args.warmup, device, args.time_cap_s)}
+                     "train": training.fit(model, loss, len(order), args.steps, args.lr, args.warmup, device,
+                                           args.time_cap_s, on_update=checkpoints)}
+            if checkpoints:
+                entry.update(_average(model, checkpoints, inputs.sp, inputs.data))
             entry.update(_evaluate(model, inputs))
             key = name if len(args.seeds) == 1 else f"{name}_seed{seed}"
             report[key] = entry
@@ -289,6 +326,8 @@ def aux_phase(args: argparse.Namespace, cfg, device: str) -> dict:
     from bench import training
     from reder import DuplexLoss, LossConfig, REDER
 
+    if args.validate_every:
+        raise ValueError("aux: --validate-every is not supported: the two continuations fork the last update's state")
     inputs = _reder_inputs(args, cfg, device)
     fork = int(args.aux_from * args.steps)
     if not 0 < fork < args.steps:
@@ -331,6 +370,11 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--max-tokens", type=int, default=16384)
     parser.add_argument("--lr", type=float, default=7e-4)
     parser.add_argument("--warmup", type=int, default=1000)
+    parser.add_argument("--validate-every", type=int, default=0,
+                        help="teachers, reder: score greedy BLEU on the validation split every N updates and publish "
+                             "the average of the best --average-best checkpoints, as the pipeline's train stage does "
+                             "(its last update is scored too, as last_update_greedy); 0: the last update alone")
+    parser.add_argument("--average-best", type=int, default=5, help="with --validate-every: checkpoints averaged")
     parser.add_argument("--time-cap-s", type=float, default=float("inf"), help="stop a model's training after this")
     parser.add_argument("--variants", nargs="+", default=["kd", "raw", "kd_noaux", "dag_kd"], choices=list(VARIANTS))
     parser.add_argument("--aux-from", type=float, default=0.5, help="reder: FBA + CC from this fraction of --steps; aux: where the first stage ends")

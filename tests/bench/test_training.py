@@ -1,7 +1,9 @@
 """bench.training.fit: a run stopped and continued through `state` is the run that never stopped, and a deep
-copy of the state forks it (bench.quality's aux phase relies on both)."""
+copy of the state forks it (bench.quality's aux phase relies on both); BestCheckpoints averages the best
+scored states, as the pipeline's train stage does."""
 import copy
 
+import pytest
 import torch
 
 from bench import training
@@ -56,3 +58,39 @@ def test_a_copied_state_forks_two_identical_continuations():
     _fit(again, loss, 5, snapshot)
     for a, b in zip(first, again.parameters()):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-7)
+
+
+def test_best_checkpoints_average_the_best_scored_states():
+    """Scores 3, 5, 1, 5 at updates 2, 4, 6, 8 with keep 2: updates 8 and 4 (a tie goes to the later one);
+    the average is checked against the states recorded at those updates."""
+    model, loss = _problem()
+    scores, seen, states = iter([3.0, 5.0, 1.0, 5.0]), [], {}
+
+    def score(scored):
+        assert not scored.training and not torch.is_grad_enabled()
+        seen.append(True)
+        return next(scores)
+    checkpoints = training.BestCheckpoints(score, every=2, keep=2)
+
+    def on_update(trained, step):
+        states[step] = copy.deepcopy(trained.state_dict())
+        checkpoints(trained, step)
+        assert trained.training
+    training.fit(model, loss, 3, 9, lr=0.01, warmup=10, device="cpu", on_update=on_update)
+    assert len(seen) == 4
+    assert checkpoints.average(model) == [{"step": 8, "valid_bleu": 5.0}, {"step": 4, "valid_bleu": 5.0}]
+    for name, value in model.state_dict().items():
+        torch.testing.assert_close(value, (states[8][name] + states[4][name]) / 2)
+    assert not torch.allclose(states[8]["0.weight"], states[4]["0.weight"])  # the mean is not either state
+
+
+def test_scoring_checkpoints_leaves_the_run_unchanged_and_needs_a_scored_update():
+    plain, loss = _problem()
+    _fit(plain, loss, 5)
+    scored, loss = _problem()
+    training.fit(scored, loss, 3, 5, lr=0.01, warmup=10, device="cpu",
+                 on_update=training.BestCheckpoints(lambda m: 1.0, every=1, keep=5))
+    for a, b in zip(plain.parameters(), scored.parameters()):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="shorter than 10 updates"):
+        training.BestCheckpoints(lambda m: 1.0, every=10, keep=1).average(scored)
