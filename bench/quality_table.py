@@ -32,7 +32,12 @@ LABELS = {"kd": "REDER + KD, FBA + CC", "raw": "REDER, no KD, FBA + CC", "kd_noa
 BASELINE = "teacher_beam4"
 
 
+LAST_UPDATE = "last_update_greedy"  # an averaged model's last update, scored greedily before averaging
+
+
 def _decoder_label(name: str) -> str:
+    if name == LAST_UPDATE:
+        return "greedy, last update (not averaged)"
     if name.startswith("teacher_"):
         return name.removeprefix("teacher_").replace("beam", "beam ")
     if name.startswith("beam"):
@@ -106,6 +111,7 @@ def rows(teachers: dict[str, Any], reders: list[dict[str, Any]],
             label = LABELS[variant] + (f" (seed {seed})" if seed else "")
             own = entry["speed"]
             decoders = [name for name, value in entry.items() if isinstance(value, dict) and f"{TESTS[0]}.src2tgt" in value]
+            decoders.sort(key=lambda name: name == LAST_UPDATE)  # the published (averaged) model's decoders first
             for decoder in decoders:
                 speedup = own.get(f"speedup_{decoder}_vs_{BASELINE}_batch1")
                 if speedup is None and f"{decoder}_latency_ms" in own:
@@ -121,13 +127,23 @@ def _cell(value: Any, form: str = "{:,.1f}") -> str:
     return "–" if value is None else form.format(value)
 
 
+def _averaging(report: dict[str, Any]) -> str:
+    """How a report's models were published (older reports: the last update)."""
+    if not report.get("validate_every"):
+        return ""
+    return (f", each model the average of its best {report['average_best']} checkpoints by validation BLEU "
+            f"(scored every {report['validate_every']} updates)")
+
+
 def _sources(teachers: dict[str, Any], reders: list[dict[str, Any]], baselines: list[dict[str, Any]]) -> str:
     """One line naming the device, dates and budgets of the reports."""
-    line = (f"Device: {teachers['device']}. Teachers: {teachers['date']}, {teachers['steps']} updates per direction, "
-            f"distillation {teachers['distill_seconds']:,.0f} s.")
+    line = (f"Device: {teachers['device']}. Teachers: {teachers['date']}, {teachers['steps']} updates per direction"
+            f"{_averaging(teachers)}, distillation {teachers['distill_seconds']:,.0f} s.")
     for report in reders:
-        aux = f", FBA + CC from update {report['aux_from_update']}" if "aux_from_update" in report else ""
-        line += f" REDER: {report['date']}, {report['steps']} updates{aux}."
+        variants = [key.partition("_seed")[0] for key, entry in report.items() if isinstance(entry, dict) and "train" in entry]
+        aux = any(VARIANTS[variant][1] for variant in variants) and "aux_from_update" in report
+        line += f" REDER: {report['date']}, {report['steps']} updates" + \
+            (f", FBA + CC from update {report['aux_from_update']}" if aux else "") + f"{_averaging(report)}."
     for report in baselines:
         line += f" Baseline teachers: {report['date']}, {report['steps']} updates per direction."
     return line

@@ -63,3 +63,20 @@ def test_every_quality_variant_has_a_label():
     from bench import quality
 
     assert set(quality_table.LABELS) == set(quality.VARIANTS)
+
+
+def test_an_averaged_model_is_published_first_and_its_last_update_labelled(capsys):
+    """A reder report made with --validate-every (CPU, KD without FBA/CC): the averaged model's greedy row
+    carries the round trip and the speed; the last update's row comes after it, labelled, without either."""
+    teachers, reder = RESULTS / "quality_teachers800_kd_cpu.json", RESULTS / "quality_reder_kd800_cpu.json"
+    entry = json.loads(reder.read_text())["kd_noaux"]
+    table = quality_table.rows(json.loads(teachers.read_text()), [json.loads(reder.read_text())])
+    published, last = table[-2], table[-1]
+    assert published["decoder"] == "greedy" and last["decoder"] == "greedy, last update (not averaged)"
+    assert published["test_2016_flickr.tgt2src"] == entry["greedy"]["test_2016_flickr.tgt2src"]
+    assert last["test_2016_flickr.tgt2src"] == entry["last_update_greedy"]["test_2016_flickr.tgt2src"]
+    assert published["roundtrip_bleu_src"] == entry["roundtrip_bleu_src"] and last["roundtrip_bleu_src"] is None
+    assert last["latency_ms"] is None and published["latency_ms"] == entry["speed"]["greedy_latency_ms"]
+    text = quality_table.main([str(teachers), str(reder)])
+    assert "the average of its best 3 checkpoints by validation BLEU (scored every 100 updates)" in text
+    assert "FBA + CC from" not in text  # the report's only variant trains without them
