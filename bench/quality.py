@@ -47,6 +47,7 @@ import torch
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TESTS = ("test_2016_flickr", "test_2017_flickr")
 VALID = "val"
+LAST_UPDATE = "last_update_greedy"  # an averaged model's last update, scored greedily before averaging
 SPEED = SimpleNamespace(latency_sentences=100, throughput_batch=64)
 
 
@@ -91,17 +92,23 @@ def _roundtrip(translate, sp, data: Path) -> dict[str, float]:
     return result
 
 
+def _greedy(model):
+    """translate(encoded, direction) with `model`'s greedy decoder (a teacher's beam 1)."""
+    from reder.translate import translate_ids
+
+    return lambda encoded, direction: translate_ids(model, encoded, direction)
+
+
 def _checkpoints(args: argparse.Namespace, sp, data: Path, directions=("src2tgt", "tgt2src")):
     """With --validate-every: a training.BestCheckpoints scoring greedy BLEU on the validation split in
     `directions` (their mean, as the pipeline's valid_bleu), keeping the best --average-best; else None."""
     from bench import training
-    from reder.translate import translate_ids
 
     if not args.validate_every:
         return None
 
     def valid_bleu(model) -> float:
-        scores = _scores(lambda encoded, d: translate_ids(model, encoded, d), sp, data, directions, splits=(VALID,))
+        scores = _scores(_greedy(model), sp, data, directions, splits=(VALID,))
         return sum(score["bleu"] for score in scores.values()) / len(scores)
     return training.BestCheckpoints(valid_bleu, args.validate_every, args.average_best)
 
@@ -109,10 +116,7 @@ def _checkpoints(args: argparse.Namespace, sp, data: Path, directions=("src2tgt"
 def _average(model, checkpoints, sp, data: Path, directions=("src2tgt", "tgt2src")) -> dict:
     """Score the last update's `model` greedily on the test sets, then load the average of the best
     checkpoints into it (what the rest of the report scores): the pipeline's published model."""
-    from reder.translate import translate_ids
-
-    last = _scores(lambda encoded, d: translate_ids(model, encoded, d), sp, data, directions)
-    return {"last_update_greedy": last, "averaged": checkpoints.average(model),
+    return {LAST_UPDATE: _scores(_greedy(model), sp, data, directions), "averaged": checkpoints.average(model),
             "validation_seconds": round(checkpoints.seconds, 1)}
 
 

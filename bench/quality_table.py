@@ -23,16 +23,13 @@ import json
 from pathlib import Path
 from typing import Any
 
-from bench.quality import TESTS, VARIANTS
+from bench.quality import LAST_UPDATE, TESTS, VARIANTS
 from pipeline.stage import write_json, write_text
 
 CELLS = [(split, direction) for split in TESTS for direction in ("src2tgt", "tgt2src")]
 LABELS = {"kd": "REDER + KD, FBA + CC", "raw": "REDER, no KD, FBA + CC", "kd_noaux": "REDER + KD, no FBA/CC",
           "dag_kd": "REDER-DAG + KD, FBA + CC", "dag_kd_noaux": "REDER-DAG + KD, no FBA/CC"}  # VARIANTS' names
 BASELINE = "teacher_beam4"
-
-
-LAST_UPDATE = "last_update_greedy"  # an averaged model's last update, scored greedily before averaging
 
 
 def _decoder_label(name: str) -> str:

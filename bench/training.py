@@ -42,7 +42,7 @@ class BestCheckpoints:
         self.seconds = 0.0
 
     def __call__(self, model: torch.nn.Module, step: int) -> None:
-        if step % self.every == 0 and all(step != kept_step for _, kept_step, _ in self.kept):
+        if step % self.every == 0:
             started, was_training = time.perf_counter(), model.training
             model.eval()
             try:
@@ -50,8 +50,8 @@ class BestCheckpoints:
                     value = float(self.score(model))
             finally:
                 model.train(was_training)
-            copy = {name: tensor.detach().to("cpu", copy=True) for name, tensor in model.state_dict().items()}
-            self.kept = sorted(self.kept + [(value, step, copy)], key=lambda kept: (-kept[0], -kept[1]))[: self.keep]
+            snapshot = {name: tensor.detach().to("cpu", copy=True) for name, tensor in model.state_dict().items()}
+            self.kept = sorted(self.kept + [(value, step, snapshot)], key=lambda kept: (-kept[0], -kept[1]))[: self.keep]
             self.seconds += time.perf_counter() - started
 
     def average(self, model: torch.nn.Module) -> list[dict[str, float]]:
