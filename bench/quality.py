@@ -49,6 +49,7 @@ TESTS = ("test_2016_flickr", "test_2017_flickr")
 VALID = "val"
 LAST_UPDATE = "last_update_greedy"  # an averaged model's last update, scored greedily before averaging
 SPEED = SimpleNamespace(latency_sentences=100, throughput_batch=64)
+MODEL_DIR = "model-"  # + a reder phase's key: the model directories of --save-models
 
 
 def _lines(data: Path, split: str) -> tuple[list[str], list[str]]:
@@ -124,7 +125,8 @@ def _header(args: argparse.Namespace, device: str) -> dict:
     """What every report starts with: the machine, the date and the training budget."""
     return {"benchmark": "quality", "phase": args.phase, "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "machine": platform.platform(), "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
-            "steps": args.steps, "max_tokens": args.max_tokens, "lr": args.lr, "warmup": args.warmup,
+            "steps": args.steps, "time_cap_s": args.time_cap_s if args.time_cap_s != float("inf") else None,
+            "max_tokens": args.max_tokens, "lr": args.lr, "warmup": args.warmup,
             "validate_every": args.validate_every, "average_best": args.average_best if args.validate_every else 1,
             "overrides": args.overrides}
 
@@ -239,9 +241,9 @@ def _kd_batches(inputs: SimpleNamespace, max_tokens: int) -> list[list[int]]:
                             [max(len(a), len(b)) for a, b in zip(inputs.tgt_ids, inputs.kd_tgt_ids)], max_tokens)
 
 
-def _evaluate(model, inputs: SimpleNamespace, hypotheses: dict | None = None) -> dict:
+def _evaluate(model, inputs: SimpleNamespace, hypotheses: dict | None = None, speed: bool = True) -> dict:
     """A trained REDER scored with every decoder of the evaluate stage on both test sets both ways, its greedy
-    round trip, and its speed (with the teachers' alongside when they were saved)."""
+    round trip, and (unless `speed` is false) its speed, with the teachers' alongside when they were saved."""
     from pipeline.evaluate import decoders_for, measure_speed
 
     entry = {}
@@ -254,7 +256,8 @@ def _evaluate(model, inputs: SimpleNamespace, hypotheses: dict | None = None) ->
                 hypotheses[decoder] = kept
     greedy = next(iter(systems))  # greedy (CTC and DAG)
     entry.update(_roundtrip(lambda encoded, d: systems[greedy](encoded, d, 64), inputs.sp, inputs.data))
-    entry["speed"] = measure_speed(model, inputs.test, systems, inputs.evaluation)
+    if speed:
+        entry["speed"] = measure_speed(model, inputs.test, systems, inputs.evaluation)
     return entry
 
 
@@ -262,12 +265,13 @@ def reder_phase(args: argparse.Namespace, cfg, device: str) -> dict:
     from bench import training
     from pipeline import tokenize
     from reder import DuplexLoss, LossConfig, REDER
+    from reder.checkpoint import save_model_dir
 
     inputs = _reder_inputs(args, cfg, device)
     src, tgt = inputs.src_ids, inputs.tgt_ids
     aux_from = int(args.aux_from * args.steps)
     report = {**_header(args, device), "train_pairs": len(src), "aux_from_update": aux_from, "seeds": args.seeds,
-              "teachers_loaded": bool(inputs.teachers)}
+              "teachers_loaded": bool(inputs.teachers), "beam": args.beam}
     for name in args.variants:
         use_kd, aux, overrides = VARIANTS[name]
         model_cfg = replace(cfg.model, memory_efficient=False, **overrides)
@@ -293,11 +297,46 @@ def reder_phase(args: argparse.Namespace, cfg, device: str) -> dict:
                                            args.time_cap_s, on_update=checkpoints)}
             if checkpoints:
                 entry.update(_average(model, checkpoints, inputs.sp, inputs.data))
-            entry.update(_evaluate(model, inputs))
+            entry.update(_evaluate(model, inputs, speed=not args.no_speed))
             key = name if len(args.seeds) == 1 else f"{name}_seed{seed}"
+            if args.save_models:
+                save_model_dir(Path(args.out) / f"{MODEL_DIR}{key}", model, Path(args.source) / "spm.model", "en", "de")
             report[key] = entry
             print(json.dumps({key: entry}), flush=True)
     return report
+
+
+def speed_phase(args: argparse.Namespace, cfg, device: str) -> dict:
+    """Time, alone on the device, the models a reder phase saved (`--save-models`, usually run with
+    `--no-speed` because several trainings shared the device): every decoder of its report (its `--beam`)
+    and the teachers' greedy and beam 4 in the same process, written into --out's reder.json as each entry's
+    `speed` (atomically; the report's `speed_measured` says when and where). Returns {key: speed}."""
+    from pipeline.evaluate import decoders_for, measure_speed
+    from pipeline.stage import write_text
+    from reder.checkpoint import load_model_dir
+
+    path = Path(args.out) / "reder.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"speed: {path} does not exist (run the reder phase with --out {args.out} first)")
+    report = json.loads(path.read_text(encoding="utf-8"))
+    keys = [key for key, entry in report.items() if isinstance(entry, dict) and "train" in entry]
+    missing = [key for key in keys if not (Path(args.out) / f"{MODEL_DIR}{key}").is_dir()]
+    if not keys or missing:
+        raise FileNotFoundError(f"speed: {path}: no saved model for {missing or 'any system'} "
+                                f"(run the reder phase with --save-models)")
+    inputs = _reder_inputs(args, cfg, device)
+    inputs.evaluation.beam_size = report.get("beam", 1)
+    inputs.evaluation.rerank_with_teacher = bool(inputs.teachers) and inputs.evaluation.beam_size > 1
+    result = {**_header(args, device), "teachers_loaded": bool(inputs.teachers)}
+    for key in keys:
+        model, _ = load_model_dir(Path(args.out) / f"{MODEL_DIR}{key}", device)
+        report[key]["speed"] = result[key] = measure_speed(model, inputs.test, decoders_for(model, inputs.evaluation,
+                                                                                              inputs.teachers),
+                                                           inputs.evaluation)
+        print(json.dumps({key: result[key]}), flush=True)
+    report["speed_measured"] = {"date": result["date"], "device": result["device"], "by": "bench.quality speed"}
+    write_text(path, json.dumps(report, indent=2))  # in the reder phase's order: the table lists rows by it
+    return result
 
 
 def _paired_bootstrap(baseline: dict, system: dict, data: Path, samples: int = 1000) -> dict:
@@ -365,10 +404,10 @@ def aux_phase(args: argparse.Namespace, cfg, device: str) -> dict:
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("phase", choices=("teachers", "reder", "aux"))
+    parser.add_argument("phase", choices=("teachers", "reder", "aux", "speed"))
     parser.add_argument("--data-dir", default=str(REPO_ROOT.parent / "shared" / "data" / "multi30k"))
     parser.add_argument("--out", required=True, help="output directory")
-    parser.add_argument("--from", dest="source", default="", help="reder, aux: the teachers phase's output directory")
+    parser.add_argument("--from", dest="source", default="", help="reder, aux, speed: the teachers phase's output directory")
     parser.add_argument("--config", default=str(REPO_ROOT / "configs" / "multi30k.yaml"))
     parser.add_argument("--steps", type=int, default=3000, help="updates per model")
     parser.add_argument("--max-tokens", type=int, default=16384)
@@ -388,6 +427,11 @@ def main(argv: list[str] | None = None) -> dict:
                              "phase saved its models); DAG models are scored with all their decoders")
     parser.add_argument("--no-distill", action="store_true",
                         help="teachers: train, score and time the teachers only (a baseline), without the KD corpus")
+    parser.add_argument("--save-models", action="store_true",
+                        help="reder: save each model as a model directory OUT/model-<variant> (for the speed phase)")
+    parser.add_argument("--no-speed", action="store_true",
+                        help="reder: do not time the models (several trainings share the device; time them "
+                             "afterwards, alone, with the speed phase)")
     parser.add_argument("--train-limit", type=int, default=0, help="use the first N training pairs (0 = all)")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. model.d_model=256")
     args = parser.parse_intermixed_args(argv)
@@ -396,7 +440,8 @@ def main(argv: list[str] | None = None) -> dict:
     cfg = load_config(args.config, args.overrides)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     Path(args.out).mkdir(parents=True, exist_ok=True)
-    report = {"teachers": teachers_phase, "reder": reder_phase, "aux": aux_phase}[args.phase](args, cfg, device)
+    report = {"teachers": teachers_phase, "reder": reder_phase, "aux": aux_phase,
+              "speed": speed_phase}[args.phase](args, cfg, device)
     (Path(args.out) / f"{args.phase}.json").write_text(json.dumps(report, indent=2), encoding="utf-8")
     print(json.dumps(report, indent=2))
     return report

@@ -106,7 +106,7 @@ def rows(teachers: dict[str, Any], reders: list[dict[str, Any]],
             variant, _, seed = key.partition("_seed")
             kd = VARIANTS[variant][0]  # trained on the teachers' KD corpus
             label = LABELS[variant] + (f" (seed {seed})" if seed else "")
-            own = entry["speed"]
+            own = entry.get("speed", {})  # none: trained with --no-speed and not timed by the speed phase
             decoders = [name for name, value in entry.items() if isinstance(value, dict) and f"{TESTS[0]}.src2tgt" in value]
             decoders.sort(key=lambda name: name == LAST_UPDATE)  # the published (averaged) model's decoders first
             for decoder in decoders:
@@ -140,7 +140,10 @@ def _sources(teachers: dict[str, Any], reders: list[dict[str, Any]], baselines: 
         variants = [key.partition("_seed")[0] for key, entry in report.items() if isinstance(entry, dict) and "train" in entry]
         aux = any(VARIANTS[variant][1] for variant in variants) and "aux_from_update" in report
         line += f" REDER: {report['date']}, {report['steps']} updates" + \
-            (f", FBA + CC from update {report['aux_from_update']}" if aux else "") + f"{_averaging(report)}."
+            (f" or {report['time_cap_s']:,.0f} s" if report.get("time_cap_s") else "") + \
+            (f", FBA + CC from update {report['aux_from_update']}" if aux else "") + f"{_averaging(report)}" + \
+            (f", timed alone by bench.quality speed ({report['speed_measured']['date']})"
+             if "speed_measured" in report else "") + "."
     for report in baselines:
         line += f" Baseline teachers: {report['date']}, {report['steps']} updates per direction."
     return line

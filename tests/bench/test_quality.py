@@ -1,8 +1,13 @@
 """bench.quality's teachers and reder phases with --validate-every: the published models are the average of
-the best checkpoints by validation BLEU, as the pipeline's train stage publishes them."""
+the best checkpoints by validation BLEU, as the pipeline's train stage publishes them; --save-models saves
+those models and the speed phase times them afterwards."""
+import json
+
 import pytest
+import sentencepiece
 
 from bench import quality
+from reder.checkpoint import load_model_dir
 from tests.bench.conftest import TINY
 
 
@@ -23,8 +28,24 @@ def test_validated_runs_publish_the_average_of_their_best_checkpoints(multi30k_s
         _check_averaged(teachers[f"train_{direction}"], 3, 2)
         assert set(teachers[f"train_{direction}"]["last_update_greedy"]) == {f"{t}.{direction}" for t in quality.TESTS}
     reder = quality.main(["reder", "--from", str(tmp_path / "T"), "--out", str(tmp_path / "R"), *common,
-                          "--variants", "kd_noaux"])
+                          "--save-models", "--no-speed", "--variants", "kd_noaux"])
     _check_averaged(reder["kd_noaux"], 3, 2)
     assert set(reder["kd_noaux"]["last_update_greedy"]) == set(reder["kd_noaux"]["greedy"])
+    assert "speed" not in reder["kd_noaux"]
+    # the saved model is the published (averaged) one: it translates the test sets to the same scores
+    model, _ = load_model_dir(tmp_path / "R" / "model-kd_noaux")
+    sp = sentencepiece.SentencePieceProcessor(model_file=str(tmp_path / "T" / "spm.model"))
+    assert quality._scores(quality._greedy(model), sp, multi30k_slice) == reder["kd_noaux"]["greedy"]
+
+    speed = quality.main(["speed", "--from", str(tmp_path / "T"), "--out", str(tmp_path / "R"), *common])
+    timed = json.loads((tmp_path / "R" / "reder.json").read_text(encoding="utf-8"))
+    assert timed["kd_noaux"]["speed"] == speed["kd_noaux"] and timed["speed_measured"]["date"] == speed["date"]
+    assert {"greedy_latency_ms", "teacher_beam4_latency_ms", "speedup_greedy_vs_teacher_beam4_batch1"} <= set(speed["kd_noaux"])
+    assert list(timed) == [*reder, "speed_measured"]  # the reder phase's order, which the table's rows follow
+    assert {key: value for key, value in timed["kd_noaux"].items() if key != "speed"} == reder["kd_noaux"]
+    (tmp_path / "R2").mkdir()
+    (tmp_path / "R2" / "reder.json").write_text(json.dumps(reder), encoding="utf-8")  # trained without --save-models
+    with pytest.raises(FileNotFoundError, match="no saved model for \\['kd_noaux'\\]"):
+        quality.main(["speed", "--from", str(tmp_path / "T"), "--out", str(tmp_path / "R2"), *common])
     with pytest.raises(ValueError, match="not supported"):
         quality.main(["aux", "--from", str(tmp_path / "T"), "--out", str(tmp_path / "A"), *common])

@@ -80,3 +80,20 @@ def test_an_averaged_model_is_published_first_and_its_last_update_labelled(capsy
     text = quality_table.main([str(teachers), str(reder)])
     assert "the average of its best 3 checkpoints by validation BLEU (scored every 100 updates)" in text
     assert "FBA + CC from" not in text  # the report's only variant trains without them
+
+
+def test_models_trained_together_and_timed_alone_afterwards(capsys):
+    """The H100 run of bench/quality_gpu.sh: REDERs trained with --no-speed, then timed by the speed phase
+    (kd_noaux) or not at all (kd, whose timing was cut off): the untimed rows show no speed, never a guess."""
+    teachers = RESULTS / "quality_teachers3000_h100.json"
+    reders = [RESULTS / f"quality_reder3000_{variant}_h100.json" for variant in ("kd", "kd_noaux")]
+    kd, kd_noaux = (json.loads(path.read_text()) for path in reders)
+    table = {(row["system"], row["decoder"]): row
+             for row in quality_table.rows(json.loads(teachers.read_text()), [kd, kd_noaux])}
+    rerank = table[("REDER + KD, FBA + CC", "CTC beam 20 + teacher rerank")]
+    assert "speed" not in kd["kd"] and rerank["latency_ms"] is None and rerank["speedup_vs_teacher_beam4_batch1"] is None
+    assert rerank["test_2016_flickr.src2tgt"] == kd["kd"]["beam20_rerank"]["test_2016_flickr.src2tgt"]
+    timed = table[("REDER + KD, no FBA/CC", "greedy")]  # the speed-up measured beside the teachers, in one process
+    assert timed["speedup_vs_teacher_beam4_batch1"] == kd_noaux["kd_noaux"]["speed"]["speedup_greedy_vs_teacher_beam4_batch1"]
+    text = quality_table.main([str(teachers), *map(str, reders)])
+    assert text.count("timed alone by bench.quality speed") == 1 and "| CTC beam 20 + teacher rerank | 37.68 / 63.0 |" in text
