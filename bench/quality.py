@@ -4,6 +4,7 @@ auxiliary losses, the same number of updates each, on one GPU (or CPU, slowly), 
     python -m bench.quality teachers --data-dir ../shared/data/multi30k --out OUT [--steps 3000]
     python -m bench.quality reder --data-dir ../shared/data/multi30k --from OUT --out OUT2 [--steps 3000]
     python -m bench.quality aux --data-dir ../shared/data/multi30k --from OUT --out OUT3 [--steps 3000] [--aux-from 0.75]
+    python -m bench.quality speed --data-dir ../shared/data/multi30k --from OUT --out OUT2
 
 Two phases, so that each fits one 10-minute GPU call (the device machines have no Ray, see bench/training.py;
 the pipeline's `configs/multi30k.yaml` is the same recipe through Ray):
@@ -23,6 +24,8 @@ the pipeline's `configs/multi30k.yaml` is the same recipe through Ray):
   FBA/CC to update `--aux-from` × `--steps`, then continued to `--steps` twice from the same weights, optimizer
   state and batches, with FBA + CC and without; the first stage and both continuations scored as in `reder`,
   and the continuations compared with sacreBLEU's paired bootstrap on every test set and direction.
+- `speed`: REDERs that were trained side by side on one device (`reder --save-models --no-speed`, one process
+  each; bench/quality_gpu.sh) timed afterwards, alone, beside the teachers, into OUT2's reder.json.
 Each model is its last update, or, with `--validate-every N`, what the pipeline's train stage publishes: the
 average of the best `--average-best` checkpoints by greedy BLEU on the validation split, scored every N updates
 (the last update's greedy scores are reported beside it). Prints and writes JSON (`teachers.json` /

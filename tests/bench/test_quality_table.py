@@ -95,5 +95,7 @@ def test_models_trained_together_and_timed_alone_afterwards(capsys):
     assert rerank["test_2016_flickr.src2tgt"] == kd["kd"]["beam20_rerank"]["test_2016_flickr.src2tgt"]
     timed = table[("REDER + KD, no FBA/CC", "greedy")]  # the speed-up measured beside the teachers, in one process
     assert timed["speedup_vs_teacher_beam4_batch1"] == kd_noaux["kd_noaux"]["speed"]["speedup_greedy_vs_teacher_beam4_batch1"]
+    assert ", 3000 updates or 700 s, FBA + CC from update 1500," in quality_table._sources(
+        json.loads(teachers.read_text()), [{**kd, "time_cap_s": 700}], [])  # a report that records its time cap
     text = quality_table.main([str(teachers), *map(str, reders)])
     assert text.count("timed alone by bench.quality speed") == 1 and "| CTC beam 20 + teacher rerank | 37.68 / 63.0 |" in text
