@@ -32,31 +32,39 @@ class BestCheckpoints:
     """The pipeline's checkpoint averaging (train.average_best) for the in-process loop: `fit` calls it after
     every update; every `every` updates it scores the model with `score(model)` (validation BLEU) and keeps a
     copy of the best `keep` states (ties: the later one), and `average(model)` loads their element-wise mean
-    (fairseq's average_checkpoints) and says which were averaged. `seconds` is the time spent scoring."""
+    (fairseq's average_checkpoints) and says which were averaged. A last update between two validations (a
+    time cap stopped the run) is scored too before averaging, as the pipeline validates at its last step.
+    `seconds` is the time spent scoring."""
 
     def __init__(self, score: Callable[[torch.nn.Module], float], every: int, keep: int) -> None:
         if every < 1 or keep < 1:
             raise ValueError(f"BestCheckpoints: every ({every}) and keep ({keep}) must be >= 1")
         self.score, self.every, self.keep = score, every, keep
         self.kept: list[tuple[float, int, dict[str, torch.Tensor]]] = []
-        self.seconds = 0.0
+        self.seconds, self.last = 0.0, 0
 
     def __call__(self, model: torch.nn.Module, step: int) -> None:
+        self.last = step
         if step % self.every == 0:
-            started, was_training = time.perf_counter(), model.training
-            model.eval()
-            try:
-                with torch.no_grad():
-                    value = float(self.score(model))
-            finally:
-                model.train(was_training)
-            snapshot = {name: tensor.detach().to("cpu", copy=True) for name, tensor in model.state_dict().items()}
-            self.kept = sorted(self.kept + [(value, step, snapshot)], key=lambda kept: (-kept[0], -kept[1]))[: self.keep]
-            self.seconds += time.perf_counter() - started
+            self._validate(model, step)
+
+    def _validate(self, model: torch.nn.Module, step: int) -> None:
+        started, was_training = time.perf_counter(), model.training
+        model.eval()
+        try:
+            with torch.no_grad():
+                value = float(self.score(model))
+        finally:
+            model.train(was_training)
+        snapshot = {name: tensor.detach().to("cpu", copy=True) for name, tensor in model.state_dict().items()}
+        self.kept = sorted(self.kept + [(value, step, snapshot)], key=lambda kept: (-kept[0], -kept[1]))[: self.keep]
+        self.seconds += time.perf_counter() - started
 
     def average(self, model: torch.nn.Module) -> list[dict[str, float]]:
+        if self.last % self.every:  # `model` holds the last update, which no validation has seen
+            self._validate(model, self.last)
         if not self.kept:
-            raise ValueError(f"BestCheckpoints: nothing scored (the run was shorter than {self.every} updates)")
+            raise ValueError("BestCheckpoints: nothing scored (it saw no update)")
         model.load_state_dict(average_state_dicts([state for _, _, state in self.kept]))
         return [{"step": step, "valid_bleu": round(value, 2)} for value, step, _ in self.kept]
 

@@ -62,9 +62,10 @@ def test_a_copied_state_forks_two_identical_continuations():
 
 def test_best_checkpoints_average_the_best_scored_states():
     """Scores 3, 5, 1, 5 at updates 2, 4, 6, 8 with keep 2: updates 8 and 4 (a tie goes to the later one);
-    the average is checked against the states recorded at those updates."""
+    the average is checked against the states recorded at those updates. The 9th and last update falls
+    between validations: `average` scores it too (4, not kept; then 6, kept beside update 8)."""
     model, loss = _problem()
-    scores, seen, states = iter([3.0, 5.0, 1.0, 5.0]), [], {}
+    scores, seen, states = iter([3.0, 5.0, 1.0, 5.0, 4.0, 5.0, 6.0]), [], {}
 
     def score(scored):
         assert not scored.training and not torch.is_grad_enabled()
@@ -78,10 +79,16 @@ def test_best_checkpoints_average_the_best_scored_states():
         assert trained.training
     training.fit(model, loss, 3, 9, lr=0.01, warmup=10, device="cpu", on_update=on_update)
     assert len(seen) == 4
+    last = copy.deepcopy(model)
     assert checkpoints.average(model) == [{"step": 8, "valid_bleu": 5.0}, {"step": 4, "valid_bleu": 5.0}]
+    assert len(seen) == 5
     for name, value in model.state_dict().items():
         torch.testing.assert_close(value, (states[8][name] + states[4][name]) / 2)
     assert not torch.allclose(states[8]["0.weight"], states[4]["0.weight"])  # the mean is not either state
+    checkpoints = training.BestCheckpoints(score, every=2, keep=2)
+    checkpoints(last, 8)  # scored 5
+    checkpoints(last, 9)
+    assert checkpoints.average(last) == [{"step": 9, "valid_bleu": 6.0}, {"step": 8, "valid_bleu": 5.0}]
 
 
 def test_scoring_checkpoints_leaves_the_run_unchanged_and_needs_a_scored_update():
@@ -92,5 +99,5 @@ def test_scoring_checkpoints_leaves_the_run_unchanged_and_needs_a_scored_update(
                  on_update=training.BestCheckpoints(lambda m: 1.0, every=1, keep=5))
     for a, b in zip(plain.parameters(), scored.parameters()):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
-    with pytest.raises(ValueError, match="shorter than 10 updates"):
+    with pytest.raises(ValueError, match="saw no update"):
         training.BestCheckpoints(lambda m: 1.0, every=10, keep=1).average(scored)
