@@ -121,7 +121,7 @@ def _average(model, checkpoints, sp, data: Path, directions=("src2tgt", "tgt2src
     """Score the last update's `model` greedily on the test sets, then load the average of the best
     checkpoints into it (what the rest of the report scores): the pipeline's published model."""
     return {LAST_UPDATE: _scores(_greedy(model), sp, data, directions), "averaged": checkpoints.average(model),
-            "validation_seconds": round(checkpoints.seconds, 1)}
+            "validation_seconds": round(checkpoints.seconds, 3)}
 
 
 def _header(args: argparse.Namespace, device: str) -> dict:

@@ -132,6 +132,10 @@ def _averaging(report: dict[str, Any]) -> str:
             f"(scored every {report['validate_every']} updates)")
 
 
+def _timed(report: dict[str, Any]) -> bool:
+    return any(isinstance(entry, dict) and "train" in entry and "speed" in entry for entry in report.values())
+
+
 def _sources(teachers: dict[str, Any], reders: list[dict[str, Any]], baselines: list[dict[str, Any]]) -> str:
     """One line naming the device, dates and budgets of the reports."""
     line = (f"Device: {teachers['device']}. Teachers: {teachers['date']}, {teachers['steps']} updates per direction"
@@ -143,7 +147,9 @@ def _sources(teachers: dict[str, Any], reders: list[dict[str, Any]], baselines: 
             (f" or {report['time_cap_s']:,.0f} s" if report.get("time_cap_s") else "") + \
             (f", FBA + CC from update {report['aux_from_update']}" if aux else "") + f"{_averaging(report)}" + \
             (f", timed alone by bench.quality speed ({report['speed_measured']['date']})"
-             if "speed_measured" in report else "") + "."
+             if "speed_measured" in report else "") + \
+            (", timed without the teachers (speed-up against the teachers phase's timing)"
+             if _timed(report) and not report.get("teachers_loaded") else "") + "."
     for report in baselines:
         line += f" Baseline teachers: {report['date']}, {report['steps']} updates per direction."
     return line

@@ -99,3 +99,20 @@ def test_models_trained_together_and_timed_alone_afterwards(capsys):
         json.loads(teachers.read_text()), [{**kd, "time_cap_s": 700}], [])  # a report that records its time cap
     text = quality_table.main([str(teachers), *map(str, reders)])
     assert text.count("timed alone by bench.quality speed") == 1 and "| CTC beam 20 + teacher rerank | 37.68 / 63.0 |" in text
+
+
+def test_a_model_timed_without_the_teachers_is_compared_with_the_teachers_phase_timing(capsys):
+    """The H100 DAG run: trained and timed alone, without the teachers' models (the speed-up is against the
+    teachers phase's own timing, and the sources line says so); the last update, stopped by the time cap
+    between validations, was among the averaged checkpoints."""
+    teachers = json.loads((RESULTS / "quality_teachers3000_h100.json").read_text())
+    dag = json.loads((RESULTS / "quality_reder3000_dag_kd_noaux_h100.json").read_text())
+    assert not dag["teachers_loaded"] and dag["dag_kd_noaux"]["averaged"][0]["step"] == dag["dag_kd_noaux"]["train"]["steps"]
+    table = {(row["system"], row["decoder"]): row for row in quality_table.rows(teachers, [dag])}
+    lookahead = table[("REDER-DAG + KD, no FBA/CC", "lookahead")]
+    assert lookahead["speedup_vs_teacher_beam4_batch1"] == round(
+        teachers["speed"]["teacher_beam4_latency_ms"] / dag["dag_kd_noaux"]["speed"]["lookahead_latency_ms"], 2)
+    assert "timed without the teachers (speed-up against the teachers phase's timing)" in \
+        quality_table._sources(teachers, [dag], [])
+    kd = json.loads((RESULTS / "quality_reder3000_kd_noaux_h100.json").read_text())
+    assert "timed without the teachers" not in quality_table._sources(teachers, [kd], [])
