@@ -4,10 +4,12 @@
                            [--stages ingest,spm,tokenize,teacher,distill,train,evaluate] [--force] [--address auto]
     python run_pipeline.py tune [--config configs/X.yaml] [key=value ...] [--samples N] [--force] [--address auto]
 
-The teacher and distill stages run when something needs them: `distill.enabled` (sequence-level KD, the
+The stages and what each needs are declared once in pipeline/graph.py; both commands walk that graph. The
+teacher and distill stages run when something needs them: `distill.enabled` (sequence-level KD, the
 paper's setting) needs both unless `distill.corpus` names an already-distilled corpus; the evaluation's
 teacher baseline and reranking need the teachers. Otherwise they are reported as not needed.
 `tune` sweeps the training stage over the config's `tune.space` with Ray Tune (pipeline/tune.py).
+Ray is connected once, here, before the first stage that runs on it.
 On a cluster started with `ray up cluster.yaml`, the head's cluster file (cluster/head.py) supplies the Ray
 address, the MLflow server and the shared workdir root (docs/cluster.md); options and overrides still win.
 """
@@ -20,25 +22,16 @@ import sys
 import time
 from pathlib import Path
 
-from cluster.connect import cluster_overrides, prepare_cluster_run
-from pipeline import distill, evaluate, ingest, spm, teacher, tokenize, train
+from cluster import ClusterError
+from cluster.connect import check_shared_storage, cluster_overrides, connect
+from pipeline import evaluate, graph, ingest, train, tune
 from pipeline.config import ConfigError, PipelineConfig, load_config, to_yaml
 from pipeline.stage import StageError, is_done, read_manifest, write_json, write_text
 from pipeline.tracking import Tracker, tracking_uri
 
 REPO_ROOT = Path(__file__).resolve().parent
 DEFAULT_CONFIG = REPO_ROOT / "configs" / "default.yaml"
-STAGES = {"ingest": ingest, "spm": spm, "tokenize": tokenize, "teacher": teacher, "distill": distill, "train": train,
-          "evaluate": evaluate}  # in run order
-
-
-def needed(name: str, cfg: PipelineConfig) -> bool:
-    """Whether stage `name` has work to do under this config (teacher and distill are optional)."""
-    if name == "teacher":
-        return teacher.needed(cfg)
-    if name == "distill":
-        return cfg.distill.enabled
-    return True
+STAGES = graph.PIPELINE  # in run order
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -54,7 +47,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def load_run_config(path: str, overrides: list[str]) -> PipelineConfig:
     """The config with the user's overrides, then the cluster file's settings for what they left unset."""
     cfg = load_config(path, overrides)
-    extra = cluster_overrides(cfg)
+    extra = cluster_overrides(cfg.ray.address, cfg.tracking.enabled, cfg.tracking.uri, cfg.workdir)
     if extra:
         print(f"on a Ray cluster (cluster file): {' '.join(extra)}", flush=True)
         cfg = load_config(path, overrides + extra)
@@ -69,28 +62,43 @@ def select_stages(text: str) -> list[str]:
     return [name for name in STAGES if name in names]
 
 
+def connect_ray(cfg: PipelineConfig, dashboard: bool = False) -> None:
+    """Connect to Ray (the config's cluster, or a local instance); on a cluster, check first that every
+    node sees the workdir (stage outputs and checkpoints are read back by other nodes)."""
+    connect(cfg.ray.address, cfg.ray.num_cpus, cfg.ray.object_store_memory_mb, dashboard)
+    if cfg.ray.address:
+        nodes = check_shared_storage(Path(cfg.workdir))
+        logging.getLogger(__name__).info("cluster: %d nodes see the workdir %s", nodes, Path(cfg.workdir).resolve())
+
+
 def run(cfg: PipelineConfig, stages: list[str], force: bool = False) -> dict[str, dict]:
     """Run `stages` in order; returns {stage: {output, status, counts, seconds}}."""
     workdir = Path(cfg.workdir).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
+    needed = graph.needed(cfg)
+    dirs = graph.output_dirs(cfg, workdir)
+    if cfg.ray.address:  # on a cluster: connect and check the shared storage before anything runs
+        connect_ray(cfg)
     summary: dict[str, dict] = {}
     tracker = Tracker(cfg.tracking, workdir, cfg.to_dict(), to_yaml(cfg))
     try:
         for index, name in enumerate(stages, start=1):
-            module = STAGES[name]
-            if not needed(name, cfg):
+            if name not in needed:
                 print(f"[{index}/{len(stages)}] {name}: not needed (distill.enabled={cfg.distill.enabled}, "
+                      f"distill.corpus={cfg.distill.corpus or 'unset'}, "
                       f"evaluate.teacher_baseline={cfg.evaluate.teacher_baseline}, "
                       f"evaluate.rerank_with_teacher={cfg.evaluate.rerank_with_teacher})", flush=True)
                 continue
-            expected = module.output_dir(cfg, workdir)
+            expected = dirs[name]
             status = "skipped (finished earlier)" if is_done(expected) and not force else "ran"
             print(f"[{index}/{len(stages)}] {name}: {'running' if status == 'ran' else status} -> {expected}",
                   flush=True)
             started = time.time()
             if status == "ran":
+                if graph.BY_NAME[name].uses_ray:
+                    connect_ray(cfg)  # once: a no-op when connected
                 tracker.begin_stage(name)
-            output = module.run(cfg, workdir, force=force, tracker=tracker)
+            output = graph.run(cfg, workdir, name, force=force, tracker=tracker)
             counts = read_manifest(output)["counts"]
             summary[name] = {"output": str(output), "status": status, "counts": counts,
                              "seconds": round(time.time() - started, 1)}
@@ -106,6 +114,16 @@ def run(cfg: PipelineConfig, stages: list[str], force: bool = False) -> dict[str
                                            "mlflow_run_id": tracker.run_id})
     write_text(workdir / "config.yaml", to_yaml(cfg))
     return summary
+
+
+def sweep(cfg: PipelineConfig, force: bool = False) -> Path:
+    """`tune`: the stages the sweep needs (finished ones skipped), then the sweep itself."""
+    tune.check_space(cfg)
+    connect_ray(cfg, dashboard=True)  # before any stage could start Ray without the dashboard
+    workdir = Path(cfg.workdir).resolve()
+    for name in graph.needed(cfg, ("tune",)):
+        output = graph.run(cfg, workdir, name, force=force and name == "tune")
+    return output
 
 
 def stage_artifacts(output: Path) -> list[Path]:
@@ -157,8 +175,6 @@ def print_summary(summary: dict[str, dict], workdir: Path, tracker_note: str) ->
 
 def tune_main(argv: list[str]) -> int:
     """`run_pipeline.py tune ...`: the sweep (data stages first when not finished)."""
-    from pipeline import tune
-
     parser = argparse.ArgumentParser(prog="run_pipeline.py tune", description=tune.__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default=str(DEFAULT_CONFIG), help="YAML config (default: %(default)s)")
@@ -172,9 +188,8 @@ def tune_main(argv: list[str]) -> int:
         overrides = list(args.overrides) + ([f"ray.address={args.address}"] if args.address else []) \
             + ([f"tune.num_samples={args.samples}"] if args.samples else [])
         cfg = load_run_config(args.config, overrides)
-        prepare_cluster_run(cfg)
-        out = tune.run(cfg, Path(cfg.workdir), force=args.force)
-    except (ConfigError, StageError) as error:
+        out = sweep(cfg, force=args.force)
+    except (ConfigError, StageError, ClusterError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     counts = read_manifest(out)["counts"]
@@ -195,9 +210,8 @@ def main(argv: list[str] | None = None) -> int:
         overrides = list(args.overrides) + ([f"ray.address={args.address}"] if args.address else [])
         cfg = load_run_config(args.config, overrides)
         stages = select_stages(args.stages)
-        prepare_cluster_run(cfg)
         summary = run(cfg, stages, force=args.force)
-    except (ConfigError, StageError) as error:
+    except (ConfigError, StageError, ClusterError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     workdir = Path(cfg.workdir).resolve()

@@ -10,7 +10,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from pipeline.config import ConfigError, PipelineConfig, RayConfig
+from cluster import ClusterError
 
 log = logging.getLogger(__name__)
 
@@ -31,47 +31,49 @@ def read_cluster_file() -> dict[str, Any] | None:
     info = json.loads(path.read_text(encoding="utf-8"))
     missing = [key for key in ("ray_address", "tracking_uri", "shared_dir") if not info.get(key)]
     if missing:
-        raise ConfigError(f"{path}: cluster file lacks {missing}; rewrite it with `python -m cluster.head start`")
+        raise ClusterError(f"{path}: cluster file lacks {missing}; rewrite it with `python -m cluster.head start`")
     return info
 
 
-def cluster_overrides(cfg: PipelineConfig) -> list[str]:
+def cluster_overrides(ray_address: str, tracking_enabled: bool, tracking_uri: str, workdir: str) -> list[str]:
     """`key=value` overrides that put a run on the cluster described by the cluster file: its Ray address,
-    its MLflow server and a workdir under the shared directory — each only where the config (after the
-    user's own overrides) left it unset or relative. Empty off a cluster."""
+    its MLflow server and a workdir under the shared directory — each only where the run's config (after
+    the user's own overrides: the arguments) left it unset or relative. Empty off a cluster."""
     info = read_cluster_file()
     if info is None:
         return []
     overrides = []
-    if not cfg.ray.address:
+    if not ray_address:
         overrides.append(f"ray.address={info['ray_address']}")
-    if cfg.tracking.enabled and not cfg.tracking.uri and not os.environ.get("MLFLOW_TRACKING_URI"):
+    if tracking_enabled and not tracking_uri and not os.environ.get("MLFLOW_TRACKING_URI"):
         overrides.append(f"tracking.uri={info['tracking_uri']}")
-    if not Path(cfg.workdir).is_absolute():
-        overrides.append(f"workdir={Path(info['shared_dir']) / cfg.workdir}")
+    if not Path(workdir).is_absolute():
+        overrides.append(f"workdir={Path(info['shared_dir']) / workdir}")
     return overrides
 
 
-def ensure_ray(cfg: RayConfig, dashboard: bool = False) -> None:
-    """Initialise Ray once per process; a no-op when the caller (or a test fixture) already did.
-    `dashboard`: start the dashboard with a local instance (Tune sweeps need it, see below)."""
+def connect(address: str = "", num_cpus: int = 0, object_store_memory_mb: int = 0, dashboard: bool = False) -> None:
+    """Connect this process to Ray once (run_pipeline.py calls it before the first stage that needs Ray); a
+    no-op when the process (or a test fixture) already did. `address` empty starts a local instance of
+    `num_cpus` CPUs (0 = all) and an object store of `object_store_memory_mb` (0 = Ray's default);
+    `dashboard`: start the dashboard with it (Tune sweeps need it, see below)."""
     import ray
 
     if ray.is_initialized():
         return
-    if cfg.address:
+    if address:
         # Workers on other machines import `pipeline` from the shipped working directory.
-        ray.init(address=cfg.address, runtime_env={
+        ray.init(address=address, runtime_env={
             "working_dir": str(REPO_ROOT), "excludes": [".venv/", ".git/", "runs/", "*.parquet"]})
     else:
         # The dashboard serves the State API, through which Ray Train V2's PlacementGroupCleaner sees a
         # dead controller: without it, a Tune trial stopped by ASHA leaks its workers' placement group and
         # the next trials wait for CPUs forever. A plain run does without its processes.
-        kwargs = {"include_dashboard": dashboard}
-        if cfg.num_cpus:
-            kwargs["num_cpus"] = cfg.num_cpus
-        if cfg.object_store_memory_mb:
-            kwargs["object_store_memory"] = cfg.object_store_memory_mb * 1024 * 1024
+        kwargs: dict[str, Any] = {"include_dashboard": dashboard}
+        if num_cpus:
+            kwargs["num_cpus"] = num_cpus
+        if object_store_memory_mb:
+            kwargs["object_store_memory"] = object_store_memory_mb * 1024 * 1024
         ray.init(**kwargs)
     log.info("ray: %s CPUs available", ray.available_resources().get("CPU", 0))
 
@@ -82,8 +84,6 @@ def check_shared_storage(workdir: Path, timeout_s: float = 120.0) -> int:
     pinned to each node, removes it. Returns the number of nodes checked."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    from pipeline.stage import StageError
 
     workdir = Path(workdir).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
@@ -101,7 +101,7 @@ def check_shared_storage(workdir: Path, timeout_s: float = 120.0) -> int:
     finally:
         probe.unlink(missing_ok=True)
     if blind:
-        raise StageError(f"workdir {workdir} is not on storage every node shares: nodes {blind} cannot read "
+        raise ClusterError(f"workdir {workdir} is not on storage every node shares: nodes {blind} cannot read "
                          f"it. Put the workdir on the cluster's shared file system (docs/cluster.md).")
     return len(nodes)
 
@@ -111,11 +111,3 @@ def _read_probe(path: str) -> str:
         return Path(path).read_text(encoding="utf-8")
     except OSError as error:
         return f"unreadable: {error}"
-
-
-def prepare_cluster_run(cfg: PipelineConfig) -> None:
-    """On a running cluster (`ray.address` set): connect, then check the workdir is shared storage."""
-    if cfg.ray.address:
-        ensure_ray(cfg.ray)
-        nodes = check_shared_storage(Path(cfg.workdir))
-        log.info("cluster: %d nodes see the workdir %s", nodes, Path(cfg.workdir).resolve())

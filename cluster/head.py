@@ -26,7 +26,6 @@ import urllib.request
 from pathlib import Path
 
 from cluster.connect import CLUSTER_FILE_ENV, cluster_file_path
-from pipeline.stage import write_json
 
 
 def start_mlflow(backend_store_uri: str, artifacts_destination: str, host: str, port: int, log_path: Path,
@@ -73,7 +72,9 @@ def start(args: argparse.Namespace) -> int:
             "artifacts_destination": artifacts}
     path = cluster_file_path()
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_json(path, info)
+    partial = path.with_name(f".{path.name}.tmp")  # readers never see a half-written file
+    partial.write_text(json.dumps(info, indent=2, sort_keys=True), encoding="utf-8")
+    os.replace(partial, path)
     print(f"mlflow server pid {process.pid} at {info['tracking_uri']}; cluster file {path}")
     return 0
 

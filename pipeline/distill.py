@@ -30,7 +30,7 @@ import torch
 
 from pipeline import ingest, spm, teacher, tokenize
 from pipeline.config import DistillConfig, PipelineConfig
-from pipeline.stage import StageError, require_done, run_stage, stage_dir, write_json
+from pipeline.stage import StageError, StageRun, write_json
 from reder import EOS_ID
 from reder.autoregressive import Transformer
 from reder.checkpoint import load_teacher_dir
@@ -42,41 +42,22 @@ SCHEMA = pa.schema([("id", pa.int64()), ("src_ids", pa.list_(pa.int32())), ("kd_
                     ("tgt_ids", pa.list_(pa.int32())), ("kd_src_ids", pa.list_(pa.int32())),
                     ("src_len", pa.int32()), ("tgt_len", pa.int32())])
 REQUIRED = ("id", "src_ids", "kd_tgt_ids", "tgt_ids", "kd_src_ids")
-_DECODING = ("beam_size", "length_penalty", "max_len_a", "max_len_b")  # the keys that change the output
+DECODING_KEYS = ("beam_size", "length_penalty", "max_len_a", "max_len_b")  # the keys that change the output
 
 
-def output_dir(cfg: PipelineConfig, workdir: Path) -> Path:
-    source: dict[str, Any] = {"corpus": str(Path(cfg.distill.corpus).expanduser().resolve())} if cfg.distill.corpus \
-        else {"decoding": {k: getattr(cfg.distill, k) for k in _DECODING},
-              "teacher": teacher.output_dir(cfg, workdir).name}
-    return stage_dir(workdir, "distill", {**source, "feasibility": tokenize.feasibility_key(cfg),
-                                          "tokenize": tokenize.output_dir(cfg, workdir).name})
+def build(run: StageRun, tmp: Path) -> dict[str, Any]:
+    """Distill input `tokenize`'s train split with input `teacher`'s models (or check and adopt
+    `distill.corpus`) into `tmp`."""
+    return _build(run.cfg, run.inputs["tokenize"], run.inputs["spm"], run.inputs.get("teacher"), tmp)
 
 
-def run(cfg: PipelineConfig, workdir: Path, force: bool = False, tracker: Any = None) -> Path:
-    """Distill the training split (or check and adopt `distill.corpus`)."""
-    workdir = Path(workdir).resolve()
-    data = require_done(tokenize.output_dir(cfg, workdir), "tokenize")
-    spm_dir = require_done(spm.output_dir(cfg, workdir), "spm")
-    inputs = {"tokenize": str(data), "spm": str(spm_dir)}
-    if cfg.distill.corpus:
-        inputs["corpus"] = str(Path(cfg.distill.corpus).expanduser().resolve())
-    else:
-        inputs["teacher"] = str(require_done(teacher.output_dir(cfg, workdir), "teacher"))
-    return run_stage("distill", output_dir(cfg, workdir), lambda tmp: _build(cfg, data, spm_dir, inputs, tmp),
-                     config=asdict(cfg.distill), inputs=inputs, force=force)
-
-
-def _build(cfg: PipelineConfig, data: Path, spm_dir: Path, inputs: dict[str, str], tmp: Path) -> dict[str, Any]:
+def _build(cfg: PipelineConfig, data: Path, spm_dir: Path, teacher_dir: Path | None, tmp: Path) -> dict[str, Any]:
     references = tokenize.read_split(data / "train")
     started = time.time()
     if cfg.distill.corpus:
-        table, workers = read_corpus(Path(inputs["corpus"]), references), 0
+        table, workers = read_corpus(Path(cfg.distill.corpus).expanduser().resolve(), references), 0
     else:
-        from cluster.connect import ensure_ray
-
-        ensure_ray(cfg.ray)
-        dirs = teacher.model_dirs(Path(inputs["teacher"]))
+        dirs = teacher.model_dirs(teacher_dir)
         for direction, directory in dirs.items():  # fail here, not inside an actor
             teacher.check_teacher(directory, direction, cfg, spm_dir / spm.MODEL_FILE)
         staging = tmp / "_staging"
@@ -158,7 +139,7 @@ def distill_on_ray(train_dir: Path, staging: Path, teacher_dirs: dict[str, str],
     finally:
         context.use_datasource_v2 = previous
     threads = max(1, int(resources.get("num_cpus", 1)))
-    decoding = {k: getattr(distill, k) for k in _DECODING}
+    decoding = {k: getattr(distill, k) for k in DECODING_KEYS}
     dataset = dataset.map_batches(
         TeacherDecoder, fn_constructor_kwargs={"teacher_dirs": teacher_dirs, "vocab_size": vocab_size,
                                                "decoding": decoding, "threads": threads},

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable
 
@@ -30,9 +29,9 @@ import pyarrow.parquet as pq
 import sacrebleu
 import torch
 
-from pipeline import ingest, teacher, train
+from pipeline import teacher, train
 from pipeline.config import PipelineConfig
-from pipeline.stage import require_done, run_stage, stage_dir, write_json, write_text
+from pipeline.stage import StageRun, write_json, write_text
 from reder import DIRECTIONS, EOS_ID
 from reder.checkpoint import SPM_FILE, load_model_dir
 from reder.dag import DAG_DECODERS
@@ -43,27 +42,12 @@ log = logging.getLogger(__name__)
 RESULTS_FILE = "results.json"
 
 
-def uses_teachers(cfg: PipelineConfig) -> bool:
-    return cfg.evaluate.teacher_baseline or cfg.evaluate.rerank_with_teacher
-
-
-def output_dir(cfg: PipelineConfig, workdir: Path) -> Path:
-    teachers = {"teacher": teacher.output_dir(cfg, workdir).name} if uses_teachers(cfg) else {}
-    return stage_dir(workdir, "evaluate", {"evaluate": asdict(cfg.evaluate), "train": train.output_dir(cfg, workdir).name,
-                                           "ingest": ingest.output_dir(cfg, workdir).name, **teachers})
-
-
-def run(cfg: PipelineConfig, workdir: Path, force: bool = False, tracker: Any = None) -> Path:
-    workdir = Path(workdir).resolve()
-    model_dir = require_done(train.output_dir(cfg, workdir), "train") / train.MODEL_DIR
-    corpus = require_done(ingest.output_dir(cfg, workdir), "ingest")
-    inputs = {"model": str(model_dir), "ingest": str(corpus)}
-    if uses_teachers(cfg):
-        inputs["teacher"] = str(require_done(teacher.output_dir(cfg, workdir), "teacher"))
-    run_id = tracker.run_id if tracker is not None else None
-    return run_stage("evaluate", output_dir(cfg, workdir),
-                     lambda tmp: evaluate_model(model_dir, corpus, cfg, tmp, run_id, inputs.get("teacher")),
-                     config=asdict(cfg.evaluate), inputs=inputs, force=force)
+def build(run: StageRun, tmp: Path) -> dict[str, Any]:
+    """Evaluate input `train`'s model on `ingest`'s splits (with input `teacher`'s models when the config
+    asks for the baseline or reranking) into `tmp`."""
+    run_id = run.tracker.run_id if run.tracker is not None else None
+    return evaluate_model(run.inputs["train"] / train.MODEL_DIR, run.inputs["ingest"], run.cfg, tmp, run_id,
+                          run.inputs.get("teacher"))
 
 
 def corpus_scores(hypotheses: list[str], references: list[str]) -> dict[str, Any]:
@@ -109,7 +93,7 @@ def decoders_for(model: Any, evaluation: Any, teachers: dict[str, Any]) -> dict[
 
 
 def evaluate_model(model_dir: Path, corpus: Path, cfg: PipelineConfig, out: Path, mlflow_run_id: str | None,
-                   teacher_dir: str | None = None) -> dict:
+                   teacher_dir: Path | None = None) -> dict:
     """Decode, score and time (see module doc); writes results.json and the hypotheses into `out`."""
     import sentencepiece
 

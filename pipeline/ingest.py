@@ -36,7 +36,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.config import DataConfig, PipelineConfig
-from pipeline.stage import StageError, digest, run_stage, stage_dir, write_json
+from pipeline.stage import StageError, StageRun, digest, write_json
 
 log = logging.getLogger(__name__)
 
@@ -124,18 +124,9 @@ class RawSplit:
 
 # ----------------------------------------------------------------------------------------------- stage
 
-def output_dir(cfg: PipelineConfig, workdir: Path) -> Path:
-    """The ingest output directory for this config (a pure function: later stages call it too)."""
-    data = {k: v for k, v in asdict(cfg.data).items() if k not in ("download", "cache_dir")}
-    return stage_dir(workdir, "ingest", {"data": data, "files": input_fingerprint(cfg.data)})
-
-
-def run(cfg: PipelineConfig, workdir: Path, force: bool = False, tracker: Any = None) -> Path:
-    """Read, validate, filter and write the corpus; returns the finished output directory."""
-    workdir = Path(workdir).resolve()
-    out = output_dir(cfg, workdir)
-    return run_stage("ingest", out, lambda tmp: _build(cfg.data, workdir, tmp), config=asdict(cfg.data),
-                     inputs={"files": input_fingerprint(cfg.data)}, force=force)
+def build(run: StageRun, tmp: Path) -> dict[str, Any]:
+    """Read, validate, filter and write the corpus into `tmp`."""
+    return _build(run.cfg.data, run.workdir, tmp)
 
 
 def _build(data: DataConfig, workdir: Path, tmp: Path) -> dict[str, Any]:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import io
 import logging
 import random
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -19,9 +18,7 @@ import pyarrow.parquet as pq
 import sentencepiece as sentencepiece
 from sentencepiece import sentencepiece_model_pb2
 
-from pipeline import ingest
-from pipeline.config import PipelineConfig
-from pipeline.stage import StageError, require_done, run_stage, stage_dir
+from pipeline.stage import StageError, StageRun
 from reder.config import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 log = logging.getLogger(__name__)
@@ -31,22 +28,9 @@ MODEL_FILE = "spm.model"
 VOCAB_FILE = "spm.vocab"
 
 
-def output_dir(cfg: PipelineConfig, workdir: Path) -> Path:
-    section = {k: v for k, v in asdict(cfg.spm).items() if k != "num_threads"}
-    return stage_dir(workdir, "spm", {"spm": section, "vocab_size": cfg.model.vocab_size,
-                                      "ingest": ingest.output_dir(cfg, workdir).name})
-
-
-def run(cfg: PipelineConfig, workdir: Path, force: bool = False, tracker: Any = None) -> Path:
-    """Train the joint model on a sample of the ingested train split; returns the output directory."""
-    workdir = Path(workdir).resolve()
-    corpus = require_done(ingest.output_dir(cfg, workdir), "ingest")
-    config = {"spm": asdict(cfg.spm), "vocab_size": cfg.model.vocab_size}
-    return run_stage("spm", output_dir(cfg, workdir), lambda tmp: _build(cfg, corpus, tmp), config=config,
-                     inputs={"ingest": str(corpus)}, force=force)
-
-
-def _build(cfg: PipelineConfig, corpus: Path, tmp: Path) -> dict[str, Any]:
+def build(run: StageRun, tmp: Path) -> dict[str, Any]:
+    """Train the joint model on a sample of the ingested train split (input `ingest`) into `tmp`."""
+    cfg, corpus = run.cfg, run.inputs["ingest"]
     sample = training_sample(corpus / "train", cfg.spm.sample_size, cfg.spm.seed)
     proto = train(sample, cfg.model.vocab_size, cfg.spm.model_type, cfg.spm.character_coverage,
                   cfg.spm.num_threads)

@@ -1,7 +1,8 @@
-"""Mechanics shared by every stage: hashed output directories, skip-when-done, atomic publication.
+"""Mechanics shared by every stage: the `Stage` declaration, hashed output directories, skip-when-done,
+atomic publication. The stages themselves are declared in pipeline/graph.py.
 
 A stage's output lives in `<workdir>/<stage>-<hash>/`, where the hash covers the config values the
-stage depends on and the names of its input directories (themselves hashed, so a change upstream
+stage depends on and the names of its hashed input directories (themselves hashed, so a change upstream
 changes every directory downstream). The stage builds into `<workdir>/.<stage>-<hash>.tmp/`, writes
 `manifest.json` there, renames the directory into place and writes `_SUCCESS` last. A directory without
 `_SUCCESS` is never trusted: the next run deletes it and redoes the work. A lock file serialises two
@@ -16,8 +17,12 @@ import logging
 import os
 import shutil
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
+
+if TYPE_CHECKING:
+    from pipeline.config import PipelineConfig
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +32,38 @@ MANIFEST = "manifest.json"
 
 class StageError(RuntimeError):
     """A stage cannot run (missing input, bad data); the message says what to do."""
+
+
+@dataclass(frozen=True)
+class StageRun:
+    """What a stage's `build` gets: the config, its own final output directory (`out.name` names its Ray
+    Train runs), every input directory by label (finished, checked), and the MLflow tracker (or None)."""
+
+    cfg: "PipelineConfig"
+    workdir: Path
+    out: Path
+    inputs: dict[str, Path]
+    tracker: Any = None
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One node of the stage graph, declared once (pipeline/graph.py).
+
+    `key(cfg)`: the config values in the stage's hash. `inputs(cfg)`: label → upstream stage whose
+    directory name goes into the hash too (the label is the hash key, so it must never change for a
+    stage whose hash is kept). `reads`: upstream stages read but not hashed (each is already upstream of a
+    hashed input). `build(run, tmp) -> counts` writes the output into `tmp`. `sections`: config sections
+    recorded whole in manifest.json. `uses_ray`: the build needs a connected Ray (run_pipeline.py
+    connects once, before the first such stage)."""
+
+    name: str
+    build: Callable[[StageRun, Path], dict[str, Any]]
+    key: Callable[["PipelineConfig"], dict[str, Any]]
+    inputs: Callable[["PipelineConfig"], dict[str, str]] = lambda cfg: {}
+    reads: Callable[["PipelineConfig"], tuple[str, ...]] = lambda cfg: ()
+    sections: tuple[str, ...] = field(default=())
+    uses_ray: bool = False
 
 
 def digest(value: Any, length: int = 12) -> str:

@@ -25,9 +25,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from pipeline import ingest, spm, tokenize, train
+from pipeline import spm, train
 from pipeline.config import PipelineConfig
-from pipeline.stage import StageError, require_done, run_stage, stage_dir, write_json
+from pipeline.stage import StageError, StageRun, write_json
 from pipeline.tracking import child_run, finish_child_run, plot_history
 from reder import DIRECTIONS, TransformerConfig
 from reder.autoregressive import Transformer
@@ -38,13 +38,6 @@ log = logging.getLogger(__name__)
 TEACHERS_FILE = "teachers.json"
 
 
-def needed(cfg: PipelineConfig) -> bool:
-    """Whether any later stage uses the teachers: KD without a given corpus, the evaluation baseline or
-    reranking."""
-    kd = cfg.distill.enabled and not cfg.distill.corpus
-    return kd or cfg.evaluate.teacher_baseline or cfg.evaluate.rerank_with_teacher
-
-
 def given_checkpoints(cfg: PipelineConfig) -> dict[str, Path]:
     """The user's teacher model directories (absolute), or {} when the stage trains its own."""
     if not cfg.teacher.src2tgt_checkpoint:
@@ -53,37 +46,19 @@ def given_checkpoints(cfg: PipelineConfig) -> dict[str, Path]:
             "tgt2src": Path(cfg.teacher.tgt2src_checkpoint).expanduser().resolve()}
 
 
-def output_dir(cfg: PipelineConfig, workdir: Path) -> Path:
-    given = given_checkpoints(cfg)
-    if given:
-        key: dict[str, Any] = {"checkpoints": {d: str(p) for d, p in given.items()}}
-    else:
-        section = {k: v for k, v in asdict(cfg.teacher.train).items() if k not in train.NOT_HASHED}
-        key = {"model": asdict(cfg.teacher.model), "train": section}
-    return stage_dir(workdir, "teacher", {**key, "spm": spm.output_dir(cfg, workdir).name,
-                                          "data": tokenize.output_dir(cfg, workdir).name})
-
-
 def model_dirs(out: Path) -> dict[str, Path]:
     """direction → teacher model directory, from a finished teacher stage's teachers.json."""
     entries = json.loads((Path(out) / TEACHERS_FILE).read_text(encoding="utf-8"))
     return {direction: (Path(out) / path).resolve() for direction, path in entries.items()}
 
 
-def run(cfg: PipelineConfig, workdir: Path, force: bool = False, tracker: Any = None) -> Path:
-    """Train both teachers (or check the given ones) and publish the stage directory."""
-    workdir = Path(workdir).resolve()
-    data = require_done(tokenize.output_dir(cfg, workdir), "tokenize")
-    corpus = require_done(ingest.output_dir(cfg, workdir), "ingest")
-    spm_dir = require_done(spm.output_dir(cfg, workdir), "spm")
-    out = output_dir(cfg, workdir)
-    given = given_checkpoints(cfg)
-    config = {"checkpoints": {d: str(p) for d, p in given.items()}} if given else \
-        {"model": asdict(cfg.teacher.model), "train": asdict(cfg.teacher.train)}
-    build = (lambda tmp: _check_given(given, cfg, spm_dir, tmp)) if given else \
-        (lambda tmp: _train_both(cfg, workdir, out.name, data, corpus, spm_dir, tmp, tracker))
-    return run_stage("teacher", out, build, config=config,
-                     inputs={"tokenize": str(data), "ingest": str(corpus), "spm": str(spm_dir)}, force=force)
+def build(run: StageRun, tmp: Path) -> dict[str, Any]:
+    """Train both teachers on input `data` (tokenize; validation text from `ingest`), or check the given ones."""
+    given = given_checkpoints(run.cfg)
+    if given:
+        return _check_given(given, run.cfg, run.inputs["spm"], tmp)
+    return _train_both(run.cfg, run.workdir, run.out.name, run.inputs["data"], run.inputs["ingest"], run.inputs["spm"],
+                       tmp, run.tracker)
 
 
 def check_teacher(directory: Path, direction: str, cfg: PipelineConfig, spm_model: Path) -> Transformer:
@@ -110,9 +85,6 @@ def _check_given(given: dict[str, Path], cfg: PipelineConfig, spm_dir: Path, tmp
 
 def _train_both(cfg: PipelineConfig, workdir: Path, name: str, data: Path, corpus: Path, spm_dir: Path, tmp: Path,
                 tracker: Any) -> dict[str, Any]:
-    from cluster.connect import ensure_ray
-
-    ensure_ray(cfg.ray)
     train.check_resources(cfg.teacher.train, cfg.teacher.train.start_timeout_s)
     storage = train.storage_path(cfg.teacher.train, workdir)
     target = tracker.worker_target() if tracker is not None else None
@@ -142,9 +114,3 @@ def _train_both(cfg: PipelineConfig, workdir: Path, name: str, data: Path, corpu
     write_json(tmp / "report.json", reports)
     write_json(tmp / TEACHERS_FILE, {d: f"{d}/{train.MODEL_DIR}" for d in DIRECTIONS})
     return counts
-
-
-def load_teachers(cfg: PipelineConfig, workdir: Path, device: str = "cpu") -> dict[str, Transformer]:
-    """Both directions' teachers of a finished teacher stage (eval mode)."""
-    out = require_done(output_dir(cfg, Path(workdir).resolve()), "teacher")
-    return {d: load_teacher_dir(p, d, cfg.model.vocab_size, device) for d, p in model_dirs(out).items()}

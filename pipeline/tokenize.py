@@ -21,7 +21,6 @@ from __future__ import annotations
 import logging
 import shutil
 import time
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable
 
@@ -32,7 +31,7 @@ import pyarrow.parquet as pq
 
 from pipeline import ingest, spm
 from pipeline.config import PipelineConfig
-from pipeline.stage import StageError, require_done, run_stage, stage_dir, write_json
+from pipeline.stage import StageError, StageRun, write_json
 
 log = logging.getLogger(__name__)
 
@@ -41,28 +40,9 @@ SCHEMA = pa.schema([("id", pa.int64()), ("src_ids", pa.list_(pa.int32())), ("tgt
 ROWS_PER_BLOCK = 50_000
 
 
-def output_dir(cfg: PipelineConfig, workdir: Path) -> Path:
-    # workers and batch_size do not change the output, so they are not part of the key
-    return stage_dir(workdir, "tokenize", {**feasibility_key(cfg),
-                                           "spm": spm.output_dir(cfg, workdir).name,
-                                           "ingest": ingest.output_dir(cfg, workdir).name})
-
-
-def run(cfg: PipelineConfig, workdir: Path, force: bool = False, tracker: Any = None) -> Path:
-    """Tokenize every split on Ray (connecting/starting it from `cfg.ray` if needed)."""
-    workdir = Path(workdir).resolve()
-    corpus = require_done(ingest.output_dir(cfg, workdir), "ingest")
-    model_dir = require_done(spm.output_dir(cfg, workdir), "spm")
-    config = {"tokenize": asdict(cfg.tokenize), **feasibility_key(cfg)}
-    return run_stage("tokenize", output_dir(cfg, workdir),
-                     lambda tmp: _build(cfg, corpus, model_dir / spm.MODEL_FILE, tmp), config=config,
-                     inputs={"ingest": str(corpus), "spm": str(model_dir)}, force=force)
-
-
-def _build(cfg: PipelineConfig, corpus: Path, model_path: Path, tmp: Path) -> dict[str, Any]:
-    from cluster.connect import ensure_ray
-
-    ensure_ray(cfg.ray)
+def build(run: StageRun, tmp: Path) -> dict[str, Any]:
+    """Tokenize every split of input `ingest` with input `spm`'s model on Ray into `tmp`."""
+    cfg, corpus, model_path = run.cfg, run.inputs["ingest"], run.inputs["spm"] / spm.MODEL_FILE
     model_proto = model_path.read_bytes()
     spm.load(model_proto, cfg.model.vocab_size)  # fail here, not inside an actor, on a bad model
     files = [p for split in ingest.SPLITS for p in sorted((corpus / split).glob("*.parquet"))]

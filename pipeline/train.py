@@ -37,9 +37,9 @@ from typing import Any, Iterator, Optional
 import pyarrow.parquet as pq
 import torch
 
-from pipeline import distill, ingest, spm, tokenize
+from pipeline import spm
 from pipeline.config import PipelineConfig, TrainConfig
-from pipeline.stage import StageError, require_done, run_stage, stage_dir, write_json
+from pipeline.stage import StageError, StageRun, write_json
 from pipeline.tracking import plot_history
 from reder import DIRECTIONS, EOS_ID, DuplexLoss, LossConfig, ModelConfig, REDER, TransformerConfig
 from reder.autoregressive import Transformer
@@ -51,35 +51,13 @@ log = logging.getLogger(__name__)
 
 MODEL_DIR = "model"
 HISTORY_FILE = "history.json"
-# Keys of the train section that change neither the data order nor the optimisation.
-NOT_HASHED = ("log_every", "max_failures", "storage_path", "fail_at_step", "start_timeout_s", "valid_max_sentences")
 
 
-def output_dir(cfg: PipelineConfig, workdir: Path) -> Path:
-    section = {k: v for k, v in asdict(cfg.train).items() if k not in NOT_HASHED}
-    return stage_dir(workdir, "train", {"model": asdict(cfg.model), "loss": asdict(cfg.loss), "train": section,
-                                        "data": training_data(cfg, workdir).parent.name})
-
-
-def training_data(cfg: PipelineConfig, workdir: Path) -> Path:
-    """REDER's training split: the distill stage's (KD pairs) with distill.enabled, else tokenize's."""
-    data = distill.output_dir(cfg, workdir) if cfg.distill.enabled else tokenize.output_dir(cfg, workdir)
-    return data / "train"
-
-
-def run(cfg: PipelineConfig, workdir: Path, force: bool = False, tracker: Any = None) -> Path:
-    """Train (or resume), then publish the averaged model; `tracker` gets the MLflow run for the workers."""
-    workdir = Path(workdir).resolve()
-    data = require_done(tokenize.output_dir(cfg, workdir), "tokenize")
-    train_data = require_done(training_data(cfg, workdir).parent, "distill" if cfg.distill.enabled else "tokenize") / "train"
-    corpus = require_done(ingest.output_dir(cfg, workdir), "ingest")
-    spm_dir = require_done(spm.output_dir(cfg, workdir), "spm")
-    out = output_dir(cfg, workdir)
-    config = {"model": asdict(cfg.model), "loss": asdict(cfg.loss), "train": asdict(cfg.train)}
-    return run_stage("train", out, lambda tmp: _build(cfg, workdir, out.name, train_data, data, corpus, spm_dir, tmp, tracker),
-                     config=config, inputs={"train_data": str(train_data), "tokenize": str(data), "ingest": str(corpus),
-                                            "spm": str(spm_dir)},
-                     force=force)
+def build(run: StageRun, tmp: Path) -> dict[str, Any]:
+    """Train (or resume) on input `data`'s train split (distill's or tokenize's), validated on `tokenize`'s
+    valid split against `ingest`'s text, then publish the averaged model into `tmp`."""
+    return _build(run.cfg, run.workdir, run.out.name, run.inputs["data"] / "train", run.inputs["tokenize"],
+                  run.inputs["ingest"], run.inputs["spm"], tmp, run.tracker)
 
 
 def check_resources(train: Any, timeout_s: float) -> None:
@@ -189,9 +167,6 @@ def run_report(fitted: dict[str, Any], run_path: Path) -> dict[str, Any]:
 
 def _build(cfg: PipelineConfig, workdir: Path, name: str, train_data: Path, data: Path, corpus: Path, spm_dir: Path,
            tmp: Path, tracker: Any) -> dict[str, Any]:
-    from cluster.connect import ensure_ray
-
-    ensure_ray(cfg.ray)
     check_resources(cfg.train, cfg.train.start_timeout_s)
     storage = storage_path(cfg.train, workdir)
     trainer = make_trainer(cfg, name, storage, train_data, data, corpus, spm_dir,

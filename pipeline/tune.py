@@ -3,7 +3,8 @@ their start step, or any other model/loss/train key), tracked in MLflow.
 
     python run_pipeline.py tune [--config configs/X.yaml] [key=value ...] [--samples N] [--address auto]
 
-The data stages — with KD on, the teacher and distill stages too — run first (skipped when a normal run finished them: trials never recompute them). Each
+The stages the sweep needs (pipeline/graph.py: the data stages and, with KD on, teacher and distill) run first,
+skipped when a normal run finished them: trials never recompute them. Each
 trial is a driver function (Ray 2.60's Train V2 pattern) that builds the train stage's own TorchTrainer for
 its config, with `TuneReportCallback` forwarding rank 0's reports to Tune; ASHA (or FIFO) stops weak
 trials on `tune.metric` (validation BLEU, the mean of both directions) over training steps. A trial that
@@ -26,46 +27,29 @@ import logging
 import math
 import os
 import random
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from pipeline import distill, ingest, spm, teacher, tokenize, train
+from pipeline import train
 from pipeline.config import PipelineConfig, check_consistency, from_dict, to_yaml
-from pipeline.stage import StageError, require_done, run_stage, stage_dir, write_text
+from pipeline.stage import StageError, StageRun, write_text
 from pipeline.tracking import ensure_experiment, flatten, tracking_uri
 
 log = logging.getLogger(__name__)
 
-DATA_STAGES = (ingest, spm, tokenize)
-
-
-def output_dir(cfg: PipelineConfig, workdir: Path) -> Path:
-    return stage_dir(workdir, "tune", {"tune": asdict(cfg.tune), "model": asdict(cfg.model), "loss": asdict(cfg.loss),
-                                       "train": asdict(cfg.train), "data": train.training_data(cfg, workdir).parent.name})
-
-
-def run(cfg: PipelineConfig, workdir: Path, force: bool = False) -> Path:
-    """Run the data stages if needed, then the sweep; returns the tune stage's directory."""
+def check_space(cfg: PipelineConfig) -> None:
+    """A sweep needs a search space (checked before any stage runs)."""
     if not cfg.tune.space:
         raise StageError("tune: tune.space is empty; declare the keys to search in the config (see the "
                          "tune section of configs/default.yaml)")
-    from cluster.connect import ensure_ray
 
-    ensure_ray(cfg.ray, dashboard=True)  # before the data stages start Ray without it
-    workdir = Path(workdir).resolve()
-    for stage in DATA_STAGES:
-        stage.run(cfg, workdir)
-    if cfg.distill.enabled:  # sequence-level KD: the trials train on the distilled split
-        if not cfg.distill.corpus:
-            teacher.run(cfg, workdir)
-        distill.run(cfg, workdir)
-    inputs = {name: require_done(module.output_dir(cfg, workdir), name)
-              for name, module in (("tokenize", tokenize), ("ingest", ingest), ("spm", spm))}
-    inputs["train_data"] = train.training_data(cfg, workdir)
-    out = output_dir(cfg, workdir)
-    return run_stage("tune", out, lambda tmp: _sweep(cfg, workdir, out.name, inputs, tmp),
-                     config={"tune": asdict(cfg.tune)}, inputs={k: str(v) for k, v in inputs.items()}, force=force)
+
+def build(run: StageRun, tmp: Path) -> dict[str, Any]:
+    """The sweep: trials train on input `data`'s train split (distill's or tokenize's), validated on
+    `tokenize`'s valid split against `ingest`'s text; results into `tmp`."""
+    check_space(run.cfg)
+    inputs = {"train_data": run.inputs["data"] / "train", **{name: run.inputs[name] for name in ("tokenize", "ingest", "spm")}}
+    return _sweep(run.cfg, run.workdir, run.out.name, inputs, tmp)
 
 
 def search_space(space: dict[str, dict]) -> dict[str, Any]:
@@ -171,9 +155,6 @@ def _concurrency(cfg: PipelineConfig) -> int:
 def _sweep(cfg: PipelineConfig, workdir: Path, name: str, inputs: dict[str, Path], tmp: Path) -> dict[str, Any]:
     import ray.tune
 
-    from cluster.connect import ensure_ray
-
-    ensure_ray(cfg.ray, dashboard=True)
     train.check_resources(cfg.train, cfg.train.start_timeout_s)
     # The metric is reported at validations only; ASHA skips reports without it, Tune's strict check
     # would reject the first (training-only) report instead.

@@ -17,8 +17,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cluster import check, connect, head
-from pipeline.config import ConfigError, load_config
+from cluster import ClusterError, check, connect, head
+import run_pipeline
+from pipeline.config import load_config
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 YAMLS = [REPO_ROOT / "cluster.yaml", REPO_ROOT / "cluster" / "onprem.yaml"]
@@ -80,17 +81,20 @@ def test_cluster_file_supplies_address_tracking_and_shared_workdir(tmp_path, mon
     monkeypatch.setenv(connect.CLUSTER_FILE_ENV, str(tmp_path / "cluster.json"))
     smoke = REPO_ROOT / "configs" / "smoke.yaml"
     cfg = load_config(smoke, ["tracking.enabled=true"])
-    assert connect.cluster_overrides(cfg) == []  # no file: a laptop run, nothing changes
+    laptop = (cfg.ray.address, cfg.tracking.enabled, cfg.tracking.uri, cfg.workdir)
+    assert connect.cluster_overrides(*laptop) == []  # no file: a laptop run, nothing changes
     (tmp_path / "cluster.json").write_text(json.dumps(
         {"ray_address": "10.0.0.5:6379", "tracking_uri": "http://10.0.0.5:5000", "shared_dir": "/mnt/shared/duplex"}))
-    assert connect.cluster_overrides(cfg) == ["ray.address=10.0.0.5:6379", "tracking.uri=http://10.0.0.5:5000",
+    assert connect.cluster_overrides(*laptop) == ["ray.address=10.0.0.5:6379", "tracking.uri=http://10.0.0.5:5000",
                                               "workdir=/mnt/shared/duplex/runs/smoke"]
-    mine = load_config(smoke, ["tracking.enabled=true", "ray.address=auto", "tracking.uri=http://elsewhere:5000",
-                               f"workdir={tmp_path / 'mine'}"])
-    assert connect.cluster_overrides(mine) == []  # what the user set wins
+    mine = ("auto", True, "http://elsewhere:5000", str(tmp_path / "mine"))
+    assert connect.cluster_overrides(*mine) == []  # what the user set wins
+    on_cluster = run_pipeline.load_run_config(str(smoke), ["tracking.enabled=true"])  # the driver applies them
+    assert (on_cluster.ray.address, on_cluster.tracking.uri, on_cluster.workdir) == \
+        ("10.0.0.5:6379", "http://10.0.0.5:5000", "/mnt/shared/duplex/runs/smoke")
     (tmp_path / "cluster.json").write_text(json.dumps({"ray_address": "auto"}))
-    with pytest.raises(ConfigError, match="cluster.json: cluster file lacks"):
-        connect.cluster_overrides(cfg)
+    with pytest.raises(ClusterError, match="cluster.json: cluster file lacks"):
+        connect.cluster_overrides(*laptop)
 
 
 def free_port() -> int:

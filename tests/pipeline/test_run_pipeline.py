@@ -64,7 +64,7 @@ def test_smoke_config_end_to_end_with_tracking_then_skips(tmp_path, capsys, ray_
         assert 0 <= distill_counts[f"fallback_{direction}"] <= distill_counts["rows"]
         assert distill_counts[f"length_ratio_{direction}"] > 0 and f"teacher_bleu_{direction}" in distill_counts
     train_manifest = json.loads((Path(last["stages"]["train"]["output"]) / "manifest.json").read_text())
-    assert train_manifest["inputs"]["train_data"] == str(Path(last["stages"]["distill"]["output"]) / "train")
+    assert train_manifest["inputs"]["data"] == last["stages"]["distill"]["output"]  # trained on the KD pairs
     assert last["stages"]["tokenize"]["counts"]["train"]["kept"] > 350
     assert last["stages"]["train"]["counts"]["steps"] == 30
 

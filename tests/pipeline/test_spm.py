@@ -4,7 +4,7 @@ import unicodedata
 import pytest
 import sentencepiece
 
-from pipeline import ingest, spm
+from pipeline import graph, spm
 from pipeline.config import load_config
 from pipeline.stage import StageError
 from reder.config import BOS_ID, EOS_ID, PAD_ID, UNK_ID
@@ -65,9 +65,9 @@ def test_stage_needs_ingest_and_writes_model_and_vocab(tmp_path):
     cfg = load_config(None, ["data.source=files", f"data.local_dir={corpus}", "data.tgt_lang=de",
                              "model.vocab_size=100", "spm.sample_size=200"])
     with pytest.raises(StageError, match="stage 'ingest' has no finished output"):
-        spm.run(cfg, tmp_path / "w")
-    ingest.run(cfg, tmp_path / "w")
-    out = spm.run(cfg, tmp_path / "w")
+        graph.run(cfg, tmp_path / "w", "spm")
+    graph.run(cfg, tmp_path / "w", "ingest")
+    out = graph.run(cfg, tmp_path / "w", "spm")
     processor = spm.load(out / "spm.model", 100)
     vocab = (out / "spm.vocab").read_text(encoding="utf-8").splitlines()
     assert len(vocab) == 100 and vocab[0].startswith("<pad>\t") and vocab[-1].startswith("<blank>\t")
@@ -77,4 +77,4 @@ def test_stage_needs_ingest_and_writes_model_and_vocab(tmp_path):
     # the vocabulary size is part of the key: a different size is a different directory
     other = load_config(None, ["data.source=files", f"data.local_dir={corpus}", "data.tgt_lang=de",
                                "model.vocab_size=90", "spm.sample_size=200"])
-    assert spm.output_dir(other, tmp_path / "w") != out
+    assert graph.output_dir(other, tmp_path / "w", "spm") != out

@@ -1,10 +1,10 @@
-"""The teacher stage's checks of given teacher checkpoints and when the stage is needed; training through
+"""The teacher stage's checks of given teacher checkpoints (when it is needed: test_graph.py); training through
 Ray Train runs in the smoke pipeline test (tests/pipeline/test_run_pipeline.py)."""
 from pathlib import Path
 
 import pytest
 
-from pipeline import teacher
+from pipeline import graph, teacher
 from pipeline.config import ConfigError, load_config
 from reder import TransformerConfig
 from reder.autoregressive import Transformer
@@ -39,13 +39,7 @@ def test_given_teacher_checkpoints_are_checked_with_clear_errors(tmp_path):
         teacher.check_teacher(reder_dir, "src2tgt", cfg, spm_file)
 
 
-def test_the_stage_is_needed_by_kd_the_baseline_or_reranking(tmp_path):
-    off = ["distill.enabled=false", "evaluate.teacher_baseline=false"]
-    assert not teacher.needed(load_config(None, off))
-    assert teacher.needed(load_config(None, ["distill.enabled=true", "evaluate.teacher_baseline=false"]))
-    assert not teacher.needed(load_config(None, ["distill.corpus=/data/kd", "evaluate.teacher_baseline=false"]))
-    assert teacher.needed(load_config(None, off[:1]))
-    assert teacher.needed(load_config(None, off + ["evaluate.rerank_with_teacher=true"]))
+def test_given_checkpoints_are_checked_and_change_the_stage_directory(tmp_path):
     with pytest.raises(ConfigError, match="rerank_with_teacher"):
         load_config(None, ["evaluate.rerank_with_teacher=true", "evaluate.beam_size=1"])
     with pytest.raises(ConfigError, match="both"):
@@ -54,9 +48,9 @@ def test_the_stage_is_needed_by_kd_the_baseline_or_reranking(tmp_path):
                                f"workdir={tmp_path}"])
     assert teacher.given_checkpoints(given) == {"src2tgt": tmp_path / "a", "tgt2src": tmp_path / "b"}
     trained = load_config(None, [f"workdir={tmp_path}"])
-    assert teacher.output_dir(given, tmp_path) != teacher.output_dir(trained, tmp_path)
-    assert teacher.output_dir(trained, tmp_path) != teacher.output_dir(
-        load_config(None, [f"workdir={tmp_path}", "teacher.model.d_model=256"]), tmp_path)
+    assert graph.output_dir(given, tmp_path, "teacher") != graph.output_dir(trained, tmp_path, "teacher")
+    assert graph.output_dir(trained, tmp_path, "teacher") != graph.output_dir(
+        load_config(None, [f"workdir={tmp_path}", "teacher.model.d_model=256"]), tmp_path, "teacher")
 
 
 def test_teacher_vocabulary_follows_the_model_and_cannot_disagree():

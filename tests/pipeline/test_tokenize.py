@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pipeline import ingest, spm, tokenize
+from pipeline import graph, ingest, spm, tokenize
 from pipeline.config import load_config
 from pipeline.stage import StageError
 from reder import REDER, ModelConfig
@@ -105,9 +105,9 @@ def test_one_and_two_workers_give_identical_output_that_matches_plain_sentencepi
     for workers in (1, 2):
         cfg = load_config(None, base + [f"tokenize.workers={workers}"])
         workdir = tmp_path / f"w{workers}"
-        ingest.run(cfg, workdir)
-        spm.run(cfg, workdir)
-        outputs[workers] = tokenize.run(cfg, workdir)
+        graph.run(cfg, workdir, "ingest")
+        graph.run(cfg, workdir, "spm")
+        outputs[workers] = graph.run(cfg, workdir, "tokenize")
         assert json.loads((outputs[workers] / "report.json").read_text())["workers"] == workers
     for split in ingest.SPLITS:
         files = {w: sorted(p.name for p in (outputs[w] / split).iterdir()) for w in outputs}
@@ -117,10 +117,10 @@ def test_one_and_two_workers_give_identical_output_that_matches_plain_sentencepi
 
     # Reference: plain single-process SentencePiece over the ingested text.
     cfg = load_config(None, base)
-    processor = spm.load(spm.output_dir(cfg, tmp_path / "w1") / "spm.model", 120)
+    processor = spm.load(graph.output_dir(cfg, tmp_path / "w1", "spm") / "spm.model", 120)
     report = json.loads((outputs[1] / "report.json").read_text())["splits"]
     for split in ingest.SPLITS:
-        text = pq.read_table(ingest.output_dir(cfg, tmp_path / "w1") / split).to_pylist()
+        text = pq.read_table(graph.output_dir(cfg, tmp_path / "w1", "ingest") / split).to_pylist()
         table = tokenize.read_split(outputs[1] / split)
         assert table.schema == tokenize.SCHEMA
         rows = {row["id"]: row for row in table.to_pylist()}
@@ -149,6 +149,6 @@ def test_one_and_two_workers_give_identical_output_that_matches_plain_sentencepi
 def test_tokenize_needs_spm_first(tmp_path):
     corpus = _corpus(tmp_path)
     cfg = load_config(None, ["data.source=files", f"data.local_dir={corpus}", "data.tgt_lang=de"])
-    ingest.run(cfg, tmp_path / "w")
+    graph.run(cfg, tmp_path / "w", "ingest")
     with pytest.raises(StageError, match="stage 'spm' has no finished output"):
-        tokenize.run(cfg, tmp_path / "w")
+        graph.run(cfg, tmp_path / "w", "tokenize")

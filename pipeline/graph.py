@@ -1,0 +1,138 @@
+"""The stage graph, declared once: for every stage its hashed config keys, its inputs, what it reads, and
+from these its output directory and whether a run needs it.
+
+    ingest ─► spm ─► tokenize ─► teacher ─► distill ─► train ─► evaluate
+                                    └─────────────────────────────►┘     (tune: a sweep of train)
+
+A stage's directory is `<workdir>/<name>-<hash>`, the hash over `key(cfg)` and the directory names of its
+hashed `inputs` (pipeline/stage.py). A stage is needed when a target (evaluate for a pipeline run, tune
+for a sweep) reaches it through inputs and reads: teacher only for KD without a given corpus, the teacher
+baseline or reranking; distill only with `distill.enabled`. `run_pipeline.py` and the sweep walk this graph;
+no stage computes another stage's path. Keys are those the stages had before the graph existed, so
+finished outputs keep their directories (tests/pipeline/test_graph.py pins them).
+"""
+from __future__ import annotations
+
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from pipeline import distill, evaluate, ingest, spm, teacher, tokenize, train, tune
+from pipeline.config import PipelineConfig, TrainConfig
+from pipeline.stage import Stage, StageError, StageRun, require_done, run_stage, stage_dir
+
+# Keys of a train section that change neither the data order nor the optimisation: not hashed.
+NOT_HASHED = ("log_every", "max_failures", "storage_path", "fail_at_step", "start_timeout_s", "valid_max_sentences")
+
+
+def train_key(section: TrainConfig) -> dict[str, Any]:
+    """The hashed part of a train section (REDER's or the teachers')."""
+    return {k: v for k, v in asdict(section).items() if k not in NOT_HASHED}
+
+
+def training_data(cfg: PipelineConfig) -> str:
+    """The stage whose `train/` split REDER trains on: distill's (KD pairs) with distill.enabled, else tokenize's."""
+    return "distill" if cfg.distill.enabled else "tokenize"
+
+
+def uses_teachers(cfg: PipelineConfig) -> bool:
+    """Whether the evaluation decodes with the teachers (baseline or reranking)."""
+    return cfg.evaluate.teacher_baseline or cfg.evaluate.rerank_with_teacher
+
+
+def _teacher_key(cfg: PipelineConfig) -> dict[str, Any]:
+    given = teacher.given_checkpoints(cfg)
+    if given:
+        return {"checkpoints": {d: str(p) for d, p in given.items()}}
+    return {"model": asdict(cfg.teacher.model), "train": train_key(cfg.teacher.train)}
+
+
+def _distill_key(cfg: PipelineConfig) -> dict[str, Any]:
+    source = {"corpus": str(Path(cfg.distill.corpus).expanduser().resolve())} if cfg.distill.corpus \
+        else {"decoding": {k: getattr(cfg.distill, k) for k in distill.DECODING_KEYS}}
+    return {**source, "feasibility": tokenize.feasibility_key(cfg)}
+
+
+STAGES = (
+    Stage("ingest", ingest.build, sections=("data",),
+          key=lambda cfg: {"data": {k: v for k, v in asdict(cfg.data).items() if k not in ("download", "cache_dir")},
+                           "files": ingest.input_fingerprint(cfg.data)}),
+    Stage("spm", spm.build, sections=("spm",),
+          key=lambda cfg: {"spm": {k: v for k, v in asdict(cfg.spm).items() if k != "num_threads"},
+                           "vocab_size": cfg.model.vocab_size},
+          inputs=lambda cfg: {"ingest": "ingest"}),
+    Stage("tokenize", tokenize.build, sections=("tokenize",), uses_ray=True,
+          key=tokenize.feasibility_key, inputs=lambda cfg: {"spm": "spm", "ingest": "ingest"}),
+    Stage("teacher", teacher.build, sections=("teacher",), uses_ray=True, key=_teacher_key,
+          inputs=lambda cfg: {"spm": "spm", "data": "tokenize"}, reads=lambda cfg: ("ingest",)),
+    Stage("distill", distill.build, sections=("distill",), uses_ray=True, key=_distill_key,
+          inputs=lambda cfg: {"tokenize": "tokenize", **({} if cfg.distill.corpus else {"teacher": "teacher"})},
+          reads=lambda cfg: ("spm",)),
+    Stage("train", train.build, sections=("model", "loss", "train"), uses_ray=True,
+          key=lambda cfg: {"model": asdict(cfg.model), "loss": asdict(cfg.loss), "train": train_key(cfg.train)},
+          inputs=lambda cfg: {"data": training_data(cfg)}, reads=lambda cfg: ("tokenize", "ingest", "spm")),
+    Stage("evaluate", evaluate.build, sections=("evaluate",),
+          key=lambda cfg: {"evaluate": asdict(cfg.evaluate)},
+          inputs=lambda cfg: {"train": "train", "ingest": "ingest", **({"teacher": "teacher"} if uses_teachers(cfg) else {})}),
+    Stage("tune", tune.build, sections=("tune",), uses_ray=True,
+          key=lambda cfg: {"tune": asdict(cfg.tune), "model": asdict(cfg.model), "loss": asdict(cfg.loss),
+                           "train": asdict(cfg.train)},
+          inputs=lambda cfg: {"data": training_data(cfg)}, reads=lambda cfg: ("tokenize", "ingest", "spm")),
+)
+PIPELINE = tuple(stage.name for stage in STAGES if stage.name != "tune")  # a pipeline run's stages, in run order
+BY_NAME = {stage.name: stage for stage in STAGES}
+
+
+def upstream(cfg: PipelineConfig, name: str) -> dict[str, str]:
+    """label → stage of everything `name` consumes: its hashed inputs, then its reads (labelled by name)."""
+    stage = BY_NAME[name]
+    return {**stage.inputs(cfg), **{read: read for read in stage.reads(cfg)}}
+
+
+def needed(cfg: PipelineConfig, targets: tuple[str, ...] = ("evaluate",)) -> list[str]:
+    """The stages a run of `targets` needs (the targets and all they consume, transitively), in run order."""
+    seen: set[str] = set()
+    pending = list(targets)
+    while pending:
+        name = pending.pop()
+        if name not in seen:
+            seen.add(name)
+            pending.extend(upstream(cfg, name).values())
+    return [stage.name for stage in STAGES if stage.name in seen]
+
+
+def output_dirs(cfg: PipelineConfig, workdir: Path) -> dict[str, Path]:
+    """Every stage's output directory under `workdir` for this config, each derived once, in run order."""
+    workdir = Path(workdir).resolve()
+    dirs: dict[str, Path] = {}
+    for stage in STAGES:  # run order: a stage's inputs are resolved before it
+        names = {label: dirs[source].name for label, source in stage.inputs(cfg).items()}
+        dirs[stage.name] = stage_dir(workdir, stage.name, {**stage.key(cfg), **names})
+    return dirs
+
+
+def output_dir(cfg: PipelineConfig, workdir: Path, name: str) -> Path:
+    """Stage `name`'s output directory."""
+    return output_dirs(cfg, workdir)[name]
+
+
+def run(cfg: PipelineConfig, workdir: Path, name: str, force: bool = False, tracker: Any = None) -> Path:
+    """Build stage `name` from its finished inputs (skipped when its own output is finished, unless `force`)."""
+    stage = BY_NAME[name]
+    workdir = Path(workdir).resolve()
+    dirs = output_dirs(cfg, workdir)
+    inputs = {label: require_done(dirs[source], source) for label, source in upstream(cfg, name).items()}
+    context = StageRun(cfg=cfg, workdir=workdir, out=dirs[name], inputs=inputs, tracker=tracker)
+
+    def build(tmp: Path) -> dict[str, Any]:
+        if stage.uses_ray:
+            import ray
+
+            if not ray.is_initialized():
+                raise StageError(f"stage {name!r} runs on Ray, which is not connected: run_pipeline.py connects "
+                                 f"once, before the first such stage (cluster.connect.connect)")
+        return stage.build(context, tmp)
+
+    sections = {section: asdict(getattr(cfg, section)) for section in stage.sections}
+    return run_stage(name, dirs[name], build, config={**stage.key(cfg), **sections},
+                     inputs={label: str(path) for label, path in inputs.items()}, force=force)

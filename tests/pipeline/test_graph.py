@@ -1,0 +1,91 @@
+"""The stage graph: output directories as the stages had them before the graph (pinned), when a stage is
+needed, and import arrows that follow the run order."""
+import ast
+from pathlib import Path
+
+import pytest
+
+from pipeline import graph
+from pipeline.config import load_config
+from pipeline.stage import StageError
+
+PIPELINE_DIR = Path(graph.__file__).resolve().parent
+# A corpus path that exists nowhere: the ingest key then holds no file fingerprint, so these names are the
+# same on every machine. The names are those the per-stage output_dir functions computed before the graph.
+BASE = ["data.source=files", "data.local_dir=/nonexistent/corpus"]
+PINNED = [
+    ([],
+     {'ingest': 'ingest-19b97460c2e8', 'spm': 'spm-329019bbf169', 'tokenize': 'tokenize-0d52ee35e7d7', 'teacher': 'teacher-a62fcb7db399', 'distill': 'distill-4d277afbad2a', 'train': 'train-7dcfd8086cf1', 'evaluate': 'evaluate-acbb67d037d1', 'tune': 'tune-cd1b47120cc3'}),
+    (['model.head=dag', 'model.graph_upsample_ratio=4'],
+     {'ingest': 'ingest-19b97460c2e8', 'spm': 'spm-329019bbf169', 'tokenize': 'tokenize-411c7ec1ee9c', 'teacher': 'teacher-b1efa22f245f', 'distill': 'distill-49361cc8a530', 'train': 'train-85a489af24b9', 'evaluate': 'evaluate-a4a3d5250f31', 'tune': 'tune-4863887d218a'}),
+    (['distill.corpus=/nonexistent/kd'],
+     {'ingest': 'ingest-19b97460c2e8', 'spm': 'spm-329019bbf169', 'tokenize': 'tokenize-0d52ee35e7d7', 'teacher': 'teacher-a62fcb7db399', 'distill': 'distill-40455ad8320b', 'train': 'train-8c8340c38e60', 'evaluate': 'evaluate-3d8237992667', 'tune': 'tune-4bcae5d32a08'}),
+    (['teacher.src2tgt_checkpoint=/nonexistent/a', 'teacher.tgt2src_checkpoint=/nonexistent/b'],
+     {'ingest': 'ingest-19b97460c2e8', 'spm': 'spm-329019bbf169', 'tokenize': 'tokenize-0d52ee35e7d7', 'teacher': 'teacher-7eabf7ec004d', 'distill': 'distill-879799dc3bc4', 'train': 'train-bad4edb4d672', 'evaluate': 'evaluate-a1ac28b491ae', 'tune': 'tune-ed9d6de9fcc9'}),
+    (['distill.enabled=false', 'evaluate.teacher_baseline=false'],
+     {'ingest': 'ingest-19b97460c2e8', 'spm': 'spm-329019bbf169', 'tokenize': 'tokenize-0d52ee35e7d7', 'teacher': 'teacher-a62fcb7db399', 'distill': 'distill-4d277afbad2a', 'train': 'train-f7a5b49913c7', 'evaluate': 'evaluate-c7b10e3aeca5', 'tune': 'tune-afe5ed4704c7'}),
+]
+
+
+@pytest.mark.parametrize("overrides, names", PINNED)
+def test_output_directories_keep_the_names_they_had_before_the_graph(tmp_path, overrides, names):
+    dirs = graph.output_dirs(load_config(None, BASE + overrides), tmp_path)
+    assert {stage: path.name for stage, path in dirs.items()} == names
+    assert all(path.parent == tmp_path.resolve() for path in dirs.values())
+
+
+def test_a_change_reaches_exactly_the_stages_downstream_of_it(tmp_path):
+    base = graph.output_dirs(load_config(None, BASE), tmp_path)
+    changed = graph.output_dirs(load_config(None, BASE + ["spm.model_type=unigram"]), tmp_path)
+    assert [s for s in base if base[s] != changed[s]] == ["spm", "tokenize", "teacher", "distill", "train", "evaluate", "tune"]
+    changed = graph.output_dirs(load_config(None, BASE + ["evaluate.beam_size=3"]), tmp_path)
+    assert [s for s in base if base[s] != changed[s]] == ["evaluate"]
+    changed = graph.output_dirs(load_config(None, BASE + ["train.log_every=7", "tokenize.workers=3"]), tmp_path)
+    assert [s for s in base if base[s] != changed[s]] == ["tune"]  # only the sweep hashes its whole train section
+
+
+def test_needed_follows_what_the_targets_consume():
+    def needed(*overrides, targets=("evaluate",)):
+        return graph.needed(load_config(None, list(overrides)), targets)
+
+    everything = ["ingest", "spm", "tokenize", "teacher", "distill", "train", "evaluate"]
+    assert needed() == everything
+    off = ["distill.enabled=false", "evaluate.teacher_baseline=false"]
+    assert needed(*off) == ["ingest", "spm", "tokenize", "train", "evaluate"]
+    assert needed("distill.enabled=true", "evaluate.teacher_baseline=false") == everything
+    assert needed("distill.corpus=/data/kd", "evaluate.teacher_baseline=false") == \
+        ["ingest", "spm", "tokenize", "distill", "train", "evaluate"]
+    assert needed(*off[:1]) == ["ingest", "spm", "tokenize", "teacher", "train", "evaluate"]
+    assert needed(*off, "evaluate.rerank_with_teacher=true") == ["ingest", "spm", "tokenize", "teacher", "train", "evaluate"]
+    assert needed(targets=("tune",)) == ["ingest", "spm", "tokenize", "teacher", "distill", "tune"]
+    assert needed(*off, targets=("tune",)) == ["ingest", "spm", "tokenize", "tune"]
+
+
+def test_a_stage_without_its_inputs_says_which_to_run_first(tmp_path):
+    cfg = load_config(None, BASE + [f"workdir={tmp_path}"])
+    with pytest.raises(StageError, match="stage 'ingest' has no finished output"):
+        graph.run(cfg, tmp_path, "spm")
+
+
+def _imports(path: Path) -> set[str]:
+    """The pipeline modules a pipeline module imports (at any depth of its code)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.module == "pipeline":
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("pipeline."):
+            found.add(node.module.split(".")[1])
+        elif isinstance(node, ast.Import):
+            found.update(a.name.split(".")[1] for a in node.names if a.name.startswith("pipeline."))
+    return found
+
+
+def test_stage_modules_import_only_stages_that_run_before_them():
+    order = list(graph.PIPELINE) + ["tune"]
+    for name in order:
+        module = PIPELINE_DIR / f"{name}.py"
+        files = [module] if module.is_file() else sorted((PIPELINE_DIR / name).glob("*.py"))  # a stage package
+        imported = set().union(*(_imports(path) for path in files))
+        later = set(order[order.index(name) + 1:])
+        assert not imported & later, f"pipeline.{name} imports later stage(s) {sorted(imported & later)}"
+        assert "graph" not in imported, f"pipeline.{name} imports the graph (the graph imports the stages)"
