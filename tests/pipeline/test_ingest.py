@@ -1,6 +1,7 @@
 import gzip
 import io
 import json
+import os
 import tarfile
 from pathlib import Path
 
@@ -9,7 +10,7 @@ import pytest
 
 from pipeline import ingest
 from pipeline.config import load_config
-from pipeline.ingest import CorpusError
+from pipeline.ingest import CorpusError, corpora
 from tests.conftest import SHARED_DATA
 from tests.pipeline.conftest import make_pairs, write_files_corpus
 from tests.pipeline.sword_module import write_ztext_module
@@ -140,6 +141,27 @@ def test_rerun_skips_and_changed_input_or_config_gets_a_new_directory(tmp_path):
     assert ingest.run(files_config(corpus), tmp_path / "w") != first
 
 
+@pytest.mark.parametrize("overrides, expected", [
+    (["data.source=files", "data.local_dir=/nonexistent/duplex-corpus", "data.src_lang=en", "data.tgt_lang=de"],
+     "ingest-9e3b9acf5782"),
+    (["data.sword_path=/nonexistent/duplex-sword"], "ingest-4d0e390f92b1"),
+    (["data.source=multi30k", "data.src_lang=en", "data.tgt_lang=fr", "data.local_dir=/nonexistent/duplex-corpus",
+      "data.download=false", "data.cache_dir=/elsewhere", "data.test_split=test_2017_flickr"], "ingest-801f5e64e819"),
+])
+def test_output_dir_hash_is_stable(overrides, expected):
+    """Values computed by the single-file pipeline/ingest.py (before the package split): a change here
+    renames every ingest directory and, through their keys, every directory downstream."""
+    assert ingest.output_dir(load_config(None, overrides), Path("/nonexistent/duplex-work")) == \
+        Path("/nonexistent/duplex-work") / expected
+
+
+def test_input_fingerprint_is_name_size_and_mtime(tmp_path):
+    (tmp_path / "train.en").write_text("Hello.\n", encoding="utf-8")
+    os.utime(tmp_path / "train.en", ns=(1_700_000_000_123_456_789, 1_700_000_000_123_456_789))
+    (tmp_path / "sub").mkdir()  # directories are not inputs
+    assert ingest.input_fingerprint(files_config(tmp_path).data) == {"train.en": [7, 1_700_000_000_123_456_789]}
+
+
 def test_limit_keeps_the_first_lines(tmp_path):
     corpus = write_files_corpus(tmp_path / "corpus")
     out = ingest.run(files_config(corpus, "data.limit=25", "data.dedupe=false"), tmp_path / "w")
@@ -183,9 +205,9 @@ def test_iwslt14_preparation_follows_fairseq_split(tmp_path):
             tar.addfile(info, io.BytesIO(data))
         for lang, body in lines.items():
             add(f"train.tags.de-en.{lang}", "<url>http://x</url>\n<talkid>1</talkid>\n" + "\n".join(body) + "\n")
-            for name in ingest._IWSLT_TEST:
+            for name in corpora._IWSLT_TEST:
                 add(f"{name}.de-en.{lang}.xml", f'<doc><seg id="1"> {name} {lang} </seg>\n<seg id="2">b</seg></doc>')
-    got = ingest._prepare_iwslt14(archive, tmp_path, "valid", ("de", "en"))
+    got = corpora._prepare_iwslt14(archive, tmp_path, "valid", ("de", "en"))
     assert got[0].read_text().splitlines() == ["de sentence 23", "de sentence 46"]
     train = (tmp_path / "train.en").read_text().splitlines()
     assert len(train) == 44 and "en sentence 23" not in train and train[0] == "en sentence 1"
