@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    from pipeline import ingest, spm, tokenize
+    from pipeline import graph, ingest, spm, tokenize
     from pipeline.config import load_config
 
     work = Path(tempfile.mkdtemp(prefix="bench-tokenize-"))
@@ -58,8 +58,8 @@ def main(argv: list[str] | None = None) -> dict:
         cfg = load_config(None, ["data.source=multi30k", "data.src_lang=en", "data.tgt_lang=de",
                                  f"data.local_dir={Path(args.data_dir).resolve()}", "data.download=false",
                                  f"model.vocab_size={args.vocab_size}", "tracking.enabled=false"])
-        corpus = ingest.run(cfg, work)
-        model_proto = (spm.run(cfg, work) / spm.MODEL_FILE).read_bytes()
+        corpus = graph.run(cfg, work, "ingest")
+        model_proto = (graph.run(cfg, work, "spm") / spm.MODEL_FILE).read_bytes()
         table = pq.read_table(corpus / "train")
         table = pa.concat_tables([table] * args.scale) if args.scale > 1 else table
         if args.scale > 1:

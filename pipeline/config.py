@@ -20,12 +20,10 @@ import yaml
 
 from reder.config import LossConfig, ModelConfig, TransformerConfig
 
-CORPORA = ("sword", "multi30k", "iwslt14", "wmt16_enro", "wmt14_ende", "files", "tsv")
-
 
 @dataclass(frozen=True)
 class DataConfig:
-    """Where the parallel corpus comes from and how ingestion filters it (pipeline/ingest.py)."""
+    """Where the parallel corpus comes from and how ingestion filters it (pipeline/ingest/)."""
 
     source: Literal["sword", "multi30k", "iwslt14", "wmt16_enro", "wmt14_ende", "files", "tsv"] = "sword"
     src_lang: str = "en"

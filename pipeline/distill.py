@@ -28,8 +28,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from pipeline import ingest, spm, teacher, tokenize
+from pipeline import spm, teacher, tokenize
 from pipeline.config import DistillConfig, PipelineConfig
+from pipeline.parquet import write_split
 from pipeline.stage import StageError, StageRun, write_json
 from reder import EOS_ID
 from reder.autoregressive import Transformer
@@ -208,10 +209,3 @@ def statistics(table: pa.Table, spm_model: Path) -> dict[str, float]:
         stats[f"length_ratio_{direction}"] = round(sum(map(len, outputs)) / max(1, sum(map(len, references))), 4)
         stats[f"teacher_bleu_{direction}"] = round(corpus_scores(sp.decode(outputs), sp.decode(references))["bleu"], 2)
     return stats
-
-
-def write_split(table: pa.Table, out: Path) -> None:
-    """The distilled train split as `part-NNNNN.parquet` files in id order."""
-    out.mkdir(parents=True)
-    for index, start in enumerate(range(0, max(table.num_rows, 1), ingest.ROWS_PER_FILE)):
-        pq.write_table(table.slice(start, ingest.ROWS_PER_FILE), out / f"part-{index:05d}.parquet")

@@ -29,7 +29,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from pipeline import ingest, spm
+from pipeline import ingest, parquet, spm
 from pipeline.config import PipelineConfig
 from pipeline.stage import StageError, StageRun, write_json
 
@@ -216,14 +216,11 @@ def finalize(table: pa.Table, out: Path, drop: bool) -> dict[str, Any]:
     table = pa.table({name: table.column(name).combine_chunks() for name in SCHEMA.names}, schema=SCHEMA)
     counts["src_tokens"] = pc.sum(table.column("src_len")).as_py() or 0
     counts["tgt_tokens"] = pc.sum(table.column("tgt_len")).as_py() or 0
-    out.mkdir(parents=True)
-    for index, start in enumerate(range(0, max(table.num_rows, 1), ingest.ROWS_PER_FILE)):
-        pq.write_table(table.slice(start, ingest.ROWS_PER_FILE), out / f"part-{index:05d}.parquet")
+    parquet.write_split(table, out)
     return counts
 
 
 def read_split(path: Path) -> pa.Table:
     """A finished split as one table (files in name order, which is id order)."""
-    files = sorted(Path(path).glob("part-*.parquet"))
-    return pa.concat_tables([pq.read_table(f) for f in files]) if files else SCHEMA.empty_table()
+    return parquet.read_split(path, SCHEMA)
 

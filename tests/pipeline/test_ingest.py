@@ -1,15 +1,16 @@
 import gzip
 import io
 import json
+import os
 import tarfile
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline import ingest
+from pipeline import graph, ingest
 from pipeline.config import load_config
-from pipeline.ingest import CorpusError
+from pipeline.ingest import CorpusError, corpora
 from tests.conftest import SHARED_DATA
 from tests.pipeline.conftest import make_pairs, write_files_corpus
 from tests.pipeline.sword_module import write_ztext_module
@@ -27,7 +28,7 @@ def assert_nothing_written(workdir: Path):
 
 def test_files_corpus_roundtrips_to_parquet(tmp_path):
     corpus = write_files_corpus(tmp_path / "corpus")
-    out = ingest.run(files_config(corpus), tmp_path / "work")
+    out = graph.run(files_config(corpus), tmp_path / "work", "ingest")
     assert (out / "_SUCCESS").exists()
     train = pq.read_table(out / "train")
     assert train.schema.names == ["id", "src", "tgt"]
@@ -46,7 +47,7 @@ def test_misaligned_files_name_both_files_and_counts(tmp_path):
     corpus = write_files_corpus(tmp_path / "corpus")
     (corpus / "valid.de").write_text("eins\nzwei\n", encoding="utf-8")
     with pytest.raises(CorpusError) as error:
-        ingest.run(files_config(corpus), tmp_path / "work")
+        graph.run(files_config(corpus), tmp_path / "work", "ingest")
     message = str(error.value)
     assert "misaligned" in message and str(corpus / "valid.en") in message and str(corpus / "valid.de") in message
     assert "40 lines" in message and "has 2" in message
@@ -59,9 +60,9 @@ def test_invalid_utf8_names_file_and_line(tmp_path):
     lines[6] = b"kaputt \xff\xfe text"
     (corpus / "train.de").write_bytes(b"\n".join(lines))
     with pytest.raises(CorpusError, match=rf"{corpus / 'train.de'}:7: invalid UTF-8"):
-        ingest.run(files_config(corpus), tmp_path / "work")
+        graph.run(files_config(corpus), tmp_path / "work", "ingest")
     assert_nothing_written(tmp_path / "work")
-    out = ingest.run(files_config(corpus, "data.lenient=true"), tmp_path / "work")
+    out = graph.run(files_config(corpus, "data.lenient=true"), tmp_path / "work", "ingest")
     report = json.loads((out / "report.json").read_text())
     assert report["splits"]["train"]["dropped"]["invalid_utf8"] == 1
     assert 7 not in pq.read_table(out / "train").column("id").to_pylist()
@@ -72,19 +73,19 @@ def test_empty_corpus_is_an_error(tmp_path):
     (corpus / "train.en").write_text("", encoding="utf-8")
     (corpus / "train.de").write_text("", encoding="utf-8")
     with pytest.raises(CorpusError, match="empty corpus: no train pairs"):
-        ingest.run(files_config(corpus), tmp_path / "work")
+        graph.run(files_config(corpus), tmp_path / "work", "ingest")
     assert_nothing_written(tmp_path / "work")
     (corpus / "train.en").write_text("\n \n", encoding="utf-8")  # only empty lines: all dropped
     (corpus / "train.de").write_text("a\n\n", encoding="utf-8")
     with pytest.raises(CorpusError, match=r"dropped \{'empty': 2\}"):
-        ingest.run(files_config(corpus), tmp_path / "work")
+        graph.run(files_config(corpus), tmp_path / "work", "ingest")
 
 
 def test_missing_file_is_a_clear_error(tmp_path):
     corpus = write_files_corpus(tmp_path / "corpus")
     (corpus / "test.de").unlink()
     with pytest.raises(CorpusError, match=rf"corpus file not found: {corpus / 'test.de'}"):
-        ingest.run(files_config(corpus), tmp_path / "work")
+        graph.run(files_config(corpus), tmp_path / "work", "ingest")
     assert_nothing_written(tmp_path / "work")
 
 
@@ -96,7 +97,7 @@ def test_filters_drop_from_train_and_only_count_in_eval(tmp_path):
     for split in ("train", "valid"):
         (corpus / f"{split}.en").write_text("\n".join(src) + "\n", encoding="utf-8")
         (corpus / f"{split}.de").write_text("\n".join(tgt) + "\n", encoding="utf-8")
-    out = ingest.run(files_config(corpus, "data.max_chars=40", "data.max_length_ratio=3"), tmp_path / "w")
+    out = graph.run(files_config(corpus, "data.max_chars=40", "data.max_length_ratio=3"), tmp_path / "w", "ingest")
     report = json.loads((out / "report.json").read_text())["splits"]
     assert report["train"]["dropped"] == {"duplicate": 1, "empty": 1, "length_ratio": 1, "too_long": 1}
     assert pq.read_table(out / "train").column("id").to_pylist() == [1, 6]
@@ -112,37 +113,58 @@ def test_gzip_crlf_and_tsv_inputs(tmp_path):
         for side, lang in enumerate(("en", "de")):
             text = "".join(p[side] + "\r\n" for p in pairs).encode("utf-8")
             (corpus / f"{split}.{lang}.gz").write_bytes(gzip.compress(text))
-    out = ingest.run(files_config(corpus), tmp_path / "w1")
+    out = graph.run(files_config(corpus), tmp_path / "w1", "ingest")
     assert pq.read_table(out / "train").column("src").to_pylist() == [p[0] for p in pairs]
 
     tsv = tmp_path / "tsv"
     tsv.mkdir()
     for split in ingest.SPLITS:
         (tsv / f"{split}.tsv").write_text("".join(f"{a}\t{b}\n" for a, b in pairs), encoding="utf-8")
-    out = ingest.run(load_config(None, ["data.source=tsv", f"data.local_dir={tsv}"]), tmp_path / "w2")
+    out = graph.run(load_config(None, ["data.source=tsv", f"data.local_dir={tsv}"]), tmp_path / "w2", "ingest")
     assert pq.read_table(out / "test").column("tgt").to_pylist() == [p[1] for p in pairs]
     (tsv / "valid.tsv").write_text("one\ttwo\nno tab here\n", encoding="utf-8")
     with pytest.raises(CorpusError, match=rf"{tsv / 'valid.tsv'}:2: expected 2 tab-separated fields"):
-        ingest.run(load_config(None, ["data.source=tsv", f"data.local_dir={tsv}"]), tmp_path / "w3")
+        graph.run(load_config(None, ["data.source=tsv", f"data.local_dir={tsv}"]), tmp_path / "w3", "ingest")
 
 
 def test_rerun_skips_and_changed_input_or_config_gets_a_new_directory(tmp_path):
     corpus = write_files_corpus(tmp_path / "corpus")
-    first = ingest.run(files_config(corpus), tmp_path / "w")
+    first = graph.run(files_config(corpus), tmp_path / "w", "ingest")
     started = json.loads((first / "manifest.json").read_text())["started"]
-    assert ingest.run(files_config(corpus), tmp_path / "w") == first
+    assert graph.run(files_config(corpus), tmp_path / "w", "ingest") == first
     assert json.loads((first / "manifest.json").read_text())["started"] == started
-    assert ingest.run(files_config(corpus, "data.max_chars=500"), tmp_path / "w") != first
+    assert graph.run(files_config(corpus, "data.max_chars=500"), tmp_path / "w", "ingest") != first
     with open(corpus / "test.de", "a", encoding="utf-8") as handle:
         handle.write("Ein neuer Satz.\n")
     with open(corpus / "test.en", "a", encoding="utf-8") as handle:
         handle.write("A new sentence.\n")
-    assert ingest.run(files_config(corpus), tmp_path / "w") != first
+    assert graph.run(files_config(corpus), tmp_path / "w", "ingest") != first
+
+
+@pytest.mark.parametrize("overrides, expected", [
+    (["data.source=files", "data.local_dir=/nonexistent/duplex-corpus", "data.src_lang=en", "data.tgt_lang=de"],
+     "ingest-9e3b9acf5782"),
+    (["data.sword_path=/nonexistent/duplex-sword"], "ingest-4d0e390f92b1"),
+    (["data.source=multi30k", "data.src_lang=en", "data.tgt_lang=fr", "data.local_dir=/nonexistent/duplex-corpus",
+      "data.download=false", "data.cache_dir=/elsewhere", "data.test_split=test_2017_flickr"], "ingest-801f5e64e819"),
+])
+def test_output_dir_hash_is_stable(overrides, expected):
+    """Values computed by the single-file pipeline/ingest.py (before the package split): a change here
+    renames every ingest directory and, through their keys, every directory downstream."""
+    assert graph.output_dir(load_config(None, overrides), Path("/nonexistent/duplex-work"), "ingest") == \
+        Path("/nonexistent/duplex-work") / expected
+
+
+def test_input_fingerprint_is_name_size_and_mtime(tmp_path):
+    (tmp_path / "train.en").write_text("Hello.\n", encoding="utf-8")
+    os.utime(tmp_path / "train.en", ns=(1_700_000_000_123_456_789, 1_700_000_000_123_456_789))
+    (tmp_path / "sub").mkdir()  # directories are not inputs
+    assert ingest.input_fingerprint(files_config(tmp_path).data) == {"train.en": [7, 1_700_000_000_123_456_789]}
 
 
 def test_limit_keeps_the_first_lines(tmp_path):
     corpus = write_files_corpus(tmp_path / "corpus")
-    out = ingest.run(files_config(corpus, "data.limit=25", "data.dedupe=false"), tmp_path / "w")
+    out = graph.run(files_config(corpus, "data.limit=25", "data.dedupe=false"), tmp_path / "w", "ingest")
     assert pq.read_table(out / "train").column("id").to_pylist()[-1] <= 25
 
 
@@ -162,7 +184,7 @@ def test_named_corpus_download_path(tmp_path, monkeypatch):
     monkeypatch.setitem(ingest.NAMED, "multi30k", patched)
     cfg = load_config(None, ["data.source=multi30k", "data.src_lang=en", "data.tgt_lang=de",
                              f"data.cache_dir={tmp_path / 'cache'}"])
-    out = ingest.run(cfg, tmp_path / "w")
+    out = graph.run(cfg, tmp_path / "w", "ingest")
     assert pq.read_table(out / "valid").column("tgt").to_pylist() == [p[1] for p in pairs]
     assert (tmp_path / "cache" / "multi30k" / "val.de").is_file()
     with pytest.raises(CorpusError, match="is not in data.local_dir"):
@@ -183,9 +205,9 @@ def test_iwslt14_preparation_follows_fairseq_split(tmp_path):
             tar.addfile(info, io.BytesIO(data))
         for lang, body in lines.items():
             add(f"train.tags.de-en.{lang}", "<url>http://x</url>\n<talkid>1</talkid>\n" + "\n".join(body) + "\n")
-            for name in ingest._IWSLT_TEST:
+            for name in corpora._IWSLT_TEST:
                 add(f"{name}.de-en.{lang}.xml", f'<doc><seg id="1"> {name} {lang} </seg>\n<seg id="2">b</seg></doc>')
-    got = ingest._prepare_iwslt14(archive, tmp_path, "valid", ("de", "en"))
+    got = corpora._prepare_iwslt14(archive, tmp_path, "valid", ("de", "en"))
     assert got[0].read_text().splitlines() == ["de sentence 23", "de sentence 46"]
     train = (tmp_path / "train.en").read_text().splitlines()
     assert len(train) == 44 and "en sentence 23" not in train and train[0] == "en sentence 1"
@@ -250,7 +272,7 @@ def test_sword_reader_on_a_module_built_here(tmp_path):
 def test_missing_sword_modules_say_how_to_install(tmp_path):
     cfg = load_config(None, [f"data.sword_path={tmp_path / 'none'}"])
     with pytest.raises(CorpusError, match="apt-get install -y sword-text-web sword-text-sparv"):
-        ingest.run(cfg, tmp_path / "w")
+        graph.run(cfg, tmp_path / "w", "ingest")
     assert_nothing_written(tmp_path / "w")
 
 

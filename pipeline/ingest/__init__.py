@@ -1,0 +1,29 @@
+"""Ingest stage: a parallel corpus in, validated Parquet splits out (`id` int64, `src`, `tgt` string).
+
+Sources (`data.source`):
+- `files`: `<local_dir>/<split>.<lang>` text files (optionally `.gz`), one sentence per line;
+- `tsv`: `<local_dir>/<split>.tsv[.gz]`, `src<TAB>tgt` per line;
+- named corpora (`multi30k`, `iwslt14`, `wmt16_enro`, `wmt14_ende`): read from `local_dir` when it holds
+  the split's files, otherwise downloaded into `cache_dir` (WMT test sets through sacreBLEU);
+- `sword` (the default): two SWORD Bible modules read with pysword, aligned by verse reference and split
+  deterministically by a seeded hash of the reference.
+
+Validation: sides with different line counts, invalid UTF-8 (unless `lenient`), missing files and an
+empty result are errors naming the file (and line). Empty lines, over-long lines, extreme length ratios
+and duplicate pairs are dropped from train and counted by reason in `report.json`; in valid/test they
+are only counted (`flagged`), so test sets stay intact. `id` is the 1-based line number in the source
+file (for `sword`, the verse's position in canonical order). Each split is written by
+`pipeline.parquet.write_split` (`part-NNNNN.parquet` files of ROWS_PER_FILE rows, in id order).
+
+One module per job: `stage` (the build, input_fingerprint; the stage's hash is in pipeline/graph.py), `readers` (`files`, `tsv`,
+and the split names, RawSplit and CorpusError they share), `filters`, `corpora` (named corpora and their
+downloads), `sword`. This package re-exports what other modules use as `pipeline.ingest.<name>`.
+"""
+from pipeline.ingest.corpora import NAMED, Archive, NamedCorpus, SplitSource
+from pipeline.ingest.readers import CorpusError
+from pipeline.ingest.stage import SPLITS, build, input_fingerprint, read_corpus
+from pipeline.ingest.sword import clean_osis, read_sword
+from pipeline.parquet import ROWS_PER_FILE, write_split
+
+__all__ = ["NAMED", "ROWS_PER_FILE", "SPLITS", "Archive", "CorpusError", "NamedCorpus", "SplitSource", "clean_osis",
+           "build", "input_fingerprint", "read_corpus", "read_sword", "write_split"]
