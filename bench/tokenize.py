@@ -50,7 +50,8 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    from pipeline import graph, ingest, spm, tokenize
+    from pipeline import graph, spm, tokenize
+    from pipeline.parquet import write_split
     from pipeline.config import load_config
 
     work = Path(tempfile.mkdtemp(prefix="bench-tokenize-"))
@@ -67,10 +68,10 @@ def main(argv: list[str] | None = None) -> dict:
             ids = [row + offset for offset in offsets for row in range(table.num_rows // args.scale)]
             table = table.set_column(0, "id", pa.array(ids, pa.int64()))
         bench_dir = work / "bench-input" / "train"
-        ingest.write_split(table, bench_dir)
+        write_split(table, bench_dir)
         files = sorted(bench_dir.glob("*.parquet"))
         tiny_dir = work / "bench-tiny" / "train"
-        ingest.write_split(table.slice(0, 64), tiny_dir)
+        write_split(table.slice(0, 64), tiny_dir)
         tiny = sorted(tiny_dir.glob("*.parquet"))
         pairs = table.num_rows
 

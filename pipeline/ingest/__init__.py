@@ -23,7 +23,6 @@ from pipeline.ingest.corpora import NAMED, Archive, NamedCorpus, SplitSource
 from pipeline.ingest.readers import CorpusError
 from pipeline.ingest.stage import SPLITS, build, input_fingerprint, read_corpus
 from pipeline.ingest.sword import clean_osis, read_sword
-from pipeline.parquet import ROWS_PER_FILE, write_split
 
-__all__ = ["NAMED", "ROWS_PER_FILE", "SPLITS", "Archive", "CorpusError", "NamedCorpus", "SplitSource", "clean_osis",
-           "build", "input_fingerprint", "read_corpus", "read_sword", "write_split"]
+__all__ = ["NAMED", "SPLITS", "Archive", "CorpusError", "NamedCorpus", "SplitSource", "clean_osis",
+           "build", "input_fingerprint", "read_corpus", "read_sword"]
