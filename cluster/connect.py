@@ -69,7 +69,9 @@ def connect(address: str = "", num_cpus: int = 0, object_store_memory_mb: int = 
         # The dashboard serves the State API, through which Ray Train V2's PlacementGroupCleaner sees a
         # dead controller: without it, a Tune trial stopped by ASHA leaks its workers' placement group and
         # the next trials wait for CPUs forever. A plain run does without its processes.
-        kwargs: dict[str, Any] = {"include_dashboard": dashboard}
+        # address="local": a new instance of our own; without it ray.init() joins any cluster already
+        # running on this machine (another user's, or one with no free CPU) and the run waits forever.
+        kwargs: dict[str, Any] = {"address": "local", "include_dashboard": dashboard}
         if num_cpus:
             kwargs["num_cpus"] = num_cpus
         if object_store_memory_mb:
