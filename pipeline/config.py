@@ -1,7 +1,9 @@
 """Pipeline configuration: YAML -> nested frozen dataclasses, with dotted `key=value` overrides.
 
-One loader for every section: unknown keys and wrong types are errors that name the key's path
-(`data.max_chars: expected int, got str 'many'`). Defaults live only in the dataclasses below.
+One loader for every section, reder's model and loss sections included: `reder.configio.from_dict`
+(unknown keys and wrong types are errors that name the key's path, `data.max_chars: expected int, got
+str 'many'`). This module adds the YAML reading, the overrides and the cross-section checks. Defaults
+live only in the dataclasses below.
 
 Vocabulary size has one source of truth: `model.vocab_size`. The SentencePiece stage trains
 `model.vocab_size - 1` pieces (pad, unk, bos, eos and the learned pieces) and appends the CTC blank as
@@ -10,15 +12,15 @@ the last id, so the spm model, the tokenized ids and the model's embedding table
 from __future__ import annotations
 
 import dataclasses
-import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
 import yaml
 
 from reder.config import LossConfig, ModelConfig, TransformerConfig
+from reder.configio import ConfigError, from_dict, to_dict
 
 
 @dataclass(frozen=True)
@@ -98,7 +100,8 @@ PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 @dataclass(frozen=True)
 class TrainConfig:
     """Ray Train of the duplex model (pipeline/train.py). Batches are per worker, fairseq-style; the
-    optimisation defaults are the paper recipe (DESIGN.md), the shipped configs size the run."""
+    optimisation defaults are the paper recipe (docs/DESIGN.md, "Training"), the shipped configs size
+    the run."""
 
     num_workers: int = 1  # Ray Train workers (DDP ranks)
     use_gpu: bool = False
@@ -286,39 +289,7 @@ class PipelineConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain nested dicts and lists (tuples become lists), loadable again by `from_dict`."""
-        return _plain(dataclasses.asdict(self))
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {key: _plain(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(item) for item in value]
-    return value
-
-
-class ConfigError(ValueError):
-    """A bad key, value or type in a config file or override; the message names the key's path."""
-
-
-def from_dict(cls: type, values: Any, path: str = "") -> Any:
-    """Build dataclass `cls` from a nested dict, checking every key and type (path is for messages)."""
-    where = path or "<config>"
-    if values is None:
-        values = {}
-    if not isinstance(values, dict):
-        raise ConfigError(f"{where}: expected a mapping for {cls.__name__}, got {type(values).__name__}")
-    hints = typing.get_type_hints(cls)
-    known = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(values) - known)
-    if unknown:
-        paths = [_join(path, key) for key in unknown]
-        raise ConfigError(f"unknown key(s) {paths}; known keys under {where} are {sorted(known)}")
-    kwargs = {key: _convert(hints[key], value, _join(path, key)) for key, value in values.items()}
-    try:
-        return cls(**kwargs)
-    except (TypeError, ValueError) as error:
-        raise ConfigError(f"{where}: {error}") from error
+        return to_dict(self)
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> PipelineConfig:
@@ -369,56 +340,6 @@ def check_consistency(cfg: PipelineConfig) -> None:
 def to_yaml(cfg: PipelineConfig) -> str:
     """The resolved config as YAML (loadable again with load_config)."""
     return yaml.safe_dump(cfg.to_dict(), sort_keys=False)
-
-
-def _join(path: str, key: str) -> str:
-    return f"{path}.{key}" if path else str(key)
-
-
-def _convert(hint: Any, value: Any, path: str) -> Any:
-    """Check `value` against type `hint`; nested dataclasses are built recursively."""
-    if dataclasses.is_dataclass(hint):
-        return from_dict(hint, value, path)
-    origin = typing.get_origin(hint)
-    if origin is Literal:
-        choices = typing.get_args(hint)
-        if value not in choices:
-            raise ConfigError(f"{path}: expected one of {list(choices)}, got {value!r}")
-        return value
-    if origin in (Union, types.UnionType):
-        errors = []
-        for option in typing.get_args(hint):
-            if option is type(None):
-                if value is None:
-                    return None
-                continue
-            try:
-                return _convert(option, value, path)
-            except ConfigError as error:
-                errors.append(str(error))
-        raise ConfigError(f"{path}: {value!r} matches none of {hint}: {errors}")
-    if origin is tuple:
-        if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{path}: expected a list, got {type(value).__name__} {value!r}")
-        (item_type, _ellipsis) = typing.get_args(hint)
-        return tuple(_convert(item_type, item, f"{path}[{i}]") for i, item in enumerate(value))
-    if hint is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"{path}: expected float, got {type(value).__name__} {value!r}")
-        return float(value)
-    if hint is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{path}: expected int, got {type(value).__name__} {value!r}")
-        return value
-    if hint is dict:
-        if not isinstance(value, dict):
-            raise ConfigError(f"{path}: expected a mapping, got {type(value).__name__} {value!r}")
-        return dict(value)
-    if hint in (str, bool):
-        if not isinstance(value, hint):
-            raise ConfigError(f"{path}: expected {hint.__name__}, got {type(value).__name__} {value!r}")
-        return value
-    raise ConfigError(f"{path}: unsupported field type {hint}")
 
 
 def _apply_override(raw: dict[str, Any], override: str) -> None:

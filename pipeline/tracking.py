@@ -7,6 +7,8 @@ counts as metrics and its reports as artifacts; the train stage's run also gets 
 final averaged model and a PNG of the loss terms and validation BLEU; the evaluate stage's run gets the
 hypotheses and results.json.
 
+A tune sweep has its own parent run "tune" with one nested run per trial (`SweepTracker`).
+
 The store defaults to an embedded sqlite file in the workdir (`sqlite:///<workdir>/mlflow.db`, artifacts
 in `<workdir>/mlartifacts`); `tracking.uri` or $MLFLOW_TRACKING_URI point at a server instead. Browse the
 local store with `mlflow ui --backend-store-uri sqlite:///<workdir>/mlflow.db`.
@@ -14,12 +16,14 @@ local store with `mlflow ui --backend-store-uri sqlite:///<workdir>/mlflow.db`.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pipeline.config import TrackingConfig
 
 HEADLINE = ("bleu_src2tgt", "bleu_tgt2src", "chrf_src2tgt", "chrf_tgt2src", "roundtrip_bleu_src", "roundtrip_bleu_tgt")
+TRIAL_METRICS = ("valid_bleu", "bleu_src2tgt", "bleu_tgt2src")  # a sweep's trial runs: their best validation
 
 
 def tracking_uri(cfg: TrackingConfig, workdir: Path) -> str:
@@ -37,16 +41,17 @@ def ensure_experiment(client: Any, name: str, workdir: Path) -> str:
                                     if local else None)
 
 
-def child_run(target: dict[str, str] | None, name: str) -> dict[str, str] | None:
-    """A run nested under `target`'s run (same store) for one part of a stage — a teacher direction —
-    as a worker target ({"uri", "run_id"}); None when tracking is off."""
+def child_run(target: dict[str, str] | None, name: str, tags: dict[str, str] | None = None) -> dict[str, str] | None:
+    """A run nested under `target`'s run (same store) for one part of a stage — a teacher direction, a
+    sweep's trial — as a worker target ({"uri", "run_id"}); None when tracking is off."""
     if target is None:
         return None
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(target["uri"])
     parent = client.get_run(target["run_id"])
-    run = client.create_run(parent.info.experiment_id, run_name=name, tags={"mlflow.parentRunId": target["run_id"]})
+    run = client.create_run(parent.info.experiment_id, run_name=name,
+                            tags={"mlflow.parentRunId": target["run_id"], **(tags or {})})
     return {"uri": target["uri"], "run_id": run.info.run_id}
 
 
@@ -70,6 +75,11 @@ def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
     for key, item in value.items():
         flat.update(flatten(item, f"{prefix}.{key}" if prefix else str(key)))
     return flat
+
+
+def config_params(config: dict[str, Any]) -> dict[str, str]:
+    """A nested config as MLflow params: dotted keys, values as text cut to MLflow's 500 characters."""
+    return {key: str(value)[:500] for key, value in flatten(config).items()}
 
 
 def numeric(values: dict[str, Any]) -> dict[str, float]:
@@ -131,8 +141,7 @@ class Tracker:
             ensure_experiment(mlflow.MlflowClient(self.uri), self.cfg.experiment, self.workdir)
             mlflow.set_experiment(self.cfg.experiment)
             self.run_id = mlflow.start_run(run_name="pipeline").info.run_id
-            params = {k: str(v)[:500] for k, v in flatten(self.config).items()}
-            mlflow.log_params(params)
+            mlflow.log_params(config_params(self.config))
             if self.config_yaml:
                 mlflow.log_text(self.config_yaml, "config.yaml")
         self.stage_run_id = mlflow.start_run(run_name=stage, nested=True).info.run_id
@@ -187,3 +196,91 @@ class Tracker:
             mlflow.end_run(status="FAILED" if failed else "FINISHED")
             self.stage_run_id = None
         mlflow.end_run(status="FAILED" if failed else "FINISHED")
+
+
+@dataclass(frozen=True)
+class SweepTracker:
+    """The MLflow runs of a tune sweep: a parent run "tune" (the base config as params) and one nested run
+    "trial <id>" per trial (tag `trial_id`, its sampled values as params, its per-step training metrics and
+    best validation). Trials stopped early are closed FINISHED with the tag `stopped_early`, failed ones
+    FAILED with the tag `error`. Only strings inside: Ray ships it to the trials."""
+
+    uri: str
+    experiment_id: str
+    parent_run_id: str
+
+    @classmethod
+    def open(cls, cfg: TrackingConfig, workdir: Path, name: str, config: dict[str, Any],
+             config_yaml: str) -> SweepTracker | None:
+        """Start the sweep's parent run (tag `tune_dir` = `name`); None when tracking is off."""
+        if not cfg.enabled:
+            return None
+        from mlflow.tracking import MlflowClient
+
+        uri = tracking_uri(cfg, workdir)
+        client = MlflowClient(uri)
+        experiment_id = ensure_experiment(client, cfg.experiment, workdir)
+        parent = client.create_run(experiment_id, run_name="tune", tags={"tune_dir": name}).info.run_id
+        for key, value in config_params(config).items():
+            client.log_param(parent, key, value)
+        client.log_text(parent, config_yaml, "config.yaml")
+        return cls(uri, experiment_id, parent)
+
+    def trial_run(self, trial_id: str, params: dict[str, Any]) -> dict[str, str]:
+        """The worker target ({"uri", "run_id"}) of trial `trial_id`'s run: created with `params` the first
+        time, the same run again when Tune retries the trial."""
+        client = self._client()
+        found = client.search_runs([self.experiment_id],
+                                   f"tags.trial_id = '{trial_id}' and tags.mlflow.parentRunId = '{self.parent_run_id}'")
+        if found:
+            return {"uri": self.uri, "run_id": found[0].info.run_id}
+        target = child_run({"uri": self.uri, "run_id": self.parent_run_id}, f"trial {trial_id}", {"trial_id": trial_id})
+        for key, value in params.items():
+            client.log_param(target["run_id"], key, value)
+        return target
+
+    def tag_error(self, target: dict[str, str], error: BaseException) -> None:
+        """Tag a trial's run with the error that interrupted it; the run stays open (see `close_trials`)."""
+        self._client().set_tag(target["run_id"], "error", f"{type(error).__name__}: {error}"[:5000])
+
+    def finish_trial(self, target: dict[str, str], best: dict[str, Any] | None) -> None:
+        """Close a trial's run FINISHED with the BLEU of its best validation report (if any)."""
+        finish_child_run(target, {key: float(best[key]) for key in TRIAL_METRICS if best and key in best})
+
+    def close_trials(self, rows: list[dict[str, Any]], failed: bool = False) -> None:
+        """Close the trial runs still open by Tune's verdict, `rows` being the sweep's trials (trial_id, status
+        "finished", "stopped early" or "error", TRIAL_METRICS): trials that Tune stopped never reach
+        `finish_trial` (ASHA also stops the trials that reach max_t, on their last report). `failed` (the
+        sweep itself failed): every open run and the parent are closed FAILED."""
+        client = self._client()
+        by_trial = {row["trial_id"]: row for row in rows}
+        for run in client.search_runs([self.experiment_id], f"tags.mlflow.parentRunId = '{self.parent_run_id}'"):
+            if run.info.status != "RUNNING":
+                continue
+            run_id = run.info.run_id
+            row = by_trial.get(run.data.tags.get("trial_id", ""))
+            if row is not None:
+                if row["status"] != "error" and "error" in run.data.tags:
+                    client.delete_tag(run_id, "error")  # the interruption of a stopped trial
+                if row["status"] == "stopped early":
+                    client.set_tag(run_id, "stopped_early", "true")
+                for key, value in numeric({key: row.get(key) for key in TRIAL_METRICS}).items():
+                    client.log_metric(run_id, key, value)
+            errored = failed or (row is not None and row["status"] == "error")
+            client.set_terminated(run_id, "FAILED" if errored else "FINISHED")
+        if failed:
+            client.set_terminated(self.parent_run_id, "FAILED")
+
+    def publish(self, artifacts: list[Path], metrics: dict[str, Any]) -> None:
+        """Log the sweep's files and numbers (best metric, trial counts) on the parent run and close it."""
+        client = self._client()
+        for path in artifacts:
+            client.log_artifact(self.parent_run_id, str(path))
+        for key, value in numeric(metrics).items():
+            client.log_metric(self.parent_run_id, key, value)
+        client.set_terminated(self.parent_run_id, "FINISHED")
+
+    def _client(self) -> Any:
+        from mlflow.tracking import MlflowClient
+
+        return MlflowClient(self.uri)

@@ -33,9 +33,10 @@ from typing import Any
 from pipeline import train
 from pipeline.config import PipelineConfig, check_consistency, from_dict, to_yaml
 from pipeline.stage import StageError, StageRun, write_text
-from pipeline.tracking import ensure_experiment, flatten, tracking_uri
+from pipeline.tracking import SweepTracker
 
 log = logging.getLogger(__name__)
+
 
 def check_space(cfg: PipelineConfig) -> None:
     """A sweep needs a search space (checked before any stage runs)."""
@@ -93,43 +94,28 @@ def trial_config(base: PipelineConfig, params: dict[str, Any]) -> PipelineConfig
 
 
 def _trial(params: dict[str, Any], *, base: dict, keys: list[str], inputs: dict[str, str], storage: str,
-           mlflow: dict[str, str] | None) -> None:
+           tracker: SweepTracker | None) -> None:
     """One trial (runs in a Tune actor): the train stage's trainer for this config, reports forwarded."""
     import ray.tune
     from ray.tune.integration.ray_train import TuneReportCallback
 
     cfg = trial_config(from_dict(PipelineConfig, base), {k: params[k] for k in keys})
     trial_id = ray.tune.get_context().get_trial_id()
-    client = run_id = None
-    if mlflow is not None:
-        from mlflow.tracking import MlflowClient
-
-        client = MlflowClient(mlflow["uri"])
-        found = client.search_runs([mlflow["experiment_id"]],
-                                   f"tags.trial_id = '{trial_id}' and tags.mlflow.parentRunId = '{mlflow['parent']}'")
-        run_id = found[0].info.run_id if found else client.create_run(
-            mlflow["experiment_id"], run_name=f"trial {trial_id}",
-            tags={"mlflow.parentRunId": mlflow["parent"], "trial_id": trial_id}).info.run_id
-        if not found:
-            for key in keys:
-                client.log_param(run_id, key, params[key])
+    target = tracker.trial_run(trial_id, {k: params[k] for k in keys}) if tracker is not None else None
     trainer = train.make_trainer(cfg, f"trial-{trial_id}", Path(storage), Path(inputs["train_data"]),
                                  Path(inputs["tokenize"]), Path(inputs["ingest"]), Path(inputs["spm"]),
-                                 {"uri": mlflow["uri"], "run_id": run_id} if run_id else None, (TuneReportCallback(),))
+                                 target, (TuneReportCallback(),))
     try:
         result = trainer.fit()
     except Exception as error:
         # Left RUNNING: the driver closes it, FAILED only if Tune reports the trial as errored (a trial
         # that Tune stops also lands here, its trainer interrupted).
-        if client is not None:
-            client.set_tag(run_id, "error", f"{type(error).__name__}: {error}"[:5000])
+        if tracker is not None:
+            tracker.tag_error(target, error)
         raise
-    if client is not None:
-        best = _best_validation([m for _, m in result.best_checkpoints], cfg.tune.metric, cfg.tune.mode)
-        for key in ("valid_bleu", "bleu_src2tgt", "bleu_tgt2src"):
-            if best and key in best:
-                client.log_metric(run_id, key, float(best[key]))
-        client.set_terminated(run_id, "FINISHED")
+    if tracker is not None:
+        tracker.finish_trial(target, _best_validation([m for _, m in result.best_checkpoints], cfg.tune.metric,
+                                                      cfg.tune.mode))
 
 
 def _best_validation(reports: list[dict[str, Any]], metric: str, mode: str) -> dict[str, Any] | None:
@@ -161,10 +147,10 @@ def _sweep(cfg: PipelineConfig, workdir: Path, name: str, inputs: dict[str, Path
     os.environ["TUNE_DISABLE_STRICT_METRIC_CHECKING"] = "1"
     keys = sorted(cfg.tune.space)
     storage = train.storage_path(cfg.train, workdir) / name
-    mlflow = _open_sweep_run(cfg, workdir, name)
+    tracker = SweepTracker.open(cfg.tracking, workdir, name, cfg.to_dict(), to_yaml(cfg))
     trainable = ray.tune.with_parameters(_trial, base=cfg.to_dict(), keys=keys,
                                          inputs={k: str(v) for k, v in inputs.items()}, storage=str(storage),
-                                         mlflow=mlflow)
+                                         tracker=tracker)
     tune = cfg.tune
     scheduler = ray.tune.schedulers.ASHAScheduler(
         time_attr="step", max_t=cfg.train.max_steps, grace_period=tune.grace_period or cfg.train.validate_every,
@@ -187,12 +173,12 @@ def _sweep(cfg: PipelineConfig, workdir: Path, name: str, inputs: dict[str, Path
     try:
         grid = tuner.fit()
         rows = [_row(result, keys, cfg) for result in grid]
-        if mlflow is not None:
-            _close_trial_runs(mlflow, rows, failed=False)
-        return _publish(cfg, rows, keys, tmp, mlflow)
+        if tracker is not None:
+            tracker.close_trials(rows)
+        return _publish(cfg, rows, keys, tmp, tracker)
     except BaseException:
-        if mlflow is not None:  # whatever is still open is closed FAILED, the sweep's run too
-            _close_trial_runs(mlflow, [], failed=True)
+        if tracker is not None:  # whatever is still open is closed FAILED, the sweep's run too
+            tracker.close_trials([], failed=True)
         raise
 
 
@@ -220,7 +206,7 @@ def _last_line(error: BaseException) -> str:
 
 
 def _publish(cfg: PipelineConfig, rows: list[dict[str, Any]], keys: list[str], tmp: Path,
-             mlflow: dict[str, str] | None) -> dict[str, Any]:
+             tracker: SweepTracker | None) -> dict[str, Any]:
     metric = cfg.tune.metric
     scored = [r for r in rows if isinstance(r[metric], float) and math.isfinite(r[metric])]
     buffer = io.StringIO()
@@ -239,16 +225,9 @@ def _publish(cfg: PipelineConfig, rows: list[dict[str, Any]], keys: list[str], t
                                   f"{best['trial_id']}): {', '.join(f'{k}={best[k]}' for k in keys)}\n"
                                   + to_yaml(best_cfg))
     _plot(rows, keys, metric, tmp / "bleu_vs_params.png")
-    if mlflow is not None:
-        from mlflow.tracking import MlflowClient
-
-        client = MlflowClient(mlflow["uri"])
-        for path in ("trials.csv", "best.yaml", "bleu_vs_params.png"):
-            client.log_artifact(mlflow["parent"], str(tmp / path))
-        client.log_metric(mlflow["parent"], f"best_{metric}", float(best[metric]))
-        for key, value in counts.items():
-            client.log_metric(mlflow["parent"], key, float(value))
-        client.set_terminated(mlflow["parent"], "FINISHED")
+    if tracker is not None:
+        tracker.publish([tmp / name for name in ("trials.csv", "best.yaml", "bleu_vs_params.png")],
+                        {f"best_{metric}": float(best[metric]), **counts})
     return {**counts, f"best_{metric}": best[metric], "best": {k: best[k] for k in keys}}
 
 
@@ -286,43 +265,3 @@ def _plot(rows: list[dict[str, Any]], keys: list[str], metric: str, path: Path) 
     figure.tight_layout()
     figure.savefig(path, dpi=100)
     plt.close(figure)
-
-
-def _open_sweep_run(cfg: PipelineConfig, workdir: Path, name: str) -> dict[str, str] | None:
-    if not cfg.tracking.enabled:
-        return None
-    from mlflow.tracking import MlflowClient
-
-    uri = tracking_uri(cfg.tracking, workdir)
-    client = MlflowClient(uri)
-    experiment_id = ensure_experiment(client, cfg.tracking.experiment, workdir)
-    parent = client.create_run(experiment_id, run_name="tune", tags={"tune_dir": name}).info.run_id
-    for key, value in flatten(cfg.to_dict()).items():
-        client.log_param(parent, key, str(value)[:500])
-    client.log_text(parent, to_yaml(cfg), "config.yaml")
-    return {"uri": uri, "experiment_id": experiment_id, "parent": parent}
-
-
-def _close_trial_runs(mlflow: dict[str, str], rows: list[dict[str, Any]], failed: bool) -> None:
-    """Trials that Tune stopped never reach their own `set_terminated` (ASHA also stops the trials that
-    reach max_t, on their last report): close them here, tagging the ones stopped before the end."""
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(mlflow["uri"])
-    by_trial = {r["trial_id"]: r for r in rows}
-    for run in client.search_runs([mlflow["experiment_id"]], f"tags.mlflow.parentRunId = '{mlflow['parent']}'"):
-        if run.info.status != "RUNNING":
-            continue
-        row = by_trial.get(run.data.tags.get("trial_id", ""))
-        if row is not None:
-            if row["status"] != "error" and "error" in run.data.tags:
-                client.delete_tag(run.info.run_id, "error")  # the interruption of a stopped trial
-            if row["status"] == "stopped early":
-                client.set_tag(run.info.run_id, "stopped_early", "true")
-            for key in ("valid_bleu", "bleu_src2tgt", "bleu_tgt2src"):
-                if isinstance(row.get(key), float) and math.isfinite(row[key]):
-                    client.log_metric(run.info.run_id, key, row[key])
-        errored = failed or (row is not None and row["status"] == "error")
-        client.set_terminated(run.info.run_id, "FAILED" if errored else "FINISHED")
-    if failed:
-        client.set_terminated(mlflow["parent"], "FAILED")

@@ -54,7 +54,7 @@ def load_model_dir(directory: Path, device: str | torch.device = "cpu") -> tuple
     if architecture not in ARCHITECTURES:
         raise ValueError(f"{directory}: unknown architecture {architecture!r}; known: {sorted(ARCHITECTURES)}")
     model_class, config_class = ARCHITECTURES[architecture]
-    model = model_class(config_class.from_dict(meta["model"]))
+    model = model_class(config_class.from_dict(meta["model"], "model"))  # errors name config.json's key path
     model.load_state_dict(torch.load(Path(directory) / MODEL_FILE, map_location="cpu", weights_only=True))
     return model.to(device).eval(), meta
 

@@ -1,24 +1,22 @@
-"""Model and loss configuration: frozen dataclasses, saved inside every checkpoint."""
-from dataclasses import asdict, dataclass, fields
+"""Model and loss configuration: frozen dataclasses, saved inside every checkpoint.
+
+`Config.from_dict(values)` and `config.to_dict()` are the one loader of reder/configio.py (unknown keys and
+wrong types are errors), which pipeline/config.py uses for the whole pipeline config too.
+"""
+from dataclasses import dataclass
 from typing import Any
+
+from reder.configio import round_trip
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 DIRECTIONS = ("src2tgt", "tgt2src")
 HEADS = ("ctc", "dag")
 
 
-def _round_trip(cls: type) -> type:
-    """Give a config dataclass `to_dict()` and `from_dict(values)`, which rejects unknown keys (saved in
-    every checkpoint and model directory)."""
-    cls.to_dict = lambda self: asdict(self)
-    cls.from_dict = classmethod(lambda klass, values: klass(**_checked(klass, values)))
-    return cls
-
-
-@_round_trip
+@round_trip
 @dataclass(frozen=True)
 class ModelConfig:
-    """Shape and regularisation of the reversible duplex Transformer (DESIGN.md, "The model")."""
+    """Shape and regularisation of the reversible duplex Transformer (docs/DESIGN.md, "The model")."""
 
     vocab_size: int = 8000  # includes the CTC blank, which is the last id
     d_model: int = 512  # width of one half of the residual stream; the stream is 2 * d_model
@@ -33,7 +31,7 @@ class ModelConfig:
     share_ends: bool = False  # tie the two ends' layers (embeddings and positions are always shared/own)
     label_smoothing: float = 0.1
     memory_efficient: bool = True  # rebuild activations in backward instead of storing them
-    head: str = "ctc"  # output head at both ends: "ctc" or "dag" (DA-Transformer; DESIGN.md, "DAG head")
+    head: str = "ctc"  # output head at both ends: "ctc" or "dag" (DA-Transformer; docs/DESIGN.md, "DAG head")
     graph_upsample_ratio: float = 8.0  # λ (head="dag"): a graph has int(λ·(|x|+2)) vertices, |x| without BOS/EOS
     link_heads: int = 4  # heads of the DAG link scorer (head="dag")
 
@@ -61,7 +59,7 @@ class ModelConfig:
         return self.vocab_size - 1
 
 
-@_round_trip
+@round_trip
 @dataclass(frozen=True)
 class TransformerConfig:
     """The autoregressive Transformer (teacher for distillation and AR baseline; reder/autoregressive.py)."""
@@ -97,7 +95,7 @@ class TransformerConfig:
         return self.vocab_size - 1
 
 
-@_round_trip
+@round_trip
 @dataclass(frozen=True)
 class LossConfig:
     """Weights of the auxiliary losses and the step at which they switch on (stage two)."""
@@ -116,11 +114,3 @@ def _validate(config: Any, checks: dict[str, bool]) -> None:
     for message, ok in checks.items():
         if not ok:
             raise ValueError(f"{type(config).__name__}: {message} (got {config})")
-
-
-def _checked(cls: type, values: dict[str, Any]) -> dict[str, Any]:
-    known = {f.name for f in fields(cls)}
-    unknown = sorted(set(values) - known)
-    if unknown:
-        raise ValueError(f"{cls.__name__}: unknown keys {unknown}; known keys are {sorted(known)}")
-    return dict(values)

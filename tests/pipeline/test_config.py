@@ -2,7 +2,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.config import ConfigError, DataConfig, PipelineConfig, load_config
+from pipeline.config import ConfigError, DataConfig, PipelineConfig, from_dict, load_config, to_yaml
 from reder.config import ModelConfig
 
 CONFIGS = sorted((Path(__file__).resolve().parents[2] / "configs").glob("*.yaml"))
@@ -71,6 +71,32 @@ def test_bad_yaml_names_the_key_path(tmp_path):
     path.write_text("data: [1, 2]\n", encoding="utf-8")
     with pytest.raises(ConfigError, match=r"data: expected a mapping"):
         load_config(path)
+
+
+def test_model_and_loss_sections_go_through_the_same_typed_loader(tmp_path):
+    """reder's configs are loaded by the pipeline's one loader: their errors carry the section path."""
+    path = tmp_path / "bad.yaml"
+    for text, message in [
+        ("model:\n  dropout: high\n", r"^model\.dropout: expected float, got str 'high'$"),
+        ("teacher:\n  model:\n    encoder_layers: 2.5\n", r"^teacher\.model\.encoder_layers: expected int, got float 2\.5$"),
+        ("loss:\n  aux_start_step: '10'\n", r"^loss\.aux_start_step: expected int, got str '10'$"),
+        ("model:\n  d_modle: 8\n", r"^model: unknown keys \['model\.d_modle'\]; known keys are \[.*'d_model'"),
+        ("teacher:\n  model:\n    layers: 2\n", r"^teacher\.model: unknown keys \['teacher\.model\.layers'\]"),
+    ]:
+        path.write_text(text, encoding="utf-8")
+        with pytest.raises(ConfigError, match=message):
+            load_config(path)
+    path.write_text("model:\n  head: dag\n  graph_upsample_ratio: 4\n", encoding="utf-8")
+    cfg = load_config(path)
+    assert cfg.model.graph_upsample_ratio == 4.0 and isinstance(cfg.model.graph_upsample_ratio, float)
+    assert load_config(None, ["model.dropout=0"]).model.dropout == 0.0
+
+
+def test_a_resolved_config_loads_back_identically(tmp_path):
+    cfg = load_config(CONFIGS[0], ["train.adam_betas=[0.9, 0.99]", "tune.space={train.lr: {grid: [0.001, 0.002]}}"])
+    path = tmp_path / "resolved.yaml"
+    path.write_text(to_yaml(cfg), encoding="utf-8")
+    assert load_config(path) == cfg and from_dict(PipelineConfig, cfg.to_dict()) == cfg
 
 
 def test_missing_config_file_is_a_clear_error(tmp_path):

@@ -106,6 +106,28 @@ def test_old_model_directories_without_head_fields_load_as_ctc(tmp_path):
     assert loaded.cfg == model.cfg and loaded.cfg.head == "ctc"
 
 
+def test_saved_numbers_load_with_the_field_types_and_bad_ones_name_their_key(tmp_path):
+    """config.json of a DAG model saved with ints where the fields are floats (as older code wrote them)."""
+    model = tiny_model(head="dag", graph_upsample_ratio=8.0, link_heads=2, dropout=0.0).eval()
+    spm_file = tmp_path / "fake.model"
+    spm_file.write_bytes(b"x")
+    directory = save_model_dir(tmp_path / "model", model, spm_file, "en", "de")
+    meta = read_meta(directory)
+    meta["model"].update(graph_upsample_ratio=8, dropout=0)
+    (directory / CONFIG_FILE).write_text(json.dumps(meta), encoding="utf-8")
+    assert '"graph_upsample_ratio": 8,' in (directory / CONFIG_FILE).read_text(encoding="utf-8")
+    loaded, _ = load_model_dir(directory)
+    assert loaded.cfg == model.cfg and isinstance(loaded.cfg.graph_upsample_ratio, float)
+    meta["model"].update(link_heads="2")
+    (directory / CONFIG_FILE).write_text(json.dumps(meta), encoding="utf-8")
+    with pytest.raises(ValueError, match=r"model\.link_heads: expected int, got str '2'"):
+        load_model_dir(directory)
+    meta["model"] = {**model.cfg.to_dict(), "heads": 2}
+    (directory / CONFIG_FILE).write_text(json.dumps(meta), encoding="utf-8")
+    with pytest.raises(ValueError, match=r"model: unknown keys \['model\.heads'\]"):
+        load_model_dir(directory)
+
+
 def _teacher(seed: int = 0, vocab_size: int = 12) -> Transformer:
     torch.manual_seed(seed)
     return Transformer(TransformerConfig(vocab_size=vocab_size, d_model=16, n_heads=2, ffn_dim=32, encoder_layers=2,

@@ -1,0 +1,113 @@
+"""The one config loader: nested dicts <-> frozen config dataclasses, for reder/ and pipeline/ alike.
+
+`from_dict` checks every key and type and names the key's path in its errors
+(`data.max_chars: expected int, got str 'many'`); `to_dict` gives plain dicts and lists (JSON/YAML-ready)
+that `from_dict` loads back. Pure Python: pipeline/config.py adds the YAML reading and overrides.
+
+Loading is lenient exactly where saved files need it: an int is accepted (and converted) where a float
+is expected (older model directories hold e.g. `graph_upsample_ratio: 8`), a list where a tuple is
+(JSON and YAML have no tuples). Nothing else is converted: "3" is not an int, 1 is not a bool.
+"""
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from typing import Any, Literal, TypeVar, Union
+
+T = TypeVar("T")
+
+
+class ConfigError(ValueError):
+    """A bad key, value or type in a config; the message names the key's path."""
+
+
+def from_dict(cls: type[T], values: Any, path: str = "") -> T:
+    """Build dataclass `cls` from a nested dict, checking every key and type (`path` prefixes messages)."""
+    where = path or cls.__name__
+    if values is None:
+        values = {}
+    if not isinstance(values, dict):
+        raise ConfigError(f"{where}: expected a mapping for {cls.__name__}, got {type(values).__name__}")
+    hints = typing.get_type_hints(cls)
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - known, key=str)
+    if unknown:
+        paths = [_join(path, key) for key in unknown]
+        raise ConfigError(f"{where}: unknown keys {paths}; known keys are {sorted(known)}")
+    kwargs = {key: _convert(hints[key], value, _join(path, key)) for key, value in values.items()}
+    try:
+        return cls(**kwargs)
+    except (TypeError, ValueError) as error:  # __post_init__ checks; their messages name the class
+        raise ConfigError(f"{path}: {error}" if path else str(error)) from error
+
+
+def to_dict(config: Any) -> dict[str, Any]:
+    """A config dataclass as plain nested dicts and lists (tuples become lists), loadable by `from_dict`."""
+    return _plain(dataclasses.asdict(config))
+
+
+def round_trip(cls: type[T]) -> type[T]:
+    """Give a config dataclass the methods `to_dict()` and classmethod `from_dict(values, path="")`, both
+    this module's (checkpoints, model directories and Ray workers call them on the class)."""
+    cls.to_dict = to_dict  # type: ignore[attr-defined]
+    cls.from_dict = classmethod(from_dict)  # type: ignore[attr-defined]
+    return cls
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {key: _plain(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(item) for item in value]
+    return value
+
+
+def _join(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else str(key)
+
+
+def _convert(hint: Any, value: Any, path: str) -> Any:
+    """Check `value` against type `hint`; nested dataclasses are built recursively."""
+    if dataclasses.is_dataclass(hint):
+        return from_dict(hint, value, path)
+    origin = typing.get_origin(hint)
+    if origin is Literal:
+        choices = typing.get_args(hint)
+        if value not in choices:
+            raise ConfigError(f"{path}: expected one of {list(choices)}, got {value!r}")
+        return value
+    if origin in (Union, types.UnionType):
+        errors = []
+        for option in typing.get_args(hint):
+            if option is type(None):
+                if value is None:
+                    return None
+                continue
+            try:
+                return _convert(option, value, path)
+            except ConfigError as error:
+                errors.append(str(error))
+        raise ConfigError(f"{path}: {value!r} matches none of {hint}: {errors}")
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{path}: expected a list, got {type(value).__name__} {value!r}")
+        (item_type, _ellipsis) = typing.get_args(hint)
+        return tuple(_convert(item_type, item, f"{path}[{i}]") for i, item in enumerate(value))
+    if hint is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{path}: expected float, got {type(value).__name__} {value!r}")
+        return float(value)
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{path}: expected int, got {type(value).__name__} {value!r}")
+        return value
+    if hint is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{path}: expected a mapping, got {type(value).__name__} {value!r}")
+        return dict(value)
+    if hint in (str, bool):
+        if not isinstance(value, hint):
+            raise ConfigError(f"{path}: expected {hint.__name__}, got {type(value).__name__} {value!r}")
+        return value
+    raise ConfigError(f"{path}: unsupported field type {hint}")

@@ -1,0 +1,71 @@
+"""MLflow tracking helpers: the tune sweep's runs (SweepTracker) against a local sqlite store, no Ray."""
+import pickle
+
+from mlflow.tracking import MlflowClient
+
+from pipeline.config import TrackingConfig
+from pipeline.tracking import SweepTracker, config_params, flatten, numeric
+
+
+def test_flatten_numeric_and_config_params():
+    nested = {"a": {"b": 1, "c": [1, 2]}, "d": float("nan"), "e": True, "f": "x" * 600}
+    assert flatten(nested) == {"a.b": 1, "a.c": [1, 2], "d": nested["d"], "e": True, "f": "x" * 600}
+    assert numeric(nested) == {"a.b": 1.0}
+    params = config_params(nested)
+    assert params["a.c"] == "[1, 2]" and len(params["f"]) == 500
+
+
+def test_sweep_tracker_opens_tracks_and_closes_runs_by_the_trials_verdicts(tmp_path):
+    assert SweepTracker.open(TrackingConfig(enabled=False), tmp_path, "tune-x", {}, "") is None
+    tracker = SweepTracker.open(TrackingConfig(experiment="sweeps"), tmp_path, "tune-abc",
+                                {"train": {"lr": 0.001}}, "train:\n  lr: 0.001\n")
+    assert pickle.loads(pickle.dumps(tracker)) == tracker  # Ray ships it to the trials
+    client = MlflowClient(tracker.uri)
+    assert tracker.uri == f"sqlite:///{tmp_path.resolve()}/mlflow.db"
+    parent = client.get_run(tracker.parent_run_id)
+    assert parent.info.run_name == "tune" and parent.data.tags["tune_dir"] == "tune-abc"
+    assert parent.data.params == {"train.lr": "0.001"}
+
+    targets = {trial: tracker.trial_run(trial, {"train.lr": lr})
+               for trial, lr in (("t1", 0.001), ("t2", 0.002), ("t3", 1e-6), ("t4", 0.5))}
+    assert tracker.trial_run("t1", {"train.lr": 99}) == targets["t1"]  # a retried trial gets its run back
+    run = client.get_run(targets["t1"]["run_id"])
+    assert run.info.run_name == "trial t1" and run.data.params == {"train.lr": "0.001"}
+    assert run.data.tags["trial_id"] == "t1" and run.data.tags["mlflow.parentRunId"] == tracker.parent_run_id
+    tracker.finish_trial(targets["t1"], {"valid_bleu": 3.0, "bleu_src2tgt": 2.0, "bleu_tgt2src": 4.0, "step": 9})
+    for trial in ("t3", "t4"):  # Tune stopped t3 (its trainer interrupted); t4 failed
+        tracker.tag_error(targets[trial], RuntimeError(f"{trial} interrupted"))
+
+    nan = float("nan")
+    rows = [{"trial_id": "t1", "status": "finished", "valid_bleu": 3.0},
+            {"trial_id": "t2", "status": "finished", "valid_bleu": 5.0, "bleu_src2tgt": 4.5, "bleu_tgt2src": 5.5},
+            {"trial_id": "t3", "status": "stopped early", "valid_bleu": 1.0, "bleu_src2tgt": nan},
+            {"trial_id": "t4", "status": "error", "valid_bleu": nan}]
+    tracker.close_trials(rows)
+    runs = {trial: client.get_run(target["run_id"]) for trial, target in targets.items()}
+    assert {t: r.info.status for t, r in runs.items()} == {"t1": "FINISHED", "t2": "FINISHED", "t3": "FINISHED",
+                                                         "t4": "FAILED"}
+    assert runs["t1"].data.metrics == {"valid_bleu": 3.0, "bleu_src2tgt": 2.0, "bleu_tgt2src": 4.0}
+    assert runs["t2"].data.metrics == {"valid_bleu": 5.0, "bleu_src2tgt": 4.5, "bleu_tgt2src": 5.5}
+    assert runs["t3"].data.metrics == {"valid_bleu": 1.0} and runs["t3"].data.tags["stopped_early"] == "true"
+    assert "error" not in runs["t3"].data.tags  # a stop is not an error
+    assert runs["t4"].data.tags["error"] == "RuntimeError: t4 interrupted" and not runs["t4"].data.metrics
+    assert not any("stopped_early" in r.data.tags for t, r in runs.items() if t != "t3")
+
+    (tmp_path / "trials.csv").write_text("trial_id\nt1\n", encoding="utf-8")
+    tracker.publish([tmp_path / "trials.csv"], {"best_valid_bleu": 5.0, "trials": 4, "failed": 1})
+    parent = client.get_run(tracker.parent_run_id)
+    assert parent.info.status == "FINISHED"
+    assert parent.data.metrics == {"best_valid_bleu": 5.0, "trials": 4.0, "failed": 1.0}
+    assert {a.path for a in client.list_artifacts(tracker.parent_run_id)} == {"config.yaml", "trials.csv"}
+
+
+def test_a_failed_sweep_closes_every_open_run_failed(tmp_path):
+    tracker = SweepTracker.open(TrackingConfig(), tmp_path, "tune-abc", {}, "")
+    done, running = tracker.trial_run("t1", {}), tracker.trial_run("t2", {})
+    tracker.finish_trial(done, None)
+    tracker.close_trials([], failed=True)
+    client = MlflowClient(tracker.uri)
+    assert client.get_run(done["run_id"]).info.status == "FINISHED"
+    assert client.get_run(running["run_id"]).info.status == "FAILED"
+    assert client.get_run(tracker.parent_run_id).info.status == "FAILED"
