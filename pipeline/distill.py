@@ -2,8 +2,9 @@
 
 `read_parquet(tokenize/train) -> map_batches(TeacherDecoder) -> write_parquet`: an actor pool of teacher
 replicas (each holds both directions' teachers; one GPU per actor with `distill.use_gpu`, else CPU actors
-sized to leave a CPU for the reads, RAY_NOTES.md) decodes every batch with batched beam search
-(`distill.beam_size`, `length_penalty`, output length ≤ max_len_a·|x| + max_len_b). The driver sorts the
+sized to leave a CPU for the reads, docs/DESIGN.md "Ray on small machines") decodes every batch with
+batched beam search (`distill.beam_size`, `length_penalty`, output length ≤ max_len_a·|x| + max_len_b).
+The driver sorts the
 staged rows by id and writes `train/part-NNNNN.parquet` with `id`, `src_ids`, `kd_tgt_ids` (teacher
 src→tgt of src), `tgt_ids`, `kd_src_ids` (teacher tgt→src of tgt) — REDER's src2tgt then trains on
 (src, kd_tgt), its tgt2src on (kd_src, tgt) — plus `src_len`/`tgt_len`. Valid and test are not distilled.

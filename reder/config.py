@@ -31,7 +31,7 @@ class ModelConfig:
     share_ends: bool = False  # tie the two ends' layers (embeddings and positions are always shared/own)
     label_smoothing: float = 0.1
     memory_efficient: bool = True  # rebuild activations in backward instead of storing them
-    head: str = "ctc"  # output head at both ends: "ctc" or "dag" (DA-Transformer; docs/DESIGN.md, "DAG head")
+    head: str = "ctc"  # output head at both ends: "ctc" or "dag" (docs/DESIGN.md, "Output heads")
     graph_upsample_ratio: float = 8.0  # λ (head="dag"): a graph has int(λ·(|x|+2)) vertices, |x| without BOS/EOS
     link_heads: int = 4  # heads of the DAG link scorer (head="dag")
 
