@@ -64,7 +64,7 @@ def _scores(translate, sp, data: Path, directions=("src2tgt", "tgt2src"),
             kept: dict | None = None, splits: tuple[str, ...] = TESTS) -> dict[str, dict[str, float]]:
     """sacreBLEU BLEU/chrF of `translate(encoded, direction)` on `splits` (both test sets; the detokenized
     outputs go into `kept` when given, by split and direction)."""
-    from pipeline.evaluate import corpus_scores
+    from pipeline.metrics import corpus_scores
     from reder.translate import encode_lines
 
     scores = {}
@@ -82,7 +82,7 @@ def _scores(translate, sp, data: Path, directions=("src2tgt", "tgt2src"),
 
 def _roundtrip(translate, sp, data: Path) -> dict[str, float]:
     """Round-trip BLEU on test_2016_flickr: x → ŷ → x̂ scored against x, for each side (`translate` as in _scores)."""
-    from pipeline.evaluate import corpus_scores
+    from pipeline.metrics import corpus_scores
     from reder import EOS_ID
     from reder.translate import encode_lines
 

@@ -30,6 +30,7 @@ import torch
 
 from pipeline import ingest, spm, teacher, tokenize
 from pipeline.config import DistillConfig, PipelineConfig
+from pipeline.metrics import corpus_scores
 from pipeline.stage import StageError, require_done, run_stage, stage_dir, write_json
 from reder import EOS_ID
 from reder.autoregressive import Transformer
@@ -217,8 +218,6 @@ def statistics(table: pa.Table, spm_model: Path) -> dict[str, float]:
     """Per direction: KD/reference length ratio (pieces) and sacreBLEU of the teacher output against the
     reference (both detokenized with the run's SentencePiece model)."""
     import sentencepiece
-
-    from pipeline.evaluate import corpus_scores
 
     sp = sentencepiece.SentencePieceProcessor(model_file=str(spm_model))
     stats = {}

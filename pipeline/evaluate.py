@@ -27,11 +27,11 @@ from pathlib import Path
 from typing import Any, Callable
 
 import pyarrow.parquet as pq
-import sacrebleu
 import torch
 
 from pipeline import ingest, teacher, train
 from pipeline.config import PipelineConfig
+from pipeline.metrics import corpus_scores
 from pipeline.stage import require_done, run_stage, stage_dir, write_json, write_text
 from reder import DIRECTIONS, EOS_ID
 from reder.checkpoint import SPM_FILE, load_model_dir
@@ -64,15 +64,6 @@ def run(cfg: PipelineConfig, workdir: Path, force: bool = False, tracker: Any = 
     return run_stage("evaluate", output_dir(cfg, workdir),
                      lambda tmp: evaluate_model(model_dir, corpus, cfg, tmp, run_id, inputs.get("teacher")),
                      config=asdict(cfg.evaluate), inputs=inputs, force=force)
-
-
-def corpus_scores(hypotheses: list[str], references: list[str]) -> dict[str, Any]:
-    """sacreBLEU BLEU and chrF of detokenized hypotheses against one reference each, with signatures."""
-    if len(hypotheses) != len(references):
-        raise ValueError(f"{len(hypotheses)} hypotheses for {len(references)} references")
-    bleu, chrf = sacrebleu.metrics.BLEU(), sacrebleu.metrics.CHRF()
-    return {"bleu": bleu.corpus_score(hypotheses, [references]).score, "bleu_signature": str(bleu.get_signature()),
-            "chrf": chrf.corpus_score(hypotheses, [references]).score, "chrf_signature": str(chrf.get_signature())}
 
 
 def read_text_split(corpus: Path, split: str, limit: int = 0) -> tuple[list[str], list[str]]:

@@ -345,7 +345,7 @@ class Validator:
         self.sp = sentencepiece.SentencePieceProcessor(model_proto=spm_proto)
 
     def __call__(self, model: torch.nn.Module) -> dict[str, float]:
-        from pipeline.evaluate import corpus_scores
+        from pipeline.metrics import corpus_scores
 
         was_training = model.training
         model.eval()
