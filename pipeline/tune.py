@@ -4,7 +4,7 @@ their start step, or any other model/loss/train key), tracked in MLflow.
     python run_pipeline.py tune [--config configs/X.yaml] [key=value ...] [--samples N] [--address auto]
 
 The data stages — with KD on, the teacher and distill stages too — run first (skipped when a normal run finished them: trials never recompute them). Each
-trial is a driver function (Ray 2.60's Train V2 pattern) that builds the train stage's own TorchTrainer for
+trial is a driver function (Ray 2.60's Train V2 pattern) that builds the train stage's TorchTrainer (raytrain) for
 its config, with `TuneReportCallback` forwarding rank 0's reports to Tune; ASHA (or FIFO) stops weak
 trials on `tune.metric` (validation BLEU, the mean of both directions) over training steps. A trial that
 fails is retried `tune.max_failures` times and then reported; the sweep goes on.
@@ -30,7 +30,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from pipeline import distill, ingest, spm, teacher, tokenize, train
+from pipeline import distill, ingest, raytrain, spm, teacher, tokenize, train
 from pipeline.config import PipelineConfig, check_consistency, from_dict, to_yaml
 from pipeline.stage import StageError, require_done, run_stage, stage_dir, write_text
 from pipeline.tracking import ensure_experiment, flatten, tracking_uri
@@ -110,7 +110,7 @@ def trial_config(base: PipelineConfig, params: dict[str, Any]) -> PipelineConfig
 
 def _trial(params: dict[str, Any], *, base: dict, keys: list[str], inputs: dict[str, str], storage: str,
            mlflow: dict[str, str] | None) -> None:
-    """One trial (runs in a Tune actor): the train stage's trainer for this config, reports forwarded."""
+    """One trial (runs in a Tune actor): the train stage's trainer (raytrain) for this config, reports forwarded."""
     import ray.tune
     from ray.tune.integration.ray_train import TuneReportCallback
 
@@ -129,7 +129,7 @@ def _trial(params: dict[str, Any], *, base: dict, keys: list[str], inputs: dict[
         if not found:
             for key in keys:
                 client.log_param(run_id, key, params[key])
-    trainer = train.make_trainer(cfg, f"trial-{trial_id}", Path(storage), Path(inputs["train_data"]),
+    trainer = raytrain.make_trainer(cfg, f"trial-{trial_id}", Path(storage), Path(inputs["train_data"]),
                                  Path(inputs["tokenize"]), Path(inputs["ingest"]), Path(inputs["spm"]),
                                  {"uri": mlflow["uri"], "run_id": run_id} if run_id else None, (TuneReportCallback(),))
     try:
@@ -174,12 +174,12 @@ def _sweep(cfg: PipelineConfig, workdir: Path, name: str, inputs: dict[str, Path
     from cluster.connect import ensure_ray
 
     ensure_ray(cfg.ray, dashboard=True)
-    train.check_resources(cfg.train, cfg.train.start_timeout_s)
+    raytrain.check_resources(cfg.train, cfg.train.start_timeout_s)
     # The metric is reported at validations only; ASHA skips reports without it, Tune's strict check
     # would reject the first (training-only) report instead.
     os.environ["TUNE_DISABLE_STRICT_METRIC_CHECKING"] = "1"
     keys = sorted(cfg.tune.space)
-    storage = train.storage_path(cfg.train, workdir) / name
+    storage = raytrain.storage_path(cfg.train, workdir) / name
     mlflow = _open_sweep_run(cfg, workdir, name)
     trainable = ray.tune.with_parameters(_trial, base=cfg.to_dict(), keys=keys,
                                          inputs={k: str(v) for k, v in inputs.items()}, storage=str(storage),

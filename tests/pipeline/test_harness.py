@@ -13,6 +13,8 @@ import torch
 from pipeline import harness
 from pipeline.config import TrainConfig
 from pipeline.harness import Harness
+from reder import DuplexLoss, LossConfig
+from tests.reder.helpers import tiny_model
 
 
 class Regression(torch.nn.Module):
@@ -250,3 +252,26 @@ def test_epochs_reshuffle_and_a_stream_starts_where_a_run_stopped():
     assert next(later) == seen[-1]
     with pytest.raises(RuntimeError, match="no batch"):
         next(harness.micro_batches(lambda e: []))
+
+
+def test_kd_examples_train_each_direction_on_its_own_distilled_pairs():
+    """A KD micro-batch: src2tgt on (x, teacher(x)), tgt2src on (teacher(y), y); DuplexLoss runs both in one
+    forward and its terms equal two separate one-direction losses."""
+    examples = [([4, 5, 6], [7, 8], [9], [10, 4, 5, 6]), ([5], [6, 7, 8], [4, 4, 9], [5, 5])]  # src, tgt, kd_tgt, kd_src
+    forward, backward = harness.passes(examples, torch.device("cpu"))
+    assert forward[0].tolist() == [[4, 5, 6, 3], [5, 3, 0, 0]] and forward[2].tolist() == [[9, 3, 0, 0], [4, 4, 9, 3]]
+    assert backward[0].tolist() == [[10, 4, 5, 6, 3], [5, 5, 3, 0, 0]] and backward[2].tolist() == [[7, 8, 3, 0], [6, 7, 8, 3]]
+    reference, none = harness.passes([e[:2] for e in examples], torch.device("cpu"))
+    assert none is None and reference[2].tolist() == [[7, 8, 3, 0], [6, 7, 8, 3]]
+
+    model = tiny_model(LossConfig(aux_start_step=0), dropout=0.0, attention_dropout=0.0).double()
+    model.initialize(*forward)  # ActNorm from one batch, so both evaluations below see the same model
+    joint = DuplexLoss(model)(*forward, 1, tgt2src_batch=backward)
+    alone = {**model.loss(*forward, 1, ("src2tgt",)), **model.loss(*backward, 1, ("tgt2src",))}
+    for name in ("ctc_src2tgt", "fba_src2tgt", "cc_src2tgt", "ctc_tgt2src", "fba_tgt2src", "cc_tgt2src"):
+        torch.testing.assert_close(joint[name], alone[name])
+    assert joint["fba_tgt2src"] > 0 and joint["cc_src2tgt"] > 0
+    lam = model.loss_config
+    expected = sum(alone[f"ctc_{d}"] + lam.lambda_fba * alone[f"fba_{d}"] + lam.lambda_cc * alone[f"cc_{d}"]
+                   for d in ("src2tgt", "tgt2src"))
+    torch.testing.assert_close(joint["total"], expected)
