@@ -67,10 +67,10 @@ def _train(dirs: dict[str, str], english: list[list[int]], german: list[list[int
     from reder.checkpoint import load_model_dir, save_model_dir
 
     train = TrainConfig(max_steps=steps, lr=7e-4, warmup_steps=1000, max_tokens=max_tokens)
-    losses = {}
+    examples, losses = list(zip(english, german)), {}
     for direction, directory in dirs.items():
         model, meta = load_model_dir(Path(directory), device)
-        fitted = Harness(model, TeacherObjective(model, direction), train, device).fit_examples(list(zip(english, german)))
+        fitted = Harness(model, TeacherObjective(model, direction), train, device).fit_examples(examples)
         losses[direction] = fitted["last_loss"]
         save_model_dir(Path(directory), model.cpu(), Path(directory) / "spm.model", meta["src_lang"],
                        meta["tgt_lang"], extra={"direction": direction})

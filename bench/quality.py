@@ -358,7 +358,6 @@ def aux_phase(args: argparse.Namespace, cfg, device: str) -> dict:
     scored; the two continuations are compared with sacreBLEU's paired bootstrap on every test set."""
     import copy
 
-    from pipeline.harness import Harness
     from reder import DuplexLoss, LossConfig, REDER
 
     if args.validate_every:
@@ -367,13 +366,14 @@ def aux_phase(args: argparse.Namespace, cfg, device: str) -> dict:
     fork = int(args.aux_from * args.steps)
     if not 0 < fork < args.steps:
         raise ValueError(f"aux: --aux-from {args.aux_from} must put the fork strictly inside the {args.steps} updates")
-    model_cfg, train, examples = replace(cfg.model, memory_efficient=False), _train_config(args, cfg.train), _kd_examples(inputs)
+    model_cfg, train = replace(cfg.model, memory_efficient=False), _train_config(args, cfg.train)
+    examples = _kd_examples(inputs)
     report = {**_header(args, device), "train_pairs": len(inputs.src_ids), "fork_update": fork,
               "teachers_loaded": bool(inputs.teachers), "head": model_cfg.head,
               "lambda_fba": cfg.loss.lambda_fba, "lambda_cc": cfg.loss.lambda_cc}
     torch.manual_seed(1)
     model, hypotheses = REDER(model_cfg, LossConfig(0.0, 0.0, 0)).to(device), {}
-    harness = Harness(model, DuplexLoss(model), train, device)
+    harness = _harness(args, model, DuplexLoss(model), train, device)
     stage1 = harness.fit_examples(examples, until=fork)
     state = copy.deepcopy(harness.state_dict())  # weights, optimizer, schedule, position in the data
     report["stage1"] = {"train": stage1, **_evaluate(model, inputs)}
@@ -382,7 +382,7 @@ def aux_phase(args: argparse.Namespace, cfg, device: str) -> dict:
                               ("kd_noaux", LossConfig(0.0, 0.0, 0))):
         torch.manual_seed(2)
         model = REDER(model_cfg, loss_config).to(device)
-        harness = Harness(model, DuplexLoss(model), train, device)
+        harness = _harness(args, model, DuplexLoss(model), train, device)
         harness.load_state_dict(copy.deepcopy(state))
         entry = {"train": harness.fit_examples(examples)}
         entry.update(_evaluate(model, inputs, hypotheses.setdefault(name, {})))

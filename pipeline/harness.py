@@ -72,7 +72,8 @@ def token_batches(src_lengths: list[int], tgt_lengths: list[int], max_tokens: in
     return batches
 
 
-def epoch_batches(examples: list[Example], max_tokens: int, seed: int, epoch: int, rank: int = 0) -> list[list[Example]]:
+def epoch_batches(examples: list[Example], max_tokens: int, seed: int, epoch: int,
+                  rank: int = 0) -> list[list[Example]]:
     """One epoch's micro-batches of `examples` (token_batches, reshuffled per seed, epoch and rank); a KD
     example is bucketed by its longer variant of each side."""
     src_lengths = [max(len(e[0]), len(e[3])) if len(e) == 4 else len(e[0]) for e in examples]
@@ -86,7 +87,7 @@ def micro_batches(epochs: Callable[[int], list[list[Example]]], epoch: int = 0, 
     while True:
         batches = epochs(epoch)
         if not batches:
-            raise RuntimeError(f"epoch {epoch} has no batch (a worker's shard is empty: use fewer workers or more data)")
+            raise RuntimeError(f"epoch {epoch} has no batch (an empty shard: use fewer workers or more data)")
         for index in range(skip, len(batches)):
             yield epoch, index, batches[index]
         epoch, skip = epoch + 1, 0
@@ -178,9 +179,9 @@ class Harness:
         tokens = 0
         for number, examples in enumerate(batches):
             batch, reverse = passes(examples, self.device)
-            last = number == len(batches) - 1
             # DDP all-reduces gradients in backward: only the last micro-batch's needs to.
-            with self.objective.no_sync() if not last and hasattr(self.objective, "no_sync") else contextlib.nullcontext():
+            accumulate = number < len(batches) - 1 and hasattr(self.objective, "no_sync")
+            with self.objective.no_sync() if accumulate else contextlib.nullcontext():
                 with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
                     terms = self.objective(*batch, self.step, tgt2src_batch=reverse)
                 (terms["total"] / len(batches)).backward()
@@ -197,9 +198,9 @@ class Harness:
     def fit(self, batches: Iterator[MicroBatch], until: Optional[int] = None,
             time_cap_s: float = math.inf) -> dict[str, float]:
         """Train from `batches` (which must start at `position`) to step `until` (a pause: no validation
-        there) or `max_steps`, or until `time_cap_s` seconds have passed (at least one update); a run that
-        ends is validated at its last step. Returns this call's updates, seconds and last loss; the model
-        is left in eval mode."""
+        there) or `max_steps`, or until `time_cap_s` seconds have passed (at least one update; one process
+        only: DDP ranks would stop at different steps); a run that ends is validated at its last step.
+        Returns this call's updates, seconds and last loss; the model is left in eval mode."""
         stop = self.cfg.max_steps if until is None else min(until, self.cfg.max_steps)
         started, first, last_loss = time.perf_counter(), self.step, math.nan
         self._window.restart()
