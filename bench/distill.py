@@ -56,20 +56,21 @@ def _random_teachers(work: Path, spm_model: Path, args: argparse.Namespace) -> d
     return dirs
 
 
-def _train(dirs: dict[str, str], pairs: dict[str, tuple[list[list[int]], list[list[int]]]], steps: int, max_tokens: int,
+def _train(dirs: dict[str, str], english: list[list[int]], german: list[list[int]], steps: int, max_tokens: int,
            device: str) -> dict[str, float]:
-    """Train each random teacher `steps` updates on its direction's pairs (so it ends sentences as a real
-    teacher does) and save it back; returns the last training loss per direction."""
-    from bench import training
+    """Train each random teacher `steps` updates on the (English, German) pairs in its direction (so it ends
+    sentences as a real teacher does) with the pipeline's training core and recipe (lr 7e-4, 1,000 warm-up
+    updates) and save it back; returns the last training loss per direction."""
+    from pipeline.config import TrainConfig
+    from pipeline.harness import Harness
+    from pipeline.raytrain import TeacherObjective
     from reder.checkpoint import load_model_dir, save_model_dir
 
-    losses = {}
+    train = TrainConfig(max_steps=steps, lr=7e-4, warmup_steps=1000, max_tokens=max_tokens)
+    examples, losses = list(zip(english, german)), {}
     for direction, directory in dirs.items():
         model, meta = load_model_dir(Path(directory), device)
-        inputs, outputs = pairs[direction]
-        order = training.batches(list(map(len, inputs)), list(map(len, outputs)), max_tokens)
-        fitted = training.fit(model, lambda step, b: model.loss(*training.tensors(inputs, outputs, order[b], device))["total"],
-                              len(order), steps, 7e-4, 1000, device)
+        fitted = Harness(model, TeacherObjective(model, direction), train, device).fit_examples(examples)
         losses[direction] = fitted["last_loss"]
         save_model_dir(Path(directory), model.cpu(), Path(directory) / "spm.model", meta["src_lang"],
                        meta["tgt_lang"], extra={"direction": direction})
@@ -121,8 +122,7 @@ def main(argv: list[str] | None = None) -> dict:
         if args.train_steps and not args.teachers:
             every_en, every_de = sp.encode(all_english), sp.encode(all_german)
             started = time.perf_counter()
-            trained = _train(dirs, {"src2tgt": (every_en, every_de), "tgt2src": (every_de, every_en)},
-                             args.train_steps, args.train_tokens, device)
+            trained = _train(dirs, every_en, every_de, args.train_steps, args.train_tokens, device)
             trained["seconds"] = round(time.perf_counter() - started, 1)
         vocab_size = sp.get_piece_size() if args.teachers else args.vocab_size
         src, tgt = sp.encode(english), sp.encode(german)

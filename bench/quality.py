@@ -6,8 +6,9 @@ auxiliary losses, the same number of updates each, on one GPU (or CPU, slowly), 
     python -m bench.quality aux --data-dir ../shared/data/multi30k --from OUT --out OUT3 [--steps 3000] [--aux-from 0.75]
     python -m bench.quality speed --data-dir ../shared/data/multi30k --from OUT --out OUT2
 
-Two phases, so that each fits one 10-minute GPU call (the device machines have no Ray, see bench/training.py;
-the pipeline's `configs/multi30k.yaml` is the same recipe through Ray):
+Two phases, so that each fits one 10-minute GPU call (the device machines have no Ray: the models train in
+this process through the pipeline's training core, pipeline/harness.py, with the `train` / `teacher.train`
+section of the config and the budget of the command line; `configs/multi30k.yaml` is the same recipe through Ray):
 - `teachers`: a joint SentencePiece model (the pipeline's spm stage code), one AR Transformer per direction
   (`teacher` section of configs/multi30k.yaml) trained `--steps` updates, scored on test_2016_flickr and
   test_2017_flickr (sacreBLEU/chrF, greedy and beam 4) and timed (latency at batch 1, sentences/s at
@@ -64,7 +65,7 @@ def _scores(translate, sp, data: Path, directions=("src2tgt", "tgt2src"),
             kept: dict | None = None, splits: tuple[str, ...] = TESTS) -> dict[str, dict[str, float]]:
     """sacreBLEU BLEU/chrF of `translate(encoded, direction)` on `splits` (both test sets; the detokenized
     outputs go into `kept` when given, by split and direction)."""
-    from pipeline.evaluate import corpus_scores
+    from pipeline.metrics import corpus_scores
     from reder.translate import encode_lines
 
     scores = {}
@@ -82,7 +83,7 @@ def _scores(translate, sp, data: Path, directions=("src2tgt", "tgt2src"),
 
 def _roundtrip(translate, sp, data: Path) -> dict[str, float]:
     """Round-trip BLEU on test_2016_flickr: x → ŷ → x̂ scored against x, for each side (`translate` as in _scores)."""
-    from pipeline.evaluate import corpus_scores
+    from pipeline.metrics import corpus_scores
     from reder import EOS_ID
     from reder.translate import encode_lines
 
@@ -103,25 +104,34 @@ def _greedy(model):
     return lambda encoded, direction: translate_ids(model, encoded, direction)
 
 
-def _checkpoints(args: argparse.Namespace, sp, data: Path, directions=("src2tgt", "tgt2src")):
-    """With --validate-every: a training.BestCheckpoints scoring greedy BLEU on the validation split in
-    `directions` (their mean, as the pipeline's valid_bleu), keeping the best --average-best; else None."""
-    from bench import training
-
-    if not args.validate_every:
-        return None
-
-    def valid_bleu(model) -> float:
-        scores = _scores(_greedy(model), sp, data, directions, splits=(VALID,))
-        return sum(score["bleu"] for score in scores.values()) / len(scores)
-    return training.BestCheckpoints(valid_bleu, args.validate_every, args.average_best)
+def _train_config(args: argparse.Namespace, section):
+    """The config's `train` (REDER) or `teacher.train` section with the benchmark's budget: --steps, --lr,
+    --warmup, --max-tokens, and with --validate-every its --average-best."""
+    average = args.average_best if args.validate_every else 1
+    return replace(section, max_steps=args.steps, lr=args.lr, warmup_steps=args.warmup, max_tokens=args.max_tokens,
+                   validate_every=args.validate_every or args.steps, average_best=average,
+                   keep_checkpoints=max(section.keep_checkpoints, average))
 
 
-def _average(model, checkpoints, sp, data: Path, directions=("src2tgt", "tgt2src")) -> dict:
+def _harness(args: argparse.Namespace, model, objective, train, device: str, sp=None, data: Path | None = None,
+             directions=("src2tgt", "tgt2src")):
+    """The pipeline's training core for `model`; with --validate-every it scores greedy BLEU on the validation
+    split in `directions` (their mean, as the pipeline's valid_bleu) and keeps the best --average-best."""
+    from pipeline.harness import Harness
+
+    def validate(scored) -> dict[str, float]:
+        scores = _scores(_greedy(scored), sp, data, directions, splits=(VALID,))
+        return {"valid_bleu": sum(score["bleu"] for score in scores.values()) / len(scores)}
+    return Harness(model, objective, train, device, validate=validate if args.validate_every else None,
+                   keep_best=bool(args.validate_every))
+
+
+def _average(model, harness, sp, data: Path, directions=("src2tgt", "tgt2src")) -> dict:
     """Score the last update's `model` greedily on the test sets, then load the average of the best
     checkpoints into it (what the rest of the report scores): the pipeline's published model."""
-    return {LAST_UPDATE: _scores(_greedy(model), sp, data, directions), "averaged": checkpoints.average(model),
-            "validation_seconds": round(checkpoints.seconds, 3)}
+    last = _scores(_greedy(model), sp, data, directions)
+    averaged = [{"step": kept["step"], "valid_bleu": round(kept["valid_bleu"], 2)} for kept in harness.average()]
+    return {LAST_UPDATE: last, "averaged": averaged, "validation_seconds": round(harness.validation_seconds, 3)}
 
 
 def _header(args: argparse.Namespace, device: str) -> dict:
@@ -137,9 +147,9 @@ def _header(args: argparse.Namespace, device: str) -> dict:
 def teachers_phase(args: argparse.Namespace, cfg, device: str) -> dict:
     import sentencepiece
 
-    from bench import training
     from pipeline import distill, spm
     from pipeline.evaluate import measure_speed
+    from pipeline.raytrain import TeacherObjective
     from reder import TransformerConfig
     from reder.autoregressive import Transformer
     from reder.checkpoint import save_model_dir
@@ -154,17 +164,14 @@ def teachers_phase(args: argparse.Namespace, cfg, device: str) -> dict:
     sp = sentencepiece.SentencePieceProcessor(model_proto=proto)
     src, tgt = sp.encode(english), sp.encode(german)
     report = {**_header(args, device), "spm_seconds": round(time.perf_counter() - started, 1), "train_pairs": len(src)}
-    teachers = {}
-    for direction, (inputs, outputs) in {"src2tgt": (src, tgt), "tgt2src": (tgt, src)}.items():
+    teachers, train = {}, _train_config(args, cfg.teacher.train)
+    for direction in ("src2tgt", "tgt2src"):
         torch.manual_seed(1)
         model = Transformer(TransformerConfig.from_dict(cfg.teacher.model.to_dict())).to(device)
-        order = training.batches(list(map(len, inputs)), list(map(len, outputs)), args.max_tokens)
-        checkpoints = _checkpoints(args, sp, data, (direction,))
-        report[f"train_{direction}"] = training.fit(
-            model, lambda step, b: model.loss(*training.tensors(inputs, outputs, order[b], device))["total"],
-            len(order), args.steps, args.lr, args.warmup, device, args.time_cap_s, on_update=checkpoints)
-        if checkpoints:
-            report[f"train_{direction}"].update(_average(model, checkpoints, sp, data, (direction,)))
+        harness = _harness(args, model, TeacherObjective(model, direction), train, device, sp, data, (direction,))
+        report[f"train_{direction}"] = harness.fit_examples(list(zip(src, tgt)), time_cap_s=args.time_cap_s)
+        if args.validate_every:
+            report[f"train_{direction}"].update(_average(model, harness, sp, data, (direction,)))
         teachers[direction] = model
         save_model_dir(out / f"teacher-{direction}", model, out / "spm.model", "en", "de", extra={"direction": direction})
     for beam in (1, 4):
@@ -225,23 +232,10 @@ def _reder_inputs(args: argparse.Namespace, cfg, device: str) -> SimpleNamespace
                            **{name: kd.column(name).to_pylist() for name in ("src_ids", "tgt_ids", "kd_tgt_ids", "kd_src_ids")})
 
 
-def _kd_loss(objective, inputs: SimpleNamespace, order: list[list[int]], device: str):
-    """loss(step, b) on KD batch b: src2tgt on (x, teacher(x)), tgt2src on (teacher(y), y)."""
-    from bench import training
-
-    def loss(step: int, b: int) -> torch.Tensor:
-        forward = training.tensors(inputs.src_ids, inputs.kd_tgt_ids, order[b], device)
-        backward = training.tensors(inputs.kd_src_ids, inputs.tgt_ids, order[b], device)
-        return objective(*forward, step, tgt2src_batch=backward)["total"]
-    return loss
-
-
-def _kd_batches(inputs: SimpleNamespace, max_tokens: int) -> list[list[int]]:
-    """KD pairs bucketed by the longer side of each direction's pair."""
-    from bench import training
-
-    return training.batches([max(len(a), len(b)) for a, b in zip(inputs.src_ids, inputs.kd_src_ids)],
-                            [max(len(a), len(b)) for a, b in zip(inputs.tgt_ids, inputs.kd_tgt_ids)], max_tokens)
+def _kd_examples(inputs: SimpleNamespace) -> list[tuple[list[int], ...]]:
+    """The KD training examples as the distill stage's rows are read by the pipeline: (x, y, teacher(x),
+    teacher(y)); src2tgt trains on (x, teacher(x)), tgt2src on (teacher(y), y)."""
+    return list(zip(inputs.src_ids, inputs.tgt_ids, inputs.kd_tgt_ids, inputs.kd_src_ids))
 
 
 def _evaluate(model, inputs: SimpleNamespace, hypotheses: dict | None = None, speed: bool = True) -> dict:
@@ -265,7 +259,6 @@ def _evaluate(model, inputs: SimpleNamespace, hypotheses: dict | None = None, sp
 
 
 def reder_phase(args: argparse.Namespace, cfg, device: str) -> dict:
-    from bench import training
     from pipeline import tokenize
     from reder import DuplexLoss, LossConfig, REDER
     from reder.checkpoint import save_model_dir
@@ -275,31 +268,27 @@ def reder_phase(args: argparse.Namespace, cfg, device: str) -> dict:
     aux_from = int(args.aux_from * args.steps)
     report = {**_header(args, device), "train_pairs": len(src), "aux_from_update": aux_from, "seeds": args.seeds,
               "teachers_loaded": bool(inputs.teachers), "beam": args.beam}
+    train = _train_config(args, cfg.train)
     for name in args.variants:
         use_kd, aux, overrides = VARIANTS[name]
         model_cfg = replace(cfg.model, memory_efficient=False, **overrides)
         loss_config = LossConfig(lambda_fba=cfg.loss.lambda_fba, lambda_cc=cfg.loss.lambda_cc, aux_start_step=aux_from) \
             if aux else LossConfig(0.0, 0.0, 0)
         if use_kd:
-            order = _kd_batches(inputs, args.max_tokens)
+            examples = _kd_examples(inputs)
         else:  # the references, filtered as the tokenize stage would for this head
             rule = tokenize.feasibility_rule(model_cfg)
             feasible = [i for i in range(len(src)) if rule(len(src[i]), tgt[i]) and rule(len(tgt[i]), src[i])]
             report[f"{name}_feasible_reference_pairs"] = len(feasible)
-            pairs_src, pairs_tgt = [src[i] for i in feasible], [tgt[i] for i in feasible]
-            order = training.batches(list(map(len, pairs_src)), list(map(len, pairs_tgt)), args.max_tokens)
+            examples = [(src[i], tgt[i]) for i in feasible]
         for seed in args.seeds:
             torch.manual_seed(seed)
             model = REDER(model_cfg, loss_config).to(device)
-            objective = DuplexLoss(model)
-            loss = _kd_loss(objective, inputs, order, device) if use_kd else \
-                lambda step, b: objective(*training.tensors(pairs_src, pairs_tgt, order[b], device), step)["total"]
-            checkpoints = _checkpoints(args, inputs.sp, inputs.data)
+            harness = _harness(args, model, DuplexLoss(model), train, device, inputs.sp, inputs.data)
             entry = {"head": model_cfg.head, "seed": seed,
-                     "train": training.fit(model, loss, len(order), args.steps, args.lr, args.warmup, device,
-                                           args.time_cap_s, on_update=checkpoints)}
-            if checkpoints:
-                entry.update(_average(model, checkpoints, inputs.sp, inputs.data))
+                     "train": harness.fit_examples(examples, time_cap_s=args.time_cap_s)}
+            if args.validate_every:
+                entry.update(_average(model, harness, inputs.sp, inputs.data))
             entry.update(_evaluate(model, inputs, speed=not args.no_speed))
             key = name if len(args.seeds) == 1 else f"{name}_seed{seed}"
             if args.save_models:
@@ -369,7 +358,6 @@ def aux_phase(args: argparse.Namespace, cfg, device: str) -> dict:
     scored; the two continuations are compared with sacreBLEU's paired bootstrap on every test set."""
     import copy
 
-    from bench import training
     from reder import DuplexLoss, LossConfig, REDER
 
     if args.validate_every:
@@ -378,25 +366,25 @@ def aux_phase(args: argparse.Namespace, cfg, device: str) -> dict:
     fork = int(args.aux_from * args.steps)
     if not 0 < fork < args.steps:
         raise ValueError(f"aux: --aux-from {args.aux_from} must put the fork strictly inside the {args.steps} updates")
-    model_cfg = replace(cfg.model, memory_efficient=False)
-    order = _kd_batches(inputs, args.max_tokens)
+    model_cfg, train = replace(cfg.model, memory_efficient=False), _train_config(args, cfg.train)
+    examples = _kd_examples(inputs)
     report = {**_header(args, device), "train_pairs": len(inputs.src_ids), "fork_update": fork,
               "teachers_loaded": bool(inputs.teachers), "head": model_cfg.head,
               "lambda_fba": cfg.loss.lambda_fba, "lambda_cc": cfg.loss.lambda_cc}
     torch.manual_seed(1)
-    model, state, hypotheses = REDER(model_cfg, LossConfig(0.0, 0.0, 0)).to(device), {}, {}
-    stage1 = training.fit(model, _kd_loss(DuplexLoss(model), inputs, order, device), len(order), fork, args.lr,
-                          args.warmup, device, state=state)
-    weights, state = copy.deepcopy(model.state_dict()), copy.deepcopy(state)
+    model, hypotheses = REDER(model_cfg, LossConfig(0.0, 0.0, 0)).to(device), {}
+    harness = _harness(args, model, DuplexLoss(model), train, device)
+    stage1 = harness.fit_examples(examples, until=fork)
+    state = copy.deepcopy(harness.state_dict())  # weights, optimizer, schedule, position in the data
     report["stage1"] = {"train": stage1, **_evaluate(model, inputs)}
     print(json.dumps({"stage1": report["stage1"]}), flush=True)
     for name, loss_config in (("kd", LossConfig(cfg.loss.lambda_fba, cfg.loss.lambda_cc, aux_start_step=fork)),
                               ("kd_noaux", LossConfig(0.0, 0.0, 0))):
         torch.manual_seed(2)
         model = REDER(model_cfg, loss_config).to(device)
-        model.load_state_dict(weights)
-        entry = {"train": training.fit(model, _kd_loss(DuplexLoss(model), inputs, order, device), len(order),
-                                       args.steps, args.lr, args.warmup, device, state=copy.deepcopy(state))}
+        harness = _harness(args, model, DuplexLoss(model), train, device)
+        harness.load_state_dict(copy.deepcopy(state))
+        entry = {"train": harness.fit_examples(examples)}
         entry.update(_evaluate(model, inputs, hypotheses.setdefault(name, {})))
         report[name] = entry
         print(json.dumps({name: entry}), flush=True)

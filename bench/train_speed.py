@@ -15,7 +15,7 @@ import time
 import pyarrow.parquet as pq
 import torch
 
-from pipeline.train import _tensors, token_batches
+from pipeline.harness import passes, token_batches
 from reder import LossConfig, ModelConfig, REDER
 
 BASE = dict(vocab_size=8000, d_model=256, n_heads=4, ffn_dim=1024, layers_per_end=3, dropout=0.1, upsample_ratio=2,
@@ -55,7 +55,7 @@ def main() -> None:
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
         tokens, seconds = 0, 0.0
         for index, batch in enumerate(batches):
-            src, src_lengths, tgt, tgt_lengths = _tensors(batch, torch.device("cpu"))
+            src, src_lengths, tgt, tgt_lengths = passes(batch, torch.device("cpu"))[0]
             started = time.perf_counter()
             optimizer.zero_grad(set_to_none=True)
             model.loss(src, src_lengths, tgt, tgt_lengths, step=1)["total"].backward()

@@ -31,6 +31,7 @@ import torch
 
 from pipeline import spm, teacher, tokenize
 from pipeline.config import DistillConfig, PipelineConfig
+from pipeline.metrics import corpus_scores
 from pipeline.parquet import write_split
 from pipeline.stage import StageError, StageRun, write_json
 from reder import EOS_ID
@@ -200,8 +201,6 @@ def statistics(table: pa.Table, spm_model: Path) -> dict[str, float]:
     """Per direction: KD/reference length ratio (pieces) and sacreBLEU of the teacher output against the
     reference (both detokenized with the run's SentencePiece model)."""
     import sentencepiece
-
-    from pipeline.evaluate import corpus_scores
 
     sp = sentencepiece.SentencePieceProcessor(model_file=str(spm_model))
     stats = {}

@@ -26,11 +26,11 @@ from pathlib import Path
 from typing import Any, Callable
 
 import pyarrow.parquet as pq
-import sacrebleu
 import torch
 
 from pipeline import teacher, train
 from pipeline.config import PipelineConfig
+from pipeline.metrics import corpus_scores
 from pipeline.stage import StageRun, write_json, write_text
 from reder import DIRECTIONS, EOS_ID
 from reder.checkpoint import SPM_FILE, load_model_dir
@@ -48,15 +48,6 @@ def build(run: StageRun, tmp: Path) -> dict[str, Any]:
     run_id = run.tracker.run_id if run.tracker is not None else None
     return evaluate_model(run.inputs["train"] / train.MODEL_DIR, run.inputs["ingest"], run.cfg, tmp, run_id,
                           run.inputs.get("teacher"))
-
-
-def corpus_scores(hypotheses: list[str], references: list[str]) -> dict[str, Any]:
-    """sacreBLEU BLEU and chrF of detokenized hypotheses against one reference each, with signatures."""
-    if len(hypotheses) != len(references):
-        raise ValueError(f"{len(hypotheses)} hypotheses for {len(references)} references")
-    bleu, chrf = sacrebleu.metrics.BLEU(), sacrebleu.metrics.CHRF()
-    return {"bleu": bleu.corpus_score(hypotheses, [references]).score, "bleu_signature": str(bleu.get_signature()),
-            "chrf": chrf.corpus_score(hypotheses, [references]).score, "chrf_signature": str(chrf.get_signature())}
 
 
 def read_text_split(corpus: Path, split: str, limit: int = 0) -> tuple[list[str], list[str]]:

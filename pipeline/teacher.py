@@ -2,9 +2,9 @@
 
 The teachers distill the training split for REDER (pipeline/distill.py, sequence-level KD as in the paper)
 and are the quality and latency baseline of the evaluate stage (and, optionally, rerank REDER's beam).
-Each direction is one Ray Train run of the train stage's own loop (`train.make_trainer` with a teacher
-task): token-bucketed batches, inverse-sqrt warm-up, label-smoothed cross-entropy, validation BLEU
-(greedy) and validation NLL, checkpoints by validation BLEU, resume, averaging of the best
+Each direction is one Ray Train run of REDER's training core (`raytrain.make_trainer` with a teacher task;
+pipeline/harness.py): token-bucketed batches, inverse-sqrt warm-up, label-smoothed cross-entropy,
+validation BLEU (greedy) and validation NLL, checkpoints by validation BLEU, resume, averaging of the best
 `teacher.train.average_best`. Sizes and budget come from the `teacher` section (`teacher.model`,
 `teacher.train`); the vocabulary is the run's joint SentencePiece model.
 
@@ -25,7 +25,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from pipeline import spm, train
+from pipeline import raytrain, spm
 from pipeline.config import PipelineConfig
 from pipeline.stage import StageError, StageRun, write_json
 from pipeline.tracking import child_run, finish_child_run, plot_history
@@ -85,26 +85,26 @@ def _check_given(given: dict[str, Path], cfg: PipelineConfig, spm_dir: Path, tmp
 
 def _train_both(cfg: PipelineConfig, workdir: Path, name: str, data: Path, corpus: Path, spm_dir: Path, tmp: Path,
                 tracker: Any) -> dict[str, Any]:
-    train.check_resources(cfg.teacher.train, cfg.teacher.train.start_timeout_s)
-    storage = train.storage_path(cfg.teacher.train, workdir)
+    raytrain.check_resources(cfg.teacher.train, cfg.teacher.train.start_timeout_s)
+    storage = raytrain.storage_path(cfg.teacher.train, workdir)
     target = tracker.worker_target() if tracker is not None else None
     counts, reports = {}, {}
     for direction in DIRECTIONS:
         run_name = f"{name}-{direction}"
         child = child_run(target, f"teacher {direction}")
-        trainer = train.make_trainer(cfg, run_name, storage, data / "train", data, corpus, spm_dir, child,
+        trainer = raytrain.make_trainer(cfg, run_name, storage, data / "train", data, corpus, spm_dir, child,
                                      task={"kind": "teacher", "direction": direction})
         model = Transformer(TransformerConfig.from_dict(asdict(cfg.teacher.model)))
         try:
-            fitted = train.fit_and_average(trainer, storage / run_name, cfg.teacher.train.average_best, model)
+            fitted = raytrain.fit_and_average(trainer, storage / run_name, cfg.teacher.train.average_best, model)
         except BaseException:
             finish_child_run(child, {}, failed=True)
             raise
-        save_model_dir(tmp / direction / train.MODEL_DIR, model, spm_dir / spm.MODEL_FILE, cfg.data.src_lang,
+        save_model_dir(tmp / direction / raytrain.MODEL_DIR, model, spm_dir / spm.MODEL_FILE, cfg.data.src_lang,
                        cfg.data.tgt_lang, extra={"direction": direction, "averaged_checkpoints": fitted["averaged"]})
-        write_json(tmp / direction / train.HISTORY_FILE, fitted["history"])
+        write_json(tmp / direction / raytrain.HISTORY_FILE, fitted["history"])
         plot_history(fitted["history"], tmp / direction / "training.png")
-        reports[direction] = train.run_report(fitted, storage / run_name)
+        reports[direction] = raytrain.run_report(fitted, storage / run_name)
         best = fitted["averaged"][0]
         counts[direction] = {"steps": reports[direction]["steps"], "best_valid_bleu": best["valid_bleu"],
                              "restarts": reports[direction]["restarts"]}
@@ -112,5 +112,5 @@ def _train_both(cfg: PipelineConfig, workdir: Path, name: str, data: Path, corpu
         log.info("teacher %s: %d steps, best validation BLEU %.2f", direction, counts[direction]["steps"],
                  best["valid_bleu"])
     write_json(tmp / "report.json", reports)
-    write_json(tmp / TEACHERS_FILE, {d: f"{d}/{train.MODEL_DIR}" for d in DIRECTIONS})
+    write_json(tmp / TEACHERS_FILE, {d: f"{d}/{raytrain.MODEL_DIR}" for d in DIRECTIONS})
     return counts

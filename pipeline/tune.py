@@ -5,7 +5,7 @@ their start step, or any other model/loss/train key), tracked in MLflow.
 
 The stages the sweep needs (pipeline/graph.py: the data stages and, with KD on, teacher and distill) run first,
 skipped when a normal run finished them: trials never recompute them. Each
-trial is a driver function (Ray 2.60's Train V2 pattern) that builds the train stage's own TorchTrainer for
+trial is a driver function (Ray 2.60's Train V2 pattern) that builds the train stage's TorchTrainer (raytrain) for
 its config, with `TuneReportCallback` forwarding rank 0's reports to Tune; ASHA (or FIFO) stops weak
 trials on `tune.metric` (validation BLEU, the mean of both directions) over training steps. A trial that
 fails is retried `tune.max_failures` times and then reported; the sweep goes on.
@@ -30,7 +30,7 @@ import random
 from pathlib import Path
 from typing import Any
 
-from pipeline import train
+from pipeline import raytrain
 from pipeline.config import PipelineConfig, check_consistency, from_dict, to_yaml
 from pipeline.stage import StageError, StageRun, write_text
 from pipeline.tracking import SweepTracker
@@ -95,14 +95,14 @@ def trial_config(base: PipelineConfig, params: dict[str, Any]) -> PipelineConfig
 
 def _trial(params: dict[str, Any], *, base: dict, keys: list[str], inputs: dict[str, str], storage: str,
            tracker: SweepTracker | None) -> None:
-    """One trial (runs in a Tune actor): the train stage's trainer for this config, reports forwarded."""
+    """One trial (runs in a Tune actor): the train stage's trainer (raytrain) for this config, reports forwarded."""
     import ray.tune
     from ray.tune.integration.ray_train import TuneReportCallback
 
     cfg = trial_config(from_dict(PipelineConfig, base), {k: params[k] for k in keys})
     trial_id = ray.tune.get_context().get_trial_id()
     target = tracker.trial_run(trial_id, {k: params[k] for k in keys}) if tracker is not None else None
-    trainer = train.make_trainer(cfg, f"trial-{trial_id}", Path(storage), Path(inputs["train_data"]),
+    trainer = raytrain.make_trainer(cfg, f"trial-{trial_id}", Path(storage), Path(inputs["train_data"]),
                                  Path(inputs["tokenize"]), Path(inputs["ingest"]), Path(inputs["spm"]),
                                  target, (TuneReportCallback(),))
     try:
@@ -141,12 +141,12 @@ def _concurrency(cfg: PipelineConfig) -> int:
 def _sweep(cfg: PipelineConfig, workdir: Path, name: str, inputs: dict[str, Path], tmp: Path) -> dict[str, Any]:
     import ray.tune
 
-    train.check_resources(cfg.train, cfg.train.start_timeout_s)
+    raytrain.check_resources(cfg.train, cfg.train.start_timeout_s)
     # The metric is reported at validations only; ASHA skips reports without it, Tune's strict check
     # would reject the first (training-only) report instead.
     os.environ["TUNE_DISABLE_STRICT_METRIC_CHECKING"] = "1"
     keys = sorted(cfg.tune.space)
-    storage = train.storage_path(cfg.train, workdir) / name
+    storage = raytrain.storage_path(cfg.train, workdir) / name
     tracker = SweepTracker.open(cfg.tracking, workdir, name, cfg.to_dict(), to_yaml(cfg))
     trainable = ray.tune.with_parameters(_trial, base=cfg.to_dict(), keys=keys,
                                          inputs={k: str(v) for k, v in inputs.items()}, storage=str(storage),

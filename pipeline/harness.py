@@ -1,0 +1,291 @@
+"""The training core, without Ray: the pipeline's Ray Train workers (pipeline/raytrain.py) and the GPU
+benchmarks (bench/quality.py, bench/distill.py; the device machines have no Ray) train through it.
+
+A `Harness` holds a model, its objective (the model itself or a wrapper such as `DuplexLoss`, maybe
+DDP-wrapped) and a `TrainConfig`, and owns the optimisation: AdamW(`adam_betas`, `adam_eps`,
+`weight_decay`) with fairseq's inverse-sqrt schedule, one `update()` over `update_freq` micro-batches
+(gradient accumulation; DDP synchronises on the last one only, through the objective's `no_sync`), gradient
+clipping, bf16 autocast on CUDA. `fit()` is driven by an iterator of micro-batches — (epoch, index in the
+epoch, examples) — and reports through hooks: every `log_every` steps `on_report(metrics, None)` with the
+window's mean loss terms, grad norm, lr and tokens/s; every `validate_every` steps and at the last one
+(`max_steps`, or the step a time cap stopped at) the model is scored by `validate(model)` and
+`on_report(metrics, state)` gets the state to checkpoint. With `keep_best` the harness keeps the best
+validated states in memory (the pipeline's checkpoints live in Ray's storage instead) and `average()`
+loads the element-wise mean of the best `average_best` (fairseq's average_checkpoints). `state_dict()` /
+`load_state_dict()` carry what a run resumes from: model, optimizer, schedule, step, epoch, the next batch
+and the history; a resumed run is the uninterrupted one, and a deep copy of a state forks a run.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import random
+import time
+from typing import Any, Callable, Iterator, Optional, TypeVar
+
+import torch
+
+from pipeline.config import TrainConfig
+from reder import EOS_ID
+from reder.checkpoint import average_state_dicts
+from reder.ctc import pad_batch
+
+SCORE = "valid_bleu"  # what validation returns and checkpoints are ranked by (higher is better)
+
+Example = tuple[list[int], ...]  # (src, tgt), or with KD (src, tgt, kd_tgt, kd_src): token ids, no EOS
+MicroBatch = tuple[int, int, list[Example]]  # (epoch, index of the batch in its epoch, examples)
+Batch = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]  # src, src_lengths, tgt, tgt_lengths
+Validate = Callable[[torch.nn.Module], dict[str, float]]
+Report = Callable[[dict[str, Any], Optional[dict[str, Any]]], None]
+T = TypeVar("T")
+
+
+def inverse_sqrt(step: int, lr: float, warmup: int, init_lr: float) -> float:
+    """fairseq's inverse_sqrt: linear warm-up from init_lr to lr over `warmup` steps, then lr·√(warmup/step)."""
+    step = max(step, 1)
+    if warmup > 0 and step < warmup:
+        return init_lr + step * (lr - init_lr) / warmup
+    return lr * math.sqrt(max(warmup, 1) / step)
+
+
+def token_batches(src_lengths: list[int], tgt_lengths: list[int], max_tokens: int, seed: int) -> list[list[int]]:
+    """fairseq-style buckets: indices sorted by length (ties in random order), cut so that
+    sentences × (longest source + longest target, EOS included) ≤ max_tokens, batches shuffled.
+    A pair longer than max_tokens on its own gets a batch of one."""
+    rng = random.Random(seed)
+    order = list(range(len(src_lengths)))
+    rng.shuffle(order)
+    order.sort(key=lambda i: (tgt_lengths[i], src_lengths[i]))
+    batches: list[list[int]] = []
+    current: list[int] = []
+    longest_src = longest_tgt = 0
+    for index in order:
+        s, t = src_lengths[index] + 1, tgt_lengths[index] + 1
+        if current and (len(current) + 1) * (max(longest_src, s) + max(longest_tgt, t)) > max_tokens:
+            batches.append(current)
+            current, longest_src, longest_tgt = [], 0, 0
+        current.append(index)
+        longest_src, longest_tgt = max(longest_src, s), max(longest_tgt, t)
+    if current:
+        batches.append(current)
+    rng.shuffle(batches)
+    return batches
+
+
+def epoch_batches(examples: list[Example], max_tokens: int, seed: int, epoch: int,
+                  rank: int = 0) -> list[list[Example]]:
+    """One epoch's micro-batches of `examples` (token_batches, reshuffled per seed, epoch and rank); a KD
+    example is bucketed by its longer variant of each side."""
+    src_lengths = [max(len(e[0]), len(e[3])) if len(e) == 4 else len(e[0]) for e in examples]
+    tgt_lengths = [max(len(e[1]), len(e[2])) if len(e) == 4 else len(e[1]) for e in examples]
+    order = token_batches(src_lengths, tgt_lengths, max_tokens, seed * 100_003 + epoch * 1_009 + rank)
+    return [[examples[i] for i in batch] for batch in order]
+
+
+def micro_batches(epochs: Callable[[int], list[list[Example]]], epoch: int = 0, skip: int = 0) -> Iterator[MicroBatch]:
+    """Endless (epoch, index, examples) over `epochs(e)`, the batches of epoch e, from `skip` batches into `epoch`."""
+    while True:
+        batches = epochs(epoch)
+        if not batches:
+            raise RuntimeError(f"epoch {epoch} has no batch (an empty shard: use fewer workers or more data)")
+        for index in range(skip, len(batches)):
+            yield epoch, index, batches[index]
+        epoch, skip = epoch + 1, 0
+
+
+def _tensors(pairs: list, device: torch.device) -> Batch:
+    src, src_lengths = pad_batch([s + [EOS_ID] for s, _ in pairs], device)
+    tgt, tgt_lengths = pad_batch([t + [EOS_ID] for _, t in pairs], device)
+    return src, src_lengths, tgt, tgt_lengths
+
+
+def passes(examples: list[Example], device: torch.device | str) -> tuple[Batch, Optional[Batch]]:
+    """The tensors of one micro-batch: (src, src_lengths, tgt, tgt_lengths) for both directions, or with KD
+    examples src2tgt's (x, teacher(x)) and tgt2src's own (teacher(y), y) batch (DuplexLoss.tgt2src_batch)."""
+    if len(examples[0]) == 2:
+        return _tensors(examples, device), None
+    forward = _tensors([(src, kd_tgt) for src, _, kd_tgt, _ in examples], device)
+    return forward, _tensors([(kd_src, tgt) for _, tgt, _, kd_src in examples], device)
+
+
+def all_reduce(value: float, op: str) -> float:
+    """`value` summed ("sum") or minimised ("min") over the DDP ranks; itself outside torch.distributed."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return value
+    device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+    tensor = torch.tensor([value], dtype=torch.float64, device=device)
+    dist.all_reduce(tensor, op={"min": dist.ReduceOp.MIN, "sum": dist.ReduceOp.SUM}[op])
+    return float(tensor.item())
+
+
+def select_best(scored: list[tuple[float, int, T]], count: int) -> list[tuple[float, int, T]]:
+    """The `count` best (score, step, checkpoint) by score, best first; a tie goes to the later step."""
+    return sorted(scored, key=lambda entry: (-entry[0], -entry[1]))[:count]
+
+
+class _Window:
+    """One reporting window: sums of the loss terms and grad norms per update, tokens, wall time."""
+
+    def __init__(self) -> None:
+        self.restart()
+
+    def restart(self) -> None:
+        self.sums: dict[str, float] = {}
+        self.updates, self.tokens, self.started = 0, 0, time.perf_counter()
+
+    def add(self, update: dict[str, float]) -> None:
+        for name, value in update.items():
+            if name != "tokens":
+                self.sums[name] = self.sums.get(name, 0.0) + value
+        self.tokens += int(update["tokens"])
+        self.updates += 1
+
+    def metrics(self) -> dict[str, float]:
+        seconds = time.perf_counter() - self.started
+        means = {name if name == "grad_norm" else f"train_{name}": value / max(self.updates, 1)
+                 for name, value in self.sums.items()}
+        return {**means, "tokens_per_s": all_reduce(self.tokens, "sum") / max(seconds, 1e-9)}
+
+
+class Harness:
+    """The training loop of one model (see the module doc). `validate(model)` returns scores with
+    `valid_bleu` (it runs in eval mode without gradients); `on_step(step)` runs after every update."""
+
+    def __init__(self, model: torch.nn.Module, objective: torch.nn.Module, cfg: TrainConfig,
+                 device: torch.device | str, validate: Optional[Validate] = None, on_report: Optional[Report] = None,
+                 on_step: Optional[Callable[[int], None]] = None, keep_best: bool = False) -> None:
+        self.model, self.objective, self.cfg, self.device = model, objective, cfg, torch.device(device)
+        self.validate, self.on_report, self.on_step = validate, on_report, on_step
+        self.bf16 = cfg.bf16 and self.device.type == "cuda"
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=tuple(cfg.adam_betas),
+                                           eps=cfg.adam_eps, weight_decay=cfg.weight_decay)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda step: inverse_sqrt(step, cfg.lr, cfg.warmup_steps, cfg.warmup_init_lr) / cfg.lr)
+        self.step = self.epoch = self.next_batch = 0
+        self.history: list[dict[str, Any]] = []
+        self.resumed_from: Optional[int] = None
+        self.best: Optional[list[tuple[float, int, dict[str, torch.Tensor]]]] = [] if keep_best else None
+        self.validated_step, self.validation_seconds = -1, 0.0
+        self._window = _Window()
+
+    def update(self, batches: list[list[Example]]) -> dict[str, float]:
+        """One optimizer update over micro-batches (their gradients accumulated, each loss divided by their
+        count): the mean of each loss term, the gradient norm before clipping and the tokens seen."""
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        sums: dict[str, float] = {}
+        tokens = 0
+        for number, examples in enumerate(batches):
+            batch, reverse = passes(examples, self.device)
+            # DDP all-reduces gradients in backward: only the last micro-batch's needs to.
+            accumulate = number < len(batches) - 1 and hasattr(self.objective, "no_sync")
+            with self.objective.no_sync() if accumulate else contextlib.nullcontext():
+                with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
+                    terms = self.objective(*batch, self.step, tgt2src_batch=reverse)
+                (terms["total"] / len(batches)).backward()
+            for name, value in terms.items():
+                sums[name] = sums.get(name, 0.0) + float(value.detach()) / len(batches)
+            tokens += sum(int(b[1].sum() + b[3].sum()) for b in (batch, reverse) if b is not None)
+        clip = self.cfg.clip_norm if self.cfg.clip_norm > 0 else math.inf
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.step += 1
+        return {**sums, "grad_norm": float(norm), "tokens": tokens}
+
+    def fit(self, batches: Iterator[MicroBatch], until: Optional[int] = None,
+            time_cap_s: float = math.inf) -> dict[str, float]:
+        """Train from `batches` (which must start at `position`) to step `until` (a pause: no validation
+        there) or `max_steps`, or until `time_cap_s` seconds have passed (at least one update; one process
+        only: DDP ranks would stop at different steps); a run that ends is validated at its last step.
+        Returns this call's updates, seconds and last loss; the model is left in eval mode."""
+        stop = self.cfg.max_steps if until is None else min(until, self.cfg.max_steps)
+        started, first, last_loss = time.perf_counter(), self.step, math.nan
+        self._window.restart()
+        capped = False
+        while self.step < stop and not capped:
+            pulled = [next(batches) for _ in range(self.cfg.update_freq)]
+            self.epoch, self.next_batch = pulled[-1][0], pulled[-1][1] + 1
+            result = self.update([examples for _, _, examples in pulled])
+            last_loss = result["total"]
+            self._window.add(result)
+            capped = time.perf_counter() - started >= time_cap_s
+            validate = self.step % self.cfg.validate_every == 0 or self.step == self.cfg.max_steps or capped
+            if validate or self.step % self.cfg.log_every == 0:
+                self._report(validate)
+            if self.on_step is not None:
+                self.on_step(self.step)
+        self.model.eval()
+        return {"steps": self.step - first, "seconds": round(time.perf_counter() - started, 1),
+                "last_loss": round(last_loss, 4)}
+
+    def fit_examples(self, examples: list[Example], until: Optional[int] = None,
+                     time_cap_s: float = math.inf) -> dict[str, float]:
+        """`fit` on an in-memory training set: `epoch_batches` of `examples` under the config's seed."""
+        epochs = lambda epoch: epoch_batches(examples, self.cfg.max_tokens, self.cfg.seed, epoch)  # noqa: E731
+        return self.fit(self.stream(epochs), until, time_cap_s)
+
+    @property
+    def position(self) -> tuple[int, int]:
+        """(epoch, index of the next micro-batch in it): where the batches of a resumed run start."""
+        return self.epoch, self.next_batch
+
+    def stream(self, epochs: Callable[[int], list[list[Example]]]) -> Iterator[MicroBatch]:
+        """`micro_batches(epochs)` from this run's position."""
+        return micro_batches(epochs, *self.position)
+
+    def _report(self, validate: bool) -> None:
+        metrics: dict[str, Any] = {**self._window.metrics(), "step": self.step, "epoch": self.epoch,
+                                   "lr": self.scheduler.get_last_lr()[0]}
+        validated = validate and self.validate is not None
+        if validated:
+            metrics.update(self._score())
+        self.history.append(metrics)
+        if self.on_report is not None:
+            self.on_report(metrics, self.state_dict() if validated else None)
+        self._window.restart()  # validation and checkpoints are not training time
+
+    def _score(self) -> dict[str, float]:
+        started, was_training = time.perf_counter(), self.model.training
+        self.model.eval()
+        try:
+            with torch.no_grad():
+                scores = dict(self.validate(self.model))
+        finally:
+            self.model.train(was_training)
+        self.validated_step = self.step
+        score = float(scores[SCORE])
+        if self.best is not None and math.isfinite(score):
+            snapshot = {name: tensor.detach().to("cpu", copy=True) for name, tensor in self.model.state_dict().items()}
+            self.best = select_best(self.best + [(score, self.step, snapshot)], self.cfg.average_best)
+        self.validation_seconds += time.perf_counter() - started
+        return scores
+
+    def average(self) -> list[dict[str, float]]:
+        """Load into the model the mean of the best `average_best` validated states (keep_best), after
+        validating the last update if no validation saw it; returns [{step, valid_bleu}], best first."""
+        if self.best is None:
+            raise ValueError("Harness.average needs keep_best=True")
+        if self.validate is not None and self.step > 0 and self.validated_step != self.step:
+            self._report(validate=True)
+        if not self.best:
+            raise ValueError("Harness.average: no validated state (no update, or no validate)")
+        self.model.load_state_dict(average_state_dicts([state for _, _, state in self.best]))
+        return [{"step": step, SCORE: score} for score, step, _ in self.best]
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a run resumes from (live references: deep-copy it to keep a snapshot)."""
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict(), "step": self.step, "epoch": self.epoch,
+                "next_batch": self.next_batch, "history": self.history}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue the run of `state` (its history gets a `resumed_from` entry)."""
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.step, self.epoch, self.next_batch = state["step"], state["epoch"], state["next_batch"]
+        self.resumed_from = self.step
+        self.history = [*state["history"], {"step": self.step, "resumed_from": self.step}]

@@ -1,0 +1,326 @@
+"""Ray Train runs of the training core (pipeline/harness.py): REDER for the train stage (pipeline/train.py),
+one autoregressive teacher per direction for the teacher stage (pipeline/teacher.py), the trials of the
+tune stage (pipeline/tune.py). Ray is imported inside the functions that use it.
+
+Driver side: `check_resources` fails fast, with the numbers, when the cluster cannot hold the worker group
+(instead of letting Ray Train wait forever); `make_trainer` builds a `TorchTrainer` over the tokenized
+training split (a Ray Data dataset, split between the workers); `fit_and_average` fits it and averages the
+best `average_best` checkpoints by validation BLEU (the mean of both directions) into a model.
+
+Worker side (`train_loop`): the TrainConfig rebuilt from its dict, the task's model and objective (the joint
+objective of both directions, `DuplexLoss`, or a teacher's `TeacherObjective`) wrapped for DDP, and a
+`Harness` fed with token-bucketed batches of the worker's shard. Its reports go to `ray.train.report` (and
+rank 0's to MLflow); every validation (rank 0 decodes the validation split greedily and scores it with
+sacreBLEU; the other ranks report a NaN score) attaches a checkpoint directory. Ray keeps the best
+`keep_checkpoints` by `valid_bleu` plus the latest; a run started again with the same config (same Ray
+storage path and run name), or a worker group restarted after a failure (`max_failures`), resumes from the
+latest checkpoint: same step, same position in the epoch.
+
+With sequence-level knowledge distillation the shard's rows carry the teachers' outputs (pipeline/distill.py):
+every update trains src2tgt on (x, teacher(x)) and tgt2src on (teacher(y), y), both in one forward/backward
+(`DuplexLoss`'s tgt2src_batch).
+"""
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import tempfile
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Optional
+
+import pyarrow.parquet as pq
+import torch
+
+from pipeline import spm
+from pipeline.config import PipelineConfig, TrainConfig, from_dict
+from pipeline.harness import SCORE, Example, Harness, all_reduce, epoch_batches, select_best
+from pipeline.metrics import corpus_scores
+from pipeline.stage import StageError
+from reder import DIRECTIONS, EOS_ID, DuplexLoss, LossConfig, ModelConfig, REDER, TransformerConfig
+from reder.autoregressive import Transformer
+from reder.checkpoint import average_state_dicts
+from reder.ctc import pad_batch
+from reder.translate import translate_ids
+
+MODEL_DIR = "model"
+HISTORY_FILE = "history.json"
+KD_COLUMNS = ("kd_tgt_ids", "kd_src_ids")
+
+
+def check_resources(train: TrainConfig, timeout_s: float) -> None:
+    """Fail fast, with the numbers, when the cluster cannot hold the worker group (Ray Train would retry
+    forever). Waits up to `timeout_s` for an autoscaling cluster to add the nodes."""
+    import ray
+
+    need = {"CPU": train.num_workers * train.cpus_per_worker}
+    if train.use_gpu:
+        need["GPU"] = train.num_workers * train.gpus_per_worker
+    deadline = time.monotonic() + timeout_s
+    while True:
+        have = ray.cluster_resources()
+        short = {k: (v, have.get(k, 0.0)) for k, v in need.items() if have.get(k, 0.0) < v}
+        if not short:
+            return
+        if time.monotonic() >= deadline:
+            what = ", ".join(f"{k}: need {n:g}, cluster has {h:g}" for k, (n, h) in short.items())
+            raise StageError(f"train: the cluster cannot hold {train.num_workers} worker(s) ({what}); lower "
+                             f"train.num_workers / train.cpus_per_worker, or set train.use_gpu=false, "
+                             f"or add nodes")
+        time.sleep(1.0)
+
+
+def training_dataset(path: Path) -> Any:
+    """The tokenized training split as a Ray Data dataset, read and materialized in the object store
+    before the worker group starts. Streamed lazily instead, its read tasks wait for CPUs that the
+    workers hold: on a 2-CPU machine with 2 workers the run hangs without an error (docs/DESIGN.md, "Ray on small machines")."""
+    import ray
+
+    context = ray.data.DataContext.get_current()
+    context.enable_progress_bars = False
+    return ray.data.read_parquet(str(path)).materialize()
+
+
+def storage_path(train: TrainConfig, workdir: Path) -> Path:
+    """Ray Train's storage: train.storage_path (shared storage on a cluster), else <workdir>/ray_results."""
+    return Path(train.storage_path).expanduser().resolve() if train.storage_path else Path(workdir) / "ray_results"
+
+
+def make_trainer(cfg: PipelineConfig, name: str, storage: Path, train_data: Path, data: Path, corpus: Path,
+                 spm_dir: Path, mlflow_target: dict[str, str] | None, callbacks: tuple = (),
+                 task: dict[str, str] | None = None) -> Any:
+    """The TorchTrainer of one training run (run `name` under `storage`; a run with the same pair
+    resumes from its latest checkpoint) on the `train_data` split, validated on `data`/valid.
+    `mlflow_target` receives rank 0's per-step metrics. `task` is REDER's (default) or
+    {"kind": "teacher", "direction": d}: the teacher of one direction, with the teacher section's config."""
+    import ray.train
+    from ray.train.torch import TorchTrainer
+
+    task = task or {"kind": "reder"}
+    teacher = task["kind"] == "teacher"
+    train = cfg.teacher.train if teacher else cfg.train
+    loop_config = {
+        "task": task, "model": asdict(cfg.teacher.model if teacher else cfg.model), "loss": asdict(cfg.loss),
+        "train": asdict(train), "spm_proto": (spm_dir / spm.MODEL_FILE).read_bytes(),
+        "valid": {"ids": str(data / "valid"), "text": str(corpus / "valid")},
+        "mlflow": mlflow_target,
+    }
+    resources = {"CPU": train.cpus_per_worker, **({"GPU": train.gpus_per_worker} if train.use_gpu else {})}
+    return TorchTrainer(
+        train_loop, train_loop_config=loop_config,
+        scaling_config=ray.train.ScalingConfig(num_workers=train.num_workers, use_gpu=train.use_gpu,
+                                               resources_per_worker=resources,
+                                               placement_strategy=train.placement_strategy),
+        run_config=ray.train.RunConfig(
+            name=name, storage_path=str(storage), callbacks=list(callbacks),
+            failure_config=ray.train.FailureConfig(max_failures=train.max_failures),
+            checkpoint_config=ray.train.CheckpointConfig(num_to_keep=train.keep_checkpoints,
+                                                         checkpoint_score_attribute=SCORE,
+                                                         checkpoint_score_order="max")),
+        datasets={"train": training_dataset(train_data)})
+
+
+def fit_and_average(trainer: Any, run_path: Path, average_best: int, model: torch.nn.Module) -> dict[str, Any]:
+    """Fit, then load into `model` the average of the best `average_best` checkpoints by validation BLEU.
+    Returns {"history": the latest checkpoint's history, "averaged": [(step, valid_bleu)], "fit_seconds"}."""
+    started = time.time()
+    try:
+        result = trainer.fit()
+    except Exception as error:  # TrainingFailedError wraps the worker's exception
+        raise StageError(f"train: Ray Train failed ({type(error).__name__}): {error}") from error
+    scored = [(m[SCORE], m["step"], c) for c, m in result.best_checkpoints if SCORE in m]
+    if not scored:
+        raise StageError(f"train: the run under {run_path} produced no validated checkpoint")
+    best = select_best(scored, average_best)
+    states = []
+    for _, _, checkpoint in best:
+        with checkpoint.as_directory() as directory:
+            states.append(torch.load(Path(directory) / "model.pt", map_location="cpu", weights_only=True))
+    with result.checkpoint.as_directory() as directory:  # the latest: the whole history
+        history = json.loads((Path(directory) / HISTORY_FILE).read_text(encoding="utf-8"))
+    model.load_state_dict(average_state_dicts(states))
+    return {"history": history, "averaged": [{"step": step, SCORE: score} for score, step, _ in best],
+            "fit_seconds": round(time.time() - started, 1)}
+
+
+def run_report(fitted: dict[str, Any], run_path: Path) -> dict[str, Any]:
+    """report.json of a finished run: steps, averaged checkpoints, last validation, restarts."""
+    history = fitted["history"]
+    last = history[-1]
+    return {"steps": last["step"], "averaged_checkpoints": fitted["averaged"], "ray_run": str(run_path),
+            "fit_seconds": fitted["fit_seconds"],
+            "last_valid": {k: v for k, v in last.items() if k.startswith(("bleu_", "valid_"))},
+            "restarts": sum(1 for h in history if h.get("resumed_from"))}
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Worker side
+
+
+def _epoch(shard: Any, max_tokens: int, seed: int, epoch: int, rank: int) -> list[list[Example]]:
+    """This worker's batches of one epoch, cut to the same count on every rank (DDP needs the same number
+    of updates everywhere). An example is (src, tgt), or with KD columns (src, tgt, kd_tgt, kd_src)."""
+    examples: list[Example] = []
+    for batch in shard.iter_batches(batch_size=8192, batch_format="pyarrow"):
+        columns = ["src_ids", "tgt_ids"] + [c for c in KD_COLUMNS if c in batch.column_names]
+        examples.extend(zip(*(batch[c].to_pylist() for c in columns)))
+    batches = epoch_batches(examples, max_tokens, seed, epoch, rank)
+    return batches[: int(all_reduce(len(batches), "min"))]
+
+
+class TeacherObjective(torch.nn.Module):
+    """One direction's teacher as a DDP-wrappable objective with REDER's call signature: the batch's
+    (src, tgt) pairs are read in the teacher's direction; terms are named by direction."""
+
+    def __init__(self, model: Transformer, direction: str) -> None:
+        super().__init__()
+        self.model, self.direction = model, direction
+
+    def forward(self, src: torch.Tensor, src_lengths: torch.Tensor, tgt: torch.Tensor, tgt_lengths: torch.Tensor,
+                step: int, tgt2src_batch: None = None) -> dict[str, torch.Tensor]:
+        if self.direction == "tgt2src":
+            src, src_lengths, tgt, tgt_lengths = tgt, tgt_lengths, src, src_lengths
+        terms = self.model.loss(src, src_lengths, tgt, tgt_lengths)
+        return {f"nll_{self.direction}": terms["nll"], "total": terms["total"]}
+
+
+def build_task(config: dict[str, Any]) -> tuple[torch.nn.Module, torch.nn.Module, tuple[str, ...]]:
+    """(model, objective, validation directions) of a loop config's task (REDER or one teacher)."""
+    task = config["task"]
+    if task["kind"] == "teacher":
+        model = Transformer(TransformerConfig.from_dict(config["model"]))
+        return model, TeacherObjective(model, task["direction"]), (task["direction"],)
+    model = REDER(ModelConfig.from_dict(config["model"]), LossConfig.from_dict(config["loss"]))
+    return model, DuplexLoss(model), DIRECTIONS
+
+
+class Validator:
+    """Greedy decoding of the validation split in `directions`, scored with sacreBLEU (rank 0); for a
+    teacher also its validation loss (mean token NLL, `valid_nll_<direction>`)."""
+
+    def __init__(self, paths: dict[str, str], spm_proto: bytes, max_sentences: int,
+                 directions: tuple[str, ...] = DIRECTIONS) -> None:
+        import sentencepiece
+
+        ids = pq.read_table(paths["ids"]).sort_by("id")
+        text = pq.read_table(paths["text"]).sort_by("id")
+        if max_sentences:
+            ids, text = ids.slice(0, max_sentences), text.slice(0, max_sentences)
+        by_id = dict(zip(text.column("id").to_pylist(), zip(text.column("src").to_pylist(), text.column("tgt").to_pylist())))
+        kept = ids.column("id").to_pylist()
+        self.directions = directions
+        self.inputs = {"src2tgt": [s + [EOS_ID] for s in ids.column("src_ids").to_pylist()],
+                       "tgt2src": [t + [EOS_ID] for t in ids.column("tgt_ids").to_pylist()]}
+        self.references = {"src2tgt": [by_id[i][1] for i in kept], "tgt2src": [by_id[i][0] for i in kept]}
+        self.sp = sentencepiece.SentencePieceProcessor(model_proto=spm_proto)
+
+    def __call__(self, model: torch.nn.Module) -> dict[str, float]:
+        was_training = model.training
+        model.eval()
+        scores = {}
+        try:
+            for direction in self.directions:
+                hypotheses = [self.sp.decode(h) for h in translate_ids(model, self.inputs[direction], direction)]
+                scores[f"bleu_{direction}"] = corpus_scores(hypotheses, self.references[direction])["bleu"]
+                if isinstance(model, Transformer):
+                    scores[f"valid_nll_{direction}"] = self._nll(model, direction)
+        finally:
+            model.train(was_training)
+        scores[SCORE] = sum(scores[f"bleu_{d}"] for d in self.directions) / len(self.directions)
+        return scores
+
+    @torch.no_grad()
+    def _nll(self, model: Transformer, direction: str, batch_size: int = 64) -> float:
+        """Token-weighted mean NLL of the references under the teacher (teacher forcing)."""
+        back = "tgt2src" if direction == "src2tgt" else "src2tgt"
+        device = next(model.parameters()).device
+        total = tokens = 0.0
+        for start in range(0, len(self.inputs[direction]), batch_size):
+            src, src_lengths = pad_batch(self.inputs[direction][start : start + batch_size], device)
+            tgt, tgt_lengths = pad_batch(self.inputs[back][start : start + batch_size], device)
+            count = float(tgt_lengths.sum())
+            total += float(model.loss(src, src_lengths, tgt, tgt_lengths)["nll"]) * count
+            tokens += count
+        return total / max(tokens, 1.0)
+
+
+def train_loop(config: dict[str, Any]) -> None:
+    """Ray Train's per-worker function (see the module doc): a Harness over this worker's shard."""
+    train = from_dict(TrainConfig, config["train"], "train")
+    import ray.train
+    import ray.train.torch
+
+    context = ray.train.get_context()
+    rank, world_size = context.get_world_rank(), context.get_world_size()
+    torch.manual_seed(train.seed)
+    device = ray.train.torch.get_device()
+    model, objective, directions = build_task(config)
+    model.to(device)
+    state = _load(ray.train.get_checkpoint(), device)
+    # Only rank 0 decodes; Ray keeps rank 0's metrics, the others report a NaN score.
+    validate = Validator(config["valid"], config["spm_proto"], train.valid_max_sentences, directions) if rank == 0 \
+        else (lambda _: {SCORE: math.nan})
+    mlflow = _MlflowLogger(config["mlflow"]) if rank == 0 and config["mlflow"] else None
+
+    def report(metrics: dict[str, Any], checkpoint: Optional[dict[str, Any]]) -> None:
+        if mlflow is not None:
+            mlflow.log(metrics, metrics["step"])
+        directory = _save(checkpoint) if checkpoint is not None and rank == 0 else None
+        ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(directory) if directory else None)
+        if directory:
+            shutil.rmtree(directory, ignore_errors=True)  # Ray has copied it to the run's storage
+
+    def fault_drill(step: int) -> None:
+        if train.fail_at_step and step == train.fail_at_step and harness.resumed_from is None \
+                and rank == world_size - 1:
+            raise RuntimeError(f"fault drill: train.fail_at_step={step} (rank {rank})")
+
+    harness = Harness(model, ray.train.torch.prepare_model(objective), train, device, validate=validate,
+                      on_report=report, on_step=fault_drill)
+    if state is not None:
+        harness.load_state_dict(state)
+        if mlflow is not None:
+            mlflow.log({"resumed_from_step": harness.step}, harness.step)  # one point per restart of the worker group
+    shard = ray.train.get_dataset_shard("train")
+    harness.fit(harness.stream(lambda epoch: _epoch(shard, train.max_tokens, train.seed, epoch, rank)))
+
+
+def _load(checkpoint: Any, device: torch.device) -> Optional[dict[str, Any]]:
+    """A Harness state from a checkpoint directory of `_save` (None without a checkpoint)."""
+    if checkpoint is None:
+        return None
+    with checkpoint.as_directory() as directory:
+        state = torch.load(Path(directory) / "train_state.pt", map_location=device, weights_only=False)
+        state["model"] = torch.load(Path(directory) / "model.pt", map_location=device, weights_only=True)
+        state["history"] = json.loads((Path(directory) / HISTORY_FILE).read_text(encoding="utf-8"))
+    return state
+
+
+def _save(state: dict[str, Any]) -> str:
+    """A Harness state as a checkpoint directory: model.pt (what fit_and_average averages), train_state.pt
+    and the history."""
+    directory = tempfile.mkdtemp(prefix=f"reder-step{state['step']}-")
+    torch.save(state["model"], Path(directory) / "model.pt")
+    torch.save({k: v for k, v in state.items() if k not in ("model", "history")}, Path(directory) / "train_state.pt")
+    (Path(directory) / HISTORY_FILE).write_text(json.dumps(state["history"]), encoding="utf-8")
+    return directory
+
+
+class _MlflowLogger:
+    """Rank 0 logs per-step metrics into the stage's MLflow run (tracking URI and run id from the driver)."""
+
+    def __init__(self, target: dict[str, str]) -> None:
+        from mlflow.tracking import MlflowClient
+
+        self.client = MlflowClient(tracking_uri=target["uri"])
+        self.run_id = target["run_id"]
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        values = [Metric(k, float(v), now, step) for k, v in metrics.items()
+                  if k not in ("step",) and isinstance(v, (int, float)) and math.isfinite(float(v))]
+        self.client.log_batch(self.run_id, metrics=values)

@@ -1,0 +1,277 @@
+"""pipeline.harness: resume and forks through the state, best-k averaging, accumulation, the schedule, the
+batching; checked against an uninterrupted run, recorded states, one big batch and fairseq's formula."""
+import contextlib
+import copy
+import dataclasses
+import math
+import random
+import time
+
+import pytest
+import torch
+
+from pipeline import harness
+from pipeline.config import TrainConfig
+from pipeline.harness import Harness
+from reder import DuplexLoss, LossConfig
+from tests.reder.helpers import tiny_model
+
+
+class Regression(torch.nn.Module):
+    """A model with DuplexLoss's call signature: a linear map from source ids to target ids (as floats)."""
+
+    def __init__(self, width: int = 4, hidden: int = 8) -> None:
+        super().__init__()
+        self.net = torch.nn.Sequential(torch.nn.Linear(width, hidden), torch.nn.Tanh(), torch.nn.Linear(hidden, width))
+
+    def forward(self, src, src_lengths, tgt, tgt_lengths, step, tgt2src_batch=None):
+        error = torch.nn.functional.mse_loss(self.net(src.float() / 10), tgt.float() / 10)
+        return {"mse": error, "total": error}
+
+
+def _examples(count: int = 12, width: int = 4, seed: int = 0) -> list:
+    """Pairs of width-1 ids (width with EOS): every micro-batch pads to the same width."""
+    rng = random.Random(seed)
+    return [([rng.randint(4, 30) for _ in range(width - 1)], [rng.randint(4, 30) for _ in range(width - 1)])
+            for _ in range(count)]
+
+
+# 12 examples of 4 + 4 tokens, 16 tokens per batch: 2 pairs per batch, 6 batches per epoch
+def _config(**overrides) -> TrainConfig:  # warm-up longer than the runs: every update has its own lr
+    return TrainConfig(**{"lr": 0.01, "warmup_steps": 20, "max_tokens": 16, "max_steps": 9, "log_every": 1,
+                          "validate_every": 100, "bf16": False, **overrides})
+
+
+def _run(cfg: TrainConfig, seed: int = 0, **kwargs) -> tuple[Harness, torch.nn.Module]:
+    torch.manual_seed(seed)
+    model = Regression()
+    return Harness(model, model, cfg, "cpu", **kwargs), model
+
+
+def _same(a: torch.nn.Module, b: torch.nn.Module) -> bool:
+    return all(torch.allclose(x, y, rtol=0, atol=1e-7) for x, y in zip(a.parameters(), b.parameters()))
+
+
+def test_a_resumed_run_equals_the_uninterrupted_one():
+    """Updates of 2 micro-batches over epochs of 6: the pause at update 4 falls mid-epoch, the run crosses
+    epochs; the resumed run starts from the state's position, with its optimizer moments and schedule."""
+    examples, cfg = _examples(), _config(update_freq=2)
+    whole, whole_model = _run(cfg)
+    assert whole.fit_examples(examples)["steps"] == 9
+    first, _ = _run(cfg)
+    assert first.fit_examples(examples, until=4)["steps"] == 4 and first.position == (1, 2)
+    state = copy.deepcopy(first.state_dict())
+    resumed, resumed_model = _run(cfg, seed=5)  # other initial weights: the state replaces them
+    resumed.load_state_dict(state)
+    assert resumed.fit_examples(examples)["steps"] == 5 and resumed.step == 9
+    for a, b in zip(whole_model.parameters(), resumed_model.parameters()):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-7)
+    assert resumed.history[4] == {"step": 4, "resumed_from": 4} and resumed.resumed_from == 4
+    assert [h["train_total"] for h in resumed.history if "train_total" in h] == \
+        pytest.approx([h["train_total"] for h in whole.history])
+
+
+def test_restarting_without_the_state_is_a_different_run():
+    """The check above can fail: without the optimizer's moments, the schedule and the position, the same
+    9 updates differ."""
+    examples, cfg = _examples(), _config(update_freq=2)
+    _, whole = _run(cfg)
+    Harness(whole, whole, cfg, "cpu").fit_examples(examples)
+    first, restarted = _run(cfg)
+    first.fit_examples(examples, until=4)
+    Harness(restarted, restarted, _config(update_freq=2, max_steps=5), "cpu").fit_examples(examples)
+    assert not _same(whole, restarted)
+
+
+def test_a_copied_state_forks_two_identical_continuations():
+    examples, cfg = _examples(), _config()
+    run, _ = _run(cfg)
+    run.fit_examples(examples, until=3)
+    snapshot = copy.deepcopy(run.state_dict())
+    continuations = []
+    for data_seed in (0, 1, 0):  # the second one sees other data: it must differ
+        fork, model = _run(cfg, seed=7)
+        fork.load_state_dict(copy.deepcopy(snapshot))
+        fork.fit_examples(_examples(seed=data_seed))
+        continuations.append(model)
+    assert _same(continuations[0], continuations[2]) and not _same(continuations[0], continuations[1])
+
+
+def test_best_checkpoints_are_kept_and_averaged():
+    """Scores 3, 5, 1, 5 at updates 2, 4, 6, 8, and 4 at update 9, the last (validated because the run ends
+    there) with average_best 2: updates 8 and 4 (a tie goes to the later one); their element-wise mean
+    is checked against the states the report hook received."""
+    scores, states = iter([3.0, 5.0, 1.0, 5.0, 4.0]), {}
+
+    def validate(model):
+        assert not model.training and not torch.is_grad_enabled()
+        return {"valid_bleu": next(scores)}
+
+    def on_report(metrics, checkpoint):
+        assert (checkpoint is not None) == ("valid_bleu" in metrics)
+        if checkpoint is not None:
+            states[metrics["step"]] = copy.deepcopy(checkpoint["model"])
+    run, model = _run(_config(validate_every=2, average_best=2), validate=validate, on_report=on_report, keep_best=True)
+    run.fit_examples(_examples())
+    assert sorted(states) == [2, 4, 6, 8, 9]
+    assert run.average() == [{"step": 8, "valid_bleu": 5.0}, {"step": 4, "valid_bleu": 5.0}]
+    for name, value in model.state_dict().items():
+        torch.testing.assert_close(value, (states[8][name] + states[4][name]) / 2)
+    assert not torch.allclose(states[8]["net.0.weight"], states[4]["net.0.weight"])  # the mean is not either state
+
+
+def test_the_last_update_is_scored_before_averaging_when_it_falls_between_validations():
+    """A paused run (update 5, validations every 2) is validated by `average`; a time cap ends a run between
+    validations and `fit` validates its last step."""
+    scores = iter([1.0, 2.0, 9.0])
+    run, _ = _run(_config(validate_every=2, average_best=2), validate=lambda m: {"valid_bleu": next(scores)},
+                  keep_best=True)
+    run.fit_examples(_examples(), until=5)
+    assert run.validated_step == 4
+    assert run.average() == [{"step": 5, "valid_bleu": 9.0}, {"step": 4, "valid_bleu": 2.0}]
+    assert run.history[-1]["step"] == 5 and run.history[-1]["valid_bleu"] == 9.0
+
+    class Slow(Regression):
+        def forward(self, *args, **kwargs):
+            time.sleep(0.02)
+            return super().forward(*args, **kwargs)
+    torch.manual_seed(0)
+    model = Slow()
+    capped = Harness(model, model, _config(max_steps=1000, validate_every=500, average_best=1), "cpu",
+                     validate=lambda m: {"valid_bleu": 1.0}, keep_best=True)
+    done = capped.fit_examples(_examples(), time_cap_s=0.1)
+    assert 1 <= done["steps"] < 500 and capped.validated_step == capped.step
+    assert capped.average() == [{"step": capped.step, "valid_bleu": 1.0}]
+    with pytest.raises(ValueError, match="no validated state"):
+        _run(_config(average_best=1), validate=lambda m: {"valid_bleu": 1.0}, keep_best=True)[0].average()
+
+
+def test_validating_leaves_the_run_unchanged():
+    plain, plain_model = _run(_config())
+    plain.fit_examples(_examples())
+    scored, scored_model = _run(_config(validate_every=1, average_best=5), validate=lambda m: {"valid_bleu": 1.0},
+                                keep_best=True)
+    scored.fit_examples(_examples())
+    for a, b in zip(plain_model.parameters(), scored_model.parameters()):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    assert not scored_model.training  # fit leaves a trained model ready to decode
+
+
+class Linear(torch.nn.Module):
+    """A linear model with a mean squared error: its gradient over a batch is the mean of its pairs'."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(3)
+        self.net = torch.nn.Linear(4, 4)
+        self.syncs = []
+
+    def forward(self, src, src_lengths, tgt, tgt_lengths, step, tgt2src_batch=None):
+        error = torch.nn.functional.mse_loss(self.net(src.float() / 10), tgt.float() / 10)
+        return {"mse": error, "total": error}
+
+    def no_sync(self):  # as DDP's: gradients are not all-reduced inside
+        self.syncs.append(len(self.syncs))
+        return contextlib.nullcontext()
+
+
+def test_two_accumulated_micro_batches_equal_one_batch_of_both():
+    examples = _examples(count=4)
+    first, second = examples[:2], examples[2:]
+    accumulated, whole = Linear(), Linear()
+    cfg = _config(clip_norm=0.5)
+    two = Harness(accumulated, accumulated, dataclasses.replace(cfg, update_freq=2), "cpu")
+    one = Harness(whole, whole, cfg, "cpu")
+    for _ in range(3):
+        split, joint = two.update([first, second]), one.update([first + second])
+        assert split["total"] == pytest.approx(joint["total"]) and split["grad_norm"] == pytest.approx(joint["grad_norm"])
+        assert split["tokens"] == joint["tokens"] == 4 * 8
+    for a, b in zip(accumulated.parameters(), whole.parameters()):
+        torch.testing.assert_close(a, b)
+    assert accumulated.syncs == [0, 1, 2] and whole.syncs == []  # no_sync on every micro-batch but the last
+
+
+def test_the_schedule_is_fairseq_inverse_sqrt():
+    """The learning rate of update k + 1 (after k updates), against fairseq's inverse_sqrt: warmup_init_lr +
+    k·(lr - warmup_init_lr)/warmup during warm-up, then lr·√warmup/√k; AdamW's hyper-parameters from the config."""
+    lr, warmup, init = 1e-3, 4, 1e-7
+    cfg = _config(lr=lr, warmup_steps=warmup, warmup_init_lr=init, adam_betas=(0.8, 0.9), adam_eps=1e-6,
+                  weight_decay=0.1, max_steps=12)
+    run, _ = _run(cfg)
+    group = run.optimizer.param_groups[0]
+    assert group["betas"] == (0.8, 0.9) and group["eps"] == 1e-6 and group["weight_decay"] == 0.1
+    batches = harness.micro_batches(lambda e: harness.epoch_batches(_examples(), cfg.max_tokens, 1, e))
+    for k in range(1, 12):
+        run.update([next(batches)[2]])
+        expected = init + k * (lr - init) / warmup if k < warmup else lr * math.sqrt(warmup) / math.sqrt(k)
+        assert group["lr"] == pytest.approx(expected, rel=1e-12)
+    reported, _ = _run(cfg)
+    reported.fit_examples(_examples())
+    assert [h["lr"] for h in reported.history] == pytest.approx([lr * math.sqrt(warmup / k) if k >= warmup else
+                                                                 init + k * (lr - init) / warmup for k in range(1, 13)])
+
+
+def test_inverse_sqrt_warms_up_linearly_then_decays_as_fairseq():
+    lr, warmup, init = 1e-3, 100, 1e-7
+    assert harness.inverse_sqrt(0, lr, warmup, init) == pytest.approx(init + (lr - init) / warmup)  # step 0 acts as 1
+    assert harness.inverse_sqrt(50, lr, warmup, init) == pytest.approx(init + 50 * (lr - init) / warmup)
+    assert harness.inverse_sqrt(100, lr, warmup, init) == pytest.approx(lr)
+    assert harness.inverse_sqrt(400, lr, warmup, init) == pytest.approx(lr / 2)  # lr * sqrt(100 / 400)
+    assert harness.inverse_sqrt(10_000, lr, 0, init) == pytest.approx(lr / 100)  # no warm-up: lr / sqrt(step)
+    values = [harness.inverse_sqrt(s, lr, warmup, init) for s in range(1, 300)]
+    assert max(values) == pytest.approx(lr) and values.index(max(values)) == warmup - 1
+
+
+def test_token_batches_cover_every_pair_once_within_the_budget():
+    rng = random.Random(3)
+    src = [rng.randint(1, 60) for _ in range(500)]
+    tgt = [rng.randint(1, 60) for _ in range(500)]
+    src[7], tgt[7] = 300, 280  # longer than the budget on its own: a batch of one
+    batches = harness.token_batches(src, tgt, max_tokens=400, seed=5)
+    assert sorted(i for b in batches for i in b) == list(range(500))
+    for batch in batches:
+        cost = len(batch) * (max(src[i] + 1 for i in batch) + max(tgt[i] + 1 for i in batch))
+        assert cost <= 400 or len(batch) == 1
+    assert [7] in batches
+    assert harness.token_batches(src, tgt, 400, seed=5) == batches  # deterministic
+    assert harness.token_batches(src, tgt, 400, seed=6) != batches  # the seed reshuffles
+    sizes = sorted(len(b) for b in batches)
+    assert sizes[-1] >= 3 and sum(sizes) / len(sizes) > 2  # buckets fill up: not one pair per batch
+
+
+def test_epochs_reshuffle_and_a_stream_starts_where_a_run_stopped():
+    examples = _examples()
+    epochs = lambda e: harness.epoch_batches(examples, 16, 1, e)  # noqa: E731
+    assert epochs(0) != epochs(1) and sorted(e for b in epochs(0) for e in b) == sorted(examples)
+    kd = [(s, t, t + [5, 5], s[:1]) for s, t in examples]  # bucketed by the longer variant of each side
+    assert all(len(batch) == 1 for batch in harness.epoch_batches(kd, 16, 1, 0))
+    stream = harness.micro_batches(epochs)
+    seen = [next(stream) for _ in range(8)]
+    assert [(e, i) for e, i, _ in seen] == [(0, i) for i in range(6)] + [(1, 0), (1, 1)]
+    later = harness.micro_batches(epochs, 1, 1)
+    assert next(later) == seen[-1]
+    with pytest.raises(RuntimeError, match="no batch"):
+        next(harness.micro_batches(lambda e: []))
+
+
+def test_kd_examples_train_each_direction_on_its_own_distilled_pairs():
+    """A KD micro-batch: src2tgt on (x, teacher(x)), tgt2src on (teacher(y), y); DuplexLoss runs both in one
+    forward and its terms equal two separate one-direction losses."""
+    examples = [([4, 5, 6], [7, 8], [9], [10, 4, 5, 6]), ([5], [6, 7, 8], [4, 4, 9], [5, 5])]  # src, tgt, kd_tgt, kd_src
+    forward, backward = harness.passes(examples, torch.device("cpu"))
+    assert forward[0].tolist() == [[4, 5, 6, 3], [5, 3, 0, 0]] and forward[2].tolist() == [[9, 3, 0, 0], [4, 4, 9, 3]]
+    assert backward[0].tolist() == [[10, 4, 5, 6, 3], [5, 5, 3, 0, 0]] and backward[2].tolist() == [[7, 8, 3, 0], [6, 7, 8, 3]]
+    reference, none = harness.passes([e[:2] for e in examples], torch.device("cpu"))
+    assert none is None and reference[2].tolist() == [[7, 8, 3, 0], [6, 7, 8, 3]]
+
+    model = tiny_model(LossConfig(aux_start_step=0), dropout=0.0, attention_dropout=0.0).double()
+    model.initialize(*forward)  # ActNorm from one batch, so both evaluations below see the same model
+    joint = DuplexLoss(model)(*forward, 1, tgt2src_batch=backward)
+    alone = {**model.loss(*forward, 1, ("src2tgt",)), **model.loss(*backward, 1, ("tgt2src",))}
+    for name in ("ctc_src2tgt", "fba_src2tgt", "cc_src2tgt", "ctc_tgt2src", "fba_tgt2src", "cc_tgt2src"):
+        torch.testing.assert_close(joint[name], alone[name])
+    assert joint["fba_tgt2src"] > 0 and joint["cc_src2tgt"] > 0
+    lam = model.loss_config
+    expected = sum(alone[f"ctc_{d}"] + lam.lambda_fba * alone[f"fba_{d}"] + lam.lambda_cc * alone[f"cc_{d}"]
+                   for d in ("src2tgt", "tgt2src"))
+    torch.testing.assert_close(joint["total"], expected)
