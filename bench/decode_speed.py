@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> dict:
     sp = sentencepiece.SentencePieceProcessor(model_file=str(model_dir / SPM_FILE))
     source, _ = evaluate.read_text_split(stages["ingest"], "test", args.sentences)
     encoded = encode_lines(sp, source)
-    options = SimpleNamespace(beam_size=args.beam, rerank_with_teacher=model.cfg.head == "ctc" and args.beam > 1,
+    options = SimpleNamespace(beam_size=args.beam, rerank_with_teacher=model.head.beam_search and args.beam > 1,
                               teacher_baseline=True, teacher_beam_size=4, latency_sentences=len(encoded),
                               throughput_batch=args.batch)
     decoders = evaluate.decoders_for(model, options, teachers)

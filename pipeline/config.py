@@ -21,6 +21,7 @@ import yaml
 
 from reder.config import LossConfig, ModelConfig, TransformerConfig
 from reder.configio import ConfigError, from_dict, to_dict
+from reder.heads import head_class
 
 
 @dataclass(frozen=True)
@@ -320,7 +321,7 @@ def check_consistency(cfg: PipelineConfig) -> None:
     if cfg.model.vocab_size < 64:
         raise ConfigError(f"model.vocab_size: at least 64 pieces are needed for a joint SentencePiece "
                           f"model, got {cfg.model.vocab_size}")
-    if cfg.evaluate.rerank_with_teacher and (cfg.model.head != "ctc" or cfg.evaluate.beam_size < 2):
+    if cfg.evaluate.rerank_with_teacher and (not head_class(cfg.model.head).beam_search or cfg.evaluate.beam_size < 2):
         raise ConfigError("evaluate.rerank_with_teacher reranks the CTC beam: it needs model.head=ctc and "
                           f"evaluate.beam_size >= 2 (got head {cfg.model.head!r}, beam_size {cfg.evaluate.beam_size})")
     for key, spec in cfg.tune.space.items():

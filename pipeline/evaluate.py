@@ -34,7 +34,6 @@ from pipeline.metrics import corpus_scores
 from pipeline.stage import StageRun, write_json, write_text
 from reder import DIRECTIONS, EOS_ID
 from reder.checkpoint import SPM_FILE, load_model_dir
-from reder.dag import DAG_DECODERS
 from reder.translate import encode_lines, translate_ids
 
 log = logging.getLogger(__name__)
@@ -67,16 +66,14 @@ def decoders_for(model: Any, evaluation: Any, teachers: dict[str, Any]) -> dict[
     if (evaluation.teacher_baseline or evaluation.rerank_with_teacher) and set(teachers) != {"src2tgt", "tgt2src"}:
         raise ValueError("evaluate.teacher_baseline / evaluate.rerank_with_teacher need both directions' teachers "
                          "(the teacher stage's output)")
-    if model.cfg.head == "dag":  # DAG models: their own decoders, no beam (beam_size is CTC's)
-        systems: dict[str, Decoder] = {name: (lambda enc, d, bs, name=name: translate_ids(model, enc, d, 1, bs, name))
-                                       for name in DAG_DECODERS}
-    else:
-        systems = {"greedy": lambda enc, d, bs: translate_ids(model, enc, d, 1, bs)}
-        beam = evaluation.beam_size
-        if beam > 1:
-            systems[f"beam{beam}"] = lambda enc, d, bs: translate_ids(model, enc, d, beam, bs)
-            if evaluation.rerank_with_teacher:
-                systems[f"beam{beam}_rerank"] = lambda enc, d, bs: translate_ids(model, enc, d, beam, bs, teacher=teachers[d])
+    # the head's own decoders; beam_size (and reranking its n-best) only for a head with beam search (CTC)
+    systems: dict[str, Decoder] = {name: (lambda enc, d, bs, name=name: translate_ids(model, enc, d, 1, bs, name))
+                                   for name in model.head.decoders}
+    beam = evaluation.beam_size
+    if model.head.beam_search and beam > 1:
+        systems[f"beam{beam}"] = lambda enc, d, bs: translate_ids(model, enc, d, beam, bs)
+        if evaluation.rerank_with_teacher:
+            systems[f"beam{beam}_rerank"] = lambda enc, d, bs: translate_ids(model, enc, d, beam, bs, teacher=teachers[d])
     if evaluation.teacher_baseline:
         for name, size in (("teacher_greedy", 1), (f"teacher_beam{evaluation.teacher_beam_size}", evaluation.teacher_beam_size)):
             systems[name] = lambda enc, d, bs, size=size: translate_ids(teachers[d], enc, d, size, bs)

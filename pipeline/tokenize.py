@@ -32,6 +32,7 @@ import pyarrow.parquet as pq
 from pipeline import ingest, parquet, spm
 from pipeline.config import PipelineConfig
 from pipeline.stage import StageError, StageRun, write_json
+from reder import heads
 
 log = logging.getLogger(__name__)
 
@@ -46,18 +47,16 @@ def build(run: StageRun, tmp: Path) -> dict[str, Any]:
     model_proto = model_path.read_bytes()
     spm.load(model_proto, cfg.model.vocab_size)  # fail here, not inside an actor, on a bad model
     files = [p for split in ingest.SPLITS for p in sorted((corpus / split).glob("*.parquet"))]
-    head = cfg.model.head
-    ratio = cfg.model.graph_upsample_ratio if head == "dag" else cfg.model.upsample_ratio
-    report = tokenize_files(files, tmp, model_proto, ratio, cfg.tokenize.workers, cfg.tokenize.batch_size, head)
+    report = tokenize_files(files, tmp, model_proto, heads.upsample_ratio(cfg.model), cfg.tokenize.workers,
+                            cfg.tokenize.batch_size, cfg.model.head)
     write_json(tmp / "report.json", report)
     return {**report["splits"], "workers": report["workers"], "ray_seconds": report["ray_seconds"]}
 
 
 def feasibility_key(cfg: PipelineConfig) -> dict[str, Any]:
-    """What the feasibility filter depends on; CTC keys are unchanged, so CTC stage hashes stay the same."""
-    if cfg.model.head == "dag":
-        return {"head": "dag", "graph_upsample_ratio": cfg.model.graph_upsample_ratio}
-    return {"upsample_ratio": cfg.model.upsample_ratio}
+    """What the feasibility filter depends on (the head's key; CTC's is the key from before heads existed, so
+    CTC stage hashes stay the same)."""
+    return heads.feasibility_key(cfg.model)
 
 
 def tokenize_files(files: list[Path], out: Path, model_proto: bytes, upsample_ratio: float, workers: int = 0,
@@ -91,7 +90,7 @@ class Tokenizer:
 
         self.processor = sentencepiece.SentencePieceProcessor(model_proto=model_proto)
         self.upsample_ratio = upsample_ratio  # r for CTC, λ (graph_upsample_ratio) for DAG
-        self.feasible = dag_feasible if head == "dag" else ctc_feasible
+        self.feasible = heads.head_class(head).feasible  # feasible(input_len, target, ratio)
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         # num_threads=1: parallelism comes from the actor pool, not from threads inside each actor
@@ -109,22 +108,9 @@ class Tokenizer:
         })
 
 
-def ctc_feasible(input_len: int, target: list[int], upsample_ratio: int) -> bool:
-    """Whether CTC can emit `target`+EOS from `input_len` pieces (+EOS) upsampled by the ratio."""
-    repeats = sum(1 for a, b in zip(target, target[1:]) if a == b)
-    return upsample_ratio * (input_len + 1) >= len(target) + 1 + repeats
-
-
-def dag_feasible(input_len: int, target: list[int], graph_upsample_ratio: float) -> bool:
-    """Whether a DAG graph over BOS + `input_len` pieces + EOS has a vertex for each of BOS + target + EOS."""
-    return int(graph_upsample_ratio * (input_len + 2)) >= len(target) + 2
-
-
 def feasibility_rule(model: Any) -> Callable[[int, list[int]], bool]:
     """This filter for a model config's head, its ratio bound: rule(input_len, target)."""
-    if model.head == "dag":
-        return lambda input_len, target: dag_feasible(input_len, target, model.graph_upsample_ratio)
-    return lambda input_len, target: ctc_feasible(input_len, target, model.upsample_ratio)
+    return heads.feasibility_rule(model)
 
 
 def _list_column(sequences: list[list[int]]) -> tuple[pa.Array, np.ndarray]:

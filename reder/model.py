@@ -1,16 +1,15 @@
 """REDER: one end of reversible layers per language; x→y runs x's end regular then y's end inverse."""
 import math
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from reder.config import BOS_ID, DIRECTIONS, EOS_ID, PAD_ID, LossConfig, ModelConfig
-from reder.ctc import collapse_frames, pad_batch, smoothed_ctc_loss, valid_mask, viterbi_align
-from reder.dag import DagLinks, dag_decode, dag_greedy, dag_loss, graph_lengths_for, target_emissions
-from reder.dag import viterbi_align as dag_viterbi_align
-from reder.decode import ctc_beam_search, ctc_greedy, ctc_nbest, strip_special
+from reder.config import DIRECTIONS, PAD_ID, LossConfig, ModelConfig
+from reder.ctc import valid_mask
+from reder.decode import strip_special
+from reder.heads import HeadOutput, make_head
 from reder.layers import ActNorm, DuplexLayer, LayerRng
 from reder.losses import forward_backward_agreement
 from reder.reversible import Op, invert_ops, run_trunk
@@ -25,11 +24,13 @@ def _check_direction(direction: str) -> None:
 
 
 class REDER(nn.Module):
-    """The reversible duplex Transformer (Zheng et al., NeurIPS 2021), CTC or DAG output at both ends.
+    """The reversible duplex Transformer (Zheng et al., NeurIPS 2021), with an output head at both ends.
 
     Convention: the reading end runs its layers 1..L/2 in regular form, the writing end its layers L/2..1
-    in inverse form, so tgt2src is exactly the inverse map of src2tgt (DESIGN.md). With head="dag" each
-    end also owns a DagLinks module; the trunk is the same, only the upsampling and the output differ.
+    in inverse form, so tgt2src is exactly the inverse map of src2tgt (docs/DESIGN.md, "The model"). The head (reder/heads.py,
+    `cfg.head`: CTC or DAG) upsamples the input and owns the output side; the trunk is the same for all.
+    The head's parameters are saved under their own names at the top level (`links.*`, as before heads
+    were modules), not under `head.`: model directories stay the same whatever the code's layout.
     """
 
     def __init__(self, cfg: ModelConfig, loss_config: Optional[LossConfig] = None) -> None:
@@ -44,8 +45,10 @@ class REDER(nn.Module):
         self.ends = nn.ModuleDict({"src": src_end, "tgt": tgt_end})
         self.actnorm = nn.ModuleDict({end: ActNorm(2 * cfg.d_model) for end in ("src", "tgt")})
         self.dropout = nn.Dropout(cfg.dropout)
-        if cfg.head == "dag":
-            self.links = nn.ModuleDict({end: DagLinks(cfg.d_model, cfg.link_heads, cfg.max_positions) for end in ("src", "tgt")})
+        self.head = make_head(cfg)  # last: parameter order and initialisation are those of the model before heads
+        self.register_state_dict_post_hook(_flatten_head_keys)
+        self.register_load_state_dict_pre_hook(_nest_head_keys)
+        self.register_load_state_dict_post_hook(_flatten_incompatible_keys)
 
     def ops(self, direction: str) -> list[Op]:
         """The trunk's steps for a direction: reading end regular 1..L/2, then writing end inverse L/2..1."""
@@ -58,35 +61,17 @@ class REDER(nn.Module):
         states, _ = run_trunk(h, mask, self.ops(direction), self.cfg.memory_efficient)
         return states[-1]
 
-    def upsample(self, tokens: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """CTC: each token r times (x1 x1 x2 x2 … eos eos). DAG: BOS x… EOS (S_b tokens) copied uniformly onto
-        L_b = int(λ·S_b) positions, position j reading token ⌊j·S_b/L_b⌋ (the same repetition as CTC's for an
-        integer λ), so the first vertex reads BOS and the last reads EOS: the anchors of every path."""
-        if self.cfg.head == "ctc":
-            return tokens.repeat_interleave(self.cfg.upsample_ratio, dim=1), lengths * self.cfg.upsample_ratio
-        tokens, lengths = F.pad(tokens, (1, 0), value=BOS_ID), lengths + 1
-        graph_lengths = graph_lengths_for(lengths, self.cfg.graph_upsample_ratio)
-        index = torch.arange(int(graph_lengths.max()), device=tokens.device)
-        source = (index[None, :] * lengths[:, None]) // graph_lengths[:, None]  # (B, L)
-        tokens = tokens.gather(1, source.clamp(max=tokens.shape[1] - 1))  # (B, L)
-        return tokens.masked_fill(~valid_mask(graph_lengths, index.shape[0]), PAD_ID), graph_lengths
-
     def max_input_length(self) -> int:
         """The longest input (pieces with EOS) whose upsampled sequence fits in max_positions."""
-        if self.cfg.head == "ctc":
-            return self.cfg.max_positions // self.cfg.upsample_ratio
-        ratio, length = self.cfg.graph_upsample_ratio, int((self.cfg.max_positions + 1) / self.cfg.graph_upsample_ratio)
-        while length > 0 and int(graph_lengths_for(torch.tensor([length + 1]), ratio)) > self.cfg.max_positions:
-            length -= 1
-        return length
+        return self.head.max_input_length()
 
     def embed_input(
         self, tokens: torch.Tensor, lengths: torch.Tensor, end: str, upsample: bool = True, dropout: bool = True
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """tokens (B, T) ending in EOS → H₀ (B, T', 2D) after ActNorm, its mask and lengths; T' = r·T (CTC),
-        the graph size (DAG), or T without upsampling (FBA's reverse pass reads an already laid-out target)."""
+        """tokens (B, T) ending in EOS → H₀ (B, T', 2D) after ActNorm, its mask and lengths; T' the head's
+        upsampled length, or T without upsampling (FBA's reverse pass reads an already laid-out target)."""
         if upsample:
-            tokens, lengths = self.upsample(tokens, lengths)
+            tokens, lengths = self.head.upsample(tokens, lengths)
         length = tokens.shape[1]
         if length > self.cfg.max_positions:
             raise ValueError(f"input of {length} positions (after upsampling) exceeds max_positions={self.cfg.max_positions}")
@@ -99,28 +84,26 @@ class REDER(nn.Module):
             self.actnorm[end].initialize(h, mask)
         return self.actnorm[end](h), mask, lengths
 
-    def project(self, h: torch.Tensor, lengths: torch.Tensor, end: str) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    def project(self, h: torch.Tensor, lengths: torch.Tensor, end: str) -> HeadOutput:
         """Writing end: inverse ActNorm, average the halves into output states o (B, T, D), tied logits →
-        log-probs (B, T, V) in float32 (DAG: or wider); with the DAG head also log E (B, T, T) over o."""
+        log-probs (B, T, V) in the head's dtype (float32 or wider), plus what the head adds over o."""
         first, second = self.actnorm[end].inverse(h).chunk(2, dim=-1)
         states = (first + second) / 2  # (B, T, D)
         logits = states @ self.embed.weight.t()  # (B, T, V)
-        if self.cfg.head == "ctc":
-            return F.log_softmax(logits.float(), dim=-1), None
-        return F.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1), self.links[end](states, lengths)
+        log_probs = F.log_softmax(logits.to(self.head.log_prob_dtype(logits.dtype)), dim=-1)
+        return HeadOutput(log_probs, lengths, self.head.extra(states, lengths, end))
 
-    def outputs(self, tokens: torch.Tensor, lengths: torch.Tensor, direction: str) -> tuple[torch.Tensor, Optional[torch.Tensor], torch.Tensor]:
-        """tokens (B, T) → log-probabilities (B, T', V), the DAG's log E (B, T', T') (None for CTC), lengths (B,)."""
+    def outputs(self, tokens: torch.Tensor, lengths: torch.Tensor, direction: str) -> HeadOutput:
+        """tokens (B, T) → the writing end's output: log-probabilities (B, T', V), lengths (B,), the head's extras."""
         _check_direction(direction)
         reading, writing = ENDS[direction]
         h, mask, out_lengths = self.embed_input(tokens, lengths, reading)
-        log_probs, log_edges = self.project(self.layers(h, mask, direction), out_lengths, writing)
-        return log_probs, log_edges, out_lengths
+        return self.project(self.layers(h, mask, direction), out_lengths, writing)
 
     def forward(self, tokens: torch.Tensor, lengths: torch.Tensor, direction: str) -> tuple[torch.Tensor, torch.Tensor]:
-        """tokens (B, T) → log-probabilities (B, T', V) and output lengths (B,); T' = r·T or the graph size."""
-        log_probs, _, out_lengths = self.outputs(tokens, lengths, direction)
-        return log_probs, out_lengths
+        """tokens (B, T) → log-probabilities (B, T', V) and output lengths (B,); T' the head's upsampled length."""
+        output = self.outputs(tokens, lengths, direction)
+        return output.log_probs, output.lengths
 
     def initialize(self, src_tokens: torch.Tensor, src_lengths: torch.Tensor, tgt_tokens: torch.Tensor, tgt_lengths: torch.Tensor) -> None:
         """Data-initialise both ends' ActNorm from one batch (done by the first `loss` call in training)."""
@@ -140,8 +123,9 @@ class REDER(nn.Module):
     ) -> dict[str, torch.Tensor]:
         """Named loss terms per direction and their weighted `total` (auxiliary terms from aux_start_step).
 
-        The main term is `ctc_<direction>` or `dag_<direction>`; a DAG model also reports how many samples
-        each term dropped because the graph was shorter than the target (`dropped_…`, `dropped_cc_…`).
+        The main term is `<head>_<direction>` (`ctc_…`, `dag_…`); a head's counters follow, for the main term
+        and for CC (DAG: the samples dropped because the graph was shorter than the target, `dropped_…`,
+        `dropped_cc_…`); counters are logged, never added to `total`.
 
         Passing one direction at a time and calling backward on each total bounds memory: with one joint
         backward, each layer's parameter gradient from one direction waits in autograd's buffers until the
@@ -154,84 +138,55 @@ class REDER(nn.Module):
         config = self.loss_config
         aux_on = step >= config.aux_start_step
         use_fba, use_cc = aux_on and config.lambda_fba > 0, aux_on and config.lambda_cc > 0
-        zero, head = src_tokens.new_zeros((), dtype=torch.float32), self.cfg.head
+        zero, name = src_tokens.new_zeros((), dtype=torch.float32), self.head.name
         terms: dict[str, torch.Tensor] = {}
         pairs = {"src2tgt": (src_tokens, src_lengths, tgt_tokens, tgt_lengths), "tgt2src": (tgt_tokens, tgt_lengths, src_tokens, src_lengths)}
         for direction in directions:
             x, x_lengths, y, y_lengths = pairs[direction]
-            main, fba, cc, dropped = self._direction_loss(direction, x, x_lengths, y, y_lengths, use_fba, use_cc)
-            terms[f"{head}_{direction}"], terms[f"fba_{direction}"], terms[f"cc_{direction}"] = main, fba or zero, cc or zero
-            if head == "dag":
-                terms[f"dropped_{direction}"], terms[f"dropped_cc_{direction}"] = (zero + d if d is not None else zero for d in dropped)
+            main, fba, cc, counts, cc_counts = self._direction_loss(direction, x, x_lengths, y, y_lengths, use_fba, use_cc)
+            terms[f"{name}_{direction}"], terms[f"fba_{direction}"], terms[f"cc_{direction}"] = main, fba or zero, cc or zero
+            for counter in self.head.counters:
+                terms[f"{counter}_{direction}"] = zero + counts[counter]
+                terms[f"{counter}_cc_{direction}"] = zero + cc_counts[counter] if counter in cc_counts else zero
         terms["total"] = sum(
-            terms[f"{head}_{d}"] + config.lambda_fba * terms[f"fba_{d}"] + config.lambda_cc * terms[f"cc_{d}"] for d in directions
+            terms[f"{name}_{d}"] + config.lambda_fba * terms[f"fba_{d}"] + config.lambda_cc * terms[f"cc_{d}"] for d in directions
         )
         return terms
 
     def _direction_loss(
         self, direction: str, x: torch.Tensor, x_lengths: torch.Tensor, y: torch.Tensor, y_lengths: torch.Tensor, use_fba: bool, use_cc: bool
-    ) -> tuple[torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor], tuple[Optional[torch.Tensor], Optional[torch.Tensor]]]:
+    ) -> tuple[torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor], dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         reading, writing = ENDS[direction]
         h0, mask, out_lengths = self.embed_input(x, x_lengths, reading)
         ops = self.ops(direction)
         states, rngs = run_trunk(h0, mask, ops, self.cfg.memory_efficient, keep_all=use_fba)
-        log_probs, log_edges = self.project(states[-1], out_lengths, writing)  # (B, T', V), DAG: (B, T', T')
-        main, dropped = self._head_loss(log_probs, log_edges, out_lengths, y, y_lengths)
-        output = (log_probs.detach(), None if log_edges is None else log_edges.detach(), out_lengths)
-        fba = self._agreement([h0, *states], mask, *output, y, y_lengths, ops, rngs, writing) if use_fba else None
-        cc, cc_dropped = self._cycle(*output, x, x_lengths, REVERSE[direction]) if use_cc else (None, None)
-        return main, fba, cc, (dropped, cc_dropped)
-
-    def _head_loss(
-        self, log_probs: torch.Tensor, log_edges: Optional[torch.Tensor], lengths: torch.Tensor, y: torch.Tensor, y_lengths: torch.Tensor
-    ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-        """CTC: label-smoothed CTC of y. DAG: −log P(Y|x)/|Y| of Y = [BOS, y…, EOS] over the graph (no label
-        smoothing), and how many samples were dropped for a graph shorter than Y (None for CTC)."""
-        if log_edges is None:
-            return smoothed_ctc_loss(log_probs, lengths, y, y_lengths, self.cfg.blank_id, self.cfg.label_smoothing), None
-        return dag_loss(log_edges, log_probs, lengths, F.pad(y, (1, 0), value=BOS_ID), y_lengths + 1)
+        output = self.project(states[-1], out_lengths, writing)  # log-probs (B, T', V), DAG: log E (B, T', T')
+        main, counts = self.head.loss(output, y, y_lengths)
+        output = output.detach()
+        fba = self._agreement([h0, *states], mask, output, y, y_lengths, ops, rngs, writing) if use_fba else None
+        cc, cc_counts = self._cycle(output, x, x_lengths, REVERSE[direction]) if use_cc else (None, {})
+        return main, fba, cc, counts, cc_counts
 
     def _agreement(
         self,
         forward_states: list[torch.Tensor],
         mask: torch.Tensor,
-        log_probs: torch.Tensor,
-        log_edges: Optional[torch.Tensor],
-        lengths: torch.Tensor,
+        output: HeadOutput,
         y: torch.Tensor,
         y_lengths: torch.Tensor,
         ops: list[Op],
         rngs: list[LayerRng],
         writing: str,
     ) -> torch.Tensor:
-        """FBA: run the reverse direction on y laid out on the output positions (no upsampling, same dropout
-        masks, no gradient) and pull every forward state towards the reverse state it lines up with. CTC: the
-        best alignment a*, all positions compared. DAG: Y on its Viterbi path, the skip token elsewhere, only
-        on-path positions compared."""
+        """FBA: run the reverse direction on y laid out on the output positions by the head (no upsampling,
+        same dropout masks, no gradient) and pull every compared forward state towards the reverse state it
+        lines up with. CTC: the best alignment a*, all positions compared. DAG: Y on its Viterbi path, the
+        skip token elsewhere, only on-path positions compared."""
         with torch.no_grad():
-            if log_edges is None:
-                layout, feasible, _ = viterbi_align(log_probs, lengths, y, y_lengths, self.cfg.blank_id)  # (B, rT)
-                compared = mask
-            else:
-                layout, compared, feasible = self._lay_out_on_path(log_probs, log_edges, lengths, y, y_lengths)
-            g0, _, _ = self.embed_input(layout, lengths, writing, upsample=False, dropout=False)
+            layout, compared, feasible = self.head.fba_layout(output, y, y_lengths)  # (B, T'), (B, T'), (B,)
+            g0, _, _ = self.embed_input(layout, output.lengths, writing, upsample=False, dropout=False)
             reverse_states = self.reverse_states(g0, mask, ops, rngs)
         return forward_backward_agreement(forward_states, reverse_states, compared & feasible[:, None])
-
-    def _lay_out_on_path(
-        self, log_probs: torch.Tensor, log_edges: torch.Tensor, lengths: torch.Tensor, y: torch.Tensor, y_lengths: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Y = [BOS, y…, EOS] on its Viterbi path: tokens (B, L) (Y_i at vertex a_i, the skip token — the
-        blank id, unused as a DAG target — on every other vertex, PAD past L_b), on-path mask, feasible (B,)."""
-        targets = F.pad(y, (1, 0), value=BOS_ID)  # (B, M)
-        path, feasible, _ = dag_viterbi_align(log_edges, target_emissions(log_probs, targets), lengths, y_lengths + 1)
-        batch, length = log_probs.shape[:2]
-        column = torch.where(path >= 0, path, length)  # (B, M); past M_b into a spill column
-        tokens = torch.full((batch, length + 1), self.cfg.blank_id, dtype=torch.long, device=y.device)
-        tokens.scatter_(1, column, targets)
-        on_path = torch.zeros(batch, length + 1, dtype=torch.bool, device=y.device).scatter_(1, column, True)
-        tokens = tokens[:, :length].masked_fill(~valid_mask(lengths, length), PAD_ID)
-        return tokens, on_path[:, :length], feasible
 
     @staticmethod
     def reverse_states(g0: torch.Tensor, mask: torch.Tensor, ops: list[Op], rngs: list[LayerRng]) -> list[torch.Tensor]:
@@ -241,18 +196,12 @@ class REDER(nn.Module):
         return [g0, *reverse][::-1]
 
     def _cycle(
-        self, log_probs: torch.Tensor, log_edges: Optional[torch.Tensor], lengths: torch.Tensor, x: torch.Tensor, x_lengths: torch.Tensor, back: str
-    ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-        """CC: decode the output with hard tokens — CTC: per-frame argmax collapsed (blanks kept); DAG: the
-        greedy decoder's output with EOS (cut to max_input_length) — translate it back, score the original x."""
-        if log_edges is None:
-            y_bar, y_bar_lengths = collapse_frames(log_probs.argmax(dim=-1), lengths, self.cfg.blank_id, keep_blank=True)
-        else:
-            limit = self.max_input_length() - 1
-            decoded = [strip_special(h, self.cfg.blank_id)[:limit] + [EOS_ID] for h in dag_greedy(log_edges, log_probs, lengths)]
-            y_bar, y_bar_lengths = pad_batch(decoded, x.device)
-        back_log_probs, back_edges, back_lengths = self.outputs(y_bar, y_bar_lengths, back)
-        return self._head_loss(back_log_probs, back_edges, back_lengths, x, x_lengths)
+        self, output: HeadOutput, x: torch.Tensor, x_lengths: torch.Tensor, back: str
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """CC: decode the output with hard tokens (the head's: CTC per-frame argmax collapsed, blanks kept;
+        DAG greedy with EOS), translate them back, and score the original x with the head's loss."""
+        y_bar, y_bar_lengths = self.head.cycle_input(output)
+        return self.head.loss(self.outputs(y_bar, y_bar_lengths, back), x, x_lengths)
 
     @torch.no_grad()
     def translate(
@@ -260,26 +209,35 @@ class REDER(nn.Module):
     ) -> list[list[int]]:
         """Token ids (B, T) ending in EOS → one hypothesis per sentence (ids; BOS, EOS and blanks removed).
 
-        CTC: greedy, or prefix beam search with beam_size > 1. DAG: decoder greedy, lookahead or viterbi."""
-        log_probs, log_edges, out_lengths = self.outputs(tokens, lengths, direction)
-        if log_edges is not None:
-            if beam_size != 1:
-                raise ValueError("beam search is not implemented for the DAG head: use decoder greedy, lookahead or viterbi")
-            hypotheses = dag_decode(decoder, log_edges, log_probs, out_lengths)
-        elif decoder != "greedy":
-            raise ValueError(f"decoder {decoder!r} needs head='dag'; a CTC model decodes greedily or with beam_size > 1")
-        elif beam_size == 1:
-            hypotheses = ctc_greedy(log_probs, out_lengths, self.cfg.blank_id)
-        else:
-            hypotheses = [labels for labels, _ in ctc_beam_search(log_probs, out_lengths, self.cfg.blank_id, beam_size)]
+        The head's decoders: CTC greedy, or prefix beam search with beam_size > 1; DAG greedy, lookahead or viterbi."""
+        hypotheses = self.head.decode(self.outputs(tokens, lengths, direction), decoder, beam_size)
         return [strip_special(h, self.cfg.blank_id) for h in hypotheses]
-
 
     @torch.no_grad()
     def candidates(self, tokens: torch.Tensor, lengths: torch.Tensor, direction: str, beam_size: int) -> list[list[list[int]]]:
-        """CTC n-best per sentence (best first, specials stripped, duplicates after stripping merged): for reranking."""
-        if self.cfg.head != "ctc":
+        """The beam's n-best per sentence (best first, specials stripped, duplicates after stripping merged): for reranking."""
+        if not self.head.beam_search:
             raise ValueError(f"candidates need a CTC head, this model's head is {self.cfg.head!r}")
-        log_probs, _, out_lengths = self.outputs(tokens, lengths, direction)
-        nbest = ctc_nbest(log_probs, out_lengths, self.cfg.blank_id, beam_size)
-        return [list(map(list, dict.fromkeys(tuple(strip_special(h, self.cfg.blank_id)) for h, _ in entries))) for entries in nbest]
+        nbest = self.head.nbest(self.outputs(tokens, lengths, direction), beam_size)
+        return [list(map(list, dict.fromkeys(tuple(strip_special(h, self.cfg.blank_id)) for h in entries))) for entries in nbest]
+
+
+def _flatten_head_keys(module: nn.Module, state: dict[str, Any], prefix: str, local_metadata: dict[str, Any]) -> None:
+    """state_dict hook: the head's entries go under `prefix` + their own names (`links.…`), not `head.links.…`."""
+    for key in [key for key in state if key.startswith(prefix + "head.")]:  # the head is the last child:
+        state[prefix + key[len(prefix + "head."):]] = state.pop(key)  # re-inserting keeps the state's order
+
+
+def _nest_head_keys(module: nn.Module, state: dict[str, Any], prefix: str, *_: Any) -> None:
+    """load_state_dict pre-hook: saved `prefix` + `links.…` entries go to the head's `head.links.…`."""
+    owned = tuple(f"{prefix}{name}." for name, _ in module.head.named_children())
+    for key in [key for key in state if key.startswith(owned)]:
+        state[prefix + "head." + key[len(prefix):]] = state.pop(key)
+
+
+def _flatten_incompatible_keys(module: nn.Module, incompatible: Any) -> None:
+    """load_state_dict post-hook: missing or unexpected head entries are named as saved (`links.…`)."""
+    for marker in [f"head.{name}." for name, _ in module.head.named_children()]:
+        for keys in (incompatible.missing_keys, incompatible.unexpected_keys):
+            keys[:] = [key.replace(marker, marker[len("head."):], 1) if key.startswith(marker) or f".{marker}" in key else key
+                       for key in keys]

@@ -24,7 +24,7 @@ from reder.autoregressive import Transformer
 from reder.checkpoint import SPM_FILE, load_model_dir, load_teacher_dir
 from reder.config import DIRECTIONS, EOS_ID
 from reder.ctc import pad_batch
-from reder.dag import DAG_DECODERS
+from reder.heads import all_decoders
 from reder.model import REDER
 from reder.rerank import rerank
 
@@ -47,12 +47,11 @@ def translate_ids(model: REDER | Transformer, sequences: list[list[int]], direct
         raise ValueError("a Transformer model decodes with beam search only (no DAG decoder, no teacher)")
     if search and not autoregressive:
         raise ValueError(f"search options {sorted(search)} are the autoregressive Transformer's")
-    if teacher is not None and (model.cfg.head != "ctc" or beam_size < 2):
+    if teacher is not None and (not model.head.beam_search or beam_size < 2):
         raise ValueError(f"teacher reranking needs a CTC model and beam_size > 1 (head {model.cfg.head!r}, beam_size {beam_size})")
     detail = f"max_positions {model.cfg.max_positions}"
     if not autoregressive:
-        ratio = ("graph_upsample_ratio", model.cfg.graph_upsample_ratio) if model.cfg.head == "dag" else ("upsample_ratio", model.cfg.upsample_ratio)
-        detail += f", {ratio[0]} {ratio[1]}"
+        detail += f", {model.head.ratio_name} {getattr(model.cfg, model.head.ratio_name)}"
     limits = [(model.max_input_length(), f"the model's limit of {model.max_input_length()} ({detail})")]
     if teacher is not None:
         limits.append((teacher.max_input_length(), f"the teacher's limit of {teacher.max_input_length()} (its max_positions)"))
@@ -95,11 +94,11 @@ def _load(args: argparse.Namespace) -> tuple[REDER | Transformer, Optional[Trans
         if args.decoder not in (None, "greedy") or args.teacher:
             raise ValueError(f"{args.checkpoint} is a Transformer: it takes --beam, not --decoder or --teacher")
         return model, None
-    if model.cfg.head != "dag" and args.decoder not in (None, "greedy"):
+    if args.decoder not in (None, *model.head.decoders):
         raise ValueError(f"--decoder {args.decoder} needs a DAG model; this one has a CTC head (use --beam)")
     if not args.teacher:
         return model, None
-    if model.cfg.head != "ctc" or args.beam < 2:
+    if not model.head.beam_search or args.beam < 2:
         raise ValueError("--teacher reranks a CTC model's beam: it needs a CTC model and --beam > 1")
     return model, load_teacher_dir(Path(args.teacher), args.direction, model.cfg.vocab_size, args.device)
 
@@ -110,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--direction", required=True, choices=DIRECTIONS)
     parser.add_argument("--beam", type=int, default=1, help="CTC prefix beam size, or a Transformer's beam size (1 = greedy)")
     parser.add_argument("--teacher", help="Transformer model directory for --direction: reranks the CTC beam (needs --beam > 1)")
-    parser.add_argument("--decoder", choices=DAG_DECODERS, help="DAG models: greedy, lookahead or viterbi")
+    parser.add_argument("--decoder", choices=all_decoders(), help="DAG models: greedy, lookahead or viterbi")
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args(argv)

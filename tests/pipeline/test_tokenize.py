@@ -2,76 +2,28 @@ import json
 
 import pyarrow.parquet as pq
 import pytest
-import torch
-import torch.nn.functional as F
 
 from pipeline import graph, ingest, spm, tokenize
 from pipeline.config import load_config
 from pipeline.stage import StageError
-from reder import REDER, ModelConfig
-from reder.config import BOS_ID, EOS_ID
-from reder.dag import dag_log_likelihood, edge_mask, masked_log_softmax, target_emissions
+from reder.heads import CtcHead, DagHead
 from tests.pipeline.conftest import make_pairs
 from tests.pipeline.test_spm import reference_normalise
 
 
-def ctc_loss_is_finite(input_len: int, target: list[int], ratio: int) -> bool:
-    """Reference: torch's CTC on T = ratio*(input_len+1) frames for target+EOS (inf when infeasible)."""
-    frames = ratio * (input_len + 1)
-    labels = torch.tensor(target + [EOS_ID])
-    log_probs = torch.randn(frames, 1, 20).log_softmax(-1)
-    loss = F.ctc_loss(log_probs, labels[None], torch.tensor([frames]), torch.tensor([len(labels)]),
-                      blank=19, reduction="sum", zero_infinity=False)
-    return bool(torch.isfinite(loss))
-
-
-def test_ctc_feasibility_matches_torch_ctc_loss():
-    generator = torch.Generator().manual_seed(0)
-    cases = [(0, [], 1), (0, [5], 1), (0, [5, 5], 2), (1, [5, 5, 5], 2), (2, [4, 5, 6, 7, 8], 2),
-             (2, [4, 5, 6, 7, 8, 9], 2), (1, [4, 4], 2), (3, [4, 4, 4, 4], 2)]
-    for _ in range(200):
-        input_len = int(torch.randint(0, 6, (1,), generator=generator))
-        target = torch.randint(4, 7, (int(torch.randint(0, 14, (1,), generator=generator)),),
-                               generator=generator).tolist()
-        cases.append((input_len, target, int(torch.randint(1, 4, (1,), generator=generator))))
-    outcomes = set()
-    for input_len, target, ratio in cases:
-        expected = ctc_loss_is_finite(input_len, target, ratio)
-        assert tokenize.ctc_feasible(input_len, target, ratio) == expected, (input_len, target, ratio)
-        outcomes.add(expected)
-    assert outcomes == {True, False}
-
-
-def dag_path_exists(input_len: int, target: list[int], ratio: float) -> bool:
-    """Reference: the DAG model's own graph for BOS x EOS and its DP for BOS y EOS (−inf without a path)."""
-    model = REDER(ModelConfig(vocab_size=20, d_model=8, n_heads=2, ffn_dim=8, layers_per_end=1, head="dag",
-                              graph_upsample_ratio=ratio, link_heads=2, max_positions=256))
-    _, graph_lengths = model.upsample(torch.tensor([[4] * input_len + [EOS_ID]]), torch.tensor([input_len + 1]))
-    length = int(graph_lengths[0])
-    log_edges = masked_log_softmax(torch.randn(1, length, length), edge_mask(graph_lengths, length), dim=-1)
-    targets = torch.tensor([[BOS_ID, *target, EOS_ID]])
-    emissions = target_emissions(torch.randn(1, length, 20).log_softmax(-1), targets)
-    return bool(torch.isfinite(dag_log_likelihood(log_edges, emissions, graph_lengths, torch.tensor([targets.shape[1]]))))
-
-
-def test_dag_feasibility_matches_the_models_graph_and_dp():
-    generator = torch.Generator().manual_seed(0)
-    cases = [(0, [], 1.0), (0, [5], 1.0), (0, [5], 1.5), (3, [5, 5, 5, 5, 5], 1.4), (3, [5] * 5, 1.5), (2, [4] * 30, 8.0)]
-    for _ in range(100):
-        input_len = int(torch.randint(0, 8, (1,), generator=generator))
-        target = [5] * int(torch.randint(0, 20, (1,), generator=generator))
-        ratio = round(1 + 3 * float(torch.rand(1, generator=generator)), 2)
-        cases.append((input_len, target, ratio))
-    outcomes = set()
-    for input_len, target, ratio in cases:
-        expected = dag_path_exists(input_len, target, ratio)
-        assert tokenize.dag_feasible(input_len, target, ratio) == expected, (input_len, target, ratio)
-        outcomes.add(expected)
-    assert outcomes == {True, False}
+def test_feasibility_is_the_heads_and_its_key_is_unchanged():
+    """The rules themselves are tested against the losses in tests/reder/test_heads.py."""
     ctc = load_config(None, [])
     dag = load_config(None, ["model.head=dag", "model.graph_upsample_ratio=3"])
     assert tokenize.feasibility_key(ctc) == {"upsample_ratio": ctc.model.upsample_ratio}
     assert tokenize.feasibility_key(dag) == {"head": "dag", "graph_upsample_ratio": 3.0}
+    outcomes = set()
+    for cfg, head, ratio in ((ctc, CtcHead, ctc.model.upsample_ratio), (dag, DagHead, 3.0)):
+        for input_len, target in ((1, [5, 5, 5]), (2, [5, 6, 7, 8, 9]), (1, [5] * 7), (1, [5] * 8)):
+            expected = head.feasible(input_len, target, ratio)
+            assert tokenize.feasibility_rule(cfg.model)(input_len, target) == expected
+            outcomes.add(expected)
+    assert outcomes == {True, False}
 
 
 def test_worker_plan_never_takes_the_last_cpu():
@@ -127,8 +79,7 @@ def test_one_and_two_workers_give_identical_output_that_matches_plain_sentencepi
         expected_drop = 0
         for pair in text:
             src_ids, tgt_ids = processor.encode(pair["src"]), processor.encode(pair["tgt"])
-            feasible = (tokenize.ctc_feasible(len(src_ids), tgt_ids, 2)
-                        and tokenize.ctc_feasible(len(tgt_ids), src_ids, 2))
+            feasible = CtcHead.feasible(len(src_ids), tgt_ids, 2) and CtcHead.feasible(len(tgt_ids), src_ids, 2)
             if not feasible:
                 expected_drop += 1
                 if split == "train":

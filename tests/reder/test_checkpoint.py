@@ -84,7 +84,7 @@ def test_dag_model_directory_round_trips_the_head_fields_and_decodes_identically
     loaded, meta = load_model_dir(save_model_dir(tmp_path / "model", model, spm_file, "en", "de"))
     assert meta["model"]["head"] == "dag" and meta["model"]["graph_upsample_ratio"] == 2.5 and meta["model"]["link_heads"] == 2
     assert loaded.cfg == model.cfg
-    assert torch.equal(loaded.links["src"].query.weight, model.links["src"].query.weight)
+    assert torch.equal(loaded.head.links["src"].query.weight, model.head.links["src"].query.weight)
     sequences = [src[i, : src_lengths[i]].tolist() for i in range(3)]
     for decoder in ("greedy", "lookahead", "viterbi"):
         assert translate_ids(loaded, sequences, "src2tgt", decoder=decoder) == translate_ids(model, sequences, "src2tgt", decoder=decoder)

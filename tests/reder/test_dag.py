@@ -1,4 +1,5 @@
-"""The DAG head against brute force over all paths, plain autograd and gradcheck (float64)."""
+"""The DAG maths (reder/dag.py) against brute force over all paths, plain autograd and gradcheck (float64); a DAG
+model learning. The DAG head inside the model: tests/reder/test_heads.py."""
 import itertools
 import time
 
@@ -6,11 +7,11 @@ import pytest
 import sacrebleu
 import torch
 
-from reder import BOS_ID, DIRECTIONS, EOS_ID, PAD_ID, LossConfig, ModelConfig, REDER
+from reder import DIRECTIONS, LossConfig, ModelConfig, REDER
 from reder.dag import (DagLinks, dag_greedy, dag_log_likelihood, dag_loss, dag_viterbi, edge_mask, masked_log_softmax,
                        masked_logsumexp, target_emissions, viterbi_align)
 
-from tests.reder.helpers import MULTI30K, WordPairs, padding_mask, random_batch, tiny_config, tiny_model
+from tests.reder.helpers import MULTI30K, WordPairs
 
 OVERFIT_MAX_STEPS, OVERFIT_LIMIT_S = 80, 150  # ~1 s (stage one) to ~1.5 s (stage two) per update on 2 cores
 DAG_AUX_START = 30  # stage two; the DAG head fits these pairs in ~40 updates
@@ -197,101 +198,3 @@ def test_dag_model_overfits_64_multi30k_pairs_in_both_directions():
     others = {(d, decoder): bleu(d, decoder) for d in DIRECTIONS for decoder in ("lookahead", "viterbi")}
     print(others)
     assert min(others.values()) > 80, others
-
-
-def _dag_model(loss_config=None, **overrides):
-    return tiny_model(loss_config, **{"head": "dag", "graph_upsample_ratio": 2.5, "link_heads": 2, **overrides})
-
-
-@pytest.mark.parametrize("ratio", [1.0, 2.0, 2.5, 8.0])
-def test_graph_upsampling_copies_tokens_uniformly_between_bos_and_eos_anchors(ratio):
-    model = _dag_model(graph_upsample_ratio=ratio, max_positions=128)
-    tokens, lengths = random_batch([5, 2, 4], 12)
-    graph, graph_lengths = model.upsample(tokens, lengths)
-    for b, length in enumerate(lengths.tolist()):
-        anchored = [BOS_ID] + tokens[b, :length].tolist()  # BOS x… EOS
-        vertices = int(ratio * len(anchored))
-        assert graph_lengths[b] == vertices and (graph[b, vertices:] == 0).all()
-        assert graph[b, :vertices].tolist() == [anchored[j * len(anchored) // vertices] for j in range(vertices)]
-        assert graph[b, 0] == BOS_ID and graph[b, vertices - 1] == EOS_ID
-        if ratio == int(ratio):  # an integer λ repeats every token λ times, as CTC's upsampling does
-            assert graph[b, :vertices].tolist() == torch.tensor(anchored).repeat_interleave(int(ratio)).tolist()
-    assert model.max_input_length() == max(n for n in range(200) if int(ratio * (n + 1)) <= 128)
-
-
-def test_trunk_stays_invertible_and_unchanged_with_the_dag_head():
-    ctc = tiny_model(layers_per_end=3).double().eval()
-    dag = _dag_model(layers_per_end=3).double().eval()
-    missing, unexpected = dag.load_state_dict(ctc.state_dict(), strict=False)
-    assert not unexpected and missing and all(name.startswith("links.") for name in missing)
-    h, mask = torch.randn(3, 7, 16, dtype=torch.float64), padding_mask([7, 5, 2])
-    for direction, back in (("src2tgt", "tgt2src"), ("tgt2src", "src2tgt")):
-        out = dag.layers(h, mask, direction)
-        assert torch.equal(out, ctc.layers(h, mask, direction))
-        assert (dag.layers(out, mask, back) - h).abs().max() < 1e-10
-
-
-def test_dag_loss_terms_gradients_and_dropped_counts():
-    model = _dag_model(LossConfig(lambda_fba=0.3, lambda_cc=0.2), graph_upsample_ratio=1.0).train()
-    src, src_lengths = random_batch([5, 4, 3], 12)
-    tgt, tgt_lengths = random_batch([4, 6, 3], 12)  # λ = 1: the second pair cannot fit src2tgt, the first not tgt2src
-    terms = model.loss(src, src_lengths, tgt, tgt_lengths, step=0)
-    names = {f"{kind}_{d}" for kind in ("dag", "fba", "cc", "dropped", "dropped_cc") for d in DIRECTIONS} | {"total"}
-    assert set(terms) == names
-    assert int(terms["dropped_src2tgt"]) == 1 and int(terms["dropped_tgt2src"]) == 1
-    expected = sum(terms[f"dag_{d}"] + 0.3 * terms[f"fba_{d}"] + 0.2 * terms[f"cc_{d}"] for d in DIRECTIONS)
-    assert torch.allclose(terms["total"], expected) and all(torch.isfinite(v) for v in terms.values())
-    terms["total"].backward()
-    for name, param in model.named_parameters():
-        assert param.grad is not None and torch.isfinite(param.grad).all(), name
-    assert model.links["src"].query.weight.grad.abs().sum() > 0 and model.links["tgt"].query.weight.grad.abs().sum() > 0
-
-
-def test_fba_lays_the_target_on_its_viterbi_path():
-    model = _dag_model(dropout=0.0, attention_dropout=0.0).double().train()
-    src, src_lengths = random_batch([5, 3], 12)
-    tgt, tgt_lengths = random_batch([4, 3], 12)
-    model.initialize(src, src_lengths, tgt, tgt_lengths)
-    log_probs, log_edges, lengths = model.outputs(src, src_lengths, "src2tgt")
-    tokens, on_path, feasible = model._lay_out_on_path(log_probs, log_edges, lengths, tgt, tgt_lengths)
-    targets = torch.cat([torch.full((2, 1), BOS_ID), tgt], dim=1)
-    path, _, _ = viterbi_align(log_edges, target_emissions(log_probs, targets), lengths, tgt_lengths + 1)
-    assert feasible.all()
-    for b in range(2):
-        steps, length = int(tgt_lengths[b]) + 1, int(lengths[b])
-        vertices = path[b, :steps].tolist()
-        assert vertices[0] == 0 and vertices[-1] == length - 1
-        assert tokens[b, vertices].tolist() == targets[b, :steps].tolist() and on_path[b].sum() == steps
-        others = [j for j in range(length) if j not in vertices]
-        assert (tokens[b, others] == model.cfg.blank_id).all() and (tokens[b, length:] == PAD_ID).all()
-        assert on_path[b, vertices].all() and not on_path[b, others].any()
-    model.loss_config = LossConfig(lambda_fba=1.0, lambda_cc=0.0)
-    terms = model.loss(src, src_lengths, tgt, tgt_lengths, step=0, directions=("src2tgt",))
-    assert terms["fba_src2tgt"] > 0
-    terms["fba_src2tgt"].backward()
-    assert all(p.grad.abs().sum() > 0 for n, p in model.named_parameters() if n.startswith("ends."))
-
-
-def test_translate_with_every_dag_decoder_in_both_directions_and_clear_errors():
-    model = _dag_model().eval()
-    tokens, lengths = random_batch([5, 3, 1], 12)
-    for direction in DIRECTIONS:
-        for decoder in ("greedy", "lookahead", "viterbi"):
-            hypotheses = model.translate(tokens, lengths, direction, decoder=decoder)
-            assert len(hypotheses) == 3 and all(4 <= t < 11 or t == 1 for h in hypotheses for t in h)
-    with pytest.raises(ValueError, match="DAG decoder must be one of"):
-        model.translate(tokens, lengths, "src2tgt", decoder="beam")
-    with pytest.raises(ValueError, match="beam search is not implemented"):
-        model.translate(tokens, lengths, "src2tgt", beam_size=4)
-    with pytest.raises(ValueError, match="needs head='dag'"):
-        tiny_model().eval().translate(tokens, lengths, "src2tgt", decoder="viterbi")
-
-
-def test_config_rejects_unknown_heads_and_bad_graph_settings():
-    assert tiny_config().head == "ctc" and not hasattr(tiny_model(), "links")
-    cfg = tiny_config(head="dag", graph_upsample_ratio=3.5, link_heads=4)
-    assert ModelConfig.from_dict(cfg.to_dict()) == cfg
-    for overrides, message in (({"head": "crf"}, "head must be one of"), ({"graph_upsample_ratio": 0.5}, "graph_upsample_ratio"),
-                               ({"graph_upsample_ratio": True}, "graph_upsample_ratio"), ({"link_heads": 3}, "link_heads")):
-        with pytest.raises(ValueError, match=message):
-            tiny_config(**{"head": "dag", **overrides})

@@ -1,0 +1,225 @@
+"""Output heads: everything that differs between CTC and DAG outputs, behind the one interface the trunk calls.
+
+A head owns the upsampling of the reading end's input and `max_input_length`, what it adds to the writing
+end's log-probs (`extra`; DAG: log E from its links), its loss (named `<name>_<direction>`, plus its
+`counters`), FBA's layout of the target, CC's hard decode, its decoders (`beam_search` heads also give an
+n-best for teacher reranking), and the feasibility rule the tokenize stage filters pairs with. A new head
+is a class registered in HEADS, with its name added to reder.config.HEADS (config validation).
+"""
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from reder.config import BOS_ID, EOS_ID, PAD_ID, ModelConfig
+from reder.ctc import collapse_frames, pad_batch, smoothed_ctc_loss, valid_mask, viterbi_align
+from reder.dag import DAG_DECODERS, DagLinks, dag_decode, dag_greedy, dag_loss, graph_lengths_for, target_emissions
+from reder.dag import viterbi_align as dag_viterbi_align
+from reder.decode import ctc_beam_search, ctc_greedy, ctc_nbest, strip_special
+
+
+@dataclass
+class HeadOutput:
+    """A writing end's output: log-probs (B, T, V), lengths (B,), the head's own tensors (DAG: "log_edges",
+    log E (B, T, T))."""
+
+    log_probs: torch.Tensor
+    lengths: torch.Tensor
+    extra: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    def detach(self) -> "HeadOutput":
+        """The same output cut from the graph (what FBA and CC read)."""
+        return HeadOutput(self.log_probs.detach(), self.lengths, {k: v.detach() for k, v in self.extra.items()})
+
+
+class CtcHead(nn.Module):
+    """CTC at both ends: each input token r times; blank-separated alignments; greedy or prefix beam search."""
+
+    name = "ctc"  # the main loss term is ctc_<direction>
+    ratio_name = "upsample_ratio"
+    counters: tuple[str, ...] = ()
+    decoders: tuple[str, ...] = ("greedy",)  # with beam_size > 1: prefix beam search
+    beam_search = True
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+
+    def upsample(self, tokens: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """tokens (B, T) → each token r times (B, rT): x1 x1 x2 x2 … eos eos, and lengths (B,)."""
+        return tokens.repeat_interleave(self.cfg.upsample_ratio, dim=1), lengths * self.cfg.upsample_ratio
+
+    def max_input_length(self) -> int:
+        """The longest input (pieces with EOS) whose upsampled sequence fits in max_positions."""
+        return self.cfg.max_positions // self.cfg.upsample_ratio
+
+    def log_prob_dtype(self, logits_dtype: torch.dtype) -> torch.dtype:
+        """float32, whatever the logits' dtype."""
+        return torch.float32
+
+    def extra(self, states: torch.Tensor, lengths: torch.Tensor, end: str) -> dict[str, torch.Tensor]:
+        """Nothing beyond the log-probs."""
+        return {}
+
+    def loss(self, output: HeadOutput, y: torch.Tensor, y_lengths: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Label-smoothed CTC of y (B, U); no counters."""
+        cfg = self.cfg
+        return smoothed_ctc_loss(output.log_probs, output.lengths, y, y_lengths, cfg.blank_id, cfg.label_smoothing), {}
+
+    def fba_layout(self, output: HeadOutput, y: torch.Tensor, y_lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """y on its best alignment a*: tokens (B, T) (blanks included, PAD past each length), compared
+        positions (B, T) (all valid ones), feasible (B,)."""
+        layout, feasible, _ = viterbi_align(output.log_probs, output.lengths, y, y_lengths, self.cfg.blank_id)
+        return layout, valid_mask(output.lengths, layout.shape[1]), feasible
+
+    def cycle_input(self, output: HeadOutput) -> tuple[torch.Tensor, torch.Tensor]:
+        """Hard tokens for CC: per-frame argmax, repeats merged, blanks kept (B, T'), and lengths (B,)."""
+        return collapse_frames(output.log_probs.argmax(dim=-1), output.lengths, self.cfg.blank_id, keep_blank=True)
+
+    def decode(self, output: HeadOutput, decoder: str, beam_size: int) -> list[list[int]]:
+        """Raw labels (EOS kept) of one hypothesis per sentence: greedy, or prefix beam search (beam_size > 1)."""
+        if decoder != "greedy":
+            raise ValueError(f"decoder {decoder!r} needs head='dag'; a CTC model decodes greedily or with beam_size > 1")
+        if beam_size == 1:
+            return ctc_greedy(output.log_probs, output.lengths, self.cfg.blank_id)
+        return [labels for labels, _ in ctc_beam_search(output.log_probs, output.lengths, self.cfg.blank_id, beam_size)]
+
+    def nbest(self, output: HeadOutput, beam_size: int) -> list[list[list[int]]]:
+        """Raw labels of the prefix beam's n-best per sentence, best first (the candidates a teacher reranks)."""
+        return [[labels for labels, _ in entries] for entries in ctc_nbest(output.log_probs, output.lengths, self.cfg.blank_id, beam_size)]
+
+    @staticmethod
+    def feasible(input_len: int, target: list[int], ratio: float) -> bool:
+        """Whether CTC can emit `target`+EOS from `input_len` pieces (+EOS) upsampled by the ratio r: a path
+        needs a frame per label and a blank between adjacent equal ones."""
+        repeats = sum(1 for a, b in zip(target, target[1:]) if a == b)
+        return ratio * (input_len + 1) >= len(target) + 1 + repeats
+
+    @staticmethod
+    def feasibility_key(cfg: ModelConfig) -> dict[str, Any]:
+        """What the tokenize stage's filter depends on (part of stage directory hashes: never change it)."""
+        return {"upsample_ratio": cfg.upsample_ratio}
+
+
+class DagHead(nn.Module):
+    """DA-Transformer output at both ends (reder/dag.py): a graph over the upsampled input, one DagLinks per end."""
+
+    name = "dag"  # the main loss term is dag_<direction>
+    ratio_name = "graph_upsample_ratio"
+    counters: tuple[str, ...] = ("dropped",)  # samples left out: graph shorter than the target
+    decoders: tuple[str, ...] = DAG_DECODERS
+    beam_search = False
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.links = nn.ModuleDict({end: DagLinks(cfg.d_model, cfg.link_heads, cfg.max_positions) for end in ("src", "tgt")})
+
+    def upsample(self, tokens: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """BOS x… EOS (S_b tokens) copied uniformly onto L_b = int(λ·S_b) positions, position j reading token
+        ⌊j·S_b/L_b⌋ (CTC's repetition for an integer λ), so the first vertex reads BOS and the last EOS: the
+        anchors of every path. Returns tokens (B, L) and graph lengths (B,)."""
+        tokens, lengths = F.pad(tokens, (1, 0), value=BOS_ID), lengths + 1
+        graph_lengths = graph_lengths_for(lengths, self.cfg.graph_upsample_ratio)
+        index = torch.arange(int(graph_lengths.max()), device=tokens.device)
+        source = (index[None, :] * lengths[:, None]) // graph_lengths[:, None]  # (B, L)
+        tokens = tokens.gather(1, source.clamp(max=tokens.shape[1] - 1))  # (B, L)
+        return tokens.masked_fill(~valid_mask(graph_lengths, index.shape[0]), PAD_ID), graph_lengths
+
+    def max_input_length(self) -> int:
+        """The longest input (pieces with EOS) whose graph fits in max_positions."""
+        ratio, length = self.cfg.graph_upsample_ratio, int((self.cfg.max_positions + 1) / self.cfg.graph_upsample_ratio)
+        while length > 0 and int(graph_lengths_for(torch.tensor([length + 1]), ratio)) > self.cfg.max_positions:
+            length -= 1
+        return length
+
+    def log_prob_dtype(self, logits_dtype: torch.dtype) -> torch.dtype:
+        """float32 or wider: a float64 model keeps float64 for the DP."""
+        return torch.promote_types(logits_dtype, torch.float32)
+
+    def extra(self, states: torch.Tensor, lengths: torch.Tensor, end: str) -> dict[str, torch.Tensor]:
+        """log E (B, T, T) of the writing end's links over its output states (B, T, D)."""
+        return {"log_edges": self.links[end](states, lengths)}
+
+    def loss(self, output: HeadOutput, y: torch.Tensor, y_lengths: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """−log P(Y|x)/|Y| of Y = [BOS, y…, EOS] over the graph (no label smoothing), and how many samples
+        were dropped for a graph shorter than Y."""
+        targets = F.pad(y, (1, 0), value=BOS_ID)  # (B, M)
+        main, dropped = dag_loss(output.extra["log_edges"], output.log_probs, output.lengths, targets, y_lengths + 1)
+        return main, {"dropped": dropped}
+
+    def fba_layout(self, output: HeadOutput, y: torch.Tensor, y_lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Y = [BOS, y…, EOS] on its Viterbi path: tokens (B, L) (Y_i at vertex a_i, the skip token — the
+        blank id, unused as a DAG target — on every other vertex, PAD past L_b), on-path mask, feasible (B,)."""
+        log_probs, lengths = output.log_probs, output.lengths
+        targets = F.pad(y, (1, 0), value=BOS_ID)  # (B, M)
+        path, feasible, _ = dag_viterbi_align(output.extra["log_edges"], target_emissions(log_probs, targets), lengths, y_lengths + 1)
+        batch, length = log_probs.shape[:2]
+        column = torch.where(path >= 0, path, length)  # (B, M); past M_b into a spill column
+        tokens = torch.full((batch, length + 1), self.cfg.blank_id, dtype=torch.long, device=y.device)
+        tokens.scatter_(1, column, targets)
+        on_path = torch.zeros(batch, length + 1, dtype=torch.bool, device=y.device).scatter_(1, column, True)
+        tokens = tokens[:, :length].masked_fill(~valid_mask(lengths, length), PAD_ID)
+        return tokens, on_path[:, :length], feasible
+
+    def cycle_input(self, output: HeadOutput) -> tuple[torch.Tensor, torch.Tensor]:
+        """Hard tokens for CC: the greedy decoder's output with EOS, cut to max_input_length (B, T'), lengths (B,)."""
+        limit, blank = self.max_input_length() - 1, self.cfg.blank_id
+        hypotheses = dag_greedy(output.extra["log_edges"], output.log_probs, output.lengths)
+        return pad_batch([strip_special(h, blank)[:limit] + [EOS_ID] for h in hypotheses], output.log_probs.device)
+
+    def decode(self, output: HeadOutput, decoder: str, beam_size: int) -> list[list[int]]:
+        """Raw ids (BOS/EOS kept) of one hypothesis per graph: greedy, lookahead or viterbi; no beam."""
+        if beam_size != 1:
+            raise ValueError("beam search is not implemented for the DAG head: use decoder greedy, lookahead or viterbi")
+        return dag_decode(decoder, output.extra["log_edges"], output.log_probs, output.lengths)
+
+    @staticmethod
+    def feasible(input_len: int, target: list[int], ratio: float) -> bool:
+        """Whether the graph over BOS + `input_len` pieces + EOS, int(λ·(input_len+2)) vertices, has one for
+        each of BOS + target + EOS (repeats need nothing extra)."""
+        return int(ratio * (input_len + 2)) >= len(target) + 2
+
+    @staticmethod
+    def feasibility_key(cfg: ModelConfig) -> dict[str, Any]:
+        """What the tokenize stage's filter depends on (part of stage directory hashes: never change it)."""
+        return {"head": "dag", "graph_upsample_ratio": cfg.graph_upsample_ratio}
+
+
+Head = CtcHead | DagHead
+HEADS: dict[str, type[Head]] = {"ctc": CtcHead, "dag": DagHead}
+
+
+def head_class(name: str) -> type[Head]:
+    """The head class of a ModelConfig.head name."""
+    if name not in HEADS:
+        raise ValueError(f"unknown head {name!r}; known heads are {sorted(HEADS)}")
+    return HEADS[name]
+
+
+def make_head(cfg: ModelConfig) -> Head:
+    """The output head of a model config (both ends)."""
+    return head_class(cfg.head)(cfg)
+
+
+def upsample_ratio(cfg: ModelConfig) -> float:
+    """The ratio the config's head upsamples its input by: r (CTC) or λ (DAG)."""
+    return getattr(cfg, head_class(cfg.head).ratio_name)
+
+
+def feasibility_rule(cfg: ModelConfig) -> Callable[[int, list[int]], bool]:
+    """rule(input_len, target): whether the config's head can emit target from an input of input_len pieces."""
+    return partial(head_class(cfg.head).feasible, ratio=upsample_ratio(cfg))
+
+
+def feasibility_key(cfg: ModelConfig) -> dict[str, Any]:
+    """The tokenize stage's hash key of the config's feasibility rule."""
+    return head_class(cfg.head).feasibility_key(cfg)
+
+
+def all_decoders() -> tuple[str, ...]:
+    """Every decoder name some head offers (the CLI's choices)."""
+    return tuple(dict.fromkeys(name for head in HEADS.values() for name in head.decoders))

@@ -1,0 +1,253 @@
+"""The output heads: registry, saved names, upsampling and input limits, the feasibility rules against the
+losses they guard, and the heads' loss terms, FBA layouts, CC inputs and decoders inside the model."""
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from reder import BOS_ID, DIRECTIONS, EOS_ID, PAD_ID, DuplexLoss, LossConfig, ModelConfig
+from reder.config import HEADS as CONFIG_HEADS
+from reder.dag import dag_log_likelihood, edge_mask, masked_log_softmax, target_emissions, viterbi_align
+from reder.heads import HEADS, CtcHead, DagHead, HeadOutput, all_decoders, feasibility_key, feasibility_rule, head_class, make_head
+from tests.reder.helpers import padding_mask, random_batch, tiny_config, tiny_model
+
+# The DAG links' entries in every model directory saved before heads were modules (and since).
+LINK_KEYS = [f"links.{end}.{name}" for end in ("src", "tgt")
+             for name in ("positions.weight", "query.weight", "query.bias", "key.weight", "key.bias", "gate.weight", "gate.bias")]
+
+
+def _dag_model(loss_config=None, **overrides):
+    return tiny_model(loss_config, **{"head": "dag", "graph_upsample_ratio": 2.5, "link_heads": 2, **overrides})
+
+
+def test_every_configurable_head_is_registered_with_its_capabilities():
+    assert tuple(HEADS) == CONFIG_HEADS
+    for name in CONFIG_HEADS:
+        head = make_head(tiny_config(head=name, link_heads=2))
+        assert type(head) is head_class(name) and head.name == name
+    assert (CtcHead.decoders, DagHead.decoders) == (("greedy",), ("greedy", "lookahead", "viterbi"))
+    assert all_decoders() == ("greedy", "lookahead", "viterbi")
+    assert (CtcHead.beam_search, DagHead.beam_search) == (True, False)
+    with pytest.raises(ValueError, match="unknown head 'crf'"):
+        head_class("crf")
+
+
+def test_saved_names_are_those_of_models_saved_before_heads_were_modules():
+    ctc, dag = tiny_model(), _dag_model()
+    assert list(dag.state_dict()) == list(ctc.state_dict()) + LINK_KEYS
+    assert not any(name.startswith("head.") for name in dag.state_dict())
+    old = {name: torch.randn_like(value) if value.is_floating_point() else value for name, value in dag.state_dict().items()}
+    restored = _dag_model()
+    restored.load_state_dict(old)
+    assert torch.equal(restored.head.links["src"].query.weight, old["links.src.query.weight"])
+    wrapped = DuplexLoss(_dag_model())  # a prefix ("model.") as inside a training wrapper
+    wrapped.load_state_dict({f"model.{name}": value for name, value in old.items()})
+    assert torch.equal(wrapped.model.head.links["tgt"].gate.bias, old["links.tgt.gate.bias"])
+    assert list(wrapped.state_dict()) == [f"model.{name}" for name in old]
+    assert dag.load_state_dict(ctc.state_dict(), strict=False) == (LINK_KEYS, [])  # (missing, unexpected), as saved
+    assert ctc.load_state_dict(dag.state_dict(), strict=False) == ([], LINK_KEYS)
+    with pytest.raises(RuntimeError, match='Missing key.*"links.src.positions.weight"'):
+        dag.load_state_dict(ctc.state_dict())
+
+
+def test_ctc_upsampling_repeats_every_token_r_times():
+    head = CtcHead(tiny_config(upsample_ratio=3))
+    tokens, lengths = random_batch([4, 2], 12)
+    upsampled, upsampled_lengths = head.upsample(tokens, lengths)
+    assert upsampled_lengths.tolist() == [12, 6]
+    for b, length in enumerate(lengths.tolist()):
+        assert upsampled[b, : 3 * length].tolist() == [t for t in tokens[b, :length].tolist() for _ in range(3)]
+
+
+@pytest.mark.parametrize("head", ["ctc", "dag"])
+def test_max_input_length_is_the_longest_input_that_fits(head):
+    for max_positions in (7, 8, 30, 64):
+        model = tiny_model(head=head, upsample_ratio=3, graph_upsample_ratio=2.5, link_heads=2, max_positions=max_positions).eval()
+        limit = model.max_input_length()
+        model(*random_batch([limit], 12), "src2tgt")
+        with pytest.raises(ValueError, match="max_positions"):
+            model(*random_batch([limit + 1], 12), "src2tgt")
+
+
+def ctc_loss_is_finite(input_len: int, target: list[int], ratio: int) -> bool:
+    """Reference: torch's CTC on T = ratio*(input_len+1) frames for target+EOS (inf when infeasible)."""
+    frames = ratio * (input_len + 1)
+    labels = torch.tensor(target + [EOS_ID])
+    log_probs = torch.randn(frames, 1, 20).log_softmax(-1)
+    loss = F.ctc_loss(log_probs, labels[None], torch.tensor([frames]), torch.tensor([len(labels)]),
+                      blank=19, reduction="sum", zero_infinity=False)
+    return bool(torch.isfinite(loss))
+
+
+def test_ctc_feasibility_matches_torch_ctc_loss():
+    generator = torch.Generator().manual_seed(0)
+    cases = [(0, [], 1), (0, [5], 1), (0, [5, 5], 2), (1, [5, 5, 5], 2), (2, [4, 5, 6, 7, 8], 2),
+             (2, [4, 5, 6, 7, 8, 9], 2), (1, [4, 4], 2), (3, [4, 4, 4, 4], 2)]
+    for _ in range(200):
+        input_len = int(torch.randint(0, 6, (1,), generator=generator))
+        target = torch.randint(4, 7, (int(torch.randint(0, 14, (1,), generator=generator)),),
+                               generator=generator).tolist()
+        cases.append((input_len, target, int(torch.randint(1, 4, (1,), generator=generator))))
+    outcomes = set()
+    for input_len, target, ratio in cases:
+        expected = ctc_loss_is_finite(input_len, target, ratio)
+        assert CtcHead.feasible(input_len, target, ratio) == expected, (input_len, target, ratio)
+        outcomes.add(expected)
+    assert outcomes == {True, False}
+
+
+def dag_path_exists(input_len: int, target: list[int], ratio: float) -> bool:
+    """Reference: the DAG head's own graph for BOS x EOS and its DP for BOS y EOS (−inf without a path)."""
+    head = DagHead(ModelConfig(vocab_size=20, d_model=8, n_heads=2, ffn_dim=8, layers_per_end=1, head="dag",
+                               graph_upsample_ratio=ratio, link_heads=2, max_positions=256))
+    _, graph_lengths = head.upsample(torch.tensor([[4] * input_len + [EOS_ID]]), torch.tensor([input_len + 1]))
+    length = int(graph_lengths[0])
+    log_edges = masked_log_softmax(torch.randn(1, length, length), edge_mask(graph_lengths, length), dim=-1)
+    targets = torch.tensor([[BOS_ID, *target, EOS_ID]])
+    emissions = target_emissions(torch.randn(1, length, 20).log_softmax(-1), targets)
+    return bool(torch.isfinite(dag_log_likelihood(log_edges, emissions, graph_lengths, torch.tensor([targets.shape[1]]))))
+
+
+def test_dag_feasibility_matches_the_heads_graph_and_dp():
+    generator = torch.Generator().manual_seed(0)
+    cases = [(0, [], 1.0), (0, [5], 1.0), (0, [5], 1.5), (3, [5, 5, 5, 5, 5], 1.4), (3, [5] * 5, 1.5), (2, [4] * 30, 8.0)]
+    for _ in range(100):
+        input_len = int(torch.randint(0, 8, (1,), generator=generator))
+        target = [5] * int(torch.randint(0, 20, (1,), generator=generator))
+        ratio = round(1 + 3 * float(torch.rand(1, generator=generator)), 2)
+        cases.append((input_len, target, ratio))
+    outcomes = set()
+    for input_len, target, ratio in cases:
+        expected = dag_path_exists(input_len, target, ratio)
+        assert DagHead.feasible(input_len, target, ratio) == expected, (input_len, target, ratio)
+        outcomes.add(expected)
+    assert outcomes == {True, False}
+
+
+def test_feasibility_rules_and_keys_of_a_config():
+    ctc, dag = tiny_config(upsample_ratio=3), tiny_config(head="dag", graph_upsample_ratio=1.5, link_heads=2)
+    # CTC: 1 piece + EOS → 6 frames; [5, 6, 7, 8] + EOS needs 5, [5, 5, 5, 5] + EOS 5 + 3 blanks
+    assert feasibility_rule(ctc)(1, [5, 6, 7, 8]) and not feasibility_rule(ctc)(1, [5, 5, 5, 5])
+    # DAG: BOS + 2 pieces + EOS → int(1.5·4) = 6 vertices for BOS + 4 pieces + EOS, not for 5 pieces
+    assert feasibility_rule(dag)(2, [5, 5, 5, 5]) and not feasibility_rule(dag)(2, [5, 6, 7, 8, 9])
+    # stage directory hashes depend on these keys' bytes: they must never change
+    assert json.dumps(feasibility_key(ctc)) == '{"upsample_ratio": 3}'
+    assert json.dumps(feasibility_key(dag)) == '{"head": "dag", "graph_upsample_ratio": 1.5}'
+
+
+@pytest.mark.parametrize("ratio", [1.0, 2.0, 2.5, 8.0])
+def test_graph_upsampling_copies_tokens_uniformly_between_bos_and_eos_anchors(ratio):
+    model = _dag_model(graph_upsample_ratio=ratio, max_positions=128)
+    tokens, lengths = random_batch([5, 2, 4], 12)
+    graph, graph_lengths = model.head.upsample(tokens, lengths)
+    for b, length in enumerate(lengths.tolist()):
+        anchored = [BOS_ID] + tokens[b, :length].tolist()  # BOS x… EOS
+        vertices = int(ratio * len(anchored))
+        assert graph_lengths[b] == vertices and (graph[b, vertices:] == 0).all()
+        assert graph[b, :vertices].tolist() == [anchored[j * len(anchored) // vertices] for j in range(vertices)]
+        assert graph[b, 0] == BOS_ID and graph[b, vertices - 1] == EOS_ID
+        if ratio == int(ratio):  # an integer λ repeats every token λ times, as CTC's upsampling does
+            assert graph[b, :vertices].tolist() == torch.tensor(anchored).repeat_interleave(int(ratio)).tolist()
+    assert model.max_input_length() == max(n for n in range(200) if int(ratio * (n + 1)) <= 128)
+
+
+def test_trunk_stays_invertible_and_unchanged_with_the_dag_head():
+    ctc = tiny_model(layers_per_end=3).double().eval()
+    dag = _dag_model(layers_per_end=3).double().eval()
+    missing, unexpected = dag.load_state_dict(ctc.state_dict(), strict=False)
+    assert not unexpected and missing == LINK_KEYS
+    h, mask = torch.randn(3, 7, 16, dtype=torch.float64), padding_mask([7, 5, 2])
+    for direction, back in (("src2tgt", "tgt2src"), ("tgt2src", "src2tgt")):
+        out = dag.layers(h, mask, direction)
+        assert torch.equal(out, ctc.layers(h, mask, direction))
+        assert (dag.layers(out, mask, back) - h).abs().max() < 1e-10
+
+
+def test_dag_loss_terms_gradients_and_dropped_counts():
+    model = _dag_model(LossConfig(lambda_fba=0.3, lambda_cc=0.2), graph_upsample_ratio=1.0).train()
+    src, src_lengths = random_batch([5, 4, 3], 12)
+    tgt, tgt_lengths = random_batch([4, 6, 3], 12)  # λ = 1: the second pair cannot fit src2tgt, the first not tgt2src
+    terms = model.loss(src, src_lengths, tgt, tgt_lengths, step=0)
+    names = {f"{kind}_{d}" for kind in ("dag", "fba", "cc", "dropped", "dropped_cc") for d in DIRECTIONS} | {"total"}
+    assert set(terms) == names
+    assert int(terms["dropped_src2tgt"]) == 1 and int(terms["dropped_tgt2src"]) == 1
+    expected = sum(terms[f"dag_{d}"] + 0.3 * terms[f"fba_{d}"] + 0.2 * terms[f"cc_{d}"] for d in DIRECTIONS)
+    assert torch.allclose(terms["total"], expected) and all(torch.isfinite(v) for v in terms.values())
+    terms["total"].backward()
+    for name, param in model.named_parameters():
+        assert param.grad is not None and torch.isfinite(param.grad).all(), name
+    links = model.head.links
+    assert links["src"].query.weight.grad.abs().sum() > 0 and links["tgt"].query.weight.grad.abs().sum() > 0
+
+
+def test_fba_lays_the_target_on_its_viterbi_path():
+    model = _dag_model(dropout=0.0, attention_dropout=0.0).double().train()
+    src, src_lengths = random_batch([5, 3], 12)
+    tgt, tgt_lengths = random_batch([4, 3], 12)
+    model.initialize(src, src_lengths, tgt, tgt_lengths)
+    output = model.outputs(src, src_lengths, "src2tgt")
+    log_probs, log_edges, lengths = output.log_probs, output.extra["log_edges"], output.lengths
+    tokens, on_path, feasible = model.head.fba_layout(output, tgt, tgt_lengths)
+    targets = torch.cat([torch.full((2, 1), BOS_ID), tgt], dim=1)
+    path, _, _ = viterbi_align(log_edges, target_emissions(log_probs, targets), lengths, tgt_lengths + 1)
+    assert feasible.all()
+    for b in range(2):
+        steps, length = int(tgt_lengths[b]) + 1, int(lengths[b])
+        vertices = path[b, :steps].tolist()
+        assert vertices[0] == 0 and vertices[-1] == length - 1
+        assert tokens[b, vertices].tolist() == targets[b, :steps].tolist() and on_path[b].sum() == steps
+        others = [j for j in range(length) if j not in vertices]
+        assert (tokens[b, others] == model.cfg.blank_id).all() and (tokens[b, length:] == PAD_ID).all()
+        assert on_path[b, vertices].all() and not on_path[b, others].any()
+    model.loss_config = LossConfig(lambda_fba=1.0, lambda_cc=0.0)
+    terms = model.loss(src, src_lengths, tgt, tgt_lengths, step=0, directions=("src2tgt",))
+    assert terms["fba_src2tgt"] > 0
+    terms["fba_src2tgt"].backward()
+    assert all(p.grad.abs().sum() > 0 for n, p in model.named_parameters() if n.startswith("ends."))
+
+
+def test_translate_with_every_dag_decoder_in_both_directions_and_clear_errors():
+    model = _dag_model().eval()
+    tokens, lengths = random_batch([5, 3, 1], 12)
+    for direction in DIRECTIONS:
+        for decoder in ("greedy", "lookahead", "viterbi"):
+            hypotheses = model.translate(tokens, lengths, direction, decoder=decoder)
+            assert len(hypotheses) == 3 and all(4 <= t < 11 or t == 1 for h in hypotheses for t in h)
+    with pytest.raises(ValueError, match="DAG decoder must be one of"):
+        model.translate(tokens, lengths, "src2tgt", decoder="beam")
+    with pytest.raises(ValueError, match="beam search is not implemented"):
+        model.translate(tokens, lengths, "src2tgt", beam_size=4)
+    with pytest.raises(ValueError, match="needs head='dag'"):
+        tiny_model().eval().translate(tokens, lengths, "src2tgt", decoder="viterbi")
+
+
+def test_config_rejects_unknown_heads_and_bad_graph_settings():
+    assert tiny_config().head == "ctc" and not hasattr(tiny_model(), "links") and not list(tiny_model().head.parameters())
+    cfg = tiny_config(head="dag", graph_upsample_ratio=3.5, link_heads=4)
+    assert ModelConfig.from_dict(cfg.to_dict()) == cfg
+    for overrides, message in (({"head": "crf"}, "head must be one of"), ({"graph_upsample_ratio": 0.5}, "graph_upsample_ratio"),
+                               ({"graph_upsample_ratio": True}, "graph_upsample_ratio"), ({"link_heads": 3}, "link_heads")):
+        with pytest.raises(ValueError, match=message):
+            tiny_config(**{"head": "dag", **overrides})
+
+
+def test_ctc_cycle_input_merges_repeated_frames_and_keeps_blanks_and_fba_lays_out_the_alignment():
+    head, frames = CtcHead(tiny_config()), torch.tensor([[4, 4, 11, 11, 5, 3], [6, 11, 6, 3, 0, 0]])  # 11: the blank
+    output = HeadOutput(F.one_hot(frames, 12).double().log_softmax(-1), torch.tensor([6, 4]))  # argmax = frames
+    tokens, lengths = head.cycle_input(output)
+    assert lengths.tolist() == [4, 4] and tokens.tolist() == [[4, 11, 5, 3], [6, 11, 6, 3]]
+    layout, compared, feasible = head.fba_layout(output, torch.tensor([[4, 5, 3], [6, 6, 3]]), torch.tensor([3, 3]))
+    assert layout.tolist() == frames.tolist() and feasible.all()  # the argmax frames are the best alignment
+    assert torch.equal(compared, padding_mask([6, 4]))  # every position is compared
+
+
+def test_dag_cycle_input_is_the_greedy_output_with_eos_cut_to_the_input_limit():
+    head = DagHead(tiny_config(head="dag", graph_upsample_ratio=2.0, link_heads=2, max_positions=10))
+    assert head.max_input_length() == 4  # BOS + 4 pieces → 10 vertices: CC's input keeps 3 pieces + EOS
+    index, graph_lengths = torch.arange(10), torch.tensor([10, 6, 2])
+    scores = -5.0 * (index[None, :] - index[:, None] - 1).abs().float()  # (L, L): the next vertex is the likeliest
+    log_edges = masked_log_softmax(scores.expand(3, 10, 10), edge_mask(graph_lengths, 10), dim=-1)
+    log_probs = (10 * F.one_hot(4 + index % 7, 12).float() + torch.randn(10, 12)).log_softmax(-1).expand(3, 10, 12)
+    tokens, lengths = head.cycle_input(HeadOutput(log_probs, graph_lengths, {"log_edges": log_edges}))
+    assert lengths.tolist() == [4, 4, 3] and tokens.tolist() == [[4, 5, 6, EOS_ID], [4, 5, 6, EOS_ID], [4, 5, EOS_ID, PAD_ID]]
