@@ -27,8 +27,9 @@ class REDER(nn.Module):
     """The reversible duplex Transformer (Zheng et al., NeurIPS 2021), with an output head at both ends.
 
     Convention: the reading end runs its layers 1..L/2 in regular form, the writing end its layers L/2..1
-    in inverse form, so tgt2src is exactly the inverse map of src2tgt (docs/DESIGN.md, "The model"). The head (reder/heads.py,
-    `cfg.head`: CTC or DAG) upsamples the input and owns the output side; the trunk is the same for all.
+    in inverse form, so tgt2src is exactly the inverse map of src2tgt (docs/DESIGN.md, "The model"). The
+    head (reder/heads.py, `cfg.head`: CTC or DAG) upsamples the input and owns the output side; the trunk is
+    the same for all.
     The head's parameters are saved under their own names at the top level (`links.*`, as before heads
     were modules), not under `head.`: model directories stay the same whatever the code's layout.
     """
