@@ -27,15 +27,9 @@ import subprocess
 import sys
 import time
 
+from bench.peak import PINNED_MALLOC, time_and_peak
+
 VOCAB = 1000
-
-
-def _rss_mb(field: str) -> float:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) / 1024
-    raise RuntimeError(f"{field} not in /proc/self/status")
 
 
 def _inputs(batch: int, steps: int, length: int, device: str):
@@ -76,25 +70,11 @@ def measure(batch: int, steps: int, length: int, hand_written: bool, device: str
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
         step()  # warm-up, and the saved-tensor count
-    times, peaks = [], []
-    for _ in range(repeats):
+
+    def reset() -> None:
         log_edges.grad = emissions.grad = None
-        if device == "cuda":
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-            before = torch.cuda.memory_allocated()
-        else:
-            with open("/proc/self/clear_refs", "w") as clear:
-                clear.write("5")  # reset VmHWM, the peak RSS
-            before = _rss_mb("VmRSS")
-        start = time.perf_counter()
-        step()
-        if device == "cuda":
-            torch.cuda.synchronize()
-            peaks.append((torch.cuda.max_memory_allocated() - before) / 2**20)
-        else:
-            peaks.append(_rss_mb("VmHWM") - before)
-        times.append(time.perf_counter() - start)
+
+    times, peaks = time_and_peak(step, repeats, device, reset)
     return {"batch": batch, "target_tokens": steps, "graph_vertices": length,
             "backward": "hand-written" if hand_written else "autograd", "saved_mb": round(sum(saved.values()) / 2**20, 3),
             "peak_mb": round(max(peaks), 1), "step_s": round(statistics.median(times), 4)}
@@ -129,7 +109,7 @@ def _run_child(batch: int, steps: int, length: int, hand_written: bool, args: ar
     command = [sys.executable, "-m", "bench.dag", "--child", str(batch), str(steps), str(length), str(int(hand_written)),
                "--device", args.device, "--repeats", str(args.repeats)]
     rows = []
-    for env in (dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", MALLOC_TRIM_THRESHOLD_="0"), dict(os.environ)):
+    for env in (dict(os.environ, **PINNED_MALLOC), dict(os.environ)):
         out = subprocess.run(command, capture_output=True, text=True, env=env, check=True)
         rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
     return {**rows[0], "step_s": rows[1]["step_s"]}

@@ -14,17 +14,10 @@ import os
 import statistics
 import subprocess
 import sys
-import time
+
+from bench.peak import PINNED_MALLOC, time_and_peak
 
 D_MODEL, N_HEADS, FFN_DIM, VOCAB, BATCH, SRC_LENGTH = 256, 4, 1024, 1000, 16, 32
-
-
-def _rss_mb(field: str) -> float:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) / 1024
-    raise RuntimeError(f"{field} not in /proc/self/status")
 
 
 def measure(layers_per_end: int, memory_efficient: bool, aux: bool, device: str, steps: int, joint: bool) -> dict:
@@ -48,30 +41,13 @@ def measure(layers_per_end: int, memory_efficient: bool, aux: bool, device: str,
             model.loss(tokens, lengths, tokens.roll(1, dims=1), lengths, step=0, directions=directions)["total"].backward()
 
     step()  # warm-up: ActNorm init, .grad buffers, allocator pools
-    times, peaks = [], []
-    for _ in range(steps):
-        if device == "cuda":
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-            before = torch.cuda.memory_allocated()
-        else:
-            with open("/proc/self/clear_refs", "w") as clear:
-                clear.write("5")  # reset VmHWM, the peak RSS
-            before = _rss_mb("VmRSS")
-        start = time.perf_counter()
-        step()
-        if device == "cuda":
-            torch.cuda.synchronize()
-            peaks.append((torch.cuda.max_memory_allocated() - before) / 2**20)
-        else:
-            peaks.append(_rss_mb("VmHWM") - before)
-        times.append(time.perf_counter() - start)
+    times, peaks = time_and_peak(step, steps, device)
     return {"layers_per_end": layers_per_end, "memory_efficient": memory_efficient, "fba": aux, "joint_backward": joint,
             "activation_mb": round(max(peaks), 1), "step_s": round(statistics.median(times), 4)}
 
 
 def _run_child(depth: int, efficient: bool, aux: bool, args: argparse.Namespace) -> dict:
-    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", MALLOC_TRIM_THRESHOLD_="0")
+    env = dict(os.environ, **PINNED_MALLOC)
     command = [sys.executable, "-m", "bench.memory", "--child", str(depth), str(int(efficient)), str(int(aux)),
                "--device", args.device, "--steps", str(args.steps)] + (["--joint"] if args.joint else [])
     out = subprocess.run(command, capture_output=True, text=True, env=env, check=True)

@@ -13,6 +13,12 @@ DIRECTIONS = ("src2tgt", "tgt2src")
 HEADS = ("ctc", "dag")
 
 
+def _blank_id(config: Any) -> int:
+    """The CTC blank: the last id of the joint vocabulary, never a real piece, so never generated (with
+    head="dag" the same id is the skip token of FBA's laid-out target)."""
+    return config.vocab_size - 1
+
+
 @round_trip
 @dataclass(frozen=True)
 class ModelConfig:
@@ -34,16 +40,13 @@ class ModelConfig:
     head: str = "ctc"  # output head at both ends: "ctc" or "dag" (docs/DESIGN.md, "Output heads")
     graph_upsample_ratio: float = 8.0  # λ (head="dag"): a graph has int(λ·(|x|+2)) vertices, |x| without BOS/EOS
     link_heads: int = 4  # heads of the DAG link scorer (head="dag")
+    blank_id = property(_blank_id)
 
     def __post_init__(self) -> None:
         checks = {
-            "vocab_size must be > 4 (pad, unk, bos, eos, blank)": self.vocab_size > 4,
-            "d_model must be divisible by n_heads": self.d_model % self.n_heads == 0,
+            **_transformer_checks(self),
             "layers_per_end must be >= 1": self.layers_per_end >= 1,
             "upsample_ratio must be an int >= 1": isinstance(self.upsample_ratio, int) and self.upsample_ratio >= 1,
-            "dropout must be in [0, 1)": 0.0 <= self.dropout < 1.0,
-            "attention_dropout must be in [0, 1)": 0.0 <= self.attention_dropout < 1.0,
-            "label_smoothing must be in [0, 1)": 0.0 <= self.label_smoothing < 1.0,
             "max_relative_distance must be >= 1": self.max_relative_distance >= 1,
             f"head must be one of {HEADS}": self.head in HEADS,
             "graph_upsample_ratio must be a number >= 1": isinstance(self.graph_upsample_ratio, (int, float))
@@ -52,11 +55,6 @@ class ModelConfig:
             and self.d_model % self.link_heads == 0,
         }
         _validate(self, checks)
-
-    @property
-    def blank_id(self) -> int:
-        """The CTC blank; with head="dag" the same id is the skip token of FBA's laid-out target."""
-        return self.vocab_size - 1
 
 
 @round_trip
@@ -74,25 +72,17 @@ class TransformerConfig:
     attention_dropout: float = 0.0
     label_smoothing: float = 0.1
     max_positions: int = 1024  # longest source (with EOS) and longest output (with EOS)
+    blank_id = property(_blank_id)
 
     def __post_init__(self) -> None:
         checks = {
-            "vocab_size must be > 4 (pad, unk, bos, eos, blank)": self.vocab_size > 4,
-            "d_model must be divisible by n_heads": self.n_heads >= 1 and self.d_model % self.n_heads == 0,
+            **_transformer_checks(self),
             "d_model must be even (sinusoidal positions)": self.d_model % 2 == 0,
             "ffn_dim must be >= 1": self.ffn_dim >= 1,
             "encoder_layers and decoder_layers must be >= 1": self.encoder_layers >= 1 and self.decoder_layers >= 1,
-            "dropout must be in [0, 1)": 0.0 <= self.dropout < 1.0,
-            "attention_dropout must be in [0, 1)": 0.0 <= self.attention_dropout < 1.0,
-            "label_smoothing must be in [0, 1)": 0.0 <= self.label_smoothing < 1.0,
             "max_positions must be >= 2": self.max_positions >= 2,
         }
         _validate(self, checks)
-
-    @property
-    def blank_id(self) -> int:
-        """The CTC blank of the shared vocabulary: never a real piece, so never generated."""
-        return self.vocab_size - 1
 
 
 @round_trip
@@ -107,6 +97,17 @@ class LossConfig:
     def __post_init__(self) -> None:
         if self.lambda_fba < 0 or self.lambda_cc < 0 or self.aux_start_step < 0:
             raise ValueError(f"LossConfig: weights and aux_start_step must be >= 0 (got {self})")
+
+
+def _transformer_checks(config: Any) -> dict[str, bool]:
+    """The checks REDER's and the AR Transformer's configs share: vocabulary, attention heads, regularisation."""
+    return {
+        "vocab_size must be > 4 (pad, unk, bos, eos, blank)": config.vocab_size > 4,
+        "d_model must be divisible by n_heads": config.n_heads >= 1 and config.d_model % config.n_heads == 0,
+        "dropout must be in [0, 1)": 0.0 <= config.dropout < 1.0,
+        "attention_dropout must be in [0, 1)": 0.0 <= config.attention_dropout < 1.0,
+        "label_smoothing must be in [0, 1)": 0.0 <= config.label_smoothing < 1.0,
+    }
 
 
 def _validate(config: Any, checks: dict[str, bool]) -> None:

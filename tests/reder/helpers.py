@@ -1,4 +1,8 @@
 """Tiny models and batches shared by the reder tests, and the 64 real Multi30k pairs the learning tests memorise."""
+import time
+from typing import Callable
+
+import sacrebleu
 import torch
 
 from reder import EOS_ID, LossConfig, ModelConfig, REDER
@@ -27,6 +31,38 @@ class WordPairs:
 
     def decode(self, ids: list[int]) -> str:
         return " ".join(self.inverse.get(t, "<unk>") for t in ids)
+
+
+def memorise(model: REDER, data: WordPairs, every: int, score_from: int, limit_s: float,
+             max_steps: int = 10**9) -> tuple[dict[str, torch.Tensor], Callable[[str, str], float]]:
+    """Train `model` on all of `data` in one batch (Adam, clipping) until both directions' greedy BLEU exceeds
+    90 — scored every `every` steps from step `score_from` — or `limit_s` / `max_steps` run out. Returns the
+    last step's loss terms and bleu(direction, decoder) on the memorised pairs."""
+    src, src_lengths = data.encode(data.english)
+    tgt, tgt_lengths = data.encode(data.german)
+    optimizer = torch.optim.Adam(model.parameters(), lr=2e-3, betas=(0.9, 0.98))
+
+    def bleu(direction: str, decoder: str = "greedy") -> float:
+        model.eval()
+        tokens, lengths, references = (src, src_lengths, data.german) if direction == "src2tgt" else (tgt, tgt_lengths, data.english)
+        hypotheses = [data.decode(h) for h in model.translate(tokens, lengths, direction, decoder=decoder)]
+        model.train()
+        return sacrebleu.corpus_bleu(hypotheses, [references]).score
+
+    start, step = time.monotonic(), 0
+    while step < max_steps and time.monotonic() - start < limit_s:
+        terms = model.loss(src, src_lengths, tgt, tgt_lengths, step)
+        optimizer.zero_grad()
+        terms["total"].backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        step += 1
+        if step % every == 0 and step >= score_from:
+            scores = {d: bleu(d) for d in ("src2tgt", "tgt2src")}
+            print(step, f"{time.monotonic() - start:.0f}s", {k: round(v.item(), 3) for k, v in terms.items()}, scores)
+            if min(scores.values()) > 90:
+                break
+    return terms, bleu
 
 
 def tiny_config(**overrides) -> ModelConfig:

@@ -1,17 +1,15 @@
 """The DAG maths (reder/dag.py) against brute force over all paths, plain autograd and gradcheck (float64); a DAG
 model learning. The DAG head inside the model: tests/reder/test_heads.py."""
 import itertools
-import time
 
 import pytest
-import sacrebleu
 import torch
 
 from reder import DIRECTIONS, LossConfig, ModelConfig, REDER
 from reder.dag import (DagLinks, dag_greedy, dag_log_likelihood, dag_loss, dag_viterbi, edge_mask, masked_log_softmax,
                        masked_logsumexp, target_emissions, viterbi_align)
 
-from tests.reder.helpers import MULTI30K, WordPairs
+from tests.reder.helpers import MULTI30K, WordPairs, memorise
 
 OVERFIT_MAX_STEPS, OVERFIT_LIMIT_S = 80, 150  # ~1 s (stage one) to ~1.5 s (stage two) per update on 2 cores
 DAG_AUX_START = 30  # stage two; the DAG head fits these pairs in ~40 updates
@@ -167,30 +165,9 @@ def test_dag_model_overfits_64_multi30k_pairs_in_both_directions():
     cfg = ModelConfig(vocab_size=data.vocab_size, d_model=128, n_heads=4, ffn_dim=256, layers_per_end=2, dropout=0.0,
                       max_relative_distance=8, head="dag", graph_upsample_ratio=2.0, link_heads=4)
     model = REDER(cfg, LossConfig(lambda_fba=0.1, lambda_cc=0.1, aux_start_step=DAG_AUX_START)).train()
-    src, src_lengths = data.encode(data.english)
-    tgt, tgt_lengths = data.encode(data.german)
-    optimizer = torch.optim.Adam(model.parameters(), lr=2e-3, betas=(0.9, 0.98))
-
-    def bleu(direction: str, decoder: str) -> float:
-        model.eval()
-        tokens, lengths, references = (src, src_lengths, data.german) if direction == "src2tgt" else (tgt, tgt_lengths, data.english)
-        hypotheses = [data.decode(h) for h in model.translate(tokens, lengths, direction, decoder=decoder)]
-        model.train()
-        return sacrebleu.corpus_bleu(hypotheses, [references]).score
-
-    start, step, scores = time.monotonic(), 0, {}
-    while step < OVERFIT_MAX_STEPS and time.monotonic() - start < OVERFIT_LIMIT_S:
-        terms = model.loss(src, src_lengths, tgt, tgt_lengths, step)
-        optimizer.zero_grad()
-        terms["total"].backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        step += 1
-        if step % 10 == 0 and step >= DAG_AUX_START + 10:  # score only once the auxiliary stage has run a while
-            scores = {d: bleu(d, "greedy") for d in DIRECTIONS}
-            print(step, f"{time.monotonic() - start:.0f}s", {k: round(v.item(), 3) for k, v in terms.items()}, scores)
-            if min(scores.values()) > 90:
-                break
+    # score only once the auxiliary stage has run a while
+    terms, bleu = memorise(model, data, every=10, score_from=DAG_AUX_START + 10, limit_s=OVERFIT_LIMIT_S,
+                           max_steps=OVERFIT_MAX_STEPS)
     scores = {d: bleu(d, "greedy") for d in DIRECTIONS}
     assert terms["fba_src2tgt"] > 0 and terms["cc_tgt2src"] > 0  # the auxiliary stage ran
     assert terms["dropped_src2tgt"] == 0 and terms["dropped_tgt2src"] == 0

@@ -80,6 +80,16 @@ def ctc_loss_is_finite(input_len: int, target: list[int], ratio: int) -> bool:
     return bool(torch.isfinite(loss))
 
 
+def assert_rule_matches(rule, reference, cases) -> None:
+    """rule(input_len, target, ratio) == reference(...) on every case, and the cases reach both answers."""
+    outcomes = set()
+    for case in cases:
+        expected = reference(*case)
+        assert rule(*case) == expected, case
+        outcomes.add(expected)
+    assert outcomes == {True, False}
+
+
 def test_ctc_feasibility_matches_torch_ctc_loss():
     generator = torch.Generator().manual_seed(0)
     cases = [(0, [], 1), (0, [5], 1), (0, [5, 5], 2), (1, [5, 5, 5], 2), (2, [4, 5, 6, 7, 8], 2),
@@ -89,12 +99,7 @@ def test_ctc_feasibility_matches_torch_ctc_loss():
         target = torch.randint(4, 7, (int(torch.randint(0, 14, (1,), generator=generator)),),
                                generator=generator).tolist()
         cases.append((input_len, target, int(torch.randint(1, 4, (1,), generator=generator))))
-    outcomes = set()
-    for input_len, target, ratio in cases:
-        expected = ctc_loss_is_finite(input_len, target, ratio)
-        assert CtcHead.feasible(input_len, target, ratio) == expected, (input_len, target, ratio)
-        outcomes.add(expected)
-    assert outcomes == {True, False}
+    assert_rule_matches(CtcHead.feasible, ctc_loss_is_finite, cases)
 
 
 def dag_path_exists(input_len: int, target: list[int], ratio: float) -> bool:
@@ -117,12 +122,7 @@ def test_dag_feasibility_matches_the_heads_graph_and_dp():
         target = [5] * int(torch.randint(0, 20, (1,), generator=generator))
         ratio = round(1 + 3 * float(torch.rand(1, generator=generator)), 2)
         cases.append((input_len, target, ratio))
-    outcomes = set()
-    for input_len, target, ratio in cases:
-        expected = dag_path_exists(input_len, target, ratio)
-        assert DagHead.feasible(input_len, target, ratio) == expected, (input_len, target, ratio)
-        outcomes.add(expected)
-    assert outcomes == {True, False}
+    assert_rule_matches(DagHead.feasible, dag_path_exists, cases)
 
 
 def test_feasibility_rules_and_keys_of_a_config():
