@@ -97,6 +97,23 @@ def test_cluster_file_supplies_address_tracking_and_shared_workdir(tmp_path, mon
         connect.cluster_overrides(*laptop)
 
 
+def test_the_cluster_package_imports_without_torch_pipeline_or_reder():
+    """The head node's services run where torch is not installed: importing cluster/ must not pull it in."""
+    blocker = ("import builtins, sys\n"
+               "real = builtins.__import__\n"
+               "def guarded(name, *args, **kwargs):\n"
+               "    if name.split('.')[0] in ('torch', 'pipeline', 'reder'):\n"
+               "        raise ImportError(f'cluster/ imported {name}')\n"
+               "    return real(name, *args, **kwargs)\n"
+               "builtins.__import__ = guarded\n"
+               "import cluster.head, cluster.connect, cluster.check\n"
+               "assert not {'torch', 'pipeline', 'reder'} & {m.split('.')[0] for m in sys.modules}\n")
+    done = subprocess.run([sys.executable, "-c", blocker], cwd=REPO_ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert subprocess.run([sys.executable, "-m", "cluster.head", "--help"], cwd=REPO_ROOT, capture_output=True,
+                          text=True).returncode == 0
+
+
 def free_port() -> int:
     """A free loopback port below Linux's ephemeral range (32768-60999). A port from bind(0) is itself
     ephemeral, and one was seen taken again, by a Ray process starting in between, before the dashboard
