@@ -41,12 +41,13 @@ from pipeline.metrics import corpus_scores
 from pipeline.stage import StageError
 from reder import DIRECTIONS, EOS_ID, DuplexLoss, LossConfig, ModelConfig, REDER, TransformerConfig
 from reder.autoregressive import Transformer
-from reder.checkpoint import average_state_dicts
+from reder.checkpoint import average_state_dicts, load_tensors
 from reder.ctc import pad_batch
 from reder.translate import translate_ids
 
 MODEL_DIR = "model"
 HISTORY_FILE = "history.json"
+TRAIN_STATE_FILE = "train_state.pt"
 KD_COLUMNS = ("kd_tgt_ids", "kd_src_ids")
 
 
@@ -137,7 +138,7 @@ def fit_and_average(trainer: Any, run_path: Path, average_best: int, model: torc
     states = []
     for _, _, checkpoint in best:
         with checkpoint.as_directory() as directory:
-            states.append(torch.load(Path(directory) / "model.pt", map_location="cpu", weights_only=True))
+            states.append(load_tensors(Path(directory) / "model.pt"))
     with result.checkpoint.as_directory() as directory:  # the latest: the whole history
         history = json.loads((Path(directory) / HISTORY_FILE).read_text(encoding="utf-8"))
     model.load_state_dict(average_state_dicts(states))
@@ -288,22 +289,32 @@ def train_loop(config: dict[str, Any]) -> None:
 
 
 def _load(checkpoint: Any, device: torch.device) -> Optional[dict[str, Any]]:
-    """A Harness state from a checkpoint directory of `_save` (None without a checkpoint)."""
+    """A Harness state from a checkpoint of `_save` (None without a checkpoint)."""
     if checkpoint is None:
         return None
     with checkpoint.as_directory() as directory:
-        state = torch.load(Path(directory) / "train_state.pt", map_location=device, weights_only=False)
-        state["model"] = torch.load(Path(directory) / "model.pt", map_location=device, weights_only=True)
-        state["history"] = json.loads((Path(directory) / HISTORY_FILE).read_text(encoding="utf-8"))
+        return load_state_dir(Path(directory), device)
+
+
+def load_state_dir(directory: Path, device: torch.device | str) -> dict[str, Any]:
+    """A Harness state from a checkpoint directory of `_save`. Both .pt files are read with
+    weights_only=True: a file holding anything but tensors and plain containers is refused with a
+    ValueError naming it, never unpickled (a planted pickle would run code on every resume)."""
+    state = load_tensors(directory / TRAIN_STATE_FILE, device)
+    if not isinstance(state, dict):
+        raise ValueError(f"{directory / TRAIN_STATE_FILE}: expected a dict, found {type(state).__name__}")
+    state["model"] = load_tensors(directory / "model.pt", device)
+    state["history"] = json.loads((directory / HISTORY_FILE).read_text(encoding="utf-8"))
     return state
 
 
 def _save(state: dict[str, Any]) -> str:
     """A Harness state as a checkpoint directory: model.pt (what fit_and_average averages), train_state.pt
+    (optimizer, schedule, position: tensors, numbers and plain containers, loadable with weights_only=True)
     and the history."""
     directory = tempfile.mkdtemp(prefix=f"reder-step{state['step']}-")
     torch.save(state["model"], Path(directory) / "model.pt")
-    torch.save({k: v for k, v in state.items() if k not in ("model", "history")}, Path(directory) / "train_state.pt")
+    torch.save({k: v for k, v in state.items() if k not in ("model", "history")}, Path(directory) / TRAIN_STATE_FILE)
     (Path(directory) / HISTORY_FILE).write_text(json.dumps(state["history"]), encoding="utf-8")
     return directory
 

@@ -4,9 +4,14 @@ A model directory holds `model.pt` (the state dict), `config.json` (the model's 
 "reder" or "transformer" (older directories lack it: they are REDER), the language codes, decoding
 defaults, and for a teacher its `direction`) and `spm.model` (the joint SentencePiece model). Files are
 written to temporary names and renamed, so an interrupted save never leaves a half-written model behind.
+
+Every `.pt` file is read with `load_tensors` (`torch.load(weights_only=True)`): tensors and plain containers,
+numbers and strings only, so a pickle planted in a checkpoint cannot run code; a file that cannot be read
+that way (corrupt, truncated, or holding other objects) is a ValueError naming it.
 """
 import json
 import os
+import pickle
 import shutil
 from pathlib import Path
 from typing import Any, Optional
@@ -38,13 +43,36 @@ def save_model_dir(directory: Path, model: REDER | Transformer, spm_model: Path,
     return directory
 
 
+def load_tensors(path: Path, map_location: str | torch.device = "cpu") -> Any:
+    """`torch.load(path, weights_only=True)`: a file that cannot be loaded that way is a one-line ValueError
+    naming it (never unpickled with code execution)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such file")
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as error:  # a disallowed global, or not a pickle at all
+        reason = next((line.strip() for line in str(error).splitlines() if "WeightsUnpickler error" in line),
+                      "not a PyTorch file of tensors")
+        raise ValueError(f"{path}: not loadable with torch.load(weights_only=True), refused ({reason})") from None
+    except (RuntimeError, EOFError, ValueError, OSError) as error:  # truncated or corrupt archive
+        raise ValueError(f"{path}: corrupt or truncated PyTorch file ({str(error).splitlines()[0][:200]})") from None
+
+
 def read_meta(directory: Path) -> dict[str, Any]:
     """config.json of a model directory, with a clear error when it is not one."""
     directory = Path(directory)
     missing = [name for name in (MODEL_FILE, CONFIG_FILE, SPM_FILE) if not (directory / name).is_file()]
     if missing:
         raise FileNotFoundError(f"{directory} is not a model directory: missing {missing}")
-    return json.loads((directory / CONFIG_FILE).read_text(encoding="utf-8"))
+    path = directory / CONFIG_FILE
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"{path}: not valid JSON ({error})") from None
+    if not isinstance(meta, dict) or not isinstance(meta.get("model"), dict):
+        raise ValueError(f"{path}: expected an object with a 'model' section")
+    return meta
 
 
 def load_model_dir(directory: Path, device: str | torch.device = "cpu") -> tuple[REDER | Transformer, dict[str, Any]]:
@@ -54,8 +82,18 @@ def load_model_dir(directory: Path, device: str | torch.device = "cpu") -> tuple
     if architecture not in ARCHITECTURES:
         raise ValueError(f"{directory}: unknown architecture {architecture!r}; known: {sorted(ARCHITECTURES)}")
     model_class, config_class = ARCHITECTURES[architecture]
-    model = model_class(config_class.from_dict(meta["model"], "model"))  # errors name config.json's key path
-    model.load_state_dict(torch.load(Path(directory) / MODEL_FILE, map_location="cpu", weights_only=True))
+    try:
+        model = model_class(config_class.from_dict(meta["model"], "model"))
+    except ValueError as error:  # ConfigError: names the key path inside config.json
+        raise ValueError(f"{Path(directory) / CONFIG_FILE}: {error}") from None
+    path = Path(directory) / MODEL_FILE
+    state = load_tensors(path)
+    if not isinstance(state, dict):
+        raise ValueError(f"{path}: expected a state dict, found {type(state).__name__}")
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as error:  # missing/unexpected keys or shapes that do not match config.json
+        raise ValueError(f"{path}: does not fit {CONFIG_FILE} ({str(error).splitlines()[0]})") from None
     return model.to(device).eval(), meta
 
 

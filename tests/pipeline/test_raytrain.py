@@ -1,4 +1,10 @@
-"""pipeline.raytrain's pieces: the resource check (on a local Ray) and the teachers' objective."""
+"""pipeline.raytrain's pieces: the resource check (on a local Ray), the teachers' objective, checkpoints
+loaded with weights_only."""
+import contextlib
+import copy
+import shutil
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -8,6 +14,7 @@ from pipeline.stage import StageError
 from reder import TransformerConfig
 from reder.autoregressive import Transformer
 from reder.ctc import pad_batch
+from tests.pipeline import test_harness
 
 
 def test_an_unsatisfiable_request_fails_fast_with_the_numbers(ray_session):
@@ -28,3 +35,59 @@ def test_teacher_objective_reads_the_batch_in_its_direction():
     assert set(forward) == {"nll_src2tgt", "total"} and set(backward) == {"nll_tgt2src", "total"}
     torch.testing.assert_close(forward["total"], model.loss(src, src_lengths, tgt, tgt_lengths)["total"])
     torch.testing.assert_close(backward["nll_tgt2src"], model.loss(tgt, tgt_lengths, src, src_lengths)["nll"])
+
+
+class _Checkpoint:
+    """Ray's Checkpoint as `_load` uses it: a directory to read."""
+
+    def __init__(self, directory) -> None:
+        self.directory = directory
+
+    @contextlib.contextmanager
+    def as_directory(self):
+        yield str(self.directory)
+
+
+PLANTED: list[str] = []
+
+
+class _Planted:
+    """Unpickling this calls PLANTED.append: what a planted pickle would do with os.system."""
+
+    def __reduce__(self):
+        return (PLANTED.append, ("executed",))
+
+
+def test_a_harness_state_round_trips_through_a_checkpoint_loaded_with_weights_only(monkeypatch):
+    examples, cfg = test_harness._examples(), test_harness._config()
+    first, _ = test_harness._run(cfg)
+    first.fit_examples(examples, until=3)
+    directory = Path(raytrain._save(copy.deepcopy(first.state_dict())))
+    try:
+        safe_only = []
+        real_load = torch.load
+        monkeypatch.setattr(torch, "load", lambda *a, **k: safe_only.append(k.get("weights_only")) or real_load(*a, **k))
+        state = raytrain._load(_Checkpoint(directory), torch.device("cpu"))
+    finally:
+        shutil.rmtree(directory)
+    assert safe_only == [True, True]
+    resumed, _ = test_harness._run(cfg, seed=5)
+    resumed.load_state_dict(state)  # optimizer moments, schedule (LambdaLR) and position all came through
+    assert (resumed.step, resumed.position) == (first.step, first.position)
+    assert resumed.scheduler.get_last_lr() == first.scheduler.get_last_lr()
+    for name, value in first.optimizer.state_dict()["state"][0].items():
+        torch.testing.assert_close(resumed.optimizer.state_dict()["state"][0][name], value)
+
+
+def test_a_planted_pickle_in_train_state_is_refused_without_running(tmp_path):
+    torch.save({"model": {}}, tmp_path / "model.pt")
+    (tmp_path / raytrain.HISTORY_FILE).write_text("[]", encoding="utf-8")
+    torch.save({"step": 3, "optimizer": _Planted()}, tmp_path / "train_state.pt")
+    PLANTED.clear()
+    with pytest.raises(ValueError, match=r"train_state\.pt: not loadable with torch\.load\(weights_only=True\)") as caught:
+        raytrain._load(_Checkpoint(tmp_path), torch.device("cpu"))
+    assert PLANTED == []
+    assert str(tmp_path / "train_state.pt") in str(caught.value) and "\n" not in str(caught.value)
+    (tmp_path / "train_state.pt").write_bytes(b"PK\x03\x04 truncated")
+    with pytest.raises(ValueError, match=r"train_state\.pt: corrupt or truncated"):
+        raytrain._load(_Checkpoint(tmp_path), torch.device("cpu"))
