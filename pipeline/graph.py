@@ -122,7 +122,7 @@ def run(cfg: PipelineConfig, workdir: Path, name: str, force: bool = False, trac
     workdir = Path(workdir).resolve()
     dirs = output_dirs(cfg, workdir)
     inputs = {label: require_done(dirs[source], source) for label, source in upstream(cfg, name).items()}
-    context = StageRun(cfg=cfg, workdir=workdir, out=dirs[name], inputs=inputs, tracker=tracker)
+    context = StageRun(cfg=cfg, workdir=workdir, out=dirs[name], inputs=inputs, tracker=tracker, force=force)
 
     def build(tmp: Path) -> dict[str, Any]:
         if stage.uses_ray:

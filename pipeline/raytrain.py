@@ -23,6 +23,7 @@ every update trains src2tgt on (x, teacher(x)) and tgt2src on (teacher(y), y), b
 from __future__ import annotations
 
 import json
+import logging
 import math
 import shutil
 import tempfile
@@ -44,6 +45,8 @@ from reder.autoregressive import Transformer
 from reder.checkpoint import average_state_dicts, load_tensors
 from reder.ctc import pad_batch
 from reder.translate import translate_ids
+
+log = logging.getLogger(__name__)
 
 MODEL_DIR = "model"
 HISTORY_FILE = "history.json"
@@ -87,6 +90,17 @@ def training_dataset(path: Path) -> Any:
 def storage_path(train: TrainConfig, workdir: Path) -> Path:
     """Ray Train's storage: train.storage_path (shared storage on a cluster), else <workdir>/ray_results."""
     return Path(train.storage_path).expanduser().resolve() if train.storage_path else Path(workdir) / "ray_results"
+
+
+def run_storage(storage: Path, name: str, force: bool) -> Path:
+    """The directory of Ray Train run `name` under `storage`. A run fitted under a name whose directory
+    holds checkpoints resumes from the latest; with `force` (--force: train from scratch) that directory
+    is removed first. Without it, it is kept: an interrupted stage resumes."""
+    path = Path(storage) / name
+    if force and path.exists():
+        log.info("--force: removing the previous Ray Train run %s (it would be resumed)", path)
+        shutil.rmtree(path)
+    return path
 
 
 def make_trainer(cfg: PipelineConfig, name: str, storage: Path, train_data: Path, data: Path, corpus: Path,

@@ -37,13 +37,15 @@ class StageError(RuntimeError):
 @dataclass(frozen=True)
 class StageRun:
     """What a stage's `build` gets: the config, its own final output directory (`out.name` names its Ray
-    Train runs), every input directory by label (finished, checked), and the MLflow tracker (or None)."""
+    Train runs), every input directory by label (finished, checked), the MLflow tracker (or None), and
+    `force` (run_pipeline.py --force: redo from scratch, so a Ray Train run must not resume)."""
 
     cfg: "PipelineConfig"
     workdir: Path
     out: Path
     inputs: dict[str, Path]
     tracker: Any = None
+    force: bool = False
 
 
 @dataclass(frozen=True)

@@ -58,7 +58,7 @@ def build(run: StageRun, tmp: Path) -> dict[str, Any]:
     if given:
         return _check_given(given, run.cfg, run.inputs["spm"], tmp)
     return _train_both(run.cfg, run.workdir, run.out.name, run.inputs["data"], run.inputs["ingest"], run.inputs["spm"],
-                       tmp, run.tracker)
+                       tmp, run.tracker, run.force)
 
 
 def check_teacher(directory: Path, direction: str, cfg: PipelineConfig, spm_model: Path) -> Transformer:
@@ -84,10 +84,12 @@ def _check_given(given: dict[str, Path], cfg: PipelineConfig, spm_dir: Path, tmp
 
 
 def _train_both(cfg: PipelineConfig, workdir: Path, name: str, data: Path, corpus: Path, spm_dir: Path, tmp: Path,
-                tracker: Any) -> dict[str, Any]:
+                tracker: Any, force: bool = False) -> dict[str, Any]:
     raytrain.check_resources(cfg.teacher.train, cfg.teacher.train.start_timeout_s)
     storage = raytrain.storage_path(cfg.teacher.train, workdir)
     target = tracker.worker_target() if tracker is not None else None
+    for direction in DIRECTIONS:  # with --force, no resume of the finished runs
+        raytrain.run_storage(storage, f"{name}-{direction}", force)
     counts, reports = {}, {}
     for direction in DIRECTIONS:
         run_name = f"{name}-{direction}"

@@ -17,7 +17,7 @@ from typing import Any
 from pipeline import spm
 from pipeline.config import PipelineConfig
 from pipeline.raytrain import (HISTORY_FILE, MODEL_DIR, check_resources, fit_and_average, make_trainer, run_report,
-                               storage_path)
+                               run_storage, storage_path)
 from pipeline.stage import StageRun, write_json
 from pipeline.tracking import plot_history
 from reder import REDER, ModelConfig
@@ -29,13 +29,14 @@ def build(run: StageRun, tmp: Path) -> dict[str, Any]:
     """Train (or resume) on input `data`'s train split (distill's or tokenize's), validated on `tokenize`'s
     valid split against `ingest`'s text, then publish the averaged model into `tmp`."""
     return _build(run.cfg, run.workdir, run.out.name, run.inputs["data"] / "train", run.inputs["tokenize"],
-                  run.inputs["ingest"], run.inputs["spm"], tmp, run.tracker)
+                  run.inputs["ingest"], run.inputs["spm"], tmp, run.tracker, run.force)
 
 
 def _build(cfg: PipelineConfig, workdir: Path, name: str, train_data: Path, data: Path, corpus: Path, spm_dir: Path,
-           tmp: Path, tracker: Any) -> dict[str, Any]:
+           tmp: Path, tracker: Any, force: bool = False) -> dict[str, Any]:
     check_resources(cfg.train, cfg.train.start_timeout_s)
     storage = storage_path(cfg.train, workdir)
+    run_storage(storage, name, force)  # with --force, no resume of the finished run
     trainer = make_trainer(cfg, name, storage, train_data, data, corpus, spm_dir,
                            tracker.worker_target() if tracker is not None else None)
     model = REDER(ModelConfig.from_dict(asdict(cfg.model)))

@@ -1,6 +1,7 @@
 """The stage graph: output directories as the stages had them before the graph (pinned), when a stage is
 needed, and import arrows that follow the run order."""
 import ast
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -89,3 +90,18 @@ def test_stage_modules_import_only_stages_that_run_before_them():
         later = set(order[order.index(name) + 1:])
         assert not imported & later, f"pipeline.{name} imports later stage(s) {sorted(imported & later)}"
         assert "graph" not in imported, f"pipeline.{name} imports the graph (the graph imports the stages)"
+
+
+def test_force_reaches_the_stage_build(tmp_path, monkeypatch):
+    seen = []
+
+    def build(run, tmp):
+        seen.append(run.force)
+        return {}
+
+    monkeypatch.setitem(graph.BY_NAME, "ingest", dataclasses.replace(graph.BY_NAME["ingest"], build=build))
+    cfg = load_config(None, BASE + [f"workdir={tmp_path}"])
+    graph.run(cfg, tmp_path, "ingest")
+    graph.run(cfg, tmp_path, "ingest")  # finished: skipped
+    graph.run(cfg, tmp_path, "ingest", force=True)
+    assert seen == [False, True]

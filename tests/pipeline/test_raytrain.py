@@ -91,3 +91,14 @@ def test_a_planted_pickle_in_train_state_is_refused_without_running(tmp_path):
     (tmp_path / "train_state.pt").write_bytes(b"PK\x03\x04 truncated")
     with pytest.raises(ValueError, match=r"train_state\.pt: corrupt or truncated"):
         raytrain._load(_Checkpoint(tmp_path), torch.device("cpu"))
+
+
+def test_run_storage_removes_the_previous_run_only_with_force(tmp_path):
+    previous = tmp_path / "train-abc" / "checkpoint_000001"
+    previous.mkdir(parents=True)
+    (previous / "model.pt").write_bytes(b"x")
+    assert raytrain.run_storage(tmp_path, "train-abc", force=False) == tmp_path / "train-abc"
+    assert previous.is_dir()  # an interrupted stage resumes from it
+    assert raytrain.run_storage(tmp_path, "train-abc", force=True) == tmp_path / "train-abc"
+    assert not (tmp_path / "train-abc").exists() and tmp_path.is_dir()
+    raytrain.run_storage(tmp_path, "train-abc", force=True)  # nothing to remove: fine

@@ -6,6 +6,7 @@ import pytest
 
 from pipeline import graph, teacher
 from pipeline.config import ConfigError, load_config
+from pipeline.stage import StageRun
 from reder import TransformerConfig
 from reder.autoregressive import Transformer
 from reder.checkpoint import save_model_dir
@@ -57,3 +58,25 @@ def test_teacher_vocabulary_follows_the_model_and_cannot_disagree():
     assert load_config(None, ["model.vocab_size=300"]).teacher.model.vocab_size == 300
     with pytest.raises(ConfigError, match="teacher.model.vocab_size"):
         load_config(None, ["model.vocab_size=300", "teacher.model.vocab_size=200"])
+
+
+@pytest.mark.parametrize("force", [False, True])
+def test_force_retrains_both_teachers_from_scratch(tmp_path, monkeypatch, force):
+    """Each direction's Ray Train run (`<stage dir>-<direction>`) is removed before fitting with --force
+    (it would resume, finished), kept without it."""
+    cfg = load_config(None, [f"workdir={tmp_path}"])
+    for direction in ("src2tgt", "tgt2src"):
+        (tmp_path / "ray_results" / f"teacher-abc-{direction}" / "checkpoint_000002").mkdir(parents=True)
+    seen = {}
+
+    def make_trainer(cfg, name, storage, *args, **kwargs):
+        seen.update({d: (storage / f"teacher-abc-{d}").exists() for d in ("src2tgt", "tgt2src")})
+        raise StopIteration  # stop where Ray Train would start
+
+    monkeypatch.setattr(teacher.raytrain, "check_resources", lambda *args: None)
+    monkeypatch.setattr(teacher.raytrain, "make_trainer", make_trainer)
+    run = StageRun(cfg=cfg, workdir=tmp_path, out=tmp_path / "teacher-abc", force=force,
+                   inputs={label: tmp_path / label for label in ("data", "ingest", "spm")})
+    with pytest.raises(StopIteration):
+        teacher.build(run, tmp_path / "tmp")
+    assert seen == {"src2tgt": not force, "tgt2src": not force}

@@ -1,4 +1,4 @@
-"""The train stage through Ray Train (slow): an interrupted run resumes from its checkpoint."""
+"""The train stage through Ray Train (slow): an interrupted run resumes from its checkpoint; --force does not."""
 import json
 import math
 from pathlib import Path
@@ -6,7 +6,10 @@ from pathlib import Path
 import pytest
 
 import run_pipeline
+from pipeline import train
+from pipeline.config import load_config
 from pipeline.harness import inverse_sqrt
+from pipeline.stage import StageRun
 
 SMOKE = Path(run_pipeline.__file__).resolve().parent / "configs" / "smoke.yaml"
 
@@ -36,3 +39,29 @@ def test_an_interrupted_run_continues_from_its_checkpoint(tmp_path, capsys, ray_
     assert after["step"] == 15 and math.isfinite(after["train_total"])
     # the schedule went on from step 10 rather than restarting its warm-up
     assert after["lr"] == pytest.approx(inverse_sqrt(15, 0.002, 10, 1e-7))
+
+
+class _Fitting(Exception):
+    """Raised by the stand-in trainer: the test stops where Ray Train would start."""
+
+
+@pytest.mark.parametrize("force", [False, True])
+def test_force_trains_from_scratch_and_a_plain_run_resumes(tmp_path, monkeypatch, force):
+    """--force must not resume the finished stage's Ray Train run (same name, same storage): its directory is
+    gone before the trainer is built; without --force it is kept (resume after an interruption)."""
+    cfg = load_config(None, [f"workdir={tmp_path}"])
+    previous = tmp_path / "ray_results" / "train-abc" / "checkpoint_000003"
+    previous.mkdir(parents=True)
+    seen = {}
+
+    def make_trainer(cfg, name, storage, *args, **kwargs):
+        seen[name] = (storage / name).exists()
+        raise _Fitting
+
+    monkeypatch.setattr(train, "check_resources", lambda *args: None)
+    monkeypatch.setattr(train, "make_trainer", make_trainer)
+    run = StageRun(cfg=cfg, workdir=tmp_path, out=tmp_path / "train-abc", force=force,
+                   inputs={label: tmp_path / label for label in ("data", "tokenize", "ingest", "spm")})
+    with pytest.raises(_Fitting):
+        train.build(run, tmp_path / "tmp")
+    assert seen == {"train-abc": not force}
