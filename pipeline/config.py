@@ -314,6 +314,8 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
 
 def check_consistency(cfg: PipelineConfig) -> None:
     """Cross-section rules that no single section can check."""
+    if not cfg.workdir.strip():  # Path("") is the current directory: stage outputs would land there
+        raise ConfigError("workdir: must not be empty (stage outputs go under it); e.g. workdir=runs/default")
     if cfg.teacher.model.vocab_size != cfg.model.vocab_size:
         raise ConfigError(f"teacher.model.vocab_size ({cfg.teacher.model.vocab_size}) must equal model.vocab_size "
                           f"({cfg.model.vocab_size}): teachers and REDER share one SentencePiece vocabulary "

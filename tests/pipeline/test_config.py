@@ -53,6 +53,8 @@ def test_overrides_are_parsed_and_typed():
     ("data.max_chars.deep=1", "data.max_chars"),
     ("model.n_heads=3", "model: ModelConfig: d_model must be divisible by n_heads"),
     ("noequals", "expected dotted.key=value"),
+    ("workdir=", "workdir: must not be empty"),
+    ("workdir=' '", "workdir: must not be empty"),
 ])
 def test_bad_overrides_name_the_key(override, fragment):
     with pytest.raises(ConfigError) as error:
