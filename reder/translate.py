@@ -10,7 +10,9 @@ a Transformer model directory (the AR baseline): --direction must be the one it 
 --beam is its beam size (1 = greedy).
 
 One sentence per line in, one per line out, in the input order. SentencePiece is applied inside: input is
-plain text, output is detokenized text.
+plain text, output is detokenized text. Lines end at "\n" only (a CRLF's "\r" is dropped): other Unicode
+line separators inside a line stay in it, so there are always as many output lines as input lines. Input
+must be UTF-8; bad options, input or model files are a one-line error and exit status 2.
 """
 import argparse
 import sys
@@ -76,6 +78,54 @@ def translate_ids(model: REDER | Transformer, sequences: list[list[int]], direct
     return outputs
 
 
+def split_lines(data: bytes | str) -> list[str]:
+    """Input lines: split at "\n" only (not str.splitlines' \x0b, \x0c, \x1c-\x1e, \x85, \u2028, \u2029),
+    without a CRLF's "\r"; bytes must be UTF-8 (ValueError naming the line)."""
+    newline = b"\n" if isinstance(data, bytes) else "\n"
+    pieces = data.split(newline)
+    if pieces[-1] == newline[:0]:
+        pieces.pop()  # the text ended with a newline, or was empty
+    lines = []
+    for number, piece in enumerate(pieces, start=1):
+        if isinstance(piece, bytes):
+            try:
+                piece = piece.decode("utf-8")
+            except UnicodeDecodeError as error:
+                raise ValueError(f"line {number}: not UTF-8 text (byte 0x{piece[error.start]:02x} at byte "
+                                 f"{error.start + 1} of the line)") from None
+        lines.append(piece[:-1] if piece.endswith("\r") else piece)
+    return lines
+
+
+def read_input(stream) -> list[str]:
+    """`split_lines` of a text stream: its bytes when it has them (a real stdin), so bad UTF-8 is caught."""
+    buffer = getattr(stream, "buffer", None)
+    return split_lines(buffer.read() if buffer is not None else stream.read())
+
+
+def _positive_int(text: str) -> int:
+    value = int(text) if text.lstrip("-").isdigit() else None
+    if value is None or value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _sentencepiece(path: Path) -> sentencepiece.SentencePieceProcessor:
+    try:
+        return sentencepiece.SentencePieceProcessor(model_file=str(path))
+    except (RuntimeError, OSError) as error:
+        raise ValueError(f"{path}: not a SentencePiece model ({str(error).splitlines()[0]})") from None
+
+
+def _check_device(device: str) -> None:
+    try:
+        kind = torch.device(device).type
+    except RuntimeError:
+        raise ValueError(f"--device {device}: not a device (cpu, cuda, cuda:N)") from None
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {device}: CUDA is not available on this machine (use --device cpu)")
+
+
 def translate_lines(model: REDER | Transformer, sp: sentencepiece.SentencePieceProcessor, lines: list[str], direction: str,
                     beam_size: int = 1, batch_size: int = 64, decoder: str = "greedy",
                     teacher: Optional[Transformer] = None) -> list[str]:
@@ -86,6 +136,7 @@ def translate_lines(model: REDER | Transformer, sp: sentencepiece.SentencePieceP
 
 def _load(args: argparse.Namespace) -> tuple[REDER | Transformer, Optional[Transformer]]:
     """The model and the optional teacher, checked against the options; ValueError/FileNotFoundError explain."""
+    _check_device(args.device)
     model, meta = load_model_dir(Path(args.checkpoint), args.device)
     if isinstance(model, Transformer):
         if meta.get("direction") != args.direction:
@@ -107,19 +158,23 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--checkpoint", required=True, help="model directory (model.pt, config.json, spm.model): REDER or Transformer")
     parser.add_argument("--direction", required=True, choices=DIRECTIONS)
-    parser.add_argument("--beam", type=int, default=1, help="CTC prefix beam size, or a Transformer's beam size (1 = greedy)")
+    parser.add_argument("--beam", type=_positive_int, default=1, help="CTC prefix beam size, or a Transformer's beam size (1 = greedy)")
     parser.add_argument("--teacher", help="Transformer model directory for --direction: reranks the CTC beam (needs --beam > 1)")
     parser.add_argument("--decoder", choices=all_decoders(), help="DAG models: greedy, lookahead or viterbi")
-    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--batch-size", type=_positive_int, default=64)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args(argv)
     try:
         model, teacher = _load(args)
+        sp = _sentencepiece(Path(args.checkpoint) / SPM_FILE)
     except (FileNotFoundError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    sp = sentencepiece.SentencePieceProcessor(model_file=str(Path(args.checkpoint) / SPM_FILE))
-    lines = sys.stdin.read().splitlines()
+    try:
+        lines = read_input(sys.stdin)
+    except ValueError as error:
+        print(f"error: <stdin> {error}", file=sys.stderr)
+        return 2
     try:
         outputs = translate_lines(model, sp, lines, args.direction, args.beam, args.batch_size, args.decoder or "greedy", teacher)
     except ValueError as error:

@@ -1,0 +1,110 @@
+"""reder.translate's command line: line splitting (output lines = input lines), and one-line errors with exit
+status 2 for bad options, bad input and broken model directories. In process, with stdin replaced."""
+import io
+import shutil
+
+import pytest
+import sentencepiece
+import torch
+
+from reder import EOS_ID, PAD_ID
+from reder.checkpoint import CONFIG_FILE, MODEL_FILE, SPM_FILE, save_model_dir
+from reder.translate import main, split_lines, translate_lines
+from tests.reder.helpers import random_batch, tiny_model
+
+SEPARATORS = ["\x0b", "\x0c", "\x1c", "\x1d", "\x1e", "\x85", "\u2028", "\u2029"]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A REDER model directory with a real SentencePiece model of 29 pieces (vocabulary 30 with the blank)."""
+    tmp_path = tmp_path_factory.mktemp("translate")
+    torch.manual_seed(0)
+    sentences = ["the cat sat on the mat", "a dog ran in the park", "the bird sang a song", "dogs and cats are friends"] * 20
+    sentencepiece.SentencePieceTrainer.train(sentence_iterator=iter(sentences), model_prefix=str(tmp_path / "spm"),
+                                             vocab_size=29, pad_id=PAD_ID, unk_id=1, bos_id=2, eos_id=EOS_ID,
+                                             minloglevel=2, hard_vocab_limit=True)
+    model = tiny_model(vocab_size=30)
+    src, src_lengths = random_batch([5, 3], 30)
+    model.loss(src, src_lengths, src, src_lengths, step=0)  # data-initialises the ActNorms
+    return save_model_dir(tmp_path / "model", model.eval(), tmp_path / "spm.model", "en", "de")
+
+
+@pytest.fixture()
+def model_dir(trained, tmp_path):
+    """A copy of the model directory this test may break."""
+    return shutil.copytree(trained, tmp_path / "model")
+
+
+def _run(monkeypatch, capsys, args, stdin: bytes = b"the cat\n") -> tuple[int, str, str]:
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(stdin), encoding="utf-8"))
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize("separator", SEPARATORS)
+def test_split_lines_splits_at_newlines_only(separator):
+    assert split_lines(f"a{separator}b\nc\n") == [f"a{separator}b", "c"]
+    assert split_lines(f"a{separator}b\r\nc\r\n".encode()) == [f"a{separator}b", "c"]
+
+
+def test_split_lines_edges():
+    assert split_lines("") == [] and split_lines("\n") == [""] and split_lines("a\n\nb") == ["a", "", "b"]
+    with pytest.raises(ValueError, match=r"line 2: not UTF-8"):
+        split_lines(b"ok\nab\xffc\n")
+
+
+def test_every_input_line_gives_one_output_line(model_dir, monkeypatch, capsys):
+    lines = [f"the cat{separator}sat" for separator in SEPARATORS] + ["a dog\r", "", "the bird"]
+    code, out, err = _run(monkeypatch, capsys, ["--checkpoint", str(model_dir), "--direction", "src2tgt"],
+                          "\n".join(lines).encode() + b"\n")
+    assert code == 0, err
+    assert out.endswith("\n") and len(out.split("\n")) - 1 == len(lines)
+    model_lines = [line.removesuffix("\r") for line in lines]
+    from reder.checkpoint import load_model_dir
+    model, _ = load_model_dir(model_dir)
+    sp = sentencepiece.SentencePieceProcessor(model_file=str(model_dir / SPM_FILE))
+    assert out.split("\n")[:-1] == translate_lines(model, sp, model_lines, "src2tgt")
+
+
+def test_binary_stdin_is_a_one_line_error_naming_the_line(model_dir, monkeypatch, capsys):
+    code, out, err = _run(monkeypatch, capsys, ["--checkpoint", str(model_dir), "--direction", "src2tgt"],
+                          b"the cat\n\x89PNG\x00\xff\n")
+    assert code == 2 and out == ""
+    assert err.startswith("error: <stdin> line 2: not UTF-8") and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("option", [["--beam", "0"], ["--beam", "-2"], ["--batch-size", "0"], ["--batch-size", "-1"]])
+def test_sizes_below_one_are_rejected_by_argparse(model_dir, monkeypatch, capsys, option):
+    with pytest.raises(SystemExit) as exit:
+        _run(monkeypatch, capsys, ["--checkpoint", str(model_dir), "--direction", "src2tgt", *option])
+    assert exit.value.code == 2 and "expected a positive integer" in capsys.readouterr().err
+
+
+def test_cuda_without_cuda_is_a_one_line_error(model_dir, monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    code, out, err = _run(monkeypatch, capsys, ["--checkpoint", str(model_dir), "--direction", "src2tgt",
+                                                "--device", "cuda"])
+    assert code == 2 and out == "" and err == "error: --device cuda: CUDA is not available on this machine (use --device cpu)\n"
+
+
+def _break(model_dir, name):
+    if name == "missing model.pt":
+        (model_dir / MODEL_FILE).unlink()
+    elif name == "truncated model.pt":
+        (model_dir / MODEL_FILE).write_bytes((model_dir / MODEL_FILE).read_bytes()[:200])
+    elif name == "malformed config.json":
+        (model_dir / CONFIG_FILE).write_text('{"model": {', encoding="utf-8")
+    elif name == "garbage spm.model":
+        (model_dir / SPM_FILE).write_bytes(b"\x00garbage")
+    return {"missing model.pt": MODEL_FILE, "truncated model.pt": MODEL_FILE, "malformed config.json": CONFIG_FILE,
+            "garbage spm.model": SPM_FILE}[name]
+
+
+@pytest.mark.parametrize("broken", ["missing model.pt", "truncated model.pt", "malformed config.json", "garbage spm.model"])
+def test_a_broken_model_directory_is_a_one_line_error_naming_the_file(model_dir, monkeypatch, capsys, broken):
+    name = _break(model_dir, broken)
+    code, out, err = _run(monkeypatch, capsys, ["--checkpoint", str(model_dir), "--direction", "src2tgt"])
+    assert code == 2 and out == "" and err.count("\n") == 1, err
+    assert err.startswith("error: ") and name in err and str(model_dir) in err, err
