@@ -304,3 +304,59 @@ def test_head_stop_recognises_its_server_by_command_line_and_backend_store():
     assert not head.is_our_server(ours, "sqlite:////elsewhere/mlflow.db")  # another cluster file's server
     assert not head.is_our_server(["sleep", "30"], backend)
     assert head.command_line(os.getpid())[:1] == [sys.executable] or "python" in head.command_line(os.getpid())[0]
+
+
+@pytest.mark.parametrize("path", YAMLS, ids=lambda p: p.name)
+def test_shipped_cluster_yamls_pass_the_security_checks(path, capsys):
+    """Dashboard on loopback (reached by `ray dashboard`), token auth on every `ray start`, nothing open."""
+    text = path.read_text(encoding="utf-8")
+    assert "--dashboard-host=127.0.0.1" in text
+    assert not [line for line in text.splitlines() if "0.0.0.0" in line.split("#", 1)[0]]
+    assert check.security_findings(check.validate(load(path)), text) == []
+    assert check.check(path) == 3  # valid, placeholders left
+    assert "INSECURE" not in capsys.readouterr().out
+
+
+def break_security(config: dict, breakage: str) -> str:
+    """Make one security breach in a loaded shipped YAML; return the key the finding must name."""
+    if breakage == "ssh_open_to_world":
+        config["provider"]["security_group"]["IpPermissions"][0]["IpRanges"][0]["CidrIp"] = "0.0.0.0/0"
+        return "provider.security_group.IpPermissions[0].IpRanges[0].CidrIp"
+    if breakage == "port_open_to_world_ipv6":
+        config["provider"]["security_group"]["IpPermissions"].append(
+            {"FromPort": 8265, "ToPort": 8265, "IpProtocol": "tcp", "Ipv6Ranges": [{"CidrIpv6": "::/0"}]})
+        return "provider.security_group.IpPermissions[1].Ipv6Ranges[0].CidrIpv6"
+    if breakage in ("head_without_token", "worker_without_token"):
+        key = f"{breakage.split('_')[0]}_start_ray_commands"
+        config[key] = [c.replace("RAY_AUTH_MODE=token ", "") if "ray start" in c else c for c in config[key]]
+        return key
+    if breakage == "no_head_start_commands":
+        config["head_start_ray_commands"] = []
+        return "head_start_ray_commands"
+    if breakage == "dashboard_on_every_interface":
+        config["head_start_ray_commands"] = [c.replace("--dashboard-host=127.0.0.1", "--dashboard-host=0.0.0.0")
+                                             for c in config["head_start_ray_commands"]]
+        return "head_start_ray_commands"
+    assert breakage == "mlflow_on_every_interface"
+    config["head_start_ray_commands"] = [c + " --host 0.0.0.0" if "cluster.head start" in c else c
+                                         for c in config["head_start_ray_commands"]]
+    return "head_start_ray_commands"
+
+
+@pytest.mark.parametrize("path", YAMLS, ids=lambda p: p.name)
+@pytest.mark.parametrize("breakage", ["ssh_open_to_world", "port_open_to_world_ipv6", "head_without_token",
+                                      "worker_without_token", "no_head_start_commands",
+                                      "dashboard_on_every_interface", "mlflow_on_every_interface"])
+def test_insecure_copies_fail_the_check_with_one_line_per_finding(path, breakage, tmp_path, capsys):
+    config = load(path)
+    if "security_group" not in config["provider"] and "open" in breakage:
+        pytest.skip("the local provider has no security group (the firewall is yours)")
+    key = break_security(config, breakage)
+    target = tmp_path / path.name
+    target.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+    assert check.validate(load(target))  # still valid for Ray: only the security rules catch it
+    assert check.check(target) == 1
+    findings = [line for line in capsys.readouterr().out.splitlines() if line.startswith(f"{target}:")
+                and "fix:" in line]
+    assert len(findings) == 1 and f": {key}: " in findings[0], findings
+    assert int(findings[0].split(":")[1]) > 0  # names the line
