@@ -1,6 +1,7 @@
 """The head node's services: the MLflow tracking server and the cluster file the pipeline reads.
 
-    python -m cluster.head start --shared /mnt/shared/duplex [--port 5000] [--host 0.0.0.0]
+    python -m cluster.head start --shared /mnt/shared/duplex [--port 5000] [--host ADDRESS]
+                                 [--auth [--admin-password-file PATH]]
                                  [--backend-store-uri URI] [--artifacts-destination URI]
     python -m cluster.head stop
 
@@ -11,11 +12,18 @@ shared file system; `s3://bucket/prefix` works with the node's IAM role), proxie
 workers need no credentials of their own — waits until it answers, then writes the cluster file
 (~/.duplex/cluster.json, or $DUPLEX_CLUSTER_FILE): the Ray address, the tracking URI workers can reach
 (this node's private address), and the shared workdir root. `run_pipeline.py` on any node that has the
-file uses all three (cluster/connect.py). `stop` ends the server by the PID the file records.
+file uses all three (cluster/connect.py). `stop` ends the server by the PID the file records, once it has
+checked that the PID is still that server (a stale file's PID may since belong to another process).
+
+The server binds this node's private address (the one it advertises), never every interface unless
+`--host 0.0.0.0` asks for it. `--auth` runs MLflow's basic-auth app: users in a sqlite database next to
+the tracking store, the admin's password read from `--admin-password-file` or $MLFLOW_AUTH_ADMIN_PASSWORD
+and handed to the server by environment only (docs/cluster.md, Security).
 """
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import signal
@@ -28,17 +36,56 @@ from pathlib import Path
 from cluster.connect import CLUSTER_FILE_ENV, cluster_file_path
 
 
+ALL_INTERFACES = ("0.0.0.0", "::")
+ADMIN_PASSWORD_ENV = "MLFLOW_AUTH_ADMIN_PASSWORD"  # MLflow's own name: the auth app reads it on first start
+ADMIN_USERNAME = "admin"
+
+
+def write_auth_config(directory: Path) -> Path:
+    """MLflow's basic-auth settings (`MLFLOW_AUTH_CONFIG_PATH`): users in `<directory>/basic_auth.db`,
+    every signed-in user may read, the admin named `admin`. No password: that comes by environment."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / "basic_auth.ini"
+    path.write_text("[mlflow]\ndefault_permission = READ\n"
+                    f"database_uri = sqlite:///{directory.resolve()}/basic_auth.db\n"
+                    f"admin_username = {ADMIN_USERNAME}\n"
+                    "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n",
+                    encoding="utf-8")
+    return path
+
+
+def admin_password(password_file: str) -> str:
+    """The MLflow admin password: the first line of `password_file`, else $MLFLOW_AUTH_ADMIN_PASSWORD."""
+    if password_file:
+        lines = Path(password_file).expanduser().read_text(encoding="utf-8").splitlines()
+        password = lines[0].strip() if lines else ""
+    else:
+        password = os.environ.get(ADMIN_PASSWORD_ENV, "")
+    if importlib.util.find_spec("flask_wtf") is None:  # the auth app's CSRF check; absent, the server dies
+        raise SystemExit("--auth needs MLflow's auth extra: pip install 'mlflow[auth]==3.17.2' (Flask-WTF)")
+    if not password:
+        raise SystemExit(f"--auth needs the admin password: --admin-password-file PATH or ${ADMIN_PASSWORD_ENV} "
+                         "(docs/cluster.md, Security)")
+    return password
+
+
 def start_mlflow(backend_store_uri: str, artifacts_destination: str, host: str, port: int, log_path: Path,
-                 timeout_s: float = 120.0) -> subprocess.Popen:
-    """`mlflow server` in its own session (it outlives the caller), ready when this returns."""
+                 timeout_s: float = 120.0, auth_config: Path | None = None,
+                 password: str = "") -> subprocess.Popen:
+    """`mlflow server` in its own session (it outlives the caller), ready when this returns. With
+    `auth_config`, the basic-auth app, its admin password passed in the server's environment only."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", backend_store_uri,
                "--artifacts-destination", artifacts_destination, "--host", host, "--port", str(port),
                "--workers", "2"]
+    env = dict(os.environ)
+    if auth_config is not None:
+        command += ["--app-name", "basic-auth"]
+        env.update({"MLFLOW_AUTH_CONFIG_PATH": str(auth_config), ADMIN_PASSWORD_ENV: password})
     with open(log_path, "ab") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                   start_new_session=True)
-    probe = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}/health"
+                                   start_new_session=True, env=env)
+    probe = f"http://{'127.0.0.1' if host in ALL_INTERFACES else host}:{port}/health"  # /health needs no login
     deadline = time.time() + timeout_s
     while time.time() < deadline:
         if process.poll() is not None:
@@ -66,10 +113,19 @@ def start(args: argparse.Namespace) -> int:
     backend = args.backend_store_uri or f"sqlite:///{shared}/mlflow/mlflow.db"
     artifacts = args.artifacts_destination or str(shared / "mlflow" / "artifacts")
     address = args.advertise or node_address()
-    process = start_mlflow(backend, artifacts, args.host, args.port, shared / "mlflow" / f"server-{address}.log")
+    host = args.host or address  # the private address workers reach, not every interface
+    if host in ALL_INTERFACES:
+        print(f"WARNING: mlflow server listens on every interface ({host}){'' if args.auth else ' without authentication'}; "
+              "anyone who reaches this node can use it — bind the private address instead (docs/cluster.md)",
+              file=sys.stderr)
+    password = admin_password(args.admin_password_file) if args.auth else ""
+    auth_config = write_auth_config(shared / "mlflow" / "auth") if args.auth else None
+    process = start_mlflow(backend, artifacts, host, args.port, shared / "mlflow" / f"server-{address}.log",
+                           auth_config=auth_config, password=password)
     info = {"ray_address": args.ray_address, "tracking_uri": f"http://{address}:{args.port}",
             "shared_dir": str(shared), "mlflow_pid": process.pid, "backend_store_uri": backend,
-            "artifacts_destination": artifacts}
+            "artifacts_destination": artifacts, "mlflow_host": host,
+            "mlflow_auth": ADMIN_USERNAME if args.auth else ""}  # the user name only, never the password
     path = cluster_file_path()
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(f".{path.name}.tmp")  # readers never see a half-written file
@@ -79,16 +135,54 @@ def start(args: argparse.Namespace) -> int:
     return 0
 
 
+def command_line(pid: int) -> list[str] | None:
+    """The arguments process `pid` was started with (/proc, else `ps`); None when no such process runs."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        pass  # alive, another user's: its command line says whose
+    proc = Path(f"/proc/{pid}")
+    if Path("/proc/self/cmdline").is_file():
+        try:
+            if proc.joinpath("stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                return None  # exited, not yet reaped
+            # Empty for a kernel thread or a process caught mid-exec: alive, and not provably ours.
+            return proc.joinpath("cmdline").read_bytes().decode(errors="replace").split("\0")[:-1]
+        except (FileNotFoundError, ProcessLookupError):
+            return None
+    done = subprocess.run(["ps", "-o", "command=", "-p", str(pid)], capture_output=True, text=True)
+    return done.stdout.split() if done.returncode == 0 else None
+
+
+def is_our_server(argv: list[str], backend_store_uri: str) -> bool:
+    """`argv` is an `mlflow server` on this cluster file's backend store."""
+    mlflow = any(Path(arg).name == "mlflow" for arg in argv)
+    return mlflow and "server" in argv and bool(backend_store_uri) and backend_store_uri in argv
+
+
 def stop(_: argparse.Namespace) -> int:
     path = cluster_file_path()
     if not path.is_file():
         print(f"no cluster file at {path} (set ${CLUSTER_FILE_ENV} if it lives elsewhere)", file=sys.stderr)
         return 1
-    pid = json.loads(path.read_text(encoding="utf-8"))["mlflow_pid"]
-    try:
-        os.killpg(pid, signal.SIGTERM)  # the server and its gunicorn/uvicorn workers share its session
-    except ProcessLookupError:
-        print(f"mlflow server pid {pid} was not running")
+    info = json.loads(path.read_text(encoding="utf-8"))
+    pid = int(info["mlflow_pid"])
+    argv = command_line(pid)
+    if argv is None:
+        print(f"mlflow server pid {pid} was not running; removed the stale cluster file {path}")
+        path.unlink()
+        return 0
+    if not is_our_server(argv, info.get("backend_store_uri", "")):
+        print(f"pid {pid} in {path} is not this cluster's mlflow server ({' '.join(argv)[:120]}); "
+              "not signalled, cluster file kept", file=sys.stderr)
+        return 1
+    # The server leads its own session (start_new_session): signal its group, gunicorn/uvicorn workers too.
+    if os.getpgid(pid) == pid:
+        os.killpg(pid, signal.SIGTERM)
+    else:
+        os.kill(pid, signal.SIGTERM)
     path.unlink()
     return 0
 
@@ -100,8 +194,12 @@ def main(argv: list[str] | None = None) -> int:
     begin = commands.add_parser("start", help="start the MLflow server and write the cluster file")
     begin.add_argument("--shared", required=True, help="workdir root on the shared file system")
     begin.add_argument("--port", type=int, default=5000)
-    begin.add_argument("--host", default="0.0.0.0",
-                       help="interface to bind (EC2 instances hold only their private address; see docs/cluster.md)")
+    begin.add_argument("--host", default="",
+                       help="address to bind (default: the advertised private address; 0.0.0.0 warns)")
+    begin.add_argument("--auth", action="store_true",
+                       help="run MLflow's basic-auth app (admin password from the file or $MLFLOW_AUTH_ADMIN_PASSWORD)")
+    begin.add_argument("--admin-password-file", default="",
+                       help="with --auth: a file (mode 600) whose first line is the admin password")
     begin.add_argument("--advertise", default="", help="address workers use (default: this node's Ray address)")
     begin.add_argument("--ray-address", default="auto", help="what drivers on this node pass to ray.init")
     begin.add_argument("--backend-store-uri", default="", help="default: sqlite:///<shared>/mlflow/mlflow.db")

@@ -228,3 +228,135 @@ def test_two_node_cluster_spreads_training_and_survives_a_killed_worker(tmp_path
     finally:
         head.main(["stop"])
         cluster.shutdown()
+
+
+class FakeServer:
+    pid = 424242
+
+
+def test_head_binds_the_advertised_private_address_and_warns_on_every_interface(tmp_path, monkeypatch, capsys):
+    """MLflow listens where workers reach it (the node's private address), not on 0.0.0.0 unless asked."""
+    monkeypatch.setenv(connect.CLUSTER_FILE_ENV, str(tmp_path / "cluster.json"))
+    monkeypatch.setattr(head, "node_address", lambda: "10.0.0.5")
+    bound = []
+    monkeypatch.setattr(head, "start_mlflow", lambda *args, **kwargs: bound.append(args[2]) or FakeServer())
+    assert head.main(["start", "--shared", str(tmp_path / "shared")]) == 0
+    assert bound == ["10.0.0.5"] and "WARNING" not in capsys.readouterr().err
+    info = json.loads((tmp_path / "cluster.json").read_text())
+    assert (info["tracking_uri"], info["mlflow_host"], info["mlflow_auth"]) == ("http://10.0.0.5:5000", "10.0.0.5", "")
+    assert head.main(["start", "--shared", str(tmp_path / "shared"), "--host", "0.0.0.0"]) == 0
+    assert bound[-1] == "0.0.0.0" and "WARNING: mlflow server listens on every interface" in capsys.readouterr().err
+
+
+def test_head_auth_takes_the_admin_password_from_a_file_or_the_environment_only(tmp_path, monkeypatch):
+    """--auth: basic-auth app, password by environment to the server; neither the auth config nor the
+    cluster file holds it. (The server itself is not started: Flask-WTF, MLflow's auth extra, is not installed.)"""
+    monkeypatch.setenv(connect.CLUSTER_FILE_ENV, str(tmp_path / "cluster.json"))
+    monkeypatch.delenv(head.ADMIN_PASSWORD_ENV, raising=False)
+    monkeypatch.setattr(head.importlib.util, "find_spec", lambda name: object())
+    started = []
+    monkeypatch.setattr(head, "start_mlflow", lambda *args, **kwargs: started.append(kwargs) or FakeServer())
+    shared = tmp_path / "shared"
+    common = ["start", "--shared", str(shared), "--advertise", "10.0.0.5", "--auth"]
+    with pytest.raises(SystemExit, match="admin password"):
+        head.main(common)
+    secret = "not-in-any-file-7"
+    (tmp_path / "password").write_text(secret + "\n")
+    assert head.main(common + ["--admin-password-file", str(tmp_path / "password")]) == 0
+    monkeypatch.setenv(head.ADMIN_PASSWORD_ENV, secret)
+    assert head.main(common) == 0
+    assert [kwargs["password"] for kwargs in started] == [secret, secret]
+    config = started[0]["auth_config"]
+    assert "admin_username = admin" in config.read_text() and secret not in config.read_text()
+    assert secret not in (tmp_path / "cluster.json").read_text()
+    assert json.loads((tmp_path / "cluster.json").read_text())["mlflow_auth"] == "admin"
+
+
+def write_cluster_file(tmp_path: Path, pid: int, backend: str = "sqlite:////mnt/shared/duplex/mlflow/mlflow.db") -> Path:
+    path = tmp_path / "cluster.json"
+    path.write_text(json.dumps({"ray_address": "auto", "tracking_uri": "http://10.0.0.5:5000", "shared_dir": "/x",
+                                "mlflow_pid": pid, "backend_store_uri": backend}))
+    return path
+
+
+def test_head_stop_never_signals_a_process_that_is_not_its_mlflow_server(tmp_path, monkeypatch):
+    """A stale cluster file's PID now names another process (its own session leader, as the server was):
+    `stop` must leave it alone, say so, exit 1 and keep the file."""
+    monkeypatch.setenv(connect.CLUSTER_FILE_ENV, str(tmp_path / "cluster.json"))
+    bystander = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    try:
+        path = write_cluster_file(tmp_path, bystander.pid)
+        assert head.main(["stop"]) == 1
+        time.sleep(0.2)
+        assert bystander.poll() is None, "stop signalled a process that is not the mlflow server"
+        assert path.is_file()
+    finally:
+        bystander.kill()
+        bystander.wait()
+    assert head.main(["stop"]) == 0  # now nothing runs under that PID: the stale file is removed
+    assert not path.exists()
+
+
+def test_head_stop_recognises_its_server_by_command_line_and_backend_store():
+    backend = "sqlite:////mnt/shared/duplex/mlflow/mlflow.db"
+    ours = ["/usr/bin/python3", "-m", "mlflow", "server", "--backend-store-uri", backend, "--host", "10.0.0.5"]
+    assert head.is_our_server(ours, backend)
+    assert not head.is_our_server(ours, "sqlite:////elsewhere/mlflow.db")  # another cluster file's server
+    assert not head.is_our_server(["sleep", "30"], backend)
+    assert head.command_line(os.getpid())[:1] == [sys.executable] or "python" in head.command_line(os.getpid())[0]
+
+
+@pytest.mark.parametrize("path", YAMLS, ids=lambda p: p.name)
+def test_shipped_cluster_yamls_pass_the_security_checks(path, capsys):
+    """Dashboard on loopback (reached by `ray dashboard`), token auth on every `ray start`, nothing open."""
+    text = path.read_text(encoding="utf-8")
+    assert "--dashboard-host=127.0.0.1" in text
+    assert not [line for line in text.splitlines() if "0.0.0.0" in line.split("#", 1)[0]]
+    assert check.security_findings(check.validate(load(path)), text) == []
+    assert check.check(path) == 3  # valid, placeholders left
+    assert "INSECURE" not in capsys.readouterr().out
+
+
+def break_security(config: dict, breakage: str) -> str:
+    """Make one security breach in a loaded shipped YAML; return the key the finding must name."""
+    if breakage == "ssh_open_to_world":
+        config["provider"]["security_group"]["IpPermissions"][0]["IpRanges"][0]["CidrIp"] = "0.0.0.0/0"
+        return "provider.security_group.IpPermissions[0].IpRanges[0].CidrIp"
+    if breakage == "port_open_to_world_ipv6":
+        config["provider"]["security_group"]["IpPermissions"].append(
+            {"FromPort": 8265, "ToPort": 8265, "IpProtocol": "tcp", "Ipv6Ranges": [{"CidrIpv6": "::/0"}]})
+        return "provider.security_group.IpPermissions[1].Ipv6Ranges[0].CidrIpv6"
+    if breakage in ("head_without_token", "worker_without_token"):
+        key = f"{breakage.split('_')[0]}_start_ray_commands"
+        config[key] = [c.replace("RAY_AUTH_MODE=token ", "") if "ray start" in c else c for c in config[key]]
+        return key
+    if breakage == "no_head_start_commands":
+        config["head_start_ray_commands"] = []
+        return "head_start_ray_commands"
+    if breakage == "dashboard_on_every_interface":
+        config["head_start_ray_commands"] = [c.replace("--dashboard-host=127.0.0.1", "--dashboard-host=0.0.0.0")
+                                             for c in config["head_start_ray_commands"]]
+        return "head_start_ray_commands"
+    assert breakage == "mlflow_on_every_interface"
+    config["head_start_ray_commands"] = [c + " --host 0.0.0.0" if "cluster.head start" in c else c
+                                         for c in config["head_start_ray_commands"]]
+    return "head_start_ray_commands"
+
+
+@pytest.mark.parametrize("path", YAMLS, ids=lambda p: p.name)
+@pytest.mark.parametrize("breakage", ["ssh_open_to_world", "port_open_to_world_ipv6", "head_without_token",
+                                      "worker_without_token", "no_head_start_commands",
+                                      "dashboard_on_every_interface", "mlflow_on_every_interface"])
+def test_insecure_copies_fail_the_check_with_one_line_per_finding(path, breakage, tmp_path, capsys):
+    config = load(path)
+    if "security_group" not in config["provider"] and "open" in breakage:
+        pytest.skip("the local provider has no security group (the firewall is yours)")
+    key = break_security(config, breakage)
+    target = tmp_path / path.name
+    target.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+    assert check.validate(load(target))  # still valid for Ray: only the security rules catch it
+    assert check.check(target) == 1
+    findings = [line for line in capsys.readouterr().out.splitlines() if line.startswith(f"{target}:")
+                and "fix:" in line]
+    assert len(findings) == 1 and f": {key}: " in findings[0], findings
+    assert int(findings[0].split(":")[1]) > 0  # names the line
