@@ -406,7 +406,8 @@ def _apply_override(raw: dict[str, Any], override: str) -> None:
     try:
         node[parts[-1]] = _parse_scalar(text)
     except yaml.YAMLError as error:
-        raise ConfigError(f"{_yaml_problem(error, f'override {override!r}', with_line=False)}; quote or fix the value") from error
+        problem = _yaml_problem(error, f"override {override!r}", with_line=False)
+        raise ConfigError(f"{problem}; quote or fix the value") from error
 
 
 def _field_type(cls: type | None, name: str, path: str) -> type | None:

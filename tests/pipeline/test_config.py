@@ -147,7 +147,8 @@ def test_unreadable_yaml_names_the_file_and_line(tmp_path):
     ("data.max_length_ratio=1e400", r"^data\.max_length_ratio: expected a finite number, got inf$"),
     ("tune.space={train.lr: {uniform: [0.1, .inf]}}", r"tune\.space\.train\.lr: values must be finite numbers"),
     ("model.max_positions=0", r"^model: ModelConfig: max_positions must be >= 2 "),
-    (("model.upsample_ratio=4", "model.max_positions=3"), r"^model: ModelConfig: max_positions must be >= 4 .*ctc head"),
+    (("model.upsample_ratio=4", "model.max_positions=3"),
+     r"^model: ModelConfig: max_positions must be >= 4 .*ctc head"),
     (("model.head=dag", "model.max_positions=15"), r"^model: ModelConfig: max_positions must be >= 16 .*dag head"),
     ("model.n_heads=0", r"^model: ModelConfig: d_model must be divisible by n_heads"),
     ("model.d_model=0", r"^model: ModelConfig: d_model must be >= 1"),
@@ -178,6 +179,7 @@ def test_out_of_range_values_are_rejected_with_the_key_path(override, message):
 
 
 def test_the_smallest_max_positions_fits_an_eos_only_input():
-    for overrides in (["model.upsample_ratio=4", "model.max_positions=4"], ["model.head=dag", "model.max_positions=16"]):
+    for overrides in (["model.upsample_ratio=4", "model.max_positions=4"],
+                      ["model.head=dag", "model.max_positions=16"]):
         model = load_config(None, overrides).model
         assert head_class(model.head)(model).max_input_length() == 1
