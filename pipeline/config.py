@@ -12,6 +12,7 @@ the last id, so the spm model, the tokenized ids and the model's embedding table
 from __future__ import annotations
 
 import dataclasses
+import math
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +21,7 @@ from typing import Any, Literal
 import yaml
 
 from reder.config import LossConfig, ModelConfig, TransformerConfig
-from reder.configio import ConfigError, from_dict, to_dict
+from reder.configio import ConfigError, FieldError, from_dict, require, to_dict
 from reder.heads import head_class
 
 
@@ -56,8 +57,13 @@ class DataConfig:
     valid_size: int = 1000
     test_size: int = 1000
     split_seed: int = 1
+    # Bytes read from one corpus file, after decompression, in MB (10^6 bytes): a guard against a
+    # decompression bomb or a wrong file. The largest shipped corpus (wmt14_ende) has sides of ~0.7 GB;
+    # ingest holds a whole split in memory, so raise this only with the memory for it.
+    max_input_mb: int = 4000
 
     def __post_init__(self) -> None:
+        require(self, max_input_mb=">= 1")
         if self.src_lang == self.tgt_lang:
             raise ValueError(f"data: src_lang and tgt_lang must differ (both {self.src_lang!r})")
         if self.max_chars < 1 or self.max_length_ratio < 1.0:
@@ -124,7 +130,7 @@ class TrainConfig:
     valid_max_sentences: int = 500  # validation decodes at most this many sentences (0 = all)
     keep_checkpoints: int = 5  # Ray keeps the best K by validation BLEU (and always the latest)
     average_best: int = 5  # the final model averages the best N checkpoints (1 = the best alone)
-    max_failures: int = 1  # worker-group restarts from the latest checkpoint before the stage fails
+    max_failures: int = 1  # worker-group restarts from the latest checkpoint before the stage fails (-1 = no limit)
     storage_path: str = ""  # Ray Train storage; empty = <workdir>/ray_results (shared storage on a cluster)
     seed: int = 1
     fail_at_step: int = 0  # fault drill: raise once after this step in a run that did not resume (0 = off)
@@ -132,6 +138,11 @@ class TrainConfig:
     placement_strategy: str = "PACK"  # Ray placement of the workers: PACK, SPREAD (across nodes), STRICT_*
 
     def __post_init__(self) -> None:
+        require(self, cpus_per_worker="> 0", gpus_per_worker="> 0", warmup_init_lr=">= 0", adam_eps="> 0",
+                weight_decay=">= 0", clip_norm=">= 0", valid_max_sentences=">= 0", max_failures=">= -1",
+                fail_at_step=">= 0", start_timeout_s="> 0")
+        if not all(0 <= beta < 1 for beta in self.adam_betas):
+            raise FieldError("adam_betas", f"each must be in [0, 1), got {list(self.adam_betas)}")
         if self.num_workers < 1 or self.max_tokens < 1 or self.update_freq < 1 or self.max_steps < 1:
             raise ValueError("train: num_workers >= 1, max_tokens >= 1, update_freq >= 1, max_steps >= 1")
         if self.validate_every < 1 or self.log_every < 1 or self.keep_checkpoints < 1 or self.average_best < 1:
@@ -230,7 +241,7 @@ class TuneConfig:
     grace_period: int = 0  # steps before ASHA may stop a trial; 0 = train.validate_every
     reduction_factor: int = 2
     max_concurrent: int = 0  # 0 = as many trials as the cluster's CPUs/GPUs hold
-    max_failures: int = 0  # retries of a failed trial (the sweep goes on either way)
+    max_failures: int = 0  # retries of a failed trial (the sweep goes on either way; -1 = no limit)
 
     def __post_init__(self) -> None:
         for key, spec in self.space.items():
@@ -248,6 +259,10 @@ class TuneConfig:
                 raise ValueError(f"tune.space.{key}.loguniform: low must be > 0 (use zero: p for 0)")
             if "zero" in spec and (kind != "loguniform" or not 0 <= spec["zero"] < 1):
                 raise ValueError(f"tune.space.{key}: zero (a probability in [0, 1)) goes with loguniform only")
+            numbers = [item for item in (*values, spec.get("zero", 0)) if isinstance(item, float)]
+            if not all(math.isfinite(item) for item in numbers):
+                raise ValueError(f"tune.space.{key}: values must be finite numbers, got {spec!r}")
+        require(self, max_failures=">= -1")
         if self.num_samples < 1 or self.reduction_factor < 2 or self.grace_period < 0 or self.max_concurrent < 0:
             raise ValueError("tune: num_samples >= 1, reduction_factor >= 2, grace_period >= 0, max_concurrent >= 0")
 
@@ -259,6 +274,9 @@ class RayConfig:
     address: str = ""
     num_cpus: int = 0  # local instance only; 0 = all
     object_store_memory_mb: int = 0  # local instance only; 0 = Ray's default
+
+    def __post_init__(self) -> None:
+        require(self, num_cpus=">= 0", object_store_memory_mb=">= 0")
 
 
 @dataclass(frozen=True)
@@ -300,7 +318,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
         path = Path(path)
         if not path.is_file():
             raise ConfigError(f"config file not found: {path}")
-        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        raw = _read_yaml(path) or {}
         if not isinstance(raw, dict):
             raise ConfigError(f"{path}: top level must be a mapping, got {type(raw).__name__}")
         raw = _resolve_local_dir(raw, path.parent)
@@ -310,6 +328,33 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
     cfg = from_dict(PipelineConfig, raw)
     check_consistency(cfg)
     return cfg
+
+
+def _read_yaml(path: Path) -> Any:
+    """The YAML document in `path`; unreadable bytes and syntax errors name the file and line."""
+    try:
+        blob = path.read_bytes()
+    except OSError as error:
+        raise ConfigError(f"{path}: cannot read the config file ({error.strerror})") from error
+    try:
+        text = blob.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line = blob[: error.start].count(b"\n") + 1
+        raise ConfigError(f"{path}:{line}: not UTF-8 ({error.reason} at byte {error.start}); save the config "
+                          f"as UTF-8") from error
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        raise ConfigError(f"{_yaml_problem(error, str(path))}; fix the YAML syntax") from error
+
+
+def _yaml_problem(error: yaml.YAMLError, where: str, with_line: bool = True) -> str:
+    """`where:line:column: invalid YAML (problem)` from a PyYAML error (its problem_mark is 0-based)."""
+    mark = getattr(error, "problem_mark", None)
+    if mark is not None and with_line:
+        where = f"{where}:{mark.line + 1}:{mark.column + 1}"
+    problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+    return f"{where}: invalid YAML ({problem})"
 
 
 def check_consistency(cfg: PipelineConfig) -> None:
@@ -360,7 +405,11 @@ def _apply_override(raw: dict[str, Any], override: str) -> None:
             raise ConfigError(f"override {override!r}: {'.'.join(parts[: i + 1])} is not a section")
         node = child
     _field_type(known, parts[-1], key)
-    node[parts[-1]] = _parse_scalar(text)
+    try:
+        node[parts[-1]] = _parse_scalar(text)
+    except yaml.YAMLError as error:
+        problem = _yaml_problem(error, f"override {override!r}", with_line=False)
+        raise ConfigError(f"{problem}; quote or fix the value") from error
 
 
 def _field_type(cls: type | None, name: str, path: str) -> type | None:

@@ -45,6 +45,7 @@ class ModelConfig:
     def __post_init__(self) -> None:
         checks = {
             **_transformer_checks(self),
+            "ffn_dim must be >= 1": self.ffn_dim >= 1,
             "layers_per_end must be >= 1": self.layers_per_end >= 1,
             "upsample_ratio must be an int >= 1": isinstance(self.upsample_ratio, int) and self.upsample_ratio >= 1,
             "max_relative_distance must be >= 1": self.max_relative_distance >= 1,
@@ -55,6 +56,11 @@ class ModelConfig:
             and self.d_model % self.link_heads == 0,
         }
         _validate(self, checks)
+        # Checked after the ratios: an input of EOS alone must fit once upsampled (CTC: r positions; DAG: a
+        # graph of int(λ·2) vertices, BOS and EOS).
+        shortest = self.upsample_ratio if self.head == "ctc" else int(self.graph_upsample_ratio * 2)
+        _validate(self, {f"max_positions must be >= {max(2, shortest)} (an input of EOS alone, upsampled by the "
+                         f"{self.head} head)": self.max_positions >= max(2, shortest)})
 
 
 @round_trip
@@ -103,6 +109,7 @@ def _transformer_checks(config: Any) -> dict[str, bool]:
     """The checks REDER's and the AR Transformer's configs share: vocabulary, attention heads, regularisation."""
     return {
         "vocab_size must be > 4 (pad, unk, bos, eos, blank)": config.vocab_size > 4,
+        "d_model must be >= 1": config.d_model >= 1,
         "d_model must be divisible by n_heads": config.n_heads >= 1 and config.d_model % config.n_heads == 0,
         "dropout must be in [0, 1)": 0.0 <= config.dropout < 1.0,
         "attention_dropout must be in [0, 1)": 0.0 <= config.attention_dropout < 1.0,

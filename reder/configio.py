@@ -6,11 +6,14 @@ that `from_dict` loads back. Pure Python: pipeline/config.py adds the YAML readi
 
 Loading is lenient exactly where saved files need it: an int is accepted (and converted) where a float
 is expected (older model directories hold e.g. `graph_upsample_ratio: 8`), a list where a tuple is
-(JSON and YAML have no tuples). Nothing else is converted: "3" is not an int, 1 is not a bool.
+(JSON and YAML have no tuples). Nothing else is converted: "3" is not an int, 1 is not a bool. A float
+must be finite: no field means anything by inf or nan (YAML's `.inf`, `.nan`), so they are errors at load.
 """
 from __future__ import annotations
 
 import dataclasses
+import math
+import operator
 import types
 import typing
 from typing import Any, Literal, TypeVar, Union
@@ -20,6 +23,27 @@ T = TypeVar("T")
 
 class ConfigError(ValueError):
     """A bad key, value or type in a config; the message names the key's path."""
+
+
+class FieldError(ValueError):
+    """A `__post_init__` check that failed on one field; `from_dict` names the field by its whole path."""
+
+    def __init__(self, key: str, problem: str) -> None:
+        super().__init__(f"{key}: {problem}")
+        self.key, self.problem = key, problem
+
+
+_BOUNDS = {">": operator.gt, ">=": operator.ge}
+
+
+def require(config: Any, **rules: str) -> None:
+    """Check fields against bounds, e.g. `require(self, lr="> 0", workers=">= 0")`; raise FieldError for the
+    first field out of range (`from_dict` turns it into `train.lr: must be > 0, got 0.0`)."""
+    for name, rule in rules.items():
+        comparison, bound = rule.split()
+        value = getattr(config, name)
+        if not _BOUNDS[comparison](value, float(bound)):
+            raise FieldError(name, f"must be {rule}, got {value!r}")
 
 
 def from_dict(cls: type[T], values: Any, path: str = "") -> T:
@@ -38,8 +62,14 @@ def from_dict(cls: type[T], values: Any, path: str = "") -> T:
     kwargs = {key: _convert(hints[key], value, _join(path, key)) for key, value in values.items()}
     try:
         return cls(**kwargs)
-    except (TypeError, ValueError) as error:  # __post_init__ checks; their messages name the class
-        raise ConfigError(f"{path}: {error}" if path else str(error)) from error
+    except FieldError as error:
+        raise ConfigError(f"{_join(path, error.key)}: {error.problem}") from error
+    except (TypeError, ValueError) as error:  # __post_init__ checks; their messages name the class or section
+        message = str(error)
+        section = f"{path.rsplit('.', 1)[-1]}: "
+        if path and message.startswith(section):  # `teacher.train: lr > 0`, not `teacher.train: train: lr > 0`
+            message = message[len(section):]
+        raise ConfigError(f"{path}: {message}" if path else message) from error
 
 
 def to_dict(config: Any) -> dict[str, Any]:
@@ -97,7 +127,13 @@ def _convert(hint: Any, value: Any, path: str) -> Any:
     if hint is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{path}: expected float, got {type(value).__name__} {value!r}")
-        return float(value)
+        try:
+            number = float(value)
+        except OverflowError:  # an int beyond float's range
+            number = math.inf
+        if not math.isfinite(number):
+            raise ConfigError(f"{path}: expected a finite number, got {value!r}")
+        return number
     if hint is int:
         if isinstance(value, bool) or not isinstance(value, int):
             raise ConfigError(f"{path}: expected int, got {type(value).__name__} {value!r}")

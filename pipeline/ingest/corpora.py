@@ -105,7 +105,7 @@ def read_named(data: DataConfig, workdir: Path) -> dict[str, RawSplit]:
                                   f"{stem}.{data.tgt_lang}) is not in data.local_dir={data.local_dir!r} "
                                   f"and data.download is false")
             paths = _fetch(data, source if stem == source.stem else SplitSource(stem), cache, stem)
-        splits[split] = read_parallel(*paths, lenient=data.lenient)
+        splits[split] = read_parallel(*paths, lenient=data.lenient, max_input_mb=data.max_input_mb)
     return splits
 
 

@@ -1,12 +1,15 @@
 """Reading local corpus files: `files` (`<split>.<lang>[.gz]`) and `tsv` (`<split>.tsv[.gz]`).
 
 Also what every reader shares: the split names, the `RawSplit` a reader returns and `CorpusError`.
-Misaligned sides, a tsv line without exactly one tab, invalid UTF-8 (unless `lenient`) and missing
-files are errors naming the file (and line); `id` is the 1-based line number in the source file.
+Misaligned sides, a tsv line without exactly one tab, invalid UTF-8 (unless `lenient`), missing files,
+corrupt gzip data and a file larger than `data.max_input_mb` (decompressed; read in chunks, so a
+decompression bomb stops at the cap) are errors naming the file (and line); `id` is the 1-based line
+number in the source file.
 """
 from __future__ import annotations
 
 import gzip
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,6 +17,8 @@ from pipeline.config import DataConfig
 from pipeline.stage import StageError
 
 SPLITS = ("train", "valid", "test")
+MB = 10**6  # data.max_input_mb counts these
+CHUNK = 1 << 20  # bytes read (decompressed) at a time
 
 
 class CorpusError(StageError):
@@ -37,15 +42,17 @@ def read_local(data: DataConfig) -> dict[str, RawSplit]:
     local = Path(data.local_dir)
     stems = {split: getattr(data, f"{split}_split") or split for split in SPLITS}
     if data.source == "tsv":
-        return {split: read_tsv(find_file(local, f"{stems[split]}.tsv"), data.lenient) for split in SPLITS}
+        return {split: read_tsv(find_file(local, f"{stems[split]}.tsv"), data.lenient, data.max_input_mb)
+                for split in SPLITS}
     return {split: read_parallel(find_file(local, f"{stems[split]}.{data.src_lang}"),
-                                 find_file(local, f"{stems[split]}.{data.tgt_lang}"), data.lenient)
+                                 find_file(local, f"{stems[split]}.{data.tgt_lang}"), data.lenient, data.max_input_mb)
             for split in SPLITS}
 
 
-def read_parallel(src_path: Path, tgt_path: Path, lenient: bool = False) -> RawSplit:
+def read_parallel(src_path: Path, tgt_path: Path, lenient: bool = False,
+                  max_input_mb: int = DataConfig.max_input_mb) -> RawSplit:
     """Two line-aligned files; different line counts are an error naming both files and counts."""
-    src_lines, tgt_lines = _read_lines(src_path), _read_lines(tgt_path)
+    src_lines, tgt_lines = _read_lines(src_path, max_input_mb), _read_lines(tgt_path, max_input_mb)
     if len(src_lines) != len(tgt_lines):
         raise CorpusError(f"misaligned corpus: {src_path} has {len(src_lines)} lines but {tgt_path} has "
                           f"{len(tgt_lines)}; the two sides must have one sentence per line, aligned")
@@ -54,10 +61,10 @@ def read_parallel(src_path: Path, tgt_path: Path, lenient: bool = False) -> RawS
     return RawSplit(list(range(1, len(src) + 1)), src, tgt, f"{src_path} + {tgt_path}")
 
 
-def read_tsv(path: Path, lenient: bool = False) -> RawSplit:
+def read_tsv(path: Path, lenient: bool = False, max_input_mb: int = DataConfig.max_input_mb) -> RawSplit:
     """`src<TAB>tgt` lines; a line without exactly one tab is an error naming file and line."""
     ids, src, tgt = [], [], []
-    for number, line in enumerate(_read_lines(path), start=1):
+    for number, line in enumerate(_read_lines(path, max_input_mb), start=1):
         fields = line.split(b"\t")
         if len(fields) != 2:
             raise CorpusError(f"{path}:{number}: expected 2 tab-separated fields (src, tgt), got {len(fields)}")
@@ -75,17 +82,31 @@ def find_file(directory: Path, name: str) -> Path:
     raise CorpusError(f"corpus file not found: {directory / name} (nor {name}.gz) in {directory}")
 
 
-def _read_lines(path: Path) -> list[bytes]:
-    """Raw lines of a (possibly gzipped) file, split on '\\n' only, '\\r\\n' endings accepted."""
+def _read_lines(path: Path, max_input_mb: int) -> list[bytes]:
+    """Raw lines of a (possibly gzipped) file, split on '\\n' only, '\\r\\n' endings accepted; at most
+    `max_input_mb` MB are read (after decompression), chunk by chunk."""
     if not Path(path).is_file():
         raise CorpusError(f"corpus file not found: {path}")
     with open(path, "rb") as handle:
-        blob = handle.read()
-    if blob[:2] == b"\x1f\x8b":
-        try:
-            blob = gzip.decompress(blob)
-        except (OSError, EOFError) as error:
-            raise CorpusError(f"{path}: corrupt gzip file ({error})") from error
+        gzipped = handle.read(2) == b"\x1f\x8b"
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        with (gzip.open if gzipped else open)(path, "rb") as handle:
+            while chunk := handle.read(CHUNK):
+                size += len(chunk)
+                if size > max_input_mb * MB:
+                    raise CorpusError(f"{path}: more than data.max_input_mb={max_input_mb} MB"
+                                      f"{' once decompressed' if gzipped else ''}; a wrong or corrupt file, or "
+                                      f"raise data.max_input_mb (ingest holds a whole split in memory)")
+                chunks.append(chunk)
+    except (OSError, EOFError, zlib.error) as error:  # gzip.BadGzipFile is an OSError
+        reached = sum(chunk.count(b"\n") for chunk in chunks)
+        problem = "corrupt gzip file" if gzipped else "unreadable file"
+        raise CorpusError(f"{path}:{reached + 1}: {problem} ({error}), after {reached} complete lines; "
+                          f"fetch or compress the file again") from error
+    blob = b"".join(chunks)
+    del chunks
     if not blob:
         return []
     lines = blob.split(b"\n")

@@ -4,6 +4,7 @@ import pytest
 
 from pipeline.config import ConfigError, DataConfig, PipelineConfig, from_dict, load_config, to_yaml
 from reder.config import ModelConfig
+from reder.heads import head_class
 
 CONFIGS = sorted((Path(__file__).resolve().parents[2] / "configs").glob("*.yaml"))
 
@@ -126,3 +127,61 @@ def test_train_and_evaluate_sections_are_checked():
     with pytest.raises(ConfigError, match="placement_strategy"):
         load_config(None, ["train.placement_strategy=SCATTER"])
     assert load_config(None, ["train.placement_strategy=SPREAD"]).train.placement_strategy == "SPREAD"
+
+
+def test_unreadable_yaml_names_the_file_and_line(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("train:\n  lr: 1e-3\n  max_steps: [1, 2\nmodel: {}\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match=rf"^{path}:4:6: invalid YAML \(expected ',' or '\]', but got ':'\); fix"):
+        load_config(path)
+    path.write_bytes(b"train:\n  lr: 0.001  # caf\xe9\n")  # Latin-1, not UTF-8
+    with pytest.raises(ConfigError, match=rf"^{path}:2: not UTF-8 \(invalid continuation byte at byte 25\)"):
+        load_config(path)
+    with pytest.raises(ConfigError, match=r"^override 'train.lr=\[1,': invalid YAML"):
+        load_config(None, ["train.lr=[1,"])
+
+
+@pytest.mark.parametrize("override, message", [
+    ("train.lr=.inf", r"^train\.lr: expected a finite number, got inf$"),
+    ("train.lr=.nan", r"^train\.lr: expected a finite number, got nan$"),
+    ("teacher.train.adam_betas=[0.9, .inf]", r"^teacher\.train\.adam_betas\[1\]: expected a finite number"),
+    ("model.dropout=-.inf", r"^model\.dropout: expected a finite number, got -inf$"),
+    ("data.max_length_ratio=1e400", r"^data\.max_length_ratio: expected a finite number, got inf$"),
+    ("tune.space={train.lr: {uniform: [0.1, .inf]}}", r"tune\.space\.train\.lr: values must be finite numbers"),
+    ("model.max_positions=0", r"^model: ModelConfig: max_positions must be >= 2 "),
+    (("model.upsample_ratio=4", "model.max_positions=3"),
+     r"^model: ModelConfig: max_positions must be >= 4 .*ctc head"),
+    (("model.head=dag", "model.max_positions=15"), r"^model: ModelConfig: max_positions must be >= 16 .*dag head"),
+    ("model.n_heads=0", r"^model: ModelConfig: d_model must be divisible by n_heads"),
+    ("model.d_model=0", r"^model: ModelConfig: d_model must be >= 1"),
+    ("model.ffn_dim=0", r"^model: ModelConfig: ffn_dim must be >= 1"),
+    ("teacher.model.n_heads=0", r"^teacher\.model: TransformerConfig: d_model must be divisible by n_heads"),
+    ("train.cpus_per_worker=-1", r"^train\.cpus_per_worker: must be > 0, got -1\.0$"),
+    ("train.cpus_per_worker=0", r"^train\.cpus_per_worker: must be > 0, got 0\.0$"),
+    ("train.gpus_per_worker=0", r"^train\.gpus_per_worker: must be > 0"),
+    ("teacher.train.gpus_per_worker=-1", r"^teacher\.train\.gpus_per_worker: must be > 0"),
+    ("distill.cpus_per_worker=0", r"^distill: .*cpus_per_worker > 0"),
+    ("train.warmup_init_lr=-1e-7", r"^train\.warmup_init_lr: must be >= 0"),
+    ("train.adam_eps=0", r"^train\.adam_eps: must be > 0"),
+    ("train.weight_decay=-0.1", r"^train\.weight_decay: must be >= 0"),
+    ("train.clip_norm=-1", r"^train\.clip_norm: must be >= 0"),
+    ("train.adam_betas=[0.9, 1.0]", r"^train\.adam_betas: each must be in \[0, 1\)"),
+    ("train.start_timeout_s=0", r"^train\.start_timeout_s: must be > 0"),
+    ("train.max_failures=-2", r"^train\.max_failures: must be >= -1"),
+    ("train.lr=0", r"^train: adam_betas needs two values, lr > 0"),  # the section is named once
+    ("ray.num_cpus=-1", r"^ray\.num_cpus: must be >= 0, got -1$"),
+    ("ray.object_store_memory_mb=-1", r"^ray\.object_store_memory_mb: must be >= 0"),
+    ("evaluate.teacher_beam_size=0", r"^evaluate: teacher_beam_size must be >= 1"),
+    ("data.max_input_mb=0", r"^data\.max_input_mb: must be >= 1, got 0$"),
+])
+def test_out_of_range_values_are_rejected_with_the_key_path(override, message):
+    """Values that used to load and fail later (or never): non-finite floats anywhere, sizes and resources."""
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, [override] if isinstance(override, str) else list(override))
+
+
+def test_the_smallest_max_positions_fits_an_eos_only_input():
+    for overrides in (["model.upsample_ratio=4", "model.max_positions=4"],
+                      ["model.head=dag", "model.max_positions=16"]):
+        model = load_config(None, overrides).model
+        assert head_class(model.head)(model).max_input_length() == 1

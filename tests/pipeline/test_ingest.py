@@ -11,6 +11,7 @@ import pytest
 from pipeline import graph, ingest
 from pipeline.config import load_config
 from pipeline.ingest import CorpusError, corpora
+from pipeline.ingest.readers import CHUNK, read_parallel
 from tests.conftest import SHARED_DATA
 from tests.pipeline.conftest import make_pairs, write_files_corpus
 from tests.pipeline.sword_module import write_ztext_module
@@ -291,3 +292,61 @@ def test_sword_reader_on_the_debian_bible_pair(tmp_path):
     assert by_id[1] == ("In the beginning, God created the heavens and the earth.",  # Gen 1:1
                         "EN el principio crió Dios los cielos y la tierra.")
     assert all(s and t for s, t in by_id.values())
+
+
+@pytest.mark.parametrize("damage", ["truncated", "invalid deflate block", "bad header"])
+def test_corrupt_gzip_names_file_and_line(tmp_path, damage):
+    corpus = write_files_corpus(tmp_path / "corpus")
+    text = (corpus / "train.de").read_bytes()
+    (corpus / "train.de").unlink()
+    packed = gzip.compress(text)
+    packed = {"truncated": packed[: len(packed) // 2],  # EOFError
+              "invalid deflate block": packed[:10] + b"\xff" * 20 + packed[30:],  # zlib.error
+              "bad header": packed[:2] + b"\x07" + packed[3:]}[damage]  # gzip.BadGzipFile
+    (corpus / "train.de.gz").write_bytes(packed)
+    with pytest.raises(CorpusError, match=rf"^{corpus / 'train.de.gz'}:\d+: corrupt gzip file \(.+\), after \d+ "
+                                          r"complete lines; fetch or compress the file again$"):
+        graph.run(files_config(corpus), tmp_path / "work", "ingest")
+    assert_nothing_written(tmp_path / "work")
+
+
+def test_max_input_mb_caps_the_decompressed_bytes_of_a_file(tmp_path, monkeypatch):
+    """A decompression bomb stops at the cap: the reader reads chunk by chunk, never the whole file."""
+    corpus = write_files_corpus(tmp_path / "corpus")
+    (corpus / "valid.en").unlink()
+    (corpus / "valid.en.gz").write_bytes(gzip.compress(b"Hello.\n" * 300_000))  # 2.1 MB from ~4 kB
+    reads = []
+    real_open = gzip.open
+
+    def counting_open(*args, **kwargs):
+        handle = real_open(*args, **kwargs)
+        read = handle.read
+        handle.read = lambda size=-1: reads.append(size) or read(size)
+        return handle
+
+    monkeypatch.setattr(gzip, "open", counting_open)
+    with pytest.raises(CorpusError, match=rf"^{corpus / 'valid.en.gz'}: more than data.max_input_mb=1 MB once "
+                                          r"decompressed; .* raise data.max_input_mb"):
+        graph.run(files_config(corpus, "data.max_input_mb=1"), tmp_path / "work", "ingest")
+    assert reads and set(reads) == {CHUNK} and sum(reads) < 2_100_000  # stopped before reading it all
+    assert_nothing_written(tmp_path / "work")
+    plain = tmp_path / "plain.en"
+    plain.write_bytes(b"x\n" * 600_000)
+    with pytest.raises(CorpusError, match=rf"^{plain}: more than data.max_input_mb=1 MB; "):
+        read_parallel(plain, plain, max_input_mb=1)
+    bomb = corpus / "valid.en.gz"
+    assert read_parallel(bomb, bomb).src == ["Hello."] * 300_000  # under the default cap
+
+
+def test_nul_bytes_and_very_long_lines_are_read_and_filtered(tmp_path):
+    corpus = write_files_corpus(tmp_path / "corpus")
+    for split in ("train", "valid"):
+        lines = (corpus / f"{split}.en").read_bytes().split(b"\n")
+        lines[0], lines[1] = lines[0].replace(b" ", b" \x00 ", 1), b"long " * 200_000
+        (corpus / f"{split}.en").write_bytes(b"\n".join(lines))
+    out = graph.run(files_config(corpus), tmp_path / "work", "ingest")
+    report = json.loads((out / "report.json").read_text())
+    train = pq.read_table(out / "train").to_pylist()
+    assert ["\x00" in row["src"] for row in train if row["id"] == 1] == [True]  # kept: a NUL is a character
+    assert 2 not in {row["id"] for row in train} and report["splits"]["train"]["dropped"]["too_long"] >= 1
+    assert len(pq.read_table(out / "valid").column("src")[1].as_py()) == 999_999  # stripped; counted, never dropped

@@ -1,5 +1,7 @@
 import json
+import gzip
 import math
+import re
 import subprocess
 import sys
 import time
@@ -10,6 +12,7 @@ import pytest
 import run_pipeline
 from pipeline import evaluate
 from pipeline.config import ConfigError
+from tests.pipeline.conftest import write_files_corpus
 
 SMOKE = Path(run_pipeline.__file__).resolve().parent / "configs" / "smoke.yaml"
 
@@ -42,6 +45,31 @@ def test_default_run_without_the_sword_packages_says_what_to_install(tmp_path, c
 def test_later_stage_alone_needs_earlier_ones(tmp_path, capsys):
     assert run_pipeline.main(["--config", str(SMOKE), f"workdir={tmp_path}", "--stages", "spm"]) == 2
     assert "stage 'ingest' has no finished output" in capsys.readouterr().err
+
+
+def test_bad_input_is_one_error_line_and_exit_code_2(tmp_path, capsys):
+    """Issue 23: a YAML syntax error, a non-finite value and a corrupt corpus reach the user as
+    `error: <message>` naming the file or key, with no traceback."""
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("train:\n  lr: [0.1\n", encoding="utf-8")
+    gz = tmp_path / "corpus"
+    write_files_corpus(gz)
+    packed = gzip.compress((gz / "train.de").read_bytes())
+    (gz / "train.de").unlink()
+    (gz / "train.de.gz").write_bytes(packed[:10] + b"\xff" * 20 + packed[30:])  # zlib.error when inflated
+    corpus = ["data.source=files", f"data.local_dir={gz}", "data.src_lang=en", "data.tgt_lang=de"]
+    for argv, message in [
+        (["--config", str(bad)], rf"{bad}:3:1: invalid YAML \(.*\); fix the YAML syntax"),
+        (["--config", str(SMOKE), "train.lr=.inf"], r"train\.lr: expected a finite number, got inf"),
+        (["--config", str(SMOKE), "train.cpus_per_worker=0"], r"train\.cpus_per_worker: must be > 0, got 0\.0"),
+        (["--config", str(SMOKE), *corpus, "tracking.enabled=false", "--stages", "ingest"],
+         rf"{gz / 'train.de.gz'}:1: corrupt gzip file \(Error -3 .*\), after 0 complete lines"),
+    ]:
+        assert run_pipeline.main([*argv, f"workdir={tmp_path / 'work'}"]) == 2
+        out = capsys.readouterr()
+        assert re.search(rf"^error: {message}[^\n]*\n\Z", out.err, re.MULTILINE), out.err  # the last line
+        assert "Traceback" not in out.out + out.err
+    assert not list((tmp_path / "work").glob("ingest-*"))
 
 
 @pytest.mark.slow

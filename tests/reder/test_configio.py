@@ -9,13 +9,22 @@ from pathlib import Path
 import pytest
 
 from reder.config import LossConfig, ModelConfig, TransformerConfig
-from reder.configio import ConfigError, from_dict, to_dict
+from reder.configio import ConfigError, from_dict, require, to_dict
 
 
 @dataclass(frozen=True)
 class Inner:
     ratio: float = 1.0
     betas: tuple[float, ...] = (0.9, 0.98)
+
+
+@dataclass(frozen=True)
+class Bounded:
+    rate: float = 1.0
+    workers: int = 0
+
+    def __post_init__(self) -> None:
+        require(self, rate="> 0", workers=">= 0")
 
 
 @dataclass(frozen=True)
@@ -60,6 +69,24 @@ def test_value_checks_keep_their_messages_and_get_the_section_path():
     with pytest.raises(ConfigError, match=r"^model: ModelConfig: d_model must be divisible by n_heads"):
         from_dict(Outer, {"model": {"n_heads": 3}})
     assert issubclass(ConfigError, ValueError)  # callers catching ValueError still do
+
+
+def test_non_finite_floats_are_rejected_at_load():
+    """No field means anything by inf or nan, so none loads one (json.loads reads Infinity and NaN too)."""
+    with pytest.raises(ConfigError, match=r"^model\.dropout: expected a finite number, got nan$"):
+        from_dict(Outer, {"model": {"dropout": float("nan")}})
+    with pytest.raises(ConfigError, match=r"^inner\.betas\[0\]: expected a finite number, got -inf$"):
+        from_dict(Outer, json.loads('{"inner": {"betas": [-Infinity, 0.9]}}'))
+    with pytest.raises(ConfigError, match=r"^inner\.ratio: expected a finite number, got 1000"):
+        from_dict(Outer, {"inner": {"ratio": 10 ** 400}})  # an int beyond float's range
+
+
+def test_field_bounds_name_the_whole_key_path():
+    with pytest.raises(ConfigError, match=r"^outer\.bounded\.rate: must be > 0, got 0\.0$"):
+        from_dict(Bounded, {"rate": 0}, "outer.bounded")
+    with pytest.raises(ValueError, match=r"^workers: must be >= 0, got -1$"):
+        Bounded(workers=-1)
+    assert from_dict(Bounded, {"rate": 0.5, "workers": 0}) == Bounded(0.5, 0)
 
 
 def test_an_int_loads_as_a_float_and_a_list_as_a_tuple():
