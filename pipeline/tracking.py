@@ -16,6 +16,7 @@ local store with `mlflow ui --backend-store-uri sqlite:///<workdir>/mlflow.db`.
 from __future__ import annotations
 
 import os
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -116,10 +117,50 @@ def plot_history(history: list[dict[str, Any]], path: Path) -> Path:
     return path
 
 
+OWNER_HOST, OWNER_PID = "duplex.host", "duplex.pid"  # tags of the process that opened a parent run
+
+
+def owner_tags() -> dict[str, str]:
+    """Tags naming this process, so a later invocation can tell that a RUNNING run's process is gone."""
+    return {OWNER_HOST: socket.gethostname(), OWNER_PID: str(os.getpid())}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: alive
+        return True
+    return True
+
+
+def close_orphans(client: Any, experiment_id: str) -> list[str]:
+    """Mark KILLED the parent runs left RUNNING by a process of this host that no longer exists (a SIGKILL,
+    a lost machine), with every run still RUNNING under them; returns their ids. Runs of live processes
+    and of other hosts are left alone."""
+    host = socket.gethostname()
+    closed = []
+    for run in client.search_runs([experiment_id], f"attributes.status = 'RUNNING' and tags.`{OWNER_HOST}` = '{host}'"):
+        pid = run.data.tags.get(OWNER_PID, "")
+        if not pid.isdigit() or _alive(int(pid)):
+            continue
+        pending = [run.info.run_id]
+        while pending:
+            run_id = pending.pop()
+            pending += [child.info.run_id for child in client.search_runs(
+                [experiment_id], f"attributes.status = 'RUNNING' and tags.mlflow.parentRunId = '{run_id}'")]
+            client.set_tag(run_id, "error", f"process {pid} on {host} ended without closing this run (killed)")
+            client.set_terminated(run_id, "KILLED")
+            closed.append(run_id)
+    return closed
+
+
 class Tracker:
     """Opens the parent run at the first stage that actually runs (a run that skips everything opens
-    nothing); a stage that fails leaves both runs FAILED with the error. Disabled: every method does
-    nothing."""
+    nothing); a stage that fails leaves both runs FAILED with the error. The parent run is tagged with this
+    process's host and pid: the next invocation closes KILLED what a killed process left RUNNING
+    (`close_orphans`). Disabled: every method does nothing."""
 
     def __init__(self, cfg: TrackingConfig, workdir: Path, config: dict[str, Any], config_yaml: str = "") -> None:
         self.cfg = cfg
@@ -138,9 +179,10 @@ class Tracker:
 
         if self.run_id is None:
             mlflow.set_tracking_uri(self.uri)
-            ensure_experiment(mlflow.MlflowClient(self.uri), self.cfg.experiment, self.workdir)
+            client = mlflow.MlflowClient(self.uri)
+            close_orphans(client, ensure_experiment(client, self.cfg.experiment, self.workdir))
             mlflow.set_experiment(self.cfg.experiment)
-            self.run_id = mlflow.start_run(run_name="pipeline").info.run_id
+            self.run_id = mlflow.start_run(run_name="pipeline", tags=owner_tags()).info.run_id
             mlflow.log_params(config_params(self.config))
             if self.config_yaml:
                 mlflow.log_text(self.config_yaml, "config.yaml")
@@ -220,7 +262,8 @@ class SweepTracker:
         uri = tracking_uri(cfg, workdir)
         client = MlflowClient(uri)
         experiment_id = ensure_experiment(client, cfg.experiment, workdir)
-        parent = client.create_run(experiment_id, run_name="tune", tags={"tune_dir": name}).info.run_id
+        close_orphans(client, experiment_id)
+        parent = client.create_run(experiment_id, run_name="tune", tags={"tune_dir": name, **owner_tags()}).info.run_id
         for key, value in config_params(config).items():
             client.log_param(parent, key, value)
         client.log_text(parent, config_yaml, "config.yaml")

@@ -69,3 +69,33 @@ def test_a_failed_sweep_closes_every_open_run_failed(tmp_path):
     assert client.get_run(done["run_id"]).info.status == "FINISHED"
     assert client.get_run(running["run_id"]).info.status == "FAILED"
     assert client.get_run(tracker.parent_run_id).info.status == "FAILED"
+
+
+def test_runs_left_running_by_a_killed_process_are_closed_killed_by_the_next_invocation(tmp_path):
+    import os
+    import subprocess
+
+    from pipeline.tracking import OWNER_HOST, OWNER_PID, Tracker, ensure_experiment, owner_tags
+
+    client = MlflowClient(f"sqlite:///{tmp_path.resolve()}/mlflow.db")
+    experiment = ensure_experiment(client, "duplex", tmp_path)
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # a process that has ended: what a SIGKILLed pipeline leaves behind
+
+    def parent(tags: dict) -> str:
+        return client.create_run(experiment, run_name="pipeline", tags=tags).info.run_id
+
+    killed = parent({**owner_tags(), OWNER_PID: str(gone.pid)})
+    stage = client.create_run(experiment, run_name="train", tags={"mlflow.parentRunId": killed}).info.run_id
+    alive = parent(owner_tags())  # this very process: still running
+    elsewhere = parent({OWNER_HOST: "another-host", OWNER_PID: str(gone.pid)})
+    untagged = parent({})
+
+    tracker = Tracker(TrackingConfig(), tmp_path, {"workdir": str(tmp_path)})
+    tracker.begin_stage("ingest")
+    tracker.close()
+    status = {run_id: client.get_run(run_id).info.status for run_id in (killed, stage, alive, elsewhere, untagged)}
+    assert status == {killed: "KILLED", stage: "KILLED", alive: "RUNNING", elsewhere: "RUNNING", untagged: "RUNNING"}
+    assert "ended without closing" in client.get_run(stage).data.tags["error"]
+    mine = client.get_run(tracker.run_id)
+    assert mine.info.status == "FINISHED" and mine.data.tags[OWNER_PID] == str(os.getpid())
