@@ -76,8 +76,12 @@ class CtcHead(nn.Module):
         return layout, valid_mask(output.lengths, layout.shape[1]), feasible
 
     def cycle_input(self, output: HeadOutput) -> tuple[torch.Tensor, torch.Tensor]:
-        """Hard tokens for CC: per-frame argmax, repeats merged, blanks kept (B, T'), and lengths (B,)."""
-        return collapse_frames(output.log_probs.argmax(dim=-1), output.lengths, self.cfg.blank_id, keep_blank=True)
+        """Hard tokens for CC: per-frame argmax, repeats merged, blanks kept (B, T'), and lengths (B,); cut to
+        max_input_length, since r·|x| frames upsampled again by r can exceed max_positions (long sources)."""
+        tokens, lengths = collapse_frames(output.log_probs.argmax(dim=-1), output.lengths, self.cfg.blank_id,
+                                          keep_blank=True)
+        limit = self.max_input_length()
+        return tokens[:, :limit], lengths.clamp(max=limit)
 
     def decode(self, output: HeadOutput, decoder: str, beam_size: int) -> list[list[int]]:
         """Raw labels (EOS kept) of one hypothesis per sentence: greedy, or prefix beam search (beam_size > 1)."""

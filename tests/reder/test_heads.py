@@ -242,6 +242,21 @@ def test_ctc_cycle_input_merges_repeated_frames_and_keeps_blanks_and_fba_lays_ou
     assert torch.equal(compared, padding_mask([6, 4]))  # every position is compared
 
 
+def test_ctc_cycle_input_is_cut_to_what_the_reverse_pass_can_upsample():
+    """r·(|x|+1) frames that collapse to more than max_positions / r tokens would be upsampled past
+    max_positions by CC's back-translation (a stage-two crash on long sources): CC's input is cut."""
+    head = CtcHead(tiny_config(upsample_ratio=2, max_positions=8))
+    assert head.max_input_length() == 4
+    frames = torch.tensor([[4, 5, 6, 7, 8, 9, 10, 3], [4, 4, 5, 3, 0, 0, 0, 0]])  # no repeats: 8 tokens
+    output = HeadOutput(F.one_hot(frames, 12).double().log_softmax(-1), torch.tensor([8, 4]))
+    tokens, lengths = head.cycle_input(output)
+    assert lengths.tolist() == [4, 3] and tokens.tolist() == [[4, 5, 6, 7], [4, 5, 3, 0]]
+    model = tiny_model(LossConfig(lambda_fba=0.0, lambda_cc=1.0, aux_start_step=0), upsample_ratio=2, max_positions=8)
+    x = torch.tensor([[4, 5, 6, EOS_ID]])
+    model.outputs(tokens[:1], lengths[:1], "tgt2src")  # fits: 4 tokens upsampled to 8 positions
+    assert torch.isfinite(model.loss(x, torch.tensor([4]), x, torch.tensor([4]), step=0)["total"])
+
+
 def test_dag_cycle_input_is_the_greedy_output_with_eos_cut_to_the_input_limit():
     head = DagHead(tiny_config(head="dag", graph_upsample_ratio=2.0, link_heads=2, max_positions=10))
     assert head.max_input_length() == 4  # BOS + 4 pieces → 10 vertices: CC's input keeps 3 pieces + EOS
