@@ -15,11 +15,13 @@ local store with `mlflow ui --backend-store-uri sqlite:///<workdir>/mlflow.db`.
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import socket
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from pipeline.config import TrackingConfig
 
@@ -31,15 +33,40 @@ def tracking_uri(cfg: TrackingConfig, workdir: Path) -> str:
     return cfg.uri or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path(workdir).resolve()}/mlflow.db"
 
 
+def open_client(uri: str) -> Any:
+    """An MlflowClient for `uri`. Creating the first client of a new sqlite store creates its schema (MLflow
+    opens the store eagerly): under a lock beside the database, so runs starting at once on a new store do
+    not race in MLflow's migrations (an alembic error was seen)."""
+    from mlflow.tracking import MlflowClient
+
+    with _store_lock(uri):
+        return MlflowClient(uri)
+
+
 def ensure_experiment(client: Any, name: str, workdir: Path) -> str:
-    """The id of experiment `name`, created if missing. With the embedded sqlite store its artifacts go to
-    <workdir>/mlartifacts; a server keeps its own artifact store (`--artifacts-destination`)."""
-    experiment = client.get_experiment_by_name(name)
-    if experiment is not None:
-        return experiment.experiment_id
-    local = client.tracking_uri.startswith("sqlite:")
-    return client.create_experiment(name, artifact_location=(Path(workdir).resolve() / "mlartifacts").as_uri()
-                                    if local else None)
+    """The id of experiment `name`, created if missing (under the store's lock: two runs starting at once
+    create it once). With the embedded sqlite store its artifacts go to <workdir>/mlartifacts; a server keeps
+    its own artifact store (`--artifacts-destination`)."""
+    local = client.tracking_uri.startswith("sqlite:///")
+    with _store_lock(client.tracking_uri):
+        experiment = client.get_experiment_by_name(name)
+        if experiment is not None:
+            return experiment.experiment_id
+        return client.create_experiment(name, artifact_location=(Path(workdir).resolve() / "mlartifacts").as_uri()
+                                        if local else None)
+
+
+@contextlib.contextmanager
+def _store_lock(uri: str) -> Iterator[None]:
+    """An exclusive lock on `<database>.lock` for a sqlite store URI (nothing for a server)."""
+    if not uri.startswith("sqlite:///"):
+        yield
+        return
+    database = Path(uri[len("sqlite:///"):])
+    database.parent.mkdir(parents=True, exist_ok=True)
+    with open(f"{database}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 def child_run(target: dict[str, str] | None, name: str, tags: dict[str, str] | None = None) -> dict[str, str] | None:
@@ -179,7 +206,7 @@ class Tracker:
 
         if self.run_id is None:
             mlflow.set_tracking_uri(self.uri)
-            client = mlflow.MlflowClient(self.uri)
+            client = open_client(self.uri)
             close_orphans(client, ensure_experiment(client, self.cfg.experiment, self.workdir))
             mlflow.set_experiment(self.cfg.experiment)
             self.run_id = mlflow.start_run(run_name="pipeline", tags=owner_tags()).info.run_id
@@ -260,7 +287,7 @@ class SweepTracker:
         from mlflow.tracking import MlflowClient
 
         uri = tracking_uri(cfg, workdir)
-        client = MlflowClient(uri)
+        client = open_client(uri)
         experiment_id = ensure_experiment(client, cfg.experiment, workdir)
         close_orphans(client, experiment_id)
         parent = client.create_run(experiment_id, run_name="tune", tags={"tune_dir": name, **owner_tags()}).info.run_id

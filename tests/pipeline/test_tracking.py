@@ -99,3 +99,31 @@ def test_runs_left_running_by_a_killed_process_are_closed_killed_by_the_next_inv
     assert "ended without closing" in client.get_run(stage).data.tags["error"]
     mine = client.get_run(tracker.run_id)
     assert mine.info.status == "FINISHED" and mine.data.tags[OWNER_PID] == str(os.getpid())
+
+
+def test_runs_starting_together_on_a_new_sqlite_store_share_one_experiment(tmp_path):
+    """The first client of a sqlite store creates its schema: several runs starting at once must not race in
+    MLflow's migrations (an alembic error was seen) or create the experiment twice."""
+    import subprocess
+    import sys
+    import time
+
+    go, store = tmp_path / "go", f"sqlite:///{tmp_path.resolve()}/store/mlflow.db"
+    script = ("import sys, time\nfrom pathlib import Path\n"
+              "from pipeline.tracking import ensure_experiment, open_client\n"
+              f"Path({str(tmp_path)!r}, 'ready-' + sys.argv[1]).write_text('')\n"
+              f"while not Path({str(go)!r}).exists():\n    time.sleep(0.005)\n"
+              f"print(ensure_experiment(open_client({store!r}), 'duplex', Path({str(tmp_path)!r})))\n")
+    processes = [subprocess.Popen([sys.executable, "-c", script, str(i)], stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True) for i in range(3)]
+    try:
+        deadline = time.monotonic() + 60
+        while len(list(tmp_path.glob("ready-*"))) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        go.write_text("")  # release all three at once
+        outputs = [process.communicate(timeout=120) for process in processes]
+    finally:
+        for process in processes:
+            process.kill()
+    assert [p.returncode for p in processes] == [0, 0, 0], [err[-2000:] for _, err in outputs]
+    assert len({out.strip() for out, _ in outputs}) == 1  # one experiment
