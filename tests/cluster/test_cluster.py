@@ -97,6 +97,22 @@ def test_cluster_file_supplies_address_tracking_and_shared_workdir(tmp_path, mon
         connect.cluster_overrides(*laptop)
 
 
+def test_a_local_run_starts_its_own_ray_instead_of_joining_one_running_here(monkeypatch):
+    """ray.init() without an address joins any Ray instance already running on the machine (seen: one with no
+    free CPU, and the run hung): connect() asks for a new local instance, or the configured cluster."""
+    import ray
+
+    calls = []
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", lambda **kwargs: calls.append(kwargs))
+    monkeypatch.setattr(ray, "available_resources", lambda: {"CPU": 1.0})
+    connect.connect("", num_cpus=2, object_store_memory_mb=100)
+    connect.connect("10.0.0.5:6379")
+    assert calls[0] == {"address": "local", "include_dashboard": False, "num_cpus": 2,
+                        "object_store_memory": 100 * 1024 * 1024}
+    assert calls[1]["address"] == "10.0.0.5:6379"
+
+
 def test_the_cluster_package_imports_without_torch_pipeline_or_reder():
     """The head node's services run where torch is not installed: importing cluster/ must not pull it in."""
     blocker = ("import builtins, sys\n"
