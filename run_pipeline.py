@@ -63,8 +63,12 @@ def select_stages(text: str) -> list[str]:
 
 
 def connect_ray(cfg: PipelineConfig, dashboard: bool = False) -> None:
-    """Connect to Ray (the config's cluster, or a local instance); on a cluster, check first that every
-    node sees the workdir (stage outputs and checkpoints are read back by other nodes)."""
+    """Connect to Ray once (the config's cluster, or a local instance; a no-op when connected); on a cluster,
+    check then that every node sees the workdir (stage outputs and checkpoints are read back by other nodes)."""
+    import ray
+
+    if ray.is_initialized():
+        return
     connect(cfg.ray.address, cfg.ray.num_cpus, cfg.ray.object_store_memory_mb, dashboard)
     if cfg.ray.address:
         nodes = check_shared_storage(Path(cfg.workdir))
@@ -96,7 +100,7 @@ def run(cfg: PipelineConfig, stages: list[str], force: bool = False) -> dict[str
             started = time.time()
             if status == "ran":
                 if graph.BY_NAME[name].uses_ray:
-                    connect_ray(cfg)  # once: a no-op when connected
+                    connect_ray(cfg)
                 tracker.begin_stage(name)
             output = graph.run(cfg, workdir, name, force=force, tracker=tracker)
             counts = read_manifest(output)["counts"]
