@@ -34,7 +34,7 @@ from pipeline.config import DistillConfig, PipelineConfig
 from pipeline.metrics import corpus_scores
 from pipeline.parquet import write_split
 from pipeline.stage import StageError, StageRun, write_json
-from reder import EOS_ID
+from reder import EOS_ID, heads
 from reder.autoregressive import Transformer
 from reder.checkpoint import load_teacher_dir
 from reder.translate import translate_ids
@@ -181,7 +181,7 @@ def read_corpus(path: Path, references: pa.Table) -> pa.Table:
 
 def apply_fallbacks(table: pa.Table, cfg: PipelineConfig) -> tuple[pa.Table, dict[str, int]]:
     """Replace KD outputs REDER's head cannot align (tokenize's feasibility rules) by the references."""
-    feasible = tokenize.feasibility_rule(cfg.model)
+    feasible = heads.feasibility_rule(cfg.model)
     src, tgt = table.column("src_ids").to_pylist(), table.column("tgt_ids").to_pylist()
     kd_tgt, kd_src = table.column("kd_tgt_ids").to_pylist(), table.column("kd_src_ids").to_pylist()
     counts = {"fallback_src2tgt": 0, "fallback_tgt2src": 0}

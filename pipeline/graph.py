@@ -20,6 +20,7 @@ from typing import Any
 from pipeline import distill, evaluate, ingest, spm, teacher, tokenize, train, tune
 from pipeline.config import PipelineConfig, TrainConfig
 from pipeline.stage import Stage, StageError, StageRun, require_done, run_stage, stage_dir
+from reder import heads
 
 # Keys of a train section that change neither the data order nor the optimisation: not hashed.
 NOT_HASHED = ("log_every", "max_failures", "storage_path", "fail_at_step", "start_timeout_s", "valid_max_sentences")
@@ -50,7 +51,7 @@ def _teacher_key(cfg: PipelineConfig) -> dict[str, Any]:
 def _distill_key(cfg: PipelineConfig) -> dict[str, Any]:
     source = {"corpus": str(Path(cfg.distill.corpus).expanduser().resolve())} if cfg.distill.corpus \
         else {"decoding": {k: getattr(cfg.distill, k) for k in distill.DECODING_KEYS}}
-    return {**source, "feasibility": tokenize.feasibility_key(cfg)}
+    return {**source, "feasibility": heads.feasibility_key(cfg.model)}
 
 
 STAGES = (
@@ -63,7 +64,7 @@ STAGES = (
                            "vocab_size": cfg.model.vocab_size},
           inputs=lambda cfg: {"ingest": "ingest"}),
     Stage("tokenize", tokenize.build, sections=("tokenize",), uses_ray=True,
-          key=tokenize.feasibility_key, inputs=lambda cfg: {"spm": "spm", "ingest": "ingest"}),
+          key=lambda cfg: heads.feasibility_key(cfg.model), inputs=lambda cfg: {"spm": "spm", "ingest": "ingest"}),
     Stage("teacher", teacher.build, sections=("teacher",), uses_ray=True, key=_teacher_key,
           inputs=lambda cfg: {"spm": "spm", "data": "tokenize"}, reads=lambda cfg: ("ingest",)),
     Stage("distill", distill.build, sections=("distill",), uses_ray=True, key=_distill_key,

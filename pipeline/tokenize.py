@@ -22,7 +22,7 @@ import logging
 import shutil
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -30,7 +30,6 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from pipeline import ingest, parquet, spm
-from pipeline.config import PipelineConfig
 from pipeline.stage import StageError, StageRun, write_json
 from reder import heads
 
@@ -51,12 +50,6 @@ def build(run: StageRun, tmp: Path) -> dict[str, Any]:
                             cfg.tokenize.batch_size, cfg.model.head)
     write_json(tmp / "report.json", report)
     return {**report["splits"], "workers": report["workers"], "ray_seconds": report["ray_seconds"]}
-
-
-def feasibility_key(cfg: PipelineConfig) -> dict[str, Any]:
-    """What the feasibility filter depends on (the head's key; CTC's is the key from before heads existed, so
-    CTC stage hashes stay the same)."""
-    return heads.feasibility_key(cfg.model)
 
 
 def tokenize_files(files: list[Path], out: Path, model_proto: bytes, upsample_ratio: float, workers: int = 0,
@@ -106,11 +99,6 @@ class Tokenizer:
             "feasible_src2tgt": pa.array([feasible(len(x), y, ratio) for x, y in zip(src, tgt)]),
             "feasible_tgt2src": pa.array([feasible(len(y), x, ratio) for x, y in zip(src, tgt)]),
         })
-
-
-def feasibility_rule(model: Any) -> Callable[[int, list[int]], bool]:
-    """This filter for a model config's head, its ratio bound: rule(input_len, target)."""
-    return heads.feasibility_rule(model)
 
 
 def _list_column(sequences: list[list[int]]) -> tuple[pa.Array, np.ndarray]:

@@ -6,7 +6,7 @@ import pytest
 from pipeline import graph, ingest, spm, tokenize
 from pipeline.config import load_config
 from pipeline.stage import StageError
-from reder.heads import CtcHead, DagHead
+from reder.heads import CtcHead, DagHead, feasibility_rule
 from tests.pipeline.conftest import make_pairs
 from tests.pipeline.test_spm import reference_normalise
 
@@ -15,13 +15,13 @@ def test_feasibility_is_the_heads_and_its_key_is_unchanged():
     """The rules themselves are tested against the losses in tests/reder/test_heads.py."""
     ctc = load_config(None, [])
     dag = load_config(None, ["model.head=dag", "model.graph_upsample_ratio=3"])
-    assert tokenize.feasibility_key(ctc) == {"upsample_ratio": ctc.model.upsample_ratio}
-    assert tokenize.feasibility_key(dag) == {"head": "dag", "graph_upsample_ratio": 3.0}
+    assert graph.BY_NAME["tokenize"].key(ctc) == {"upsample_ratio": ctc.model.upsample_ratio}
+    assert graph.BY_NAME["tokenize"].key(dag) == {"head": "dag", "graph_upsample_ratio": 3.0}
     outcomes = set()
     for cfg, head, ratio in ((ctc, CtcHead, ctc.model.upsample_ratio), (dag, DagHead, 3.0)):
         for input_len, target in ((1, [5, 5, 5]), (2, [5, 6, 7, 8, 9]), (1, [5] * 7), (1, [5] * 8)):
             expected = head.feasible(input_len, target, ratio)
-            assert tokenize.feasibility_rule(cfg.model)(input_len, target) == expected
+            assert feasibility_rule(cfg.model)(input_len, target) == expected
             outcomes.add(expected)
     assert outcomes == {True, False}
 
