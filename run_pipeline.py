@@ -18,7 +18,9 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -32,6 +34,29 @@ from pipeline.tracking import Tracker, tracking_uri
 REPO_ROOT = Path(__file__).resolve().parent
 DEFAULT_CONFIG = REPO_ROOT / "configs" / "default.yaml"
 STAGES = graph.PIPELINE  # in run order
+
+
+class Terminated(BaseException):
+    """SIGTERM (`kill PID`, a scheduler's preemption): raised in the main thread like Ctrl-C's
+    KeyboardInterrupt, so the running stage removes its temporary output and its MLflow runs end KILLED."""
+
+
+def _raise_terminated(signum: int, frame: object) -> None:
+    raise Terminated(f"SIGTERM (signal {signum})")
+
+
+def handle_sigterm() -> None:
+    """SIGTERM raises `Terminated` (main thread only; `ray.init` installs its own handler: call again after)."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _raise_terminated)
+
+
+def interrupted(error: BaseException) -> int:
+    """The one line and exit code of an interrupted run (Ctrl-C: 130, SIGTERM: 143, as shells report them)."""
+    what = "SIGTERM" if isinstance(error, Terminated) else "Ctrl-C"
+    print(f"error: interrupted by {what}; finished stages are kept and the interrupted one left nothing "
+          f"behind: run the same command again to continue", file=sys.stderr)
+    return 143 if isinstance(error, Terminated) else 130
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -70,6 +95,7 @@ def connect_ray(cfg: PipelineConfig, dashboard: bool = False) -> None:
     if ray.is_initialized():
         return
     connect(cfg.ray.address, cfg.ray.num_cpus, cfg.ray.object_store_memory_mb, dashboard)
+    handle_sigterm()  # ray.init replaced ours with a sys.exit
     if cfg.ray.address:
         nodes = check_shared_storage(Path(cfg.workdir))
         logging.getLogger(__name__).info("cluster: %d nodes see the workdir %s", nodes, Path(cfg.workdir).resolve())
@@ -111,7 +137,8 @@ def run(cfg: PipelineConfig, stages: list[str], force: bool = False) -> dict[str
             if name == "evaluate":
                 tracker.log_results(json.loads((output / evaluate.RESULTS_FILE).read_text(encoding="utf-8")))
     except BaseException as error:
-        tracker.close(failed=True, error=f"{type(error).__name__}: {error}")
+        tracker.close(failed=True, error=f"{type(error).__name__}: {error}",
+                      killed=isinstance(error, (KeyboardInterrupt, Terminated)))
         raise
     tracker.close()
     write_json(workdir / "last_run.json", {"config": cfg.to_dict(), "stages": summary,
@@ -188,6 +215,7 @@ def tune_main(argv: list[str]) -> int:
     parser.add_argument("--address", default="", help="Ray cluster address ('auto' for `ray up`/`ray start`)")
     args = parser.parse_intermixed_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    handle_sigterm()
     try:
         overrides = list(args.overrides) + ([f"ray.address={args.address}"] if args.address else []) \
             + ([f"tune.num_samples={args.samples}"] if args.samples else [])
@@ -196,6 +224,8 @@ def tune_main(argv: list[str]) -> int:
     except (ConfigError, StageError, ClusterError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    except (KeyboardInterrupt, Terminated) as error:
+        return interrupted(error)
     counts = read_manifest(out)["counts"]
     print(f"\ntune: {counts['trials']} trials ({counts['failed']} failed, {counts['stopped_early']} stopped early); "
           f"best {cfg.tune.metric} {counts['best_' + cfg.tune.metric]:.2f} with {counts['best']}\n"
@@ -210,6 +240,7 @@ def main(argv: list[str] | None = None) -> int:
         return tune_main(argv[1:])
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    handle_sigterm()
     try:
         overrides = list(args.overrides) + ([f"ray.address={args.address}"] if args.address else [])
         cfg = load_run_config(args.config, overrides)
@@ -218,6 +249,8 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, StageError, ClusterError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    except (KeyboardInterrupt, Terminated) as error:
+        return interrupted(error)
     workdir = Path(cfg.workdir).resolve()
     note = f"mlflow: {tracking_uri(cfg.tracking, workdir)}" if cfg.tracking.enabled else "mlflow: off"
     print_summary(summary, workdir, note)

@@ -5,8 +5,10 @@ A stage's output lives in `<workdir>/<stage>-<hash>/`, where the hash covers the
 stage depends on and the names of its hashed input directories (themselves hashed, so a change upstream
 changes every directory downstream). The stage builds into `<workdir>/.<stage>-<hash>.tmp/`, writes
 `manifest.json` there, renames the directory into place and writes `_SUCCESS` last. A directory without
-`_SUCCESS` is never trusted: the next run deletes it and redoes the work. A lock file serialises two
-runs of the same stage on the same workdir.
+`_SUCCESS` is never trusted: the next run deletes it and redoes the work. The manifest records every
+file's size and SHA-256; a stage that consumes the output checks them first (`verify`), so a corrupted,
+truncated or swapped file is an error naming it, not a crash deep inside a later stage. A lock file
+serialises two runs of the same stage on the same workdir.
 """
 from __future__ import annotations
 
@@ -28,6 +30,9 @@ log = logging.getLogger(__name__)
 
 SUCCESS = "_SUCCESS"
 MANIFEST = "manifest.json"
+# Fault drill (tests/faults): a stage named here waits in its build, its temporary directory made, until
+# the process is signalled, so that a kill lands inside a stage too short to catch otherwise (spm).
+HOLD_ENV = "DUPLEX_HOLD_STAGE"
 
 
 class StageError(RuntimeError):
@@ -84,15 +89,55 @@ def is_done(path: Path) -> bool:
 
 
 def require_done(path: Path, stage: str) -> Path:
-    """Fail clearly when an upstream stage has not produced `path` yet."""
+    """Fail clearly when an upstream stage has not produced `path` yet, or when a file of it changed since
+    (`verify`)."""
     if not is_done(path):
         raise StageError(f"stage {stage!r} has no finished output at {path}; run it first "
                          f"(python run_pipeline.py --stages {stage},...)")
+    verify(path, stage)
     return path
 
 
 def read_manifest(path: Path) -> dict[str, Any]:
-    return json.loads((Path(path) / MANIFEST).read_text(encoding="utf-8"))
+    """A finished output's manifest.json; a StageError naming it when it cannot be read."""
+    manifest = Path(path) / MANIFEST
+    try:
+        return json.loads(manifest.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise StageError(f"{manifest}: unreadable ({error}); redo its stage: python run_pipeline.py --stages "
+                         f"{Path(path).name.rsplit('-', 1)[0]} --force") from error
+
+
+def fingerprint(directory: Path) -> dict[str, dict[str, Any]]:
+    """Every file under `directory` but manifest.json and _SUCCESS: relative path -> {bytes, sha256}."""
+    files = {}
+    for path in sorted(Path(directory).rglob("*")):
+        if path.is_file() and path.name not in (MANIFEST, SUCCESS):
+            with open(path, "rb") as handle:
+                sha = hashlib.file_digest(handle, "sha256").hexdigest()
+            files[path.relative_to(directory).as_posix()] = {"bytes": path.stat().st_size, "sha256": sha}
+    return files
+
+
+def verify(path: Path, stage: str) -> None:
+    """Raise a StageError naming the first file of a finished output that is missing, added, truncated or
+    changed since its stage wrote it (sizes and SHA-256 recorded in manifest.json), and the command that
+    redoes the stage. Outputs published before manifests recorded files are not checked."""
+    recorded = read_manifest(path).get("files")
+    if recorded is None:
+        return
+    found = fingerprint(path)
+    redo = f"redo the stage: python run_pipeline.py --stages {stage} --force"
+    for name, entry in recorded.items():
+        now = found.get(name)
+        problem = ("is missing" if now is None else
+                   f"has {now['bytes']} bytes, {entry['bytes']} were written" if now["bytes"] != entry["bytes"] else
+                   "changed (SHA-256 differs)" if now["sha256"] != entry["sha256"] else "")
+        if problem:
+            raise StageError(f"{Path(path) / name}: {problem} since stage {stage!r} finished; {redo}")
+    added = sorted(set(found) - set(recorded))
+    if added:
+        raise StageError(f"{Path(path) / added[0]}: not written by stage {stage!r} (added later); remove it or {redo}")
 
 
 def run_stage(name: str, out: Path, build: Callable[[Path], dict[str, Any]], *, config: Any,
@@ -114,10 +159,12 @@ def run_stage(name: str, out: Path, build: Callable[[Path], dict[str, Any]], *, 
         tmp.mkdir()
         started = time.time()
         try:
+            while os.environ.get(HOLD_ENV) == name:
+                time.sleep(0.1)
             counts = build(tmp)
             manifest = {"stage": name, "config": config, "inputs": inputs, "counts": counts,
                         "started": started, "seconds": round(time.time() - started, 3),
-                        "output": str(out)}
+                        "output": str(out), "files": fingerprint(tmp)}
             _write_text(tmp / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True, default=str))
             _remove(out)  # unfinished leftovers, or a finished output being redone under --force
             os.replace(tmp, out)

@@ -97,11 +97,8 @@ def _train_both(cfg: PipelineConfig, workdir: Path, name: str, data: Path, corpu
         trainer = raytrain.make_trainer(cfg, run_name, storage, data / "train", data, corpus, spm_dir, child,
                                      task={"kind": "teacher", "direction": direction})
         model = Transformer(TransformerConfig.from_dict(asdict(cfg.teacher.model)))
-        try:
-            fitted = raytrain.fit_and_average(trainer, storage / run_name, cfg.teacher.train.average_best, model)
-        except BaseException:
-            finish_child_run(child, {}, failed=True)
-            raise
+        # A failure or interruption leaves `child` open: the tracker closes it with the stage's run.
+        fitted = raytrain.fit_and_average(trainer, storage / run_name, cfg.teacher.train.average_best, model)
         save_model_dir(tmp / direction / raytrain.MODEL_DIR, model, spm_dir / spm.MODEL_FILE, cfg.data.src_lang,
                        cfg.data.tgt_lang, extra={"direction": direction, "averaged_checkpoints": fitted["averaged"]})
         write_json(tmp / direction / raytrain.HISTORY_FILE, fitted["history"])

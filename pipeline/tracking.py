@@ -83,7 +83,7 @@ def child_run(target: dict[str, str] | None, name: str, tags: dict[str, str] | N
     return {"uri": target["uri"], "run_id": run.info.run_id}
 
 
-def finish_child_run(target: dict[str, str] | None, counts: dict[str, Any], failed: bool = False) -> None:
+def finish_child_run(target: dict[str, str] | None, counts: dict[str, Any]) -> None:
     """Log `counts` as metrics on a child run and close it."""
     if target is None:
         return
@@ -92,7 +92,7 @@ def finish_child_run(target: dict[str, str] | None, counts: dict[str, Any], fail
     client = MlflowClient(target["uri"])
     for key, value in numeric(counts).items():
         client.log_metric(target["run_id"], key, value)
-    client.set_terminated(target["run_id"], status="FAILED" if failed else "FINISHED")
+    client.set_terminated(target["run_id"], status="FINISHED")
 
 
 def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
@@ -170,16 +170,23 @@ def close_orphans(client: Any, experiment_id: str) -> list[str]:
     closed = []
     for run in client.search_runs([experiment_id], f"attributes.status = 'RUNNING' and tags.`{OWNER_HOST}` = '{host}'"):
         pid = run.data.tags.get(OWNER_PID, "")
-        if not pid.isdigit() or _alive(int(pid)):
-            continue
-        pending = [run.info.run_id]
-        while pending:
-            run_id = pending.pop()
-            pending += [child.info.run_id for child in client.search_runs(
-                [experiment_id], f"attributes.status = 'RUNNING' and tags.mlflow.parentRunId = '{run_id}'")]
-            client.set_tag(run_id, "error", f"process {pid} on {host} ended without closing this run (killed)")
-            client.set_terminated(run_id, "KILLED")
-            closed.append(run_id)
+        if pid.isdigit() and not _alive(int(pid)):
+            closed += close_tree(client, experiment_id, run.info.run_id, "KILLED",
+                                 f"process {pid} on {host} ended without closing this run (killed)")
+    return closed
+
+
+def close_tree(client: Any, experiment_id: str, run_id: str, status: str, error: str) -> list[str]:
+    """End `run_id` and every run still RUNNING under it (children, grandchildren) with `status`, each
+    tagged `error`; returns their ids."""
+    closed, pending = [], [run_id]
+    while pending:
+        current = pending.pop()
+        pending += [child.info.run_id for child in client.search_runs(
+            [experiment_id], f"attributes.status = 'RUNNING' and tags.mlflow.parentRunId = '{current}'")]
+        client.set_tag(current, "error", error[:5000])
+        client.set_terminated(current, status)
+        closed.append(current)
     return closed
 
 
@@ -221,7 +228,7 @@ class Tracker:
             return None
         return {"uri": self.uri, "run_id": self.stage_run_id}
 
-    def end_stage(self, output: Path, counts: dict[str, Any], artifacts: list[Path], failed: bool = False) -> None:
+    def end_stage(self, output: Path, counts: dict[str, Any], artifacts: list[Path]) -> None:
         """Close the stage's nested run with its counts as metrics and files/directories as artifacts."""
         if self.stage_run_id is None:
             return
@@ -234,7 +241,7 @@ class Tracker:
                 mlflow.log_artifact(str(path))
             elif path.is_dir():
                 mlflow.log_artifacts(str(path), artifact_path=path.name)
-        mlflow.end_run(status="FAILED" if failed else "FINISHED")
+        mlflow.end_run(status="FINISHED")
         self.stage_run_id = None
 
     def log_results(self, results: dict[str, Any]) -> None:
@@ -251,20 +258,25 @@ class Tracker:
             if key in results:
                 client.set_tag(self.run_id, key, results[key])
 
-    def close(self, failed: bool = False, error: str = "") -> None:
-        """End the open runs; a failure marks them FAILED with the error text as the `error` tag."""
+    def close(self, failed: bool = False, error: str = "", killed: bool = False) -> None:
+        """End the open runs; a failure marks them FAILED (`killed`, an interruption: KILLED) with the error
+        text as the `error` tag."""
         if self.run_id is None:
             return
         import mlflow
 
+        status = "KILLED" if killed else "FAILED" if failed else "FINISHED"
         if error:
             mlflow.set_tag("error", error[:5000])  # the innermost open run: the failing stage's
             if self.stage_run_id is not None:
                 mlflow.MlflowClient(self.uri).set_tag(self.run_id, "error", error[:5000])
         if self.stage_run_id is not None:
-            mlflow.end_run(status="FAILED" if failed else "FINISHED")
+            if failed or killed:  # with the runs the stage opened under its own (a teacher direction's)
+                close_tree(mlflow.MlflowClient(self.uri), mlflow.active_run().info.experiment_id,
+                           self.stage_run_id, status, error or status)
+            mlflow.end_run(status=status)
             self.stage_run_id = None
-        mlflow.end_run(status="FAILED" if failed else "FINISHED")
+        mlflow.end_run(status=status)
 
 
 @dataclass(frozen=True)

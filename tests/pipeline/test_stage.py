@@ -1,4 +1,5 @@
 import json
+import re
 
 import pytest
 
@@ -60,3 +61,37 @@ def test_failed_build_leaves_nothing_and_unfinished_output_is_redone(tmp_path):
 def test_require_done_names_the_missing_stage(tmp_path):
     with pytest.raises(StageError, match="stage 'ingest' has no finished output"):
         require_done(tmp_path / "ingest-123", "ingest")
+
+
+def test_a_consumer_refuses_an_output_changed_since_it_was_published(tmp_path):
+    """Issue 23: the manifest records every file's size and SHA-256; a flipped byte, a truncation, a deleted
+    or an added file, and an unreadable manifest are each one StageError naming the file and the fix."""
+    def build(tmp):
+        (tmp / "part").mkdir()
+        (tmp / "part" / "data.bin").write_bytes(bytes(range(200)))
+        (tmp / "spm.model").write_bytes(b"model")
+        return {}
+
+    out = run_stage("demo", tmp_path / "demo-abc", build, config={}, inputs={})
+    assert set(json.loads((out / "manifest.json").read_text())["files"]) == {"part/data.bin", "spm.model"}
+    assert require_done(out, "demo") == out
+    data = out / "part" / "data.bin"
+    redo = "redo the stage: python run_pipeline.py --stages demo --force"
+    for corrupt, problem in [
+        (lambda: data.write_bytes(bytes(range(199)) + b"\x00"), "changed (SHA-256 differs)"),
+        (lambda: data.write_bytes(bytes(range(100))), "has 100 bytes, 200 were written"),
+        (lambda: data.unlink(), "is missing"),
+    ]:
+        corrupt()
+        with pytest.raises(StageError, match=rf"^{data}: {re.escape(problem)} since stage 'demo' finished; {redo}$"):
+            require_done(out, "demo")
+        data.write_bytes(bytes(range(200)))
+    require_done(out, "demo")
+    (out / "stray.pt").write_bytes(b"")
+    with pytest.raises(StageError, match=rf"^{out / 'stray.pt'}: not written by stage 'demo' \(added later\)"):
+        require_done(out, "demo")
+    (out / "stray.pt").unlink()
+    (out / "manifest.json").write_text("{ truncated")
+    with pytest.raises(StageError, match=rf"^{out / 'manifest.json'}: unreadable \(.*\); redo its stage: "
+                                         r"python run_pipeline.py --stages demo --force$"):
+        require_done(out, "demo")
