@@ -63,13 +63,11 @@ class DataConfig:
     max_input_mb: int = 4000
 
     def __post_init__(self) -> None:
-        require(self, max_input_mb=">= 1")
-        if self.src_lang == self.tgt_lang:
-            raise ValueError(f"data: src_lang and tgt_lang must differ (both {self.src_lang!r})")
-        if self.max_chars < 1 or self.max_length_ratio < 1.0:
-            raise ValueError("data: max_chars must be >= 1 and max_length_ratio >= 1.0")
-        if self.limit < 0 or self.valid_size < 0 or self.test_size < 0:
-            raise ValueError("data: limit, valid_size and test_size must be >= 0")
+        if self.tgt_lang == self.src_lang:
+            raise FieldError("tgt_lang", f"must differ from src_lang ({self.src_lang!r}), got {self.tgt_lang!r}",
+                             ("src_lang",))
+        require(self, limit=">= 0", max_chars=">= 1", max_length_ratio=">= 1", valid_size=">= 0", test_size=">= 0",
+                max_input_mb=">= 1")
 
 
 @dataclass(frozen=True)
@@ -83,10 +81,7 @@ class SpmConfig:
     num_threads: int = 2
 
     def __post_init__(self) -> None:
-        if not 0.9 <= self.character_coverage <= 1.0:
-            raise ValueError("spm: character_coverage must be in [0.9, 1.0]")
-        if self.sample_size < 1 or self.num_threads < 1:
-            raise ValueError("spm: sample_size and num_threads must be >= 1")
+        require(self, character_coverage="in [0.9, 1]", sample_size=">= 1", num_threads=">= 1")
 
 
 @dataclass(frozen=True)
@@ -97,8 +92,7 @@ class TokenizeConfig:
     batch_size: int = 1024  # rows per map_batches call
 
     def __post_init__(self) -> None:
-        if self.workers < 0 or self.batch_size < 1:
-            raise ValueError("tokenize: workers must be >= 0 and batch_size >= 1")
+        require(self, workers=">= 0", batch_size=">= 1")
 
 
 PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
@@ -138,23 +132,19 @@ class TrainConfig:
     placement_strategy: str = "PACK"  # Ray placement of the workers: PACK, SPREAD (across nodes), STRICT_*
 
     def __post_init__(self) -> None:
-        require(self, cpus_per_worker="> 0", gpus_per_worker="> 0", warmup_init_lr=">= 0", adam_eps="> 0",
-                weight_decay=">= 0", clip_norm=">= 0", valid_max_sentences=">= 0", max_failures=">= -1",
-                fail_at_step=">= 0", start_timeout_s="> 0")
-        if not all(0 <= beta < 1 for beta in self.adam_betas):
-            raise FieldError("adam_betas", f"each must be in [0, 1), got {list(self.adam_betas)}")
-        if self.num_workers < 1 or self.max_tokens < 1 or self.update_freq < 1 or self.max_steps < 1:
-            raise ValueError("train: num_workers >= 1, max_tokens >= 1, update_freq >= 1, max_steps >= 1")
-        if self.validate_every < 1 or self.log_every < 1 or self.keep_checkpoints < 1 or self.average_best < 1:
-            raise ValueError("train: validate_every, log_every, keep_checkpoints, average_best must be >= 1")
+        require(self, num_workers=">= 1", cpus_per_worker="> 0", gpus_per_worker="> 0", max_tokens=">= 1",
+                update_freq=">= 1", max_steps=">= 1", lr="> 0", warmup_steps=">= 0", warmup_init_lr=">= 0")
+        if len(self.adam_betas) != 2 or not all(0 <= beta < 1 for beta in self.adam_betas):
+            raise FieldError("adam_betas", f"must be two values in [0, 1), got {list(self.adam_betas)}")
+        require(self, adam_eps="> 0", weight_decay=">= 0", clip_norm=">= 0", log_every=">= 1", validate_every=">= 1",
+                valid_max_sentences=">= 0", keep_checkpoints=">= 1", average_best=">= 1")
         if self.average_best > self.keep_checkpoints:
-            raise ValueError(f"train: average_best ({self.average_best}) cannot exceed keep_checkpoints "
-                             f"({self.keep_checkpoints})")
-        if len(self.adam_betas) != 2 or self.lr <= 0 or self.warmup_steps < 0:
-            raise ValueError("train: adam_betas needs two values, lr > 0, warmup_steps >= 0")
+            raise FieldError("average_best", f"must be <= keep_checkpoints ({self.keep_checkpoints}), got "
+                             f"{self.average_best}", ("keep_checkpoints",))
+        require(self, max_failures=">= -1", fail_at_step=">= 0", start_timeout_s="> 0")
         if self.placement_strategy not in PLACEMENT_STRATEGIES:
-            raise ValueError(f"train: placement_strategy must be one of {PLACEMENT_STRATEGIES} "
-                             f"(got {self.placement_strategy!r})")
+            raise FieldError("placement_strategy", f"must be one of {list(PLACEMENT_STRATEGIES)}, "
+                             f"got {self.placement_strategy!r}")
 
 
 @dataclass(frozen=True)
@@ -172,15 +162,10 @@ class EvaluateConfig:
     rerank_with_teacher: bool = False  # CTC beam candidates rescored by the teacher (decoder beamK_rerank)
 
     def __post_init__(self) -> None:
-        unknown = sorted(set(self.splits) - {"train", "valid", "test"})
-        if not self.splits or unknown:
-            raise ValueError(f"evaluate: splits must be among train/valid/test, got {list(self.splits)}")
-        if self.beam_size < 1 or self.batch_size < 1 or self.max_sentences < 0:
-            raise ValueError("evaluate: beam_size and batch_size must be >= 1, max_sentences >= 0")
-        if self.latency_sentences < 0 or self.throughput_batch < 1:
-            raise ValueError("evaluate: latency_sentences >= 0 and throughput_batch >= 1")
-        if self.teacher_beam_size < 1:
-            raise ValueError("evaluate: teacher_beam_size must be >= 1")
+        if not self.splits or set(self.splits) - {"train", "valid", "test"}:
+            raise FieldError("splits", f"must be a non-empty list of train, valid, test, got {list(self.splits)}")
+        require(self, beam_size=">= 1", batch_size=">= 1", max_sentences=">= 0", latency_sentences=">= 0",
+                throughput_batch=">= 1", teacher_beam_size=">= 1")
 
 
 @dataclass(frozen=True)
@@ -195,8 +180,10 @@ class TeacherConfig:
     tgt2src_checkpoint: str = ""
 
     def __post_init__(self) -> None:
-        if bool(self.src2tgt_checkpoint) != bool(self.tgt2src_checkpoint):
-            raise ValueError("teacher: set both src2tgt_checkpoint and tgt2src_checkpoint, or neither")
+        for key, other in (("src2tgt_checkpoint", "tgt2src_checkpoint"), ("tgt2src_checkpoint", "src2tgt_checkpoint")):
+            if getattr(self, other) and not getattr(self, key):
+                raise FieldError(key, f"must be set when {other} is ({getattr(self, other)!r}): both teachers or "
+                                 f"neither, got {getattr(self, key)!r}", (other,))
 
 
 @dataclass(frozen=True)
@@ -217,10 +204,8 @@ class DistillConfig:
     cpus_per_worker: float = 1.0
 
     def __post_init__(self) -> None:
-        if self.beam_size < 1 or self.batch_size < 1 or self.workers < 0 or self.max_len_b < 0:
-            raise ValueError("distill: beam_size >= 1, batch_size >= 1, workers >= 0, max_len_b >= 0")
-        if self.max_len_a < 0 or self.cpus_per_worker <= 0:
-            raise ValueError("distill: max_len_a >= 0 and cpus_per_worker > 0")
+        require(self, beam_size=">= 1", max_len_a=">= 0", max_len_b=">= 0", batch_size=">= 1", workers=">= 0",
+                cpus_per_worker="> 0")
 
 
 SEARCH_KINDS = ("choice", "grid", "uniform", "loguniform")
@@ -245,26 +230,33 @@ class TuneConfig:
 
     def __post_init__(self) -> None:
         for key, spec in self.space.items():
-            if not isinstance(spec, dict) or len(set(spec) & set(SEARCH_KINDS)) != 1 \
-                    or set(spec) - {*SEARCH_KINDS, "zero"}:
-                raise ValueError(f"tune.space.{key}: expected one of {list(SEARCH_KINDS)} (loguniform may add "
-                                 f"zero: p), got {spec!r}")
-            kind = next(k for k in SEARCH_KINDS if k in spec)
-            values = spec[kind]
-            if not isinstance(values, list) or not values:
-                raise ValueError(f"tune.space.{key}.{kind}: expected a non-empty list, got {values!r}")
-            if kind in ("uniform", "loguniform") and (len(values) != 2 or not values[0] < values[1]):
-                raise ValueError(f"tune.space.{key}.{kind}: expected [low, high] with low < high, got {values}")
-            if kind == "loguniform" and values[0] <= 0:
-                raise ValueError(f"tune.space.{key}.loguniform: low must be > 0 (use zero: p for 0)")
-            if "zero" in spec and (kind != "loguniform" or not 0 <= spec["zero"] < 1):
-                raise ValueError(f"tune.space.{key}: zero (a probability in [0, 1)) goes with loguniform only")
-            numbers = [item for item in (*values, spec.get("zero", 0)) if isinstance(item, float)]
-            if not all(math.isfinite(item) for item in numbers):
-                raise ValueError(f"tune.space.{key}: values must be finite numbers, got {spec!r}")
-        require(self, max_failures=">= -1")
-        if self.num_samples < 1 or self.reduction_factor < 2 or self.grace_period < 0 or self.max_concurrent < 0:
-            raise ValueError("tune: num_samples >= 1, reduction_factor >= 2, grace_period >= 0, max_concurrent >= 0")
+            _check_search_space(f"space.{key}", spec)
+        require(self, num_samples=">= 1", grace_period=">= 0", reduction_factor=">= 2", max_concurrent=">= 0",
+                max_failures=">= -1")
+
+
+def _check_search_space(key: str, spec: Any) -> None:
+    """One `tune.space` entry: exactly one search kind with its values (FieldError names `key` or `key.<kind>`)."""
+    if not isinstance(spec, dict) or len(set(spec) & set(SEARCH_KINDS)) != 1 or set(spec) - {*SEARCH_KINDS, "zero"}:
+        raise FieldError(key, f"expected one of {list(SEARCH_KINDS)} (loguniform may add zero: p), got {spec!r}")
+    kind = next(k for k in SEARCH_KINDS if k in spec)
+    values = spec[kind]
+    if not isinstance(values, list) or not values:
+        raise FieldError(f"{key}.{kind}", f"expected a non-empty list, got {values!r}")
+    if kind in ("uniform", "loguniform") and (len(values) != 2 or not _numbers(values) or not values[0] < values[1]):
+        raise FieldError(f"{key}.{kind}", f"expected [low, high] with low < high, got {values}")
+    if kind == "loguniform" and values[0] <= 0:
+        raise FieldError(f"{key}.loguniform", f"low must be > 0 (use zero: p for 0), got {values}")
+    if "zero" in spec and kind != "loguniform":
+        raise FieldError(f"{key}.zero", f"goes with loguniform only, not {kind}, got {spec['zero']!r}")
+    if "zero" in spec and (not _numbers([spec["zero"]]) or not 0 <= spec["zero"] < 1):
+        raise FieldError(f"{key}.zero", f"must be a probability in [0, 1), got {spec['zero']!r}")
+    if not all(math.isfinite(item) for item in (*values, spec.get("zero", 0)) if isinstance(item, float)):
+        raise FieldError(key, f"values must be finite numbers, got {spec!r}")
+
+
+def _numbers(values: list) -> bool:
+    return all(isinstance(value, (int, float)) for value in values)
 
 
 @dataclass(frozen=True)
@@ -360,29 +352,30 @@ def _yaml_problem(error: yaml.YAMLError, where: str, with_line: bool = True) -> 
 def check_consistency(cfg: PipelineConfig) -> None:
     """Cross-section rules that no single section can check."""
     if not cfg.workdir.strip():  # Path("") is the current directory: stage outputs would land there
-        raise ConfigError("workdir: must not be empty (stage outputs go under it); e.g. workdir=runs/default")
+        raise ConfigError(f"workdir: must not be empty (stage outputs go under it; e.g. workdir=runs/default), "
+                          f"got {cfg.workdir!r}")
     if cfg.teacher.model.vocab_size != cfg.model.vocab_size:
-        raise ConfigError(f"teacher.model.vocab_size ({cfg.teacher.model.vocab_size}) must equal model.vocab_size "
-                          f"({cfg.model.vocab_size}): teachers and REDER share one SentencePiece vocabulary "
-                          f"(leave teacher.model.vocab_size unset)")
+        raise ConfigError(f"teacher.model.vocab_size: must equal model.vocab_size ({cfg.model.vocab_size}), as "
+                          f"teachers and REDER share one SentencePiece vocabulary (leave it unset), got "
+                          f"{cfg.teacher.model.vocab_size}")
     if cfg.model.vocab_size < 64:
-        raise ConfigError(f"model.vocab_size: at least 64 pieces are needed for a joint SentencePiece "
-                          f"model, got {cfg.model.vocab_size}")
+        raise ConfigError(f"model.vocab_size: must be >= 64 for a joint SentencePiece model, "
+                          f"got {cfg.model.vocab_size}")
     if cfg.evaluate.rerank_with_teacher and (not head_class(cfg.model.head).beam_search or cfg.evaluate.beam_size < 2):
-        raise ConfigError("evaluate.rerank_with_teacher reranks the CTC beam: it needs model.head=ctc and "
-                          f"evaluate.beam_size >= 2 (got head {cfg.model.head!r}, beam_size {cfg.evaluate.beam_size})")
+        raise ConfigError(f"evaluate.rerank_with_teacher: reranks the CTC beam, so it needs model.head=ctc and "
+                          f"evaluate.beam_size >= 2, got true with model.head {cfg.model.head!r} and "
+                          f"evaluate.beam_size {cfg.evaluate.beam_size}")
     for key, spec in cfg.tune.space.items():
-        section = key.split(".")[0]
-        if section not in ("model", "loss", "train"):
-            raise ConfigError(f"tune.space: {key!r} is not a training key (model.*, loss.*, train.*)")
+        section, _, name = key.partition(".")
+        if section not in ("model", "loss", "train") or not name:
+            raise ConfigError(f"tune.space.{key}: not a training key (model.*, loss.*, train.*)")
         try:
-            _field_type(PipelineConfig, section, section)
-            _field_type(typing.get_type_hints(PipelineConfig)[section], key.split(".", 1)[1], key)
-        except (ConfigError, IndexError) as error:
-            raise ConfigError(f"tune.space: {error}") from error
+            _field_type(typing.get_type_hints(PipelineConfig)[section], name, key)
+        except ConfigError as error:
+            raise ConfigError(f"tune.space.{key}: {error}") from error
         if key == "model.upsample_ratio" and min(spec.get("choice", spec.get("grid", [0]))) < cfg.model.upsample_ratio:
-            raise ConfigError(f"tune.space.model.upsample_ratio: values below the config's upsample_ratio "
-                              f"({cfg.model.upsample_ratio}) would train on pairs that tokenize filtered for it")
+            raise ConfigError(f"tune.space.model.upsample_ratio: values must be >= model.upsample_ratio "
+                              f"({cfg.model.upsample_ratio}), which tokenize filtered the pairs for, got {spec}")
 
 
 def to_yaml(cfg: PipelineConfig) -> str:

@@ -6,7 +6,7 @@ wrong types are errors), which pipeline/config.py uses for the whole pipeline co
 from dataclasses import dataclass
 from typing import Any
 
-from reder.configio import round_trip
+from reder.configio import FieldError, require, round_trip
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 DIRECTIONS = ("src2tgt", "tgt2src")
@@ -43,24 +43,25 @@ class ModelConfig:
     blank_id = property(_blank_id)
 
     def __post_init__(self) -> None:
-        checks = {
-            **_transformer_checks(self),
-            "ffn_dim must be >= 1": self.ffn_dim >= 1,
-            "layers_per_end must be >= 1": self.layers_per_end >= 1,
-            "upsample_ratio must be an int >= 1": isinstance(self.upsample_ratio, int) and self.upsample_ratio >= 1,
-            "max_relative_distance must be >= 1": self.max_relative_distance >= 1,
-            f"head must be one of {HEADS}": self.head in HEADS,
-            "graph_upsample_ratio must be a number >= 1": isinstance(self.graph_upsample_ratio, (int, float))
-            and not isinstance(self.graph_upsample_ratio, bool) and self.graph_upsample_ratio >= 1,
-            "link_heads must be >= 1 and divide d_model": isinstance(self.link_heads, int) and self.link_heads >= 1
-            and self.d_model % self.link_heads == 0,
-        }
-        _validate(self, checks)
+        _check_transformer(self)
+        require(self, ffn_dim=">= 1", layers_per_end=">= 1")
+        if not isinstance(self.upsample_ratio, int) or self.upsample_ratio < 1:
+            raise FieldError("upsample_ratio", f"must be an int >= 1, got {self.upsample_ratio!r}")
+        require(self, max_relative_distance=">= 1")
+        if self.head not in HEADS:
+            raise FieldError("head", f"must be one of {list(HEADS)}, got {self.head!r}")
+        ratio = self.graph_upsample_ratio
+        if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or ratio < 1:
+            raise FieldError("graph_upsample_ratio", f"must be a number >= 1, got {ratio!r}")
+        _check_divides_d_model(self, "link_heads")
         # Checked after the ratios: an input of EOS alone must fit once upsampled (CTC: r positions; DAG: a
         # graph of int(λ·2) vertices, BOS and EOS).
-        shortest = self.upsample_ratio if self.head == "ctc" else int(self.graph_upsample_ratio * 2)
-        _validate(self, {f"max_positions must be >= {max(2, shortest)} (an input of EOS alone, upsampled by the "
-                         f"{self.head} head)": self.max_positions >= max(2, shortest)})
+        ratio_key = "upsample_ratio" if self.head == "ctc" else "graph_upsample_ratio"
+        shortest = max(2, self.upsample_ratio if self.head == "ctc" else int(self.graph_upsample_ratio * 2))
+        if self.max_positions < shortest:
+            raise FieldError("max_positions", f"must be >= {shortest} (an input of EOS alone, upsampled by {ratio_key} "
+                             f"({getattr(self, ratio_key)}) for head {self.head!r}), got {self.max_positions!r}",
+                             (ratio_key,))
 
 
 @round_trip
@@ -81,14 +82,10 @@ class TransformerConfig:
     blank_id = property(_blank_id)
 
     def __post_init__(self) -> None:
-        checks = {
-            **_transformer_checks(self),
-            "d_model must be even (sinusoidal positions)": self.d_model % 2 == 0,
-            "ffn_dim must be >= 1": self.ffn_dim >= 1,
-            "encoder_layers and decoder_layers must be >= 1": self.encoder_layers >= 1 and self.decoder_layers >= 1,
-            "max_positions must be >= 2": self.max_positions >= 2,
-        }
-        _validate(self, checks)
+        _check_transformer(self)
+        if self.d_model % 2:
+            raise FieldError("d_model", f"must be even (sinusoidal positions), got {self.d_model!r}")
+        require(self, ffn_dim=">= 1", encoder_layers=">= 1", decoder_layers=">= 1", max_positions=">= 2")
 
 
 @round_trip
@@ -101,24 +98,20 @@ class LossConfig:
     aux_start_step: int = 0
 
     def __post_init__(self) -> None:
-        if self.lambda_fba < 0 or self.lambda_cc < 0 or self.aux_start_step < 0:
-            raise ValueError(f"LossConfig: weights and aux_start_step must be >= 0 (got {self})")
+        require(self, lambda_fba=">= 0", lambda_cc=">= 0", aux_start_step=">= 0")
 
 
-def _transformer_checks(config: Any) -> dict[str, bool]:
+def _check_transformer(config: Any) -> None:
     """The checks REDER's and the AR Transformer's configs share: vocabulary, attention heads, regularisation."""
-    return {
-        "vocab_size must be > 4 (pad, unk, bos, eos, blank)": config.vocab_size > 4,
-        "d_model must be >= 1": config.d_model >= 1,
-        "d_model must be divisible by n_heads": config.n_heads >= 1 and config.d_model % config.n_heads == 0,
-        "dropout must be in [0, 1)": 0.0 <= config.dropout < 1.0,
-        "attention_dropout must be in [0, 1)": 0.0 <= config.attention_dropout < 1.0,
-        "label_smoothing must be in [0, 1)": 0.0 <= config.label_smoothing < 1.0,
-    }
+    if config.vocab_size <= 4:
+        raise FieldError("vocab_size", f"must be > 4 (pad, unk, bos, eos and the CTC blank), got {config.vocab_size!r}")
+    require(config, d_model=">= 1")
+    _check_divides_d_model(config, "n_heads")
+    require(config, dropout="in [0, 1)", attention_dropout="in [0, 1)", label_smoothing="in [0, 1)")
 
 
-def _validate(config: Any, checks: dict[str, bool]) -> None:
-    """Raise ValueError naming the first failed check."""
-    for message, ok in checks.items():
-        if not ok:
-            raise ValueError(f"{type(config).__name__}: {message} (got {config})")
+def _check_divides_d_model(config: Any, key: str) -> None:
+    """Attention heads split d_model evenly: `key` must be a positive int dividing it."""
+    heads = getattr(config, key)
+    if not isinstance(heads, int) or heads < 1 or config.d_model % heads:
+        raise FieldError(key, f"must be a positive divisor of d_model ({config.d_model}), got {heads!r}", ("d_model",))

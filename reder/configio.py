@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import operator
+import re
 import types
 import typing
 from typing import Any, Literal, TypeVar, Union
@@ -26,24 +27,41 @@ class ConfigError(ValueError):
 
 
 class FieldError(ValueError):
-    """A `__post_init__` check that failed on one field; `from_dict` names the field by its whole path."""
+    """A `__post_init__` check that failed on field `key` (`problem` ends with `got <value>`). Other fields
+    the problem names are listed in `related`; `from_dict` names them all by their whole path."""
 
-    def __init__(self, key: str, problem: str) -> None:
+    def __init__(self, key: str, problem: str, related: tuple[str, ...] = ()) -> None:
         super().__init__(f"{key}: {problem}")
-        self.key, self.problem = key, problem
+        self.key, self.problem, self.related = key, problem, related
+
+    def at(self, path: str) -> str:
+        """The message with the field and its related fields under `path` (`model.n_heads: ... model.d_model`)."""
+        problem = self.problem
+        for name in self.related:
+            problem = re.sub(rf"(?<![\w.]){re.escape(name)}\b", _join(path, name), problem)
+        return f"{_join(path, self.key)}: {problem}"
 
 
-_BOUNDS = {">": operator.gt, ">=": operator.ge}
+_COMPARISONS = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le}
 
 
 def require(config: Any, **rules: str) -> None:
-    """Check fields against bounds, e.g. `require(self, lr="> 0", workers=">= 0")`; raise FieldError for the
-    first field out of range (`from_dict` turns it into `train.lr: must be > 0, got 0.0`)."""
+    """Check fields against bounds and raise FieldError for the first field out of range. A rule compares
+    with a number (`lr="> 0"`, `workers=">= 0"`, also `<` and `<=`) or names an interval, `[`/`]` closed and
+    `(`/`)` open (`dropout="in [0, 1)"`); `from_dict` reports e.g. `train.lr: must be > 0, got 0.0`."""
     for name, rule in rules.items():
-        comparison, bound = rule.split()
         value = getattr(config, name)
-        if not _BOUNDS[comparison](value, float(bound)):
+        if not _within(value, rule):
             raise FieldError(name, f"must be {rule}, got {value!r}")
+
+
+def _within(value: Any, rule: str) -> bool:
+    if rule.startswith("in "):
+        low, high = (float(bound) for bound in rule[4:-1].split(","))
+        above = value >= low if rule[3] == "[" else value > low
+        return above and (value <= high if rule[-1] == "]" else value < high)
+    comparison, bound = rule.split()
+    return _COMPARISONS[comparison](value, float(bound))
 
 
 def from_dict(cls: type[T], values: Any, path: str = "") -> T:
@@ -63,13 +81,9 @@ def from_dict(cls: type[T], values: Any, path: str = "") -> T:
     try:
         return cls(**kwargs)
     except FieldError as error:
-        raise ConfigError(f"{_join(path, error.key)}: {error.problem}") from error
-    except (TypeError, ValueError) as error:  # __post_init__ checks; their messages name the class or section
-        message = str(error)
-        section = f"{path.rsplit('.', 1)[-1]}: "
-        if path and message.startswith(section):  # `teacher.train: lr > 0`, not `teacher.train: train: lr > 0`
-            message = message[len(section):]
-        raise ConfigError(f"{path}: {message}" if path else message) from error
+        raise ConfigError(error.at(path)) from error
+    except (TypeError, ValueError) as error:  # a check that names no field (config classes raise FieldError)
+        raise ConfigError(f"{path}: {error}" if path else str(error)) from error
 
 
 def to_dict(config: Any) -> dict[str, Any]:

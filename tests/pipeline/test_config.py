@@ -1,3 +1,4 @@
+import re
 from pathlib import Path
 
 import pytest
@@ -7,6 +8,7 @@ from reder.config import ModelConfig
 from reder.heads import head_class
 
 CONFIGS = sorted((Path(__file__).resolve().parents[2] / "configs").glob("*.yaml"))
+SMOKE = Path(__file__).resolve().parents[2] / "configs" / "smoke.yaml"
 
 
 def test_configs_directory_is_not_empty():
@@ -52,7 +54,7 @@ def test_overrides_are_parsed_and_typed():
     ("data.lenient=3", "data.lenient: expected bool"),
     ("data.source=europarl", "data.source: expected one of"),
     ("data.max_chars.deep=1", "data.max_chars"),
-    ("model.n_heads=3", "model: ModelConfig: d_model must be divisible by n_heads"),
+    ("model.n_heads=3", "model.n_heads: must be a positive divisor of model.d_model (512), got 3"),
     ("noequals", "expected dotted.key=value"),
     ("workdir=", "workdir: must not be empty"),
     ("workdir=' '", "workdir: must not be empty"),
@@ -148,30 +150,14 @@ def test_unreadable_yaml_names_the_file_and_line(tmp_path):
     ("model.dropout=-.inf", r"^model\.dropout: expected a finite number, got -inf$"),
     ("data.max_length_ratio=1e400", r"^data\.max_length_ratio: expected a finite number, got inf$"),
     ("tune.space={train.lr: {uniform: [0.1, .inf]}}", r"tune\.space\.train\.lr: values must be finite numbers"),
-    ("model.max_positions=0", r"^model: ModelConfig: max_positions must be >= 2 "),
+    ("model.max_positions=0", r"^model\.max_positions: must be >= 2 \(.*\), got 0$"),
     (("model.upsample_ratio=4", "model.max_positions=3"),
-     r"^model: ModelConfig: max_positions must be >= 4 .*ctc head"),
-    (("model.head=dag", "model.max_positions=15"), r"^model: ModelConfig: max_positions must be >= 16 .*dag head"),
-    ("model.n_heads=0", r"^model: ModelConfig: d_model must be divisible by n_heads"),
-    ("model.d_model=0", r"^model: ModelConfig: d_model must be >= 1"),
-    ("model.ffn_dim=0", r"^model: ModelConfig: ffn_dim must be >= 1"),
-    ("teacher.model.n_heads=0", r"^teacher\.model: TransformerConfig: d_model must be divisible by n_heads"),
+     r"^model\.max_positions: must be >= 4 \(.*upsampled by model\.upsample_ratio \(4\) for head 'ctc'\), got 3$"),
+    (("model.head=dag", "model.max_positions=15"),
+     r"^model\.max_positions: must be >= 16 \(.*model\.graph_upsample_ratio \(8\.0\) for head 'dag'\), got 15$"),
     ("train.cpus_per_worker=-1", r"^train\.cpus_per_worker: must be > 0, got -1\.0$"),
     ("train.cpus_per_worker=0", r"^train\.cpus_per_worker: must be > 0, got 0\.0$"),
-    ("train.gpus_per_worker=0", r"^train\.gpus_per_worker: must be > 0"),
-    ("teacher.train.gpus_per_worker=-1", r"^teacher\.train\.gpus_per_worker: must be > 0"),
-    ("distill.cpus_per_worker=0", r"^distill: .*cpus_per_worker > 0"),
-    ("train.warmup_init_lr=-1e-7", r"^train\.warmup_init_lr: must be >= 0"),
-    ("train.adam_eps=0", r"^train\.adam_eps: must be > 0"),
-    ("train.weight_decay=-0.1", r"^train\.weight_decay: must be >= 0"),
-    ("train.clip_norm=-1", r"^train\.clip_norm: must be >= 0"),
-    ("train.adam_betas=[0.9, 1.0]", r"^train\.adam_betas: each must be in \[0, 1\)"),
-    ("train.start_timeout_s=0", r"^train\.start_timeout_s: must be > 0"),
-    ("train.max_failures=-2", r"^train\.max_failures: must be >= -1"),
-    ("train.lr=0", r"^train: adam_betas needs two values, lr > 0"),  # the section is named once
     ("ray.num_cpus=-1", r"^ray\.num_cpus: must be >= 0, got -1$"),
-    ("ray.object_store_memory_mb=-1", r"^ray\.object_store_memory_mb: must be >= 0"),
-    ("evaluate.teacher_beam_size=0", r"^evaluate: teacher_beam_size must be >= 1"),
     ("data.max_input_mb=0", r"^data\.max_input_mb: must be >= 1, got 0$"),
 ])
 def test_out_of_range_values_are_rejected_with_the_key_path(override, message):
@@ -185,3 +171,134 @@ def test_the_smallest_max_positions_fits_an_eos_only_input():
                       ["model.head=dag", "model.max_positions=16"]):
         model = load_config(None, overrides).model
         assert head_class(model.head)(model).max_input_length() == 1
+
+
+# One bad value for every checked field of every section (smoke.yaml: model.d_model 32, model.n_heads 2,
+# train.keep_checkpoints 3, teacher.train.keep_checkpoints 2), then the cross-section checks.
+FIELD_ERRORS = [
+    ("model.vocab_size=4", "model.vocab_size", "4"),
+    ("model.d_model=0", "model.d_model", "0"),
+    ("model.n_heads=0", "model.n_heads", "0"),
+    ("model.n_heads=3", "model.n_heads", "3"),
+    ("model.dropout=1", "model.dropout", "1.0"),
+    ("model.attention_dropout=-0.1", "model.attention_dropout", "-0.1"),
+    ("model.label_smoothing=1", "model.label_smoothing", "1.0"),
+    ("model.ffn_dim=0", "model.ffn_dim", "0"),
+    ("model.layers_per_end=0", "model.layers_per_end", "0"),
+    ("model.upsample_ratio=0", "model.upsample_ratio", "0"),
+    ("model.max_relative_distance=0", "model.max_relative_distance", "0"),
+    ("model.head=crf", "model.head", "'crf'"),
+    ("model.graph_upsample_ratio=0.5", "model.graph_upsample_ratio", "0.5"),
+    ("model.link_heads=3", "model.link_heads", "3"),
+    ("model.max_positions=1", "model.max_positions", "1"),
+    (("model.head=dag", "model.max_positions=15"), "model.max_positions", "15"),
+    ("teacher.model.vocab_size=4", "teacher.model.vocab_size", "4"),
+    ("teacher.model.d_model=0", "teacher.model.d_model", "0"),
+    ("teacher.model.n_heads=0", "teacher.model.n_heads", "0"),
+    ("teacher.model.dropout=1", "teacher.model.dropout", "1.0"),
+    ("teacher.model.attention_dropout=1", "teacher.model.attention_dropout", "1.0"),
+    ("teacher.model.label_smoothing=-0.1", "teacher.model.label_smoothing", "-0.1"),
+    (("teacher.model.n_heads=1", "teacher.model.d_model=33"), "teacher.model.d_model", "33"),
+    ("teacher.model.ffn_dim=0", "teacher.model.ffn_dim", "0"),
+    ("teacher.model.encoder_layers=0", "teacher.model.encoder_layers", "0"),
+    ("teacher.model.decoder_layers=0", "teacher.model.decoder_layers", "0"),
+    ("teacher.model.max_positions=1", "teacher.model.max_positions", "1"),
+    ("loss.lambda_fba=-1", "loss.lambda_fba", "-1.0"),
+    ("loss.lambda_cc=-0.5", "loss.lambda_cc", "-0.5"),
+    ("loss.aux_start_step=-1", "loss.aux_start_step", "-1"),
+    ("data.tgt_lang=en", "data.tgt_lang", "'en'"),
+    ("data.limit=-1", "data.limit", "-1"),
+    ("data.max_chars=0", "data.max_chars", "0"),
+    ("data.max_length_ratio=0.5", "data.max_length_ratio", "0.5"),
+    ("data.valid_size=-1", "data.valid_size", "-1"),
+    ("data.test_size=-1", "data.test_size", "-1"),
+    ("data.max_input_mb=0", "data.max_input_mb", "0"),
+    ("spm.character_coverage=0.5", "spm.character_coverage", "0.5"),
+    ("spm.sample_size=0", "spm.sample_size", "0"),
+    ("spm.num_threads=0", "spm.num_threads", "0"),
+    ("tokenize.workers=-1", "tokenize.workers", "-1"),
+    ("tokenize.batch_size=0", "tokenize.batch_size", "0"),
+    ("ray.num_cpus=-1", "ray.num_cpus", "-1"),
+    ("ray.object_store_memory_mb=-1", "ray.object_store_memory_mb", "-1"),
+    ("train.num_workers=0", "train.num_workers", "0"),
+    ("train.cpus_per_worker=0", "train.cpus_per_worker", "0.0"),
+    ("train.gpus_per_worker=0", "train.gpus_per_worker", "0.0"),
+    ("train.max_tokens=0", "train.max_tokens", "0"),
+    ("train.update_freq=0", "train.update_freq", "0"),
+    ("train.max_steps=0", "train.max_steps", "0"),
+    ("train.lr=0", "train.lr", "0.0"),
+    ("train.warmup_steps=-1", "train.warmup_steps", "-1"),
+    ("train.warmup_init_lr=-1e-7", "train.warmup_init_lr", "-1e-07"),
+    ("train.adam_betas=[0.9, 1.0]", "train.adam_betas", "[0.9, 1.0]"),
+    ("train.adam_betas=[0.9]", "train.adam_betas", "[0.9]"),
+    ("train.adam_eps=0", "train.adam_eps", "0.0"),
+    ("train.weight_decay=-0.1", "train.weight_decay", "-0.1"),
+    ("train.clip_norm=-1", "train.clip_norm", "-1.0"),
+    ("train.log_every=0", "train.log_every", "0"),
+    ("train.validate_every=0", "train.validate_every", "0"),
+    ("train.valid_max_sentences=-1", "train.valid_max_sentences", "-1"),
+    ("train.keep_checkpoints=0", "train.keep_checkpoints", "0"),
+    ("train.average_best=0", "train.average_best", "0"),
+    ("train.average_best=4", "train.average_best", "4"),
+    ("train.max_failures=-2", "train.max_failures", "-2"),
+    ("train.fail_at_step=-1", "train.fail_at_step", "-1"),
+    ("train.start_timeout_s=0", "train.start_timeout_s", "0.0"),
+    ("train.placement_strategy=SCATTER", "train.placement_strategy", "'SCATTER'"),
+    ("teacher.train.gpus_per_worker=-1", "teacher.train.gpus_per_worker", "-1.0"),
+    ("teacher.train.average_best=3", "teacher.train.average_best", "3"),
+    ("teacher.src2tgt_checkpoint=/x", "teacher.tgt2src_checkpoint", "''"),
+    ("teacher.tgt2src_checkpoint=/x", "teacher.src2tgt_checkpoint", "''"),
+    ("distill.beam_size=0", "distill.beam_size", "0"),
+    ("distill.max_len_a=-1", "distill.max_len_a", "-1.0"),
+    ("distill.max_len_b=-1", "distill.max_len_b", "-1"),
+    ("distill.batch_size=0", "distill.batch_size", "0"),
+    ("distill.workers=-1", "distill.workers", "-1"),
+    ("distill.cpus_per_worker=0", "distill.cpus_per_worker", "0.0"),
+    ("evaluate.splits=[dev]", "evaluate.splits", "['dev']"),
+    ("evaluate.splits=[]", "evaluate.splits", "[]"),
+    ("evaluate.beam_size=0", "evaluate.beam_size", "0"),
+    ("evaluate.batch_size=0", "evaluate.batch_size", "0"),
+    ("evaluate.max_sentences=-1", "evaluate.max_sentences", "-1"),
+    ("evaluate.latency_sentences=-1", "evaluate.latency_sentences", "-1"),
+    ("evaluate.throughput_batch=0", "evaluate.throughput_batch", "0"),
+    ("evaluate.teacher_beam_size=0", "evaluate.teacher_beam_size", "0"),
+    ("tune.num_samples=0", "tune.num_samples", "0"),
+    ("tune.grace_period=-1", "tune.grace_period", "-1"),
+    ("tune.reduction_factor=1", "tune.reduction_factor", "1"),
+    ("tune.max_concurrent=-1", "tune.max_concurrent", "-1"),
+    ("tune.max_failures=-2", "tune.max_failures", "-2"),
+    ("tune.space={loss.lambda_cc: {between: [0, 1]}}", "tune.space.loss.lambda_cc", "{'between': [0, 1]}"),
+    ("tune.space={loss.lambda_cc: {choice: []}}", "tune.space.loss.lambda_cc.choice", "[]"),
+    ("tune.space={loss.lambda_cc: {uniform: [1, 0]}}", "tune.space.loss.lambda_cc.uniform", "[1, 0]"),
+    ("tune.space={loss.lambda_cc: {loguniform: [0, 1]}}", "tune.space.loss.lambda_cc.loguniform", "[0, 1]"),
+    ("tune.space={loss.lambda_cc: {grid: [0.1], zero: 0.5}}", "tune.space.loss.lambda_cc.zero", "0.5"),
+    ("tune.space={loss.lambda_cc: {loguniform: [0.1, 1], zero: 1}}", "tune.space.loss.lambda_cc.zero", "1"),
+    ("tune.space={train.lr: {uniform: [0.1, .inf]}}", "tune.space.train.lr", "{'uniform': [0.1, inf]}"),
+    # cross-section checks (pipeline.config.check_consistency)
+    ("workdir=' '", "workdir", "' '"),
+    ("teacher.model.vocab_size=128", "teacher.model.vocab_size", "128"),
+    (("model.vocab_size=32", "teacher.model.vocab_size=32"), "model.vocab_size", "32"),
+    (("evaluate.rerank_with_teacher=true", "evaluate.beam_size=1"), "evaluate.rerank_with_teacher",
+     "true with model.head 'ctc' and evaluate.beam_size 1"),
+    ("tune.space={model.upsample_ratio: {choice: [1, 2]}}", "tune.space.model.upsample_ratio", "{'choice': [1, 2]}"),
+]
+
+
+@pytest.mark.parametrize("overrides, key, value", FIELD_ERRORS, ids=[str(case[0]) for case in FIELD_ERRORS])
+def test_every_checked_field_is_one_line_naming_its_key_and_value(overrides, key, value):
+    """A bad value is reported as `<dotted.key>: <problem>, got <value>`: one line, no dataclass repr."""
+    with pytest.raises(ConfigError) as error:
+        load_config(SMOKE, [overrides] if isinstance(overrides, str) else list(overrides))
+    message = str(error.value)
+    assert re.match(rf"{re.escape(key)}: .*, got {re.escape(value)}$", message), message
+    assert "Config(" not in message and "\n" not in message
+
+
+def test_checks_relating_two_fields_name_both_by_their_path():
+    with pytest.raises(ConfigError, match=r"^model\.n_heads: must be a positive divisor of model\.d_model \(32\), got 0$"):
+        load_config(SMOKE, ["model.n_heads=0"])
+    with pytest.raises(ConfigError, match=r"^teacher\.train\.average_best: must be <= teacher\.train\.keep_checkpoints "
+                                          r"\(2\), got 3$"):
+        load_config(SMOKE, ["teacher.train.average_best=3"])
+    with pytest.raises(ConfigError, match=r"^data\.tgt_lang: must differ from data\.src_lang \('en'\), got 'en'$"):
+        load_config(SMOKE, ["data.tgt_lang=en"])

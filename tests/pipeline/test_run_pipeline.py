@@ -62,6 +62,8 @@ def test_bad_input_is_one_error_line_and_exit_code_2(tmp_path, capsys):
         (["--config", str(bad)], rf"{bad}:3:1: invalid YAML \(.*\); fix the YAML syntax"),
         (["--config", str(SMOKE), "train.lr=.inf"], r"train\.lr: expected a finite number, got inf"),
         (["--config", str(SMOKE), "train.cpus_per_worker=0"], r"train\.cpus_per_worker: must be > 0, got 0\.0"),
+        (["--config", str(SMOKE), "model.n_heads=0"], r"model\.n_heads: must be a positive divisor of model\.d_model "
+                                                       r"\(32\), got 0"),
         (["--config", str(SMOKE), *corpus, "tracking.enabled=false", "--stages", "ingest"],
          rf"{gz / 'train.de.gz'}:1: corrupt gzip file \(Error -3 .*\), after 0 complete lines"),
     ]:

@@ -20,6 +20,8 @@ def test_the_space_is_checked_when_the_config_loads():
         load_config(SMOKE, ["tune.space={loss.lambda_cc: {loguniform: [0, 1]}}"])
     with pytest.raises(ConfigError, match="not a training key"):
         load_config(SMOKE, ["tune.space={data.max_chars: {choice: [10, 20]}}"])
+    with pytest.raises(ConfigError, match=r"^tune\.space\.model: not a training key"):  # a section, not a key
+        load_config(SMOKE, ["tune.space={model: {choice: [1]}}"])
     with pytest.raises(ConfigError, match="unknown key 'loss.lambda_xyz'"):
         load_config(SMOKE, ["tune.space={loss.lambda_xyz: {choice: [1]}}"])
     with pytest.raises(ConfigError, match="tokenize filtered"):
@@ -34,7 +36,7 @@ def test_trial_config_applies_dotted_values_and_validates():
     cfg = tune.trial_config(base, {"model.upsample_ratio": 3, "loss.lambda_cc": 0.5, "train.lr": 1e-3})
     assert (cfg.model.upsample_ratio, cfg.loss.lambda_cc, cfg.train.lr) == (3, 0.5, 1e-3)
     assert cfg.model.d_model == base.model.d_model and base.loss.lambda_cc == 0.1  # the base is untouched
-    with pytest.raises(ConfigError, match="LossConfig"):
+    with pytest.raises(ConfigError, match=r"^loss\.lambda_fba: must be >= 0, got -1\.0$"):
         tune.trial_config(base, {"loss.lambda_fba": -1.0})
 
 

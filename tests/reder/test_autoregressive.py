@@ -67,8 +67,11 @@ def test_config_checks_values_and_round_trips():
     assert TransformerConfig.from_dict(cfg.to_dict()) == cfg
     with pytest.raises(ValueError, match="unknown keys \\['layers'\\]"):
         TransformerConfig.from_dict({"layers": 3})
-    for bad, message in [({"d_model": 30, "n_heads": 4}, "divisible"), ({"label_smoothing": 1.0}, "label_smoothing"),
-                         ({"vocab_size": 4}, "vocab_size"), ({"decoder_layers": 0}, "layers")]:
+    for bad, message in [({"d_model": 30, "n_heads": 4}, r"^n_heads: must be a positive divisor of d_model \(30\), got 4$"),
+                         ({"d_model": 33, "n_heads": 1}, r"^d_model: must be even .*, got 33$"),
+                         ({"label_smoothing": 1.0}, r"^label_smoothing: must be in \[0, 1\), got 1\.0$"),
+                         ({"vocab_size": 4}, r"^vocab_size: must be > 4 .*, got 4$"),
+                         ({"decoder_layers": 0}, r"^decoder_layers: must be >= 1, got 0$")]:
         with pytest.raises(ValueError, match=message):
             TransformerConfig(**bad)
 

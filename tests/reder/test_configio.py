@@ -1,6 +1,7 @@
 """The one config loader (reder/configio.py): keys and types checked with their paths, round trips,
 and the leniency saved files need (an int for a float, a list for a tuple)."""
 import json
+import re
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -22,9 +23,14 @@ class Inner:
 class Bounded:
     rate: float = 1.0
     workers: int = 0
+    dropout: float = 0.0
+    coverage: float = 1.0
+    share: float = 0.5
+    ratio: float = 0.5
 
     def __post_init__(self) -> None:
-        require(self, rate="> 0", workers=">= 0")
+        require(self, rate="> 0", workers=">= 0", dropout="in [0, 1)", coverage="in (0.5, 1]", share="< 1",
+                ratio="<= 0.5")
 
 
 @dataclass(frozen=True)
@@ -63,11 +69,17 @@ def test_wrong_types_are_errors_that_name_their_path():
         LossConfig.from_dict({"lambda_cc": True})
 
 
-def test_value_checks_keep_their_messages_and_get_the_section_path():
-    with pytest.raises(ConfigError, match=r"^ModelConfig: d_model must be divisible by n_heads"):
+def test_value_checks_name_the_field_and_the_fields_they_relate_to():
+    with pytest.raises(ValueError, match=r"^n_heads: must be a positive divisor of d_model \(512\), got 3$"):
+        ModelConfig(n_heads=3)  # built directly: a FieldError, which is a ValueError
+    with pytest.raises(ConfigError, match=r"^n_heads: must be a positive divisor of d_model \(512\), got 3$"):
         ModelConfig.from_dict({"n_heads": 3})
-    with pytest.raises(ConfigError, match=r"^model: ModelConfig: d_model must be divisible by n_heads"):
+    with pytest.raises(ConfigError, match=r"^model\.n_heads: must be a positive divisor of model\.d_model \(512\), got 3$"):
         from_dict(Outer, {"model": {"n_heads": 3}})
+    with pytest.raises(ConfigError, match=r"^model\.max_positions: .* model\.upsample_ratio \(4\) .*, got 3$"):
+        from_dict(Outer, {"model": {"upsample_ratio": 4, "max_positions": 3}})
+    with pytest.raises(ValueError, match=r"^aux_start_step: must be >= 0, got -1$"):
+        LossConfig(aux_start_step=-1)
     assert issubclass(ConfigError, ValueError)  # callers catching ValueError still do
 
 
@@ -87,6 +99,20 @@ def test_field_bounds_name_the_whole_key_path():
     with pytest.raises(ValueError, match=r"^workers: must be >= 0, got -1$"):
         Bounded(workers=-1)
     assert from_dict(Bounded, {"rate": 0.5, "workers": 0}) == Bounded(0.5, 0)
+
+
+@pytest.mark.parametrize("field, good, bad, rule", [
+    ("dropout", (0.0, 0.99), (-0.1, 1.0), "in [0, 1)"),
+    ("coverage", (0.51, 1.0), (0.5, 1.01), "in (0.5, 1]"),
+    ("share", (0.99, -3.0), (1.0, 2.0), "< 1"),
+    ("ratio", (0.5, -3.0), (0.51, 1.0), "<= 0.5"),
+])
+def test_require_compares_and_checks_both_ends_of_an_interval(field, good, bad, rule):
+    for value in good:
+        assert getattr(Bounded(**{field: value}), field) == value
+    for value in bad:
+        with pytest.raises(ValueError, match=rf"^{field}: must be {re.escape(rule)}, got {value}$"):
+            Bounded(**{field: value})
 
 
 def test_an_int_loads_as_a_float_and_a_list_as_a_tuple():

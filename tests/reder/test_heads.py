@@ -226,8 +226,10 @@ def test_config_rejects_unknown_heads_and_bad_graph_settings():
     assert tiny_config().head == "ctc" and not hasattr(tiny_model(), "links") and not list(tiny_model().head.parameters())
     cfg = tiny_config(head="dag", graph_upsample_ratio=3.5, link_heads=4)
     assert ModelConfig.from_dict(cfg.to_dict()) == cfg
-    for overrides, message in (({"head": "crf"}, "head must be one of"), ({"graph_upsample_ratio": 0.5}, "graph_upsample_ratio"),
-                               ({"graph_upsample_ratio": True}, "graph_upsample_ratio"), ({"link_heads": 3}, "link_heads")):
+    for overrides, message in (({"head": "crf"}, r"^head: must be one of \['ctc', 'dag'\], got 'crf'$"),
+                               ({"graph_upsample_ratio": 0.5}, r"^graph_upsample_ratio: must be a number >= 1, got 0\.5$"),
+                               ({"graph_upsample_ratio": True}, r"^graph_upsample_ratio: .*, got True$"),
+                               ({"link_heads": 3}, r"^link_heads: must be a positive divisor of d_model \(\d+\), got 3$")):
         with pytest.raises(ValueError, match=message):
             tiny_config(**{"head": "dag", **overrides})
 

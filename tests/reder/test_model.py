@@ -46,11 +46,11 @@ def test_config_validation_and_round_trip():
     assert ModelConfig.from_dict(cfg.to_dict()) == cfg and cfg.blank_id == 11
     with pytest.raises(ValueError, match="unknown keys"):
         ModelConfig.from_dict({**cfg.to_dict(), "d_modle": 3})
-    with pytest.raises(ValueError, match="divisible"):
+    with pytest.raises(ValueError, match=r"^n_heads: must be a positive divisor of d_model \(\d+\), got 3$"):
         tiny_config(n_heads=3)
-    with pytest.raises(ValueError, match="upsample_ratio"):
+    with pytest.raises(ValueError, match=r"^upsample_ratio: must be an int >= 1, got 0$"):
         tiny_config(upsample_ratio=0)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"^lambda_fba: must be >= 0, got -1$"):
         LossConfig(lambda_fba=-1)
 
 
