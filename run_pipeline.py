@@ -51,12 +51,24 @@ def handle_sigterm() -> None:
         signal.signal(signal.SIGTERM, _raise_terminated)
 
 
+def interruption(error: BaseException) -> BaseException | None:
+    """The Ctrl-C or SIGTERM behind `error`, if any: itself, or its cause or context (a library that catches
+    what the signal raised inside it and raises its own error, as Ray Train's fit does)."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, (KeyboardInterrupt, Terminated)):
+            return error
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return None
+
+
 def interrupted(error: BaseException) -> int:
     """The one line and exit code of an interrupted run (Ctrl-C: 130, SIGTERM: 143, as shells report them)."""
-    what = "SIGTERM" if isinstance(error, Terminated) else "Ctrl-C"
-    print(f"error: interrupted by {what}; finished stages are kept and the interrupted one left nothing "
-          f"behind: run the same command again to continue", file=sys.stderr)
-    return 143 if isinstance(error, Terminated) else 130
+    terminated = isinstance(interruption(error), Terminated)
+    print(f"error: interrupted by {'SIGTERM' if terminated else 'Ctrl-C'}; finished stages are kept and the "
+          f"interrupted one left nothing behind: run the same command again to continue", file=sys.stderr)
+    return 143 if terminated else 130
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -125,6 +137,7 @@ def run(cfg: PipelineConfig, stages: list[str], force: bool = False) -> dict[str
                   flush=True)
             started = time.time()
             if status == "ran":
+                graph.check_inputs(cfg, workdir, name)  # a missing or changed input fails before Ray and MLflow
                 if graph.BY_NAME[name].uses_ray:
                     connect_ray(cfg)
                 tracker.begin_stage(name)
@@ -137,8 +150,9 @@ def run(cfg: PipelineConfig, stages: list[str], force: bool = False) -> dict[str
             if name == "evaluate":
                 tracker.log_results(json.loads((output / evaluate.RESULTS_FILE).read_text(encoding="utf-8")))
     except BaseException as error:
-        tracker.close(failed=True, error=f"{type(error).__name__}: {error}",
-                      killed=isinstance(error, (KeyboardInterrupt, Terminated)))
+        cause = interruption(error)
+        reason = cause or error
+        tracker.close(failed=True, error=f"{type(reason).__name__}: {reason}", killed=cause is not None)
         raise
     tracker.close()
     write_json(workdir / "last_run.json", {"config": cfg.to_dict(), "stages": summary,
@@ -221,11 +235,13 @@ def tune_main(argv: list[str]) -> int:
             + ([f"tune.num_samples={args.samples}"] if args.samples else [])
         cfg = load_run_config(args.config, overrides)
         out = sweep(cfg, force=args.force)
-    except (ConfigError, StageError, ClusterError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
     except (KeyboardInterrupt, Terminated) as error:
         return interrupted(error)
+    except (ConfigError, StageError, ClusterError) as error:
+        if interruption(error):
+            return interrupted(error)
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     counts = read_manifest(out)["counts"]
     print(f"\ntune: {counts['trials']} trials ({counts['failed']} failed, {counts['stopped_early']} stopped early); "
           f"best {cfg.tune.metric} {counts['best_' + cfg.tune.metric]:.2f} with {counts['best']}\n"
@@ -246,11 +262,13 @@ def main(argv: list[str] | None = None) -> int:
         cfg = load_run_config(args.config, overrides)
         stages = select_stages(args.stages)
         summary = run(cfg, stages, force=args.force)
-    except (ConfigError, StageError, ClusterError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
     except (KeyboardInterrupt, Terminated) as error:
         return interrupted(error)
+    except (ConfigError, StageError, ClusterError) as error:
+        if interruption(error):
+            return interrupted(error)
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     workdir = Path(cfg.workdir).resolve()
     note = f"mlflow: {tracking_uri(cfg.tracking, workdir)}" if cfg.tracking.enabled else "mlflow: off"
     print_summary(summary, workdir, note)

@@ -26,6 +26,7 @@ import argparse
 import importlib.util
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -39,6 +40,7 @@ from cluster.connect import CLUSTER_FILE_ENV, cluster_file_path
 ALL_INTERFACES = ("0.0.0.0", "::")
 ADMIN_PASSWORD_ENV = "MLFLOW_AUTH_ADMIN_PASSWORD"  # MLflow's own name: the auth app reads it on first start
 ADMIN_USERNAME = "admin"
+SECRET_KEY_ENV = "MLFLOW_FLASK_SERVER_SECRET_KEY"  # MLflow's name; the auth app refuses to start without it
 
 
 def write_auth_config(directory: Path) -> Path:
@@ -82,6 +84,9 @@ def start_mlflow(backend_store_uri: str, artifacts_destination: str, host: str, 
     if auth_config is not None:
         command += ["--app-name", "basic-auth"]
         env.update({"MLFLOW_AUTH_CONFIG_PATH": str(auth_config), ADMIN_PASSWORD_ENV: password})
+        # The auth app signs its CSRF tokens with this key; a fresh one per start unless one is given (a restart
+        # then only logs UI sessions out).
+        env.setdefault(SECRET_KEY_ENV, secrets.token_urlsafe(32))
     with open(log_path, "ab") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                    start_new_session=True, env=env)

@@ -118,12 +118,19 @@ def output_dir(cfg: PipelineConfig, workdir: Path, name: str) -> Path:
     return output_dirs(cfg, workdir)[name]
 
 
+def check_inputs(cfg: PipelineConfig, workdir: Path, name: str) -> dict[str, Path]:
+    """label -> directory of everything stage `name` consumes, each finished and unchanged since (a
+    StageError naming the missing stage or the changed file otherwise)."""
+    dirs = output_dirs(cfg, workdir)
+    return {label: require_done(dirs[source], source) for label, source in upstream(cfg, name).items()}
+
+
 def run(cfg: PipelineConfig, workdir: Path, name: str, force: bool = False, tracker: Any = None) -> Path:
     """Build stage `name` from its finished inputs (skipped when its own output is finished, unless `force`)."""
     stage = BY_NAME[name]
     workdir = Path(workdir).resolve()
     dirs = output_dirs(cfg, workdir)
-    inputs = {label: require_done(dirs[source], source) for label, source in upstream(cfg, name).items()}
+    inputs = check_inputs(cfg, workdir, name)
     context = StageRun(cfg=cfg, workdir=workdir, out=dirs[name], inputs=inputs, tracker=tracker, force=force)
 
     def build(tmp: Path) -> dict[str, Any]:

@@ -7,7 +7,6 @@ IWSLT14 is split the way fairseq's prepare-iwslt14.sh splits it (without its tok
 """
 from __future__ import annotations
 
-import gzip
 import logging
 import os
 import re
@@ -19,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.config import DataConfig
-from pipeline.ingest.readers import SPLITS, CorpusError, RawSplit, find_file, read_parallel
+from pipeline.ingest.readers import SPLITS, CorpusError, RawSplit, find_file, read_capped, read_parallel
 
 log = logging.getLogger(__name__)
 
@@ -136,15 +135,19 @@ def _fetch(data: DataConfig, source: SplitSource, cache: Path, stem: str) -> tup
     if not source.archives:
         raise CorpusError(f"{data.source}: no download known for split file stem {stem!r}; put "
                           f"{stem}.{langs[0]} and {stem}.{langs[1]} into data.local_dir")
+    cap = data.max_input_mb
     if data.source == "iwslt14":
-        return _prepare_iwslt14(download(source.archives[0].url, cache), cache, stem, langs)
+        return _prepare_iwslt14(download(source.archives[0].url, cache), cache, stem, langs, cap)
     for lang, target in zip(langs, targets):
         parts = []
         for archive in source.archives:
             url = archive.url.replace("{lang}", lang)
             local = download(url, cache)
-            parts.append(_member(local, archive.member.replace("{lang}", lang)) if archive.member
-                         else _maybe_gunzip(local.read_bytes()))
+            if archive.member:
+                parts.append(_member(local, archive.member.replace("{lang}", lang), cap))
+            else:
+                with open(local, "rb") as stream:
+                    parts.append(read_capped(stream, str(local), cap))
         _atomic_write(target, b"".join(part if part.endswith(b"\n") or not part else part + b"\n"
                                        for part in parts))
     return targets
@@ -168,13 +171,17 @@ def download(url: str, directory: Path) -> Path:
     return target
 
 
-def _member(archive: Path, member: str) -> bytes:
+def _member(archive: Path, member: str, max_input_mb: int) -> bytes:
+    """One member of a zip or tar archive (gunzipped if it is gzip data), at most `max_input_mb` MB."""
+    what = f"{archive}:{member}"
     if zipfile.is_zipfile(archive):
         with zipfile.ZipFile(archive) as handle:
             try:
-                return handle.read(member)
+                stream = handle.open(member)
             except KeyError as error:
                 raise CorpusError(f"{archive}: has no member {member!r}") from error
+            with stream:
+                return read_capped(stream, what, max_input_mb)
     with tarfile.open(archive) as handle:
         try:
             extracted = handle.extractfile(member)
@@ -182,11 +189,7 @@ def _member(archive: Path, member: str) -> bytes:
             raise CorpusError(f"{archive}: has no member {member!r}") from error
         if extracted is None:
             raise CorpusError(f"{archive}: member {member!r} is not a file")
-        return _maybe_gunzip(extracted.read())
-
-
-def _maybe_gunzip(blob: bytes) -> bytes:
-    return gzip.decompress(blob) if blob[:2] == b"\x1f\x8b" else blob
+        return read_capped(extracted, what, max_input_mb)
 
 
 _IWSLT_META = re.compile(rb"^\s*<(url|talkid|keywords|speaker|reviewer|translator|title|description)>")
@@ -195,16 +198,17 @@ _IWSLT_TEST = ("IWSLT14.TED.dev2010", "IWSLT14.TEDX.dev2012", "IWSLT14.TED.tst20
                "IWSLT14.TED.tst2012")
 
 
-def _prepare_iwslt14(archive: Path, cache: Path, stem: str, langs: tuple[str, str]) -> tuple[Path, Path]:
+def _prepare_iwslt14(archive: Path, cache: Path, stem: str, langs: tuple[str, str],
+                     max_input_mb: int) -> tuple[Path, Path]:
     """fairseq's prepare-iwslt14.sh split without its Moses tokenization and lowercasing: train is
     train.tags minus metadata lines, valid is every 23rd train line, test the dev/tst talks."""
     texts: dict[str, dict[str, list[bytes]]] = {}
     for lang in langs:
-        tags = _member(archive, f"de-en/train.tags.de-en.{lang}").split(b"\n")
+        tags = _member(archive, f"de-en/train.tags.de-en.{lang}", max_input_mb).split(b"\n")
         body = [line.strip() for line in tags if line.strip() and not _IWSLT_META.match(line)]
         test: list[bytes] = []
         for name in _IWSLT_TEST:
-            test += _IWSLT_SEG.findall(_member(archive, f"de-en/{name}.de-en.{lang}.xml"))
+            test += _IWSLT_SEG.findall(_member(archive, f"de-en/{name}.de-en.{lang}.xml", max_input_mb))
         texts[lang] = {"train": [l for i, l in enumerate(body, 1) if i % 23 != 0],
                        "valid": [l for i, l in enumerate(body, 1) if i % 23 == 0], "test": test}
     for split in SPLITS:

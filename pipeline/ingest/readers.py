@@ -12,6 +12,7 @@ import gzip
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from pipeline.config import DataConfig
 from pipeline.stage import StageError
@@ -96,9 +97,7 @@ def _read_lines(path: Path, max_input_mb: int) -> list[bytes]:
             while chunk := handle.read(CHUNK):
                 size += len(chunk)
                 if size > max_input_mb * MB:
-                    raise CorpusError(f"{path}: more than data.max_input_mb={max_input_mb} MB"
-                                      f"{' once decompressed' if gzipped else ''}; a wrong or corrupt file, or "
-                                      f"raise data.max_input_mb (ingest holds a whole split in memory)")
+                    raise too_big(str(path), max_input_mb, gzipped)
                 chunks.append(chunk)
     except (OSError, EOFError, zlib.error) as error:  # gzip.BadGzipFile is an OSError
         reached = sum(chunk.count(b"\n") for chunk in chunks)
@@ -113,6 +112,29 @@ def _read_lines(path: Path, max_input_mb: int) -> list[bytes]:
     if lines[-1] == b"":
         lines.pop()
     return [line[:-1] if line.endswith(b"\r") else line for line in lines]
+
+
+def too_big(what: str, max_input_mb: int, decompressed: bool) -> CorpusError:
+    """The error for an input beyond `data.max_input_mb` (a decompression bomb, a wrong file)."""
+    return CorpusError(f"{what}: more than data.max_input_mb={max_input_mb} MB{' once decompressed' if decompressed else ''}"
+                       f"; a wrong or corrupt file, or raise data.max_input_mb (ingest holds a whole split in memory)")
+
+
+def read_capped(stream: BinaryIO, what: str, max_input_mb: int) -> bytes:
+    """All of a binary stream (gunzipped when it starts with gzip's magic bytes), chunk by chunk, refusing
+    more than `max_input_mb` MB; corrupt data is a CorpusError naming `what` too."""
+    gzipped = stream.peek(2)[:2] == b"\x1f\x8b"
+    chunks, size = [], 0
+    try:
+        reader = gzip.GzipFile(fileobj=stream) if gzipped else stream
+        while chunk := reader.read(CHUNK):
+            size += len(chunk)
+            if size > max_input_mb * MB:
+                raise too_big(what, max_input_mb, gzipped)
+            chunks.append(chunk)
+    except (OSError, EOFError, zlib.error) as error:
+        raise CorpusError(f"{what}: corrupt {'gzip ' if gzipped else ''}data ({error}); fetch it again") from error
+    return b"".join(chunks)
 
 
 def _decode(line: bytes, path: Path, number: int, lenient: bool) -> str | None:

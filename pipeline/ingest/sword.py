@@ -14,7 +14,7 @@ import re
 from typing import Any
 
 from pipeline.config import DataConfig
-from pipeline.ingest.readers import CorpusError, RawSplit
+from pipeline.ingest.readers import MB, CorpusError, RawSplit, too_big
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ def read_sword(data: DataConfig) -> tuple[dict[str, RawSplit], dict[str, Any]]:
 
     Verses empty in either module (omitted verses, or books one module lacks text for) are not pairs
     at all: they are left out before the split and counted as `sword_empty_verses`."""
-    every = read_sword_pairs(data.sword_path, data.sword_src_module, data.sword_tgt_module)
+    every = read_sword_pairs(data.sword_path, data.sword_src_module, data.sword_tgt_module, data.max_input_mb)
     pairs = [pair for pair in every if pair[1] and pair[2]]
     if not pairs:
         raise CorpusError(f"empty corpus: SWORD modules {data.sword_src_module} and {data.sword_tgt_module} "
@@ -62,9 +62,11 @@ def read_sword(data: DataConfig) -> tuple[dict[str, RawSplit], dict[str, Any]]:
     return splits, {"sword_verses": len(every), "sword_empty_verses": len(every) - len(pairs)}
 
 
-def read_sword_pairs(sword_path: str, src_module: str, tgt_module: str) -> list[tuple[str, str, str, int]]:
+def read_sword_pairs(sword_path: str, src_module: str, tgt_module: str,
+                     max_input_mb: int = DataConfig.max_input_mb) -> list[tuple[str, str, str, int]]:
     """(reference, src text, tgt text, id) for every verse both modules have, in canonical order; the id
-    is the 1-based position in that order.
+    is the 1-based position in that order. More than `max_input_mb` MB of verse text (both modules, as
+    pysword returns it) is an error: SWORD modules are compressed.
 
     Verses are matched by (book, chapter, verse); where the two versifications differ (e.g. NRSVA vs
     KJV in Revelation 12/13) a few neighbouring verses may be paired off by one."""
@@ -88,7 +90,7 @@ def read_sword_pairs(sword_path: str, src_module: str, tgt_module: str) -> list[
             bible._decompressed_text = functools.lru_cache(maxsize=4)(bible._decompressed_text)
     src_bible, tgt_bible = bibles
     tgt_structure = tgt_bible.get_structure()
-    pairs = []
+    pairs, size = [], 0
     for books in src_bible.get_structure().get_books().values():
         for book in books:
             try:
@@ -103,6 +105,9 @@ def read_sword_pairs(sword_path: str, src_module: str, tgt_module: str) -> list[
                 if len(src) != count or len(tgt) != count:
                     raise CorpusError(f"SWORD {book.osis_name} {chapter}: expected {count} verses, read "
                                       f"{len(src)} ({src_module}) and {len(tgt)} ({tgt_module})")
+                size += sum(len(text.encode("utf-8")) for text in (*src, *tgt))
+                if size > max_input_mb * MB:
+                    raise too_big(f"SWORD modules {src_module} and {tgt_module} in {sword_path}", max_input_mb, True)
                 for verse, (a, b) in enumerate(zip(src, tgt), start=1):
                     pairs.append((f"{book.osis_name}.{chapter}.{verse}", clean_osis(a), clean_osis(b),
                                   len(pairs) + 1))

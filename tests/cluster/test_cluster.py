@@ -266,7 +266,7 @@ def test_head_binds_the_advertised_private_address_and_warns_on_every_interface(
 
 def test_head_auth_takes_the_admin_password_from_a_file_or_the_environment_only(tmp_path, monkeypatch):
     """--auth: basic-auth app, password by environment to the server; neither the auth config nor the
-    cluster file holds it. (The server itself is not started: Flask-WTF, MLflow's auth extra, is not installed.)"""
+    cluster file holds it (the server is faked here; the next test starts a real one)."""
     monkeypatch.setenv(connect.CLUSTER_FILE_ENV, str(tmp_path / "cluster.json"))
     monkeypatch.delenv(head.ADMIN_PASSWORD_ENV, raising=False)
     monkeypatch.setattr(head.importlib.util, "find_spec", lambda name: object())
@@ -286,6 +286,61 @@ def test_head_auth_takes_the_admin_password_from_a_file_or_the_environment_only(
     assert "admin_username = admin" in config.read_text() and secret not in config.read_text()
     assert secret not in (tmp_path / "cluster.json").read_text()
     assert json.loads((tmp_path / "cluster.json").read_text())["mlflow_auth"] == "admin"
+
+
+def test_mlflow_with_auth_refuses_anonymous_clients_and_tracks_for_the_admin(tmp_path, monkeypatch):
+    """`--auth` for real: MLflow's basic-auth app started by cluster.head on loopback. Anonymous requests and a
+    wrong password get 401; the pipeline's tracker, with the admin's credentials in MLflow's own environment
+    variables (as `ray start` hands them to the workers, docs/cluster.md), records runs, metrics and an
+    artifact through it."""
+    import urllib.error
+    import urllib.request
+
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    from pipeline.config import TrackingConfig
+    from pipeline.tracking import Tracker
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    secret = "s3cret-for-this-test-only"
+    server = head.start_mlflow(f"sqlite:///{tmp_path}/mlflow.db", str(tmp_path / "artifacts"), "127.0.0.1", port,
+                               tmp_path / "server.log", auth_config=head.write_auth_config(tmp_path / "auth"),
+                               password=secret)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for user, password in [(None, None), ("admin", "wrong")]:
+            request = urllib.request.Request(f"{url}/api/2.0/mlflow/experiments/search?max_results=1")
+            if user:
+                request.add_unredirected_header("Authorization", "Basic " + __import__("base64").b64encode(
+                    f"{user}:{password}".encode()).decode())
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                urllib.request.urlopen(request, timeout=10)
+            assert refused.value.code == 401, (user, refused.value.code)
+
+        monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", head.ADMIN_USERNAME)
+        monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", secret)
+        report = tmp_path / "stage" / "report.json"
+        report.parent.mkdir()
+        report.write_text("{}")
+        tracker = Tracker(TrackingConfig(enabled=True, uri=url, experiment="auth"), tmp_path, {"model": {"d": 8}})
+        tracker.begin_stage("ingest")
+        tracker.end_stage(report.parent, {"rows": 3}, [report])
+        tracker.close()
+        client = MlflowClient(url)
+        runs = {r.info.run_name: r for r in client.search_runs([client.get_experiment_by_name("auth").experiment_id])}
+        assert {name: r.info.status for name, r in runs.items()} == {"pipeline": "FINISHED", "ingest": "FINISHED"}
+        assert runs["ingest"].data.metrics == {"rows": 3.0} and runs["pipeline"].data.params == {"model.d": "8"}
+        assert [a.path for a in client.list_artifacts(runs["ingest"].info.run_id)] == ["report.json"]
+
+        monkeypatch.delenv("MLFLOW_TRACKING_PASSWORD")
+        with pytest.raises(MlflowException, match="401|Unauthorized|credentials"):
+            MlflowClient(url).search_experiments()
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=30)
 
 
 def write_cluster_file(tmp_path: Path, pid: int, backend: str = "sqlite:////mnt/shared/duplex/mlflow/mlflow.db") -> Path:

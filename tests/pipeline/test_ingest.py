@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline import graph, ingest
-from pipeline.config import load_config
+from pipeline.config import DataConfig, load_config
 from pipeline.ingest import CorpusError, corpora
 from pipeline.ingest.readers import CHUNK, read_parallel
 from tests.conftest import SHARED_DATA
@@ -208,7 +208,7 @@ def test_iwslt14_preparation_follows_fairseq_split(tmp_path):
             add(f"train.tags.de-en.{lang}", "<url>http://x</url>\n<talkid>1</talkid>\n" + "\n".join(body) + "\n")
             for name in corpora._IWSLT_TEST:
                 add(f"{name}.de-en.{lang}.xml", f'<doc><seg id="1"> {name} {lang} </seg>\n<seg id="2">b</seg></doc>')
-    got = corpora._prepare_iwslt14(archive, tmp_path, "valid", ("de", "en"))
+    got = corpora._prepare_iwslt14(archive, tmp_path, "valid", ("de", "en"), DataConfig.max_input_mb)
     assert got[0].read_text().splitlines() == ["de sentence 23", "de sentence 46"]
     train = (tmp_path / "train.en").read_text().splitlines()
     assert len(train) == 44 and "en sentence 23" not in train and train[0] == "en sentence 1"
@@ -350,3 +350,42 @@ def test_nul_bytes_and_very_long_lines_are_read_and_filtered(tmp_path):
     assert ["\x00" in row["src"] for row in train if row["id"] == 1] == [True]  # kept: a NUL is a character
     assert 2 not in {row["id"] for row in train} and report["splits"]["train"]["dropped"]["too_long"] >= 1
     assert len(pq.read_table(out / "valid").column("src")[1].as_py()) == 999_999  # stripped; counted, never dropped
+
+
+def test_archive_members_and_downloaded_files_are_capped_too(tmp_path):
+    """A named corpus's archive members (iwslt14, WMT) and downloaded .gz files are read under the same cap:
+    a gzipped member that inflates beyond it, in a tar and in a zip, stops there with the member named."""
+    import zipfile
+
+    bomb = gzip.compress(b"Ein Hund.\n" * 150_000)  # 1.5 MB from a few kB
+    tar_path = tmp_path / "corpus.tgz"
+    with tarfile.open(tar_path, "w:gz") as tar:
+        info = tarfile.TarInfo("de-en/train.de.gz")
+        info.size = len(bomb)
+        tar.addfile(info, io.BytesIO(bomb))
+    zip_path = tmp_path / "corpus.zip"
+    with zipfile.ZipFile(zip_path, "w") as archive:
+        archive.writestr("train.de.gz", bomb)
+    for archive, member in [(tar_path, "de-en/train.de.gz"), (zip_path, "train.de.gz")]:
+        with pytest.raises(CorpusError, match=rf"^{archive}:{member}: more than data.max_input_mb=1 MB once decompressed"):
+            corpora._member(archive, member, 1)
+        assert corpora._member(archive, member, 2) == b"Ein Hund.\n" * 150_000
+    with pytest.raises(CorpusError, match=rf"^{zip_path}:train.de.gz: corrupt gzip data"):
+        with zipfile.ZipFile(zip_path, "w") as archive:
+            archive.writestr("train.de.gz", bomb[:40] + b"\x00" * 40 + bomb[80:])
+        corpora._member(zip_path, "train.de.gz", 2)
+
+
+def test_sword_text_is_capped_too(tmp_path):
+    """2 × 1.2 MB of verse text (from two small compressed modules): refused under a 1 MB cap, read under 3 MB."""
+    library = tmp_path / "sword"
+    verses = {("Genesis", 1, verse): "Verse " * 10_000 for verse in range(1, 21)}
+    for name in ("BigEn", "BigEs"):
+        write_ztext_module(library, name, verses)
+    settings = [f"data.sword_path={library}", "data.sword_src_module=BigEn", "data.sword_tgt_module=BigEs",
+                "data.valid_size=1", "data.test_size=1"]
+    with pytest.raises(CorpusError, match=rf"^SWORD modules BigEn and BigEs in {library}: more than "
+                                          r"data.max_input_mb=1 MB once decompressed"):
+        ingest.read_sword(load_config(None, [*settings, "data.max_input_mb=1"]).data)
+    raw, _ = ingest.read_sword(load_config(None, [*settings, "data.max_input_mb=3"]).data)
+    assert sum(len(part.ids) for part in raw.values()) == 20
