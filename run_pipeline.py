@@ -23,6 +23,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any, Callable
 
 from cluster import ClusterError
 from cluster.connect import check_shared_storage, cluster_overrides, connect
@@ -66,6 +67,7 @@ def interruption(error: BaseException) -> BaseException | None:
 def interrupted(error: BaseException) -> int:
     """The one line and exit code of an interrupted run (Ctrl-C: 130, SIGTERM: 143, as shells report them)."""
     terminated = isinstance(interruption(error), Terminated)
+    disconnect_ray()
     print(f"error: interrupted by {'SIGTERM' if terminated else 'Ctrl-C'}; finished stages are kept and the "
           f"interrupted one left nothing behind: run the same command again to continue", file=sys.stderr)
     return 143 if terminated else 130
@@ -99,14 +101,30 @@ def select_stages(text: str) -> list[str]:
     return [name for name in STAGES if name in names]
 
 
+_connected = False  # whether this invocation connected Ray (a test's own session is left alone)
+
+
+def disconnect_ray() -> None:
+    """Shut down the Ray this invocation connected (a local instance: its processes end), so that Ray's
+    forwarded worker logs cannot come after the error line that ends a failed run."""
+    global _connected
+    if _connected:
+        import ray
+
+        ray.shutdown()
+        _connected = False
+
+
 def connect_ray(cfg: PipelineConfig, dashboard: bool = False) -> None:
     """Connect to Ray once (the config's cluster, or a local instance; a no-op when connected); on a cluster,
     check then that every node sees the workdir (stage outputs and checkpoints are read back by other nodes)."""
     import ray
 
+    global _connected
     if ray.is_initialized():
         return
     connect(cfg.ray.address, cfg.ray.num_cpus, cfg.ray.object_store_memory_mb, dashboard)
+    _connected = True
     handle_sigterm()  # ray.init replaced ours with a sys.exit
     if cfg.ray.address:
         nodes = check_shared_storage(Path(cfg.workdir))
@@ -218,6 +236,23 @@ def print_summary(summary: dict[str, dict], workdir: Path, tracker_note: str) ->
     print(f"  workdir {workdir}   {tracker_note}")
 
 
+def guarded(work: Callable[[], tuple[Any, Any]]) -> tuple[int, tuple[Any, Any]]:
+    """Run a command's `work` -> (0, its result); a user-facing error is one `error:` line and exit code 2,
+    Ctrl-C or SIGTERM exit 130 or 143 (`interrupted`), each -> (code, (None, None))."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    handle_sigterm()
+    try:
+        return 0, work()
+    except (KeyboardInterrupt, Terminated) as error:
+        return interrupted(error), (None, None)
+    except (ConfigError, StageError, ClusterError) as error:
+        if interruption(error):
+            return interrupted(error), (None, None)
+        disconnect_ray()
+        print(f"error: {error}", file=sys.stderr)
+        return 2, (None, None)
+
+
 def tune_main(argv: list[str]) -> int:
     """`run_pipeline.py tune ...`: the sweep (data stages first when not finished)."""
     parser = argparse.ArgumentParser(prog="run_pipeline.py tune", description=tune.__doc__,
@@ -228,20 +263,16 @@ def tune_main(argv: list[str]) -> int:
     parser.add_argument("--force", action="store_true", help="run the sweep again even when finished")
     parser.add_argument("--address", default="", help="Ray cluster address ('auto' for `ray up`/`ray start`)")
     args = parser.parse_intermixed_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    handle_sigterm()
-    try:
-        overrides = list(args.overrides) + ([f"ray.address={args.address}"] if args.address else []) \
-            + ([f"tune.num_samples={args.samples}"] if args.samples else [])
+    overrides = list(args.overrides) + ([f"ray.address={args.address}"] if args.address else []) \
+        + ([f"tune.num_samples={args.samples}"] if args.samples else [])
+
+    def work() -> tuple[PipelineConfig, Path]:
         cfg = load_run_config(args.config, overrides)
-        out = sweep(cfg, force=args.force)
-    except (KeyboardInterrupt, Terminated) as error:
-        return interrupted(error)
-    except (ConfigError, StageError, ClusterError) as error:
-        if interruption(error):
-            return interrupted(error)
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+        return cfg, sweep(cfg, force=args.force)
+
+    code, (cfg, out) = guarded(work)
+    if code:
+        return code
     counts = read_manifest(out)["counts"]
     print(f"\ntune: {counts['trials']} trials ({counts['failed']} failed, {counts['stopped_early']} stopped early); "
           f"best {cfg.tune.metric} {counts['best_' + cfg.tune.metric]:.2f} with {counts['best']}\n"
@@ -255,20 +286,15 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["tune"]:
         return tune_main(argv[1:])
     args = parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    handle_sigterm()
-    try:
-        overrides = list(args.overrides) + ([f"ray.address={args.address}"] if args.address else [])
+    overrides = list(args.overrides) + ([f"ray.address={args.address}"] if args.address else [])
+
+    def work() -> tuple[PipelineConfig, dict[str, dict]]:
         cfg = load_run_config(args.config, overrides)
-        stages = select_stages(args.stages)
-        summary = run(cfg, stages, force=args.force)
-    except (KeyboardInterrupt, Terminated) as error:
-        return interrupted(error)
-    except (ConfigError, StageError, ClusterError) as error:
-        if interruption(error):
-            return interrupted(error)
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+        return cfg, run(cfg, select_stages(args.stages), force=args.force)
+
+    code, (cfg, summary) = guarded(work)
+    if code:
+        return code
     workdir = Path(cfg.workdir).resolve()
     note = f"mlflow: {tracking_uri(cfg.tracking, workdir)}" if cfg.tracking.enabled else "mlflow: off"
     print_summary(summary, workdir, note)

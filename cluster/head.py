@@ -40,6 +40,7 @@ from cluster.connect import CLUSTER_FILE_ENV, cluster_file_path
 ALL_INTERFACES = ("0.0.0.0", "::")
 ADMIN_PASSWORD_ENV = "MLFLOW_AUTH_ADMIN_PASSWORD"  # MLflow's own name: the auth app reads it on first start
 ADMIN_USERNAME = "admin"
+MIN_PASSWORD = 12  # characters; MLflow's basic-auth app refuses a shorter admin password
 SECRET_KEY_ENV = "MLFLOW_FLASK_SERVER_SECRET_KEY"  # MLflow's name; the auth app refuses to start without it
 
 
@@ -68,6 +69,9 @@ def admin_password(password_file: str) -> str:
     if not password:
         raise SystemExit(f"--auth needs the admin password: --admin-password-file PATH or ${ADMIN_PASSWORD_ENV} "
                          "(docs/cluster.md, Security)")
+    if len(password) < MIN_PASSWORD:  # MLflow's own rule: the server would exit at its first start
+        raise SystemExit(f"--auth: the admin password has {len(password)} characters, MLflow needs at least "
+                         f"{MIN_PASSWORD} (e.g. openssl rand -base64 24)")
     return password
 
 

@@ -276,6 +276,9 @@ def test_head_auth_takes_the_admin_password_from_a_file_or_the_environment_only(
     common = ["start", "--shared", str(shared), "--advertise", "10.0.0.5", "--auth"]
     with pytest.raises(SystemExit, match="admin password"):
         head.main(common)
+    (tmp_path / "password").write_text("tooshort10\n")
+    with pytest.raises(SystemExit, match="has 10 characters, MLflow needs at least 12"):
+        head.main(common + ["--admin-password-file", str(tmp_path / "password")])
     secret = "not-in-any-file-7"
     (tmp_path / "password").write_text(secret + "\n")
     assert head.main(common + ["--admin-password-file", str(tmp_path / "password")]) == 0
