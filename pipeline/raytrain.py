@@ -144,7 +144,7 @@ def fit_and_average(trainer: Any, run_path: Path, average_best: int, model: torc
     try:
         result = trainer.fit()
     except Exception as error:  # TrainingFailedError wraps the worker's exception
-        raise StageError(f"train: Ray Train failed ({type(error).__name__}): {error}") from error
+        raise StageError(f"train: Ray Train failed: {first_failure(error)}") from error
     scored = [(m[SCORE], m["step"], c) for c, m in result.best_checkpoints if SCORE in m]
     if not scored:
         raise StageError(f"train: the run under {run_path} produced no validated checkpoint")
@@ -158,6 +158,21 @@ def fit_and_average(trainer: Any, run_path: Path, average_best: int, model: torc
     model.load_state_dict(average_state_dicts(states))
     return {"history": history, "averaged": [{"step": step, SCORE: score} for score, step, _ in best],
             "fit_seconds": round(time.time() - started, 1)}
+
+
+def first_failure(error: BaseException) -> str:
+    """One line for a failed fit: the lowest rank's own exception, without the tracebacks Ray wraps it in
+    (`WorkerGroupError.worker_failures`, a `RayTaskError`'s `cause`), else the controller's or the error's."""
+    failures = getattr(error, "worker_failures", None) or {}
+    where = ""
+    if failures:
+        rank = min(failures)
+        error, where = failures[rank], f"rank {rank}: "
+    else:
+        error = getattr(error, "controller_failure", None) or error
+    error = getattr(error, "cause", None) or error
+    lines = [line for line in str(error).strip().splitlines() if line.strip()]
+    return f"{where}{type(error).__name__}: {lines[0][:500] if lines else ''}"
 
 
 def run_report(fitted: dict[str, Any], run_path: Path) -> dict[str, Any]:

@@ -22,8 +22,18 @@ def test_an_interrupted_run_continues_from_its_checkpoint(tmp_path, capsys, ray_
             "loss.aux_start_step=15", "distill.enabled=false", "evaluate.teacher_baseline=false"]
     failing = args + ["train.fail_at_step=12", "train.max_failures=0", "--stages", "ingest,spm,tokenize,train"]
     assert run_pipeline.main(failing) == 2
-    assert "fault drill: train.fail_at_step=12" in capsys.readouterr().err
+    last = capsys.readouterr().err.strip().splitlines()[-1]  # one line: the worker's own error, no traceback
+    assert last == "error: train: Ray Train failed: rank 0: RuntimeError: fault drill: train.fail_at_step=12 (rank 0)"
     assert not list(tmp_path.glob("train-*"))  # nothing half-published
+
+    # The latest checkpoint corrupted: the resume refuses it in one line naming the file (issue 23).
+    state = max((tmp_path / "ray_results").glob("train-*/checkpoint_*/train_state.pt"), key=lambda f: f.stat().st_mtime)
+    intact = state.read_bytes()
+    state.write_bytes(intact[: len(intact) // 2])
+    assert run_pipeline.main(args + ["train.max_failures=0", "--stages", "train"]) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith(f"error: train: Ray Train failed: rank 0: ValueError: {state}: corrupt or truncated"), last
+    state.write_bytes(intact)
 
     assert run_pipeline.main(args + ["--stages", "train"]) == 0
     out = list(tmp_path.glob("train-*"))
