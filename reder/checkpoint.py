@@ -75,6 +75,20 @@ def read_meta(directory: Path) -> dict[str, Any]:
     return meta
 
 
+def direction_of(meta: dict[str, Any], src: str, tgt: str, where: Path | str = "the model") -> str:
+    """`src2tgt` or `tgt2src` for a language pair, by the model directory's `src_lang`/`tgt_lang`; a Transformer
+    (one direction, `direction` in its meta) only for its own pair. ValueError naming the pairs otherwise."""
+    pair = (meta.get("src_lang"), meta.get("tgt_lang"))
+    directions = {pair: "src2tgt", pair[::-1]: "tgt2src"}
+    direction = directions.get((src, tgt))
+    own = meta.get("direction")
+    if direction is None or (own and own != direction):
+        offered = f"{pair[0]}->{pair[1]} and {pair[1]}->{pair[0]}" if not own else \
+            "->".join(pair if own == "src2tgt" else pair[::-1])
+        raise ValueError(f"{where} translates {offered}, not {src}->{tgt}")
+    return direction
+
+
 def load_model_dir(directory: Path, device: str | torch.device = "cpu") -> tuple[REDER | Transformer, dict[str, Any]]:
     """The model (eval mode; REDER or Transformer, by `architecture`) and its config.json contents."""
     meta = read_meta(directory)

@@ -1,7 +1,11 @@
 """Translate text with a model directory, in either direction.
 
-    python -m reder.translate --checkpoint DIR --direction src2tgt|tgt2src [--beam N [--teacher DIR] | --decoder D]
-        [--batch-size B] < in > out
+    python -m reder.translate --checkpoint DIR (--src LANG --tgt LANG | --direction src2tgt|tgt2src)
+        [--beam N [--teacher DIR] | --decoder D] [--batch-size B] < in > out
+
+(installed with `pip install -e .`: `duplex-translate ...`; from Python: `reder.load(DIR).translate(...)`.)
+The direction is named by language codes (those the model directory records, e.g. --src en --tgt de) or
+as src2tgt/tgt2src.
 
 CTC models decode greedily or with prefix beam search (--beam N), whose n-best can be reranked by an
 autoregressive teacher of the same direction (--teacher DIR, a Transformer model directory); DAG models
@@ -23,7 +27,7 @@ import sentencepiece
 import torch
 
 from reder.autoregressive import Transformer
-from reder.checkpoint import SPM_FILE, load_model_dir, load_teacher_dir
+from reder.checkpoint import SPM_FILE, direction_of, load_model_dir, load_teacher_dir
 from reder.config import DIRECTIONS, EOS_ID
 from reder.ctc import pad_batch
 from reder.heads import all_decoders
@@ -110,14 +114,14 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def _sentencepiece(path: Path) -> sentencepiece.SentencePieceProcessor:
+def load_sentencepiece(path: Path) -> sentencepiece.SentencePieceProcessor:
     try:
         return sentencepiece.SentencePieceProcessor(model_file=str(path))
     except (RuntimeError, OSError) as error:
         raise ValueError(f"{path}: not a SentencePiece model ({str(error).splitlines()[0]})") from None
 
 
-def _check_device(device: str) -> None:
+def check_device(device: str) -> None:
     try:
         kind = torch.device(device).type
     except RuntimeError:
@@ -136,8 +140,15 @@ def translate_lines(model: REDER | Transformer, sp: sentencepiece.SentencePieceP
 
 def _load(args: argparse.Namespace) -> tuple[REDER | Transformer, Optional[Transformer]]:
     """The model and the optional teacher, checked against the options; ValueError/FileNotFoundError explain."""
-    _check_device(args.device)
+    check_device(args.device)
     model, meta = load_model_dir(Path(args.checkpoint), args.device)
+    if args.src or args.tgt:
+        if not (args.src and args.tgt) or args.direction:
+            raise ValueError("name the direction either by --src LANG --tgt LANG (both) or by --direction")
+        args.direction = direction_of(meta, args.src, args.tgt, args.checkpoint)
+    elif not args.direction:
+        raise ValueError(f"name the direction: --src {meta.get('src_lang')} --tgt {meta.get('tgt_lang')} (or the "
+                         f"reverse), or --direction src2tgt|tgt2src")
     if isinstance(model, Transformer):
         if meta.get("direction") != args.direction:
             raise ValueError(f"{args.checkpoint} is a Transformer for direction {meta.get('direction')!r}, "
@@ -157,7 +168,9 @@ def _load(args: argparse.Namespace) -> tuple[REDER | Transformer, Optional[Trans
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--checkpoint", required=True, help="model directory (model.pt, config.json, spm.model): REDER or Transformer")
-    parser.add_argument("--direction", required=True, choices=DIRECTIONS)
+    parser.add_argument("--src", help="source language code (as the model directory records it, e.g. en)")
+    parser.add_argument("--tgt", help="target language code")
+    parser.add_argument("--direction", choices=DIRECTIONS, help="instead of --src/--tgt")
     parser.add_argument("--beam", type=_positive_int, default=1, help="CTC prefix beam size, or a Transformer's beam size (1 = greedy)")
     parser.add_argument("--teacher", help="Transformer model directory for --direction: reranks the CTC beam (needs --beam > 1)")
     parser.add_argument("--decoder", choices=all_decoders(), help="DAG models: greedy, lookahead or viterbi")
@@ -166,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         model, teacher = _load(args)
-        sp = _sentencepiece(Path(args.checkpoint) / SPM_FILE)
+        sp = load_sentencepiece(Path(args.checkpoint) / SPM_FILE)
     except (FileNotFoundError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

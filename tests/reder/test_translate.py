@@ -108,3 +108,38 @@ def test_a_broken_model_directory_is_a_one_line_error_naming_the_file(model_dir,
     code, out, err = _run(monkeypatch, capsys, ["--checkpoint", str(model_dir), "--direction", "src2tgt"])
     assert code == 2 and out == "" and err.count("\n") == 1, err
     assert err.startswith("error: ") and name in err and str(model_dir) in err, err
+
+
+def test_language_codes_name_the_direction_in_the_cli_and_the_python_api(model_dir, monkeypatch, capsys):
+    """--src/--tgt (the codes config.json records) pick the direction; `reder.load(dir).translate` gives the
+    same lines as the CLI; a pair the model does not translate is a one-line error naming what it does."""
+    import reder
+
+    text = b"the cat\na dog ran\n"
+    by_direction = {d: _run(monkeypatch, capsys, ["--checkpoint", str(model_dir), "--direction", d], text)[1]
+                    for d in ("src2tgt", "tgt2src")}
+    for src, tgt, direction in (("en", "de", "src2tgt"), ("de", "en", "tgt2src")):
+        code, out, _ = _run(monkeypatch, capsys, ["--checkpoint", str(model_dir), "--src", src, "--tgt", tgt], text)
+        assert code == 0 and out == by_direction[direction]
+    for args, message in [(["--src", "en", "--tgt", "fr"], f"error: {model_dir} translates en->de and de->en, not en->fr"),
+                          (["--src", "en"], "error: name the direction either by --src LANG --tgt LANG (both)"),
+                          ([], "error: name the direction: --src en --tgt de (or the reverse), or --direction")]:
+        code, _, err = _run(monkeypatch, capsys, ["--checkpoint", str(model_dir), *args], text)
+        assert code == 2 and err.startswith(message) and err.count("\n") == 1, err
+
+    model = reder.load(model_dir)
+    assert model.languages == ("en", "de") and "REDER" in repr(model)
+    assert model.translate(["the cat", "a dog ran"], src="en", tgt="de") == by_direction["src2tgt"].splitlines()
+    assert model.translate("the cat", src="de", tgt="en") == by_direction["tgt2src"].splitlines()[0]
+    assert len(model.translate(["the cat", "a dog ran"], src="en", tgt="de", beam=3)) == 2
+    with pytest.raises(ValueError, match="translates en->de and de->en, not de->de"):
+        model.translate("the cat", src="de", tgt="de")
+
+
+def test_a_teacher_translates_only_its_own_pair():
+    from reder.checkpoint import direction_of
+
+    meta = {"src_lang": "en", "tgt_lang": "de", "direction": "tgt2src"}
+    assert direction_of(meta, "de", "en") == "tgt2src"
+    with pytest.raises(ValueError, match=r"^teacher translates de->en, not en->de$"):
+        direction_of(meta, "en", "de", "teacher")

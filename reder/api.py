@@ -1,0 +1,53 @@
+"""Translation from Python in two lines:
+
+    import reder
+    model = reder.load("runs/default/train-<hash>/model")
+    model.translate(["A man is walking."], src="en", tgt="de", beam=5)   # -> ["Ein Mann geht."]
+
+`load` reads a model directory (what the train stage publishes; `python -m reder.translate` reads the
+same): a REDER translates both ways with the same weights, a Transformer teacher only its own direction.
+Languages are the codes the directory records (`Translator.languages`). Text in, detokenized text out;
+SentencePiece is applied inside.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from reder.checkpoint import SPM_FILE, direction_of, load_model_dir
+from reder.translate import check_device, load_sentencepiece, translate_lines
+
+
+class Translator:
+    """A loaded model directory. `translate(text, src, tgt, beam=1, decoder="greedy")`: CTC models decode
+    greedily or with prefix beam search (`beam` > 1); DAG models with `decoder` greedy, lookahead or
+    viterbi; a Transformer with beam search of size `beam`."""
+
+    def __init__(self, directory: str | Path, device: str = "cpu") -> None:
+        check_device(device)
+        self.directory = Path(directory)
+        self.model, self.meta = load_model_dir(self.directory, device)
+        self.sp = load_sentencepiece(self.directory / SPM_FILE)
+        self.languages = (self.meta.get("src_lang"), self.meta.get("tgt_lang"))
+
+    def translate(self, text: str | Sequence[str], src: str, tgt: str, beam: int = 1, decoder: str = "greedy",
+                  batch_size: int = 64) -> str | list[str]:
+        """One sentence (a str) or a list of them, from language `src` into `tgt`."""
+        if beam < 1 or batch_size < 1:
+            raise ValueError(f"beam and batch_size must be >= 1, got {beam} and {batch_size}")
+        lines = [text] if isinstance(text, str) else list(text)
+        direction = direction_of(self.meta, src, tgt, self.directory)
+        with torch.inference_mode():
+            out = translate_lines(self.model, self.sp, lines, direction, beam, batch_size, decoder)
+        return out[0] if isinstance(text, str) else out
+
+    def __repr__(self) -> str:
+        kind = type(self.model).__name__
+        return f"Translator({str(self.directory)!r}, {kind}, {self.languages[0]}<->{self.languages[1]})"
+
+
+def load(directory: str | Path, device: str = "cpu") -> Translator:
+    """The model directory `directory` ready to translate (see the module doc)."""
+    return Translator(directory, device)
