@@ -18,7 +18,7 @@ from pipeline.ingest.readers import MB, CorpusError, RawSplit, too_big
 
 log = logging.getLogger(__name__)
 
-SWORD_INSTALL = "apt-get install -y sword-text-web sword-text-sparv"
+SWORD_INSTALL = "apt-get update && apt-get install -y sword-text-web sword-text-sparv"  # sudo unless root
 
 _NOTE = re.compile(r"<note\b[^>]*>.*?</note>", re.DOTALL)
 _TAG = re.compile(r"<[^>]*>")
@@ -81,7 +81,9 @@ def read_sword_pairs(sword_path: str, src_module: str, tgt_module: str,
     missing = [name for name in (src_module, tgt_module) if name not in found]
     if missing:
         raise CorpusError(f"SWORD module(s) {missing} not found under {sword_path}. The default corpus "
-                          f"needs the Debian packages: {SWORD_INSTALL} (or pick another data.source)")
+                          f"needs the Debian packages: {SWORD_INSTALL} (with sudo unless root); without them, try "
+                          f"--config configs/smoke.yaml (a Bible sample shipped in tests/data) or "
+                          f"data.source=multi30k data.local_dir=<dir with train.en, train.de, ...>")
     bibles = [modules.get_bible_from_module(name) for name in (src_module, tgt_module)]
     for bible in bibles:
         if hasattr(bible, "_decompressed_text"):
