@@ -4,7 +4,7 @@ import pickle
 from mlflow.tracking import MlflowClient
 
 from pipeline.config import TrackingConfig
-from pipeline.tracking import SweepTracker, config_params, flatten, numeric
+from pipeline.tracking import SweepTracker, config_params, flatten, history_panels, numeric, plot_history
 
 
 def test_flatten_numeric_and_config_params():
@@ -127,3 +127,17 @@ def test_runs_starting_together_on_a_new_sqlite_store_share_one_experiment(tmp_p
             process.kill()
     assert [p.returncode for p in processes] == [0, 0, 0], [err[-2000:] for _, err in outputs]
     assert len({out.strip() for out, _ in outputs}) == 1  # one experiment
+
+
+def test_training_plots_put_each_kind_of_loss_on_its_own_panel(tmp_path):
+    """Issue 24: the total no longer dwarfs the terms: output losses, auxiliary losses (log scale, zeros
+    before they switch on left out) and BLEU per direction each get a panel; a teacher has no aux panel."""
+    reder = [{"step": s, "train_total": 30.0, "train_ctc_src2tgt": 9.0, "train_ctc_tgt2src": 8.0,
+              "train_fba_src2tgt": 0.0 if s < 20 else 0.8, "train_cc_tgt2src": 0.0 if s < 20 else 5.0} for s in (10, 20)]
+    reder += [{"step": 20, "bleu_src2tgt": 0.3, "bleu_tgt2src": 0.5, "valid_bleu": 0.4}]
+    assert history_panels(reder) == {"output loss (log scale)": ["train_ctc_src2tgt", "train_ctc_tgt2src"],
+                                     "auxiliary losses (log scale)": ["train_cc_tgt2src", "train_fba_src2tgt"],
+                                     "validation BLEU (greedy)": ["bleu_src2tgt", "bleu_tgt2src"]}
+    teacher = [{"step": 10, "train_total": 6.0, "train_nll_src2tgt": 6.0, "valid_nll_src2tgt": 6.1, "bleu_src2tgt": 0.0}]
+    assert list(history_panels(teacher)) == ["output loss (log scale)", "validation BLEU (greedy)"]
+    assert plot_history(reder, tmp_path / "training.png").stat().st_size > 10_000
