@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from pipeline.config import TrackingConfig
+from pipeline.stage import read_manifest
 
 HEADLINE = ("bleu_src2tgt", "bleu_tgt2src", "chrf_src2tgt", "chrf_tgt2src", "roundtrip_bleu_src", "roundtrip_bleu_tgt")
 TRIAL_METRICS = ("valid_bleu", "bleu_src2tgt", "bleu_tgt2src")  # a sweep's trial runs: their best validation
@@ -43,6 +44,10 @@ def open_client(uri: str) -> Any:
         return MlflowClient(uri)
 
 
+# MLflow 3's UI opens an experiment of this kind on its runs table (not on the GenAI traces view).
+EXPERIMENT_KIND = "mlflow.experimentKind"
+
+
 def ensure_experiment(client: Any, name: str, workdir: Path) -> str:
     """The id of experiment `name`, created if missing (under the store's lock: two runs starting at once
     create it once). With the embedded sqlite store its artifacts go to <workdir>/mlartifacts; a server keeps
@@ -53,7 +58,7 @@ def ensure_experiment(client: Any, name: str, workdir: Path) -> str:
         if experiment is not None:
             return experiment.experiment_id
         return client.create_experiment(name, artifact_location=(Path(workdir).resolve() / "mlartifacts").as_uri()
-                                        if local else None)
+                                        if local else None, tags={EXPERIMENT_KIND: "custom_model_development"})
 
 
 @contextlib.contextmanager
@@ -246,12 +251,14 @@ class Tracker:
         return {"uri": self.uri, "run_id": self.stage_run_id}
 
     def end_stage(self, output: Path, counts: dict[str, Any], artifacts: list[Path]) -> None:
-        """Close the stage's nested run with its counts as metrics and files/directories as artifacts."""
+        """Close the stage's nested run with its config (the manifest's: what its hash covers) as params, its
+        counts as metrics and files/directories as artifacts."""
         if self.stage_run_id is None:
             return
         import mlflow
 
         mlflow.set_tag("output", str(output))
+        mlflow.log_params(config_params(read_manifest(output)["config"]))  # what this stage's hash covers
         mlflow.log_metrics(numeric(counts))
         for path in artifacts:
             if path.is_file():

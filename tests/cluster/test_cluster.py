@@ -328,6 +328,7 @@ def test_mlflow_with_auth_refuses_anonymous_clients_and_tracks_for_the_admin(tmp
         report = tmp_path / "stage" / "report.json"
         report.parent.mkdir()
         report.write_text("{}")
+        (report.parent / "manifest.json").write_text(json.dumps({"config": {"data": {"limit": 7}}}))
         tracker = Tracker(TrackingConfig(enabled=True, uri=url, experiment="auth"), tmp_path, {"model": {"d": 8}})
         tracker.begin_stage("ingest")
         tracker.end_stage(report.parent, {"rows": 3}, [report])
@@ -336,6 +337,7 @@ def test_mlflow_with_auth_refuses_anonymous_clients_and_tracks_for_the_admin(tmp
         runs = {r.info.run_name: r for r in client.search_runs([client.get_experiment_by_name("auth").experiment_id])}
         assert {name: r.info.status for name, r in runs.items()} == {"pipeline": "FINISHED", "ingest": "FINISHED"}
         assert runs["ingest"].data.metrics == {"rows": 3.0} and runs["pipeline"].data.params == {"model.d": "8"}
+        assert runs["ingest"].data.params == {"data.limit": "7"}
         assert [a.path for a in client.list_artifacts(runs["ingest"].info.run_id)] == ["report.json"]
 
         monkeypatch.delenv("MLFLOW_TRACKING_PASSWORD")

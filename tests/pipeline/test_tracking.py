@@ -141,3 +141,22 @@ def test_training_plots_put_each_kind_of_loss_on_its_own_panel(tmp_path):
     teacher = [{"step": 10, "train_total": 6.0, "train_nll_src2tgt": 6.0, "valid_nll_src2tgt": 6.1, "bleu_src2tgt": 0.0}]
     assert list(history_panels(teacher)) == ["output loss (log scale)", "validation BLEU (greedy)"]
     assert plot_history(reder, tmp_path / "training.png").stat().st_size > 10_000
+
+
+def test_stage_runs_carry_their_config_and_the_experiment_opens_on_its_runs(tmp_path):
+    """Issue 24: a stage's run has the config values its directory hash covers as params; the experiment is
+    tagged as model development, so MLflow 3's UI opens it on the runs table, not the GenAI traces view."""
+    from pipeline.stage import run_stage
+    from pipeline.tracking import EXPERIMENT_KIND, Tracker
+
+    tracker = Tracker(TrackingConfig(enabled=True), tmp_path, {"spm": {"model_type": "bpe"}})
+    tracker.begin_stage("spm")
+    out = run_stage("spm", tmp_path / "spm-abc", lambda tmp: {"vocab_size": 64},
+                    config={"spm": {"model_type": "bpe", "seed": 1}, "vocab_size": 64}, inputs={})
+    tracker.end_stage(out, {"vocab_size": 64}, [])
+    tracker.close()
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    experiment = client.get_experiment_by_name("duplex")
+    assert experiment.tags[EXPERIMENT_KIND] == "custom_model_development"
+    stage = next(r for r in client.search_runs([experiment.experiment_id]) if r.info.run_name == "spm")
+    assert stage.data.params == {"spm.model_type": "bpe", "spm.seed": "1", "vocab_size": "64"}
