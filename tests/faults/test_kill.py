@@ -32,7 +32,7 @@ from pipeline.stage import HOLD_ENV, SUCCESS
 REPO = Path(run_pipeline.__file__).resolve().parent
 SMOKE = REPO / "configs" / "smoke.yaml"
 TINY = ["tracking.enabled=true", "teacher.train.max_steps=4", "teacher.train.validate_every=2",
-        "train.max_steps=12", "train.validate_every=2", "train.num_workers=1", "train.keep_checkpoints=2",
+        "train.max_steps=20", "train.validate_every=2", "train.num_workers=1", "train.keep_checkpoints=2",
         "train.average_best=1", "evaluate.max_sentences=10", "evaluate.latency_sentences=2",
         "evaluate.throughput_batch=4"]
 MARK = "DUPLEX_FAULT_RUN"  # in the environment of the run and of every process it starts (Ray's too)
@@ -150,7 +150,7 @@ def test_killed_inside_every_stage_then_run_again_and_corrupted_artifacts_are_re
     assert last["stages"]["evaluate"]["status"] == "ran"
     train_dir = Path(last["stages"]["train"]["output"])
     assert json.loads((train_dir / "report.json").read_text(encoding="utf-8"))["restarts"] >= 1  # resumed
-    assert last["stages"]["train"]["counts"]["steps"] == 12
+    assert last["stages"]["train"]["counts"]["steps"] == 20
 
     for start in killed:  # by now Ray's agents have given up too
         left = start.processes_left(90)
