@@ -154,12 +154,13 @@ def run(cfg: PipelineConfig, stages: list[str], force: bool = False) -> dict[str
             print(f"[{index}/{len(stages)}] {name}: {'running' if status == 'ran' else status} -> {expected}",
                   flush=True)
             started = time.time()
+            inputs = None
             if status == "ran":
-                graph.check_inputs(cfg, workdir, name)  # a missing or changed input fails before Ray and MLflow
+                inputs = graph.check_inputs(cfg, workdir, name)  # a missing or changed input fails before Ray and MLflow
                 if graph.BY_NAME[name].uses_ray:
                     connect_ray(cfg)
                 tracker.begin_stage(name)
-            output = graph.run(cfg, workdir, name, force=force, tracker=tracker)
+            output = graph.run(cfg, workdir, name, force=force, tracker=tracker, inputs=inputs)
             counts = read_manifest(output)["counts"]
             summary[name] = {"output": str(output), "status": status, "counts": counts,
                              "seconds": round(time.time() - started, 1)}

@@ -19,7 +19,7 @@ from typing import Any
 
 from pipeline import distill, evaluate, ingest, spm, teacher, tokenize, train, tune
 from pipeline.config import PipelineConfig, TrainConfig
-from pipeline.stage import Stage, StageError, StageRun, require_done, run_stage, stage_dir
+from pipeline.stage import Stage, StageError, StageRun, is_done, require_done, run_stage, stage_dir
 from reder import heads
 
 # Keys of a train section that change neither the data order nor the optimisation: not hashed.
@@ -125,12 +125,16 @@ def check_inputs(cfg: PipelineConfig, workdir: Path, name: str) -> dict[str, Pat
     return {label: require_done(dirs[source], source) for label, source in upstream(cfg, name).items()}
 
 
-def run(cfg: PipelineConfig, workdir: Path, name: str, force: bool = False, tracker: Any = None) -> Path:
-    """Build stage `name` from its finished inputs (skipped when its own output is finished, unless `force`)."""
+def run(cfg: PipelineConfig, workdir: Path, name: str, force: bool = False, tracker: Any = None,
+        inputs: dict[str, Path] | None = None) -> Path:
+    """Build stage `name` from its finished inputs (skipped when its own output is finished, unless `force`).
+    `inputs`: what `check_inputs` returned, when the caller checked them already (hashing is not free)."""
     stage = BY_NAME[name]
     workdir = Path(workdir).resolve()
     dirs = output_dirs(cfg, workdir)
-    inputs = check_inputs(cfg, workdir, name)
+    if is_done(dirs[name]) and not force:
+        return dirs[name]  # finished: skipped without reading (hashing) its inputs
+    inputs = check_inputs(cfg, workdir, name) if inputs is None else inputs
     context = StageRun(cfg=cfg, workdir=workdir, out=dirs[name], inputs=inputs, tracker=tracker, force=force)
 
     def build(tmp: Path) -> dict[str, Any]:
