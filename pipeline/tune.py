@@ -284,12 +284,15 @@ def _graceful_interrupts() -> Iterator[list]:
     """Ctrl-C and SIGTERM during `Tuner.fit` stop the sweep the way Tune stops it on SIGUSR1 (its experiment
     state saved, the trials stopped); the list yielded then holds a function that raises what the signal's
     previous handler raises (KeyboardInterrupt; run_pipeline's Terminated), to call once fit has returned.
-    A second signal raises at once."""
+    A second signal, or one before Tune's loop has started (SIGUSR1 still ours), raises at once."""
     interrupted: list = []
-    previous = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    previous = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)}
+
+    def before_tune(signum: int, frame: Any) -> None:  # SIGUSR1's default would end the process
+        pass
 
     def handler(signum: int, frame: Any) -> None:
-        if interrupted:
+        if interrupted or signal.getsignal(signal.SIGUSR1) is before_tune:
             _raise_as(previous[signum], signum, frame)
         log.warning("tune: %s: stopping the sweep (its state is kept for --resume); again to abort at once",
                     signal.Signals(signum).name)
@@ -300,8 +303,9 @@ def _graceful_interrupts() -> Iterator[list]:
         yield interrupted
         return
     os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"  # ours instead, which also knows which signal it was
-    for signum in previous:
-        signal.signal(signum, handler)
+    signal.signal(signal.SIGINT, handler)
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGUSR1, before_tune)  # tune.run installs its own
     try:
         yield interrupted
     finally:

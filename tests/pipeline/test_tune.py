@@ -166,11 +166,17 @@ def test_ctrl_c_or_sigterm_during_a_sweep_stops_it_gracefully_then_raises_the_si
     import signal
 
     stops = []
-    old_usr1 = signal.signal(signal.SIGUSR1, lambda *_: stops.append("tune stops"))
+    old_usr1 = signal.getsignal(signal.SIGUSR1)
     old_term = signal.signal(signal.SIGTERM, run_pipeline._raise_terminated)
     try:
+        with pytest.raises(KeyboardInterrupt):  # before Tune's loop started: at once
+            with tune._graceful_interrupts():
+                os.kill(os.getpid(), signal.SIGINT)
+                for _ in range(100):
+                    pass
         for signum, error in ((signal.SIGINT, KeyboardInterrupt), (signal.SIGTERM, run_pipeline.Terminated)):
             with tune._graceful_interrupts() as interrupted:
+                signal.signal(signal.SIGUSR1, lambda *_: stops.append("tune stops"))  # as tune.run does
                 os.kill(os.getpid(), signum)
                 for _ in range(100):  # the handlers run between bytecodes
                     if stops and interrupted:
@@ -179,6 +185,7 @@ def test_ctrl_c_or_sigterm_during_a_sweep_stops_it_gracefully_then_raises_the_si
             with pytest.raises(error):
                 interrupted[0]()
         assert signal.getsignal(signal.SIGTERM) is run_pipeline._raise_terminated  # restored
+        assert signal.getsignal(signal.SIGUSR1) is old_usr1
     finally:
         signal.signal(signal.SIGUSR1, old_usr1)
         signal.signal(signal.SIGTERM, old_term)
