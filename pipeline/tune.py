@@ -1,16 +1,24 @@
 """Tune stage: Ray Tune sweeps of training keys (the upsampling ratio, the auxiliary-loss weights and
 their start step, or any other model/loss/train key), tracked in MLflow.
 
-    python run_pipeline.py tune [--config configs/X.yaml] [key=value ...] [--samples N] [--address auto]
+    python run_pipeline.py tune [--config configs/X.yaml] [key=value ...] [--samples N] [--resume] [--force]
 
 The stages the sweep needs (pipeline/graph.py: the data stages and, with KD on, teacher and distill) run first,
 skipped when a normal run finished them: trials never recompute them. Each
 trial is a driver function (Ray 2.60's Train V2 pattern) that builds the train stage's TorchTrainer (raytrain) for
 its config, with `TuneReportCallback` forwarding rank 0's reports to Tune; ASHA (or FIFO) stops weak
 trials on `tune.metric` (validation BLEU, the mean of both directions) over training steps. A trial that
-fails is retried `tune.max_failures` times and then reported; the sweep goes on.
+fails is retried `tune.max_failures` times and then reported; the sweep goes on. `--samples N`
+(tune.num_samples) draws the space N times: each grid point is run N times.
 
-MLflow: one parent run "tune" (the base config as params), one nested run per trial (its sampled values as
+Finished only when every trial ended (finished, stopped early by the scheduler, failed after its retries):
+Ctrl-C, SIGTERM or `tune.time_budget_s` stop the sweep through Tune's graceful stop, publish nothing and
+keep Ray Tune's experiment state, which `--resume` continues (`Tuner.restore`). Trials stopped by Tune
+have their Ray Train placement groups removed here (`release_stopped_trials`), so none waits for CPUs
+a dead trial still holds.
+
+MLflow: one parent run "tune" (the base config as params), one nested run per trial named by its values
+(`lr=0.002 λfba=0.1`; its sampled values as
 params, per-step training metrics, `valid_bleu`, `bleu_src2tgt`, `bleu_tgt2src` of its best validation);
 trials stopped early are closed FINISHED with the tag `stopped_early`, failed ones FAILED with the error.
 
@@ -140,44 +148,84 @@ def release_stopped_trials(job_id: str) -> int:
     reach the State API (it fails with a second Ray instance on the machine: "Found multiple active Ray
     instances"); the GCS table read here needs no dashboard."""
     import ray
-    from ray._private.state import state
-    from ray.core.generated import gcs_pb2
     from ray.util.placement_group import PlacementGroup, remove_placement_group
 
     removed = 0
-    for raw in state._connect_and_get_accessor().get_placement_group_table():
-        group = gcs_pb2.PlacementGroupTableData.FromString(raw)
-        if (group.creator_job_id.hex() != job_id or group.is_detached or not group.creator_actor_dead
-                or group.state == gcs_pb2.PlacementGroupTableData.REMOVED
-                or ray.ActorID(group.creator_actor_id).is_nil()):  # a driver's own (Tune's trial groups)
-            continue
-        remove_placement_group(PlacementGroup(ray.PlacementGroupID(group.placement_group_id)))
-        removed += 1
+    for group in _actor_groups(job_id):
+        if group.creator_actor_dead:
+            remove_placement_group(PlacementGroup(ray.PlacementGroupID(group.placement_group_id)))
+            removed += 1
     return removed
 
 
-def _release_callback(every_s: float = 2.0) -> Any:
+def _actor_groups(job_id: str) -> list[Any]:
+    """The live placement groups (GCS table entries) that actors of job `job_id` made (Ray Train's
+    worker groups; not a driver's own, such as Tune's trial groups, nor detached ones)."""
+    import ray
+    from ray._private.state import state
+    from ray.core.generated import gcs_pb2
+
+    groups = [gcs_pb2.PlacementGroupTableData.FromString(raw)
+              for raw in state._connect_and_get_accessor().get_placement_group_table()]
+    return [g for g in groups if g.creator_job_id.hex() == job_id and not g.is_detached
+            and g.state != gcs_pb2.PlacementGroupTableData.REMOVED and not ray.ActorID(g.creator_actor_id).is_nil()]
+
+
+def _release_all(job_id: str, timeout_s: float = 30.0) -> None:
+    """After the fit: wait for the last trials' Ray Train runs to end (Tune kills their actors as it
+    cleans up) and release what they leave, so the next Ray work in this process finds every CPU free."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        release_stopped_trials(job_id)
+        if not _actor_groups(job_id):
+            return
+        time.sleep(0.5)
+    log.warning("tune: Ray Train placement groups still held %.0f s after the sweep", timeout_s)
+
+
+def _sweep_callback(budget_s: float = 0.0, every_s: float = 2.0) -> Any:
     """A Tune callback that runs `release_stopped_trials` for this job every `every_s` seconds of the
-    sweep's loop (a stopped trial's actor is killed some time after Tune's verdict)."""
+    sweep's loop (a stopped trial's actor is killed some time after Tune's verdict), keeps each trial's
+    status as of the loop's last step (`ended`: what Tune itself decided, before an interruption or the
+    budget stops the remaining trials, which end TERMINATED too, like the scheduler's), and once the fit
+    has run `budget_s` seconds (0 = no limit) stops it the way Ctrl-C does (`timed_out`).
+
+    Not Tune's own TuneConfig(time_budget_s): its stop marks the search finished and the running trials
+    TERMINATED in the saved state, so a restored sweep would end at once with them "done"."""
     import ray
     from ray.tune import Callback
 
     class ReleaseStoppedTrials(Callback):
-        def __init__(self) -> None:
+        def setup(self, **info: Any) -> None:  # each fit, a --resume's too (its job is another)
             self.job_id = ray.get_runtime_context().get_job_id()
             self.next_check = 0.0
-            self.released = 0
+            self.ended: dict[str, bool] = {}
+            self.deadline = time.monotonic() + budget_s if budget_s else math.inf
+            self.timed_out = False
 
         def on_step_end(self, iteration: int, trials: list, **info: Any) -> None:
+            self.ended = {trial.trial_id: trial.status in ("TERMINATED", "ERROR") for trial in trials}
+            self.release()
+            if not self.timed_out and time.monotonic() > self.deadline:
+                log.warning("tune: tune.time_budget_s=%g ran out: stopping the sweep (its state is kept for "
+                            "--resume)", budget_s)
+                self.timed_out = True
+                os.kill(os.getpid(), signal.SIGUSR1)  # Tune's graceful stop, as on Ctrl-C
+
+        def release(self) -> None:
             if time.monotonic() < self.next_check:
                 return
             self.next_check = time.monotonic() + every_s
             count = release_stopped_trials(self.job_id)
             if count:
-                self.released += count
                 log.info("tune: released %d placement group(s) of stopped trials' Ray Train runs", count)
 
     return ReleaseStoppedTrials()
+
+
+def expected_trials(cfg: PipelineConfig) -> int:
+    """How many trials the sweep makes: num_samples draws of the space, each grid point num_samples times."""
+    return cfg.tune.num_samples * math.prod(len(spec["grid"]) for spec in cfg.tune.space.values() if "grid" in spec)
 
 
 def _concurrency(cfg: PipelineConfig) -> int:
@@ -221,28 +269,33 @@ def _sweep(cfg: PipelineConfig, workdir: Path, name: str, inputs: dict[str, Path
         # The driver function only waits on its trainer: no CPU (a CPU each would halve the concurrent
         # trials on a small machine), just the logical memory Ray needs for a non-empty request.
         DRIVER_RESOURCES)
+    callback = _sweep_callback(cfg.tune.time_budget_s)
     if resume:
         log.info("tune: resuming the sweep in %s", storage)
         tuner = ray.tune.Tuner.restore(str(storage), trainable, resume_unfinished=True, resume_errored=False,
                                        restart_errored=False)
+        tuner._local_tuner._run_config.callbacks = [callback]  # ours (this budget, this job), not the pickled copy
     else:
-        tuner = _tuner(cfg, name, storage, trainable)
+        tuner = _tuner(cfg, name, storage, trainable, callback)
     try:
         with _graceful_interrupts() as interrupted:
             grid = tuner.fit()
-        ended = _trial_ended(grid)
-        rows = [_row(result, keys, cfg, done) for result, done in zip(grid, ended)]
+        _release_all(ray.get_runtime_context().get_job_id())  # not after an abort: Ray is shut down then
+        trials = grid._experiment_analysis.trials  # in the results' order; a trial never started has no result config
+        ended = [callback.ended.get(trial.trial_id, False) for trial in trials]
+        rows = [_row(result, keys, cfg, done, trial.config) for result, done, trial in zip(grid, ended, trials)]
         if interrupted:  # Tune saved the experiment's state: --resume continues it; nothing is published
             if tracker is not None:
                 tracker.close_trials(rows, killed=True)
             interrupted[0]()
-        unfinished = len(grid) - grid.num_terminated - grid.num_errors
+        unfinished = expected_trials(cfg) - sum(ended)
         if unfinished:
             if tracker is not None:
                 tracker.close_trials(rows, killed=True)
-            budget = f"tune.time_budget_s={cfg.tune.time_budget_s:g} ran out" if cfg.tune.time_budget_s \
+            budget = f"tune.time_budget_s={cfg.tune.time_budget_s:g} ran out" if callback.timed_out \
                 else "Tune stopped"
-            raise StageError(f"tune: {budget} with {unfinished} of {len(grid)} trials unfinished ({_counts(rows)}); "
+            raise StageError(f"tune: {budget} with {unfinished} of {expected_trials(cfg)} trials unfinished "
+                             f"({_counts(rows)}, {expected_trials(cfg) - len(rows)} not started); "
                              f"its state is kept in {storage}: add --resume to continue it")
         if tracker is not None:
             tracker.close_trials(rows)
@@ -256,7 +309,7 @@ def _sweep(cfg: PipelineConfig, workdir: Path, name: str, inputs: dict[str, Path
 DRIVER_RESOURCES = {"cpu": 0, "memory": 256 * 1024**2}
 
 
-def _tuner(cfg: PipelineConfig, name: str, storage: Path, trainable: Any) -> Any:
+def _tuner(cfg: PipelineConfig, name: str, storage: Path, trainable: Any, callback: Any) -> Any:
     import ray.tune
 
     tune = cfg.tune
@@ -273,9 +326,8 @@ def _tuner(cfg: PipelineConfig, name: str, storage: Path, trainable: Any) -> Any
         param_space=search_space(tune.space),
         tune_config=ray.tune.TuneConfig(metric=tune.metric, mode=tune.mode, num_samples=tune.num_samples,
                                         scheduler=scheduler, search_alg=search_alg,
-                                        max_concurrent_trials=_concurrency(cfg),
-                                        time_budget_s=tune.time_budget_s or None),
-        run_config=ray.tune.RunConfig(name=name, storage_path=str(storage.parent), callbacks=[_release_callback()],
+                                        max_concurrent_trials=_concurrency(cfg)),
+        run_config=ray.tune.RunConfig(name=name, storage_path=str(storage.parent), callbacks=[callback],
                                       failure_config=ray.tune.FailureConfig(max_failures=tune.max_failures)))
 
 
@@ -345,15 +397,8 @@ def _counts(rows: list[dict[str, Any]]) -> str:
     return ", ".join(f"{n} {'failed' if status == 'error' else status}" for status, n in counts.items() if n) or "none"
 
 
-def _trial_ended(grid: Any) -> list[bool]:
-    """Per result of `grid`: whether Tune ended its trial (TERMINATED or ERROR), not interrupted or never started."""
-    trials = getattr(getattr(grid, "_experiment_analysis", None), "trials", None)
-    if trials is None or len(trials) != len(grid):
-        return [True] * len(grid)
-    return [trial.status in ("TERMINATED", "ERROR") for trial in trials]
-
-
-def _row(result: Any, keys: list[str], cfg: PipelineConfig, ended: bool = True) -> dict[str, Any]:
+def _row(result: Any, keys: list[str], cfg: PipelineConfig, ended: bool = True,
+         params: dict[str, Any] | None = None) -> dict[str, Any]:
     frame = result.metrics_dataframe
     reports = frame.to_dict("records") if frame is not None else []
     validated = [r for r in reports if isinstance(r.get("valid_bleu"), float) and math.isfinite(r["valid_bleu"])]
@@ -365,7 +410,8 @@ def _row(result: Any, keys: list[str], cfg: PipelineConfig, ended: bool = True) 
         "stopped early" if steps < cfg.train.max_steps else "finished"
     trial_id = Path(result.path).name if result.path else ""
     trial_id = result.metrics.get("trial_id", trial_id) if result.metrics else trial_id
-    row = {"trial_id": trial_id, "status": status, **{k: result.config.get(k) for k in keys}, "steps": steps,
+    row = {"trial_id": trial_id, "status": status, **{k: (params or result.config or {}).get(k) for k in keys},
+           "steps": steps,
            cfg.tune.metric: best.get(cfg.tune.metric, math.nan), "valid_bleu": best.get("valid_bleu", math.nan),
            "best_step": best.get("step", math.nan),
            "bleu_src2tgt": best.get("bleu_src2tgt", math.nan), "bleu_tgt2src": best.get("bleu_tgt2src", math.nan),
