@@ -66,12 +66,14 @@ def interruption(error: BaseException) -> BaseException | None:
     return None
 
 
-def interrupted(error: BaseException) -> int:
+CONTINUE = "finished stages are kept and the interrupted one left nothing behind: run the same command again to continue"
+
+
+def interrupted(error: BaseException, how_to_continue: str = CONTINUE) -> int:
     """The one line and exit code of an interrupted run (Ctrl-C: 130, SIGTERM: 143, as shells report them)."""
     terminated = isinstance(interruption(error), Terminated)
     disconnect_ray()
-    print(f"error: interrupted by {'SIGTERM' if terminated else 'Ctrl-C'}; finished stages are kept and the "
-          f"interrupted one left nothing behind: run the same command again to continue", file=sys.stderr)
+    print(f"error: interrupted by {'SIGTERM' if terminated else 'Ctrl-C'}; {how_to_continue}", file=sys.stderr)
     return 143 if terminated else 130
 
 
@@ -241,7 +243,8 @@ def print_summary(summary: dict[str, dict], workdir: Path, tracker_note: str) ->
     print(f"  workdir {workdir}   {tracker_note}")
 
 
-def guarded(work: Callable[[], tuple[Any, Any]]) -> tuple[int, tuple[Any, Any]]:
+def guarded(work: Callable[[], tuple[Any, Any]], how_to_continue: str = CONTINUE
+            ) -> tuple[int, tuple[Any, Any]]:
     """Run a command's `work` -> (0, its result); a user-facing error is one `error:` line and exit code 2,
     Ctrl-C or SIGTERM exit 130 or 143 (`interrupted`), each -> (code, (None, None))."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -249,10 +252,10 @@ def guarded(work: Callable[[], tuple[Any, Any]]) -> tuple[int, tuple[Any, Any]]:
     try:
         return 0, work()
     except (KeyboardInterrupt, Terminated) as error:
-        return interrupted(error), (None, None)
+        return interrupted(error, how_to_continue), (None, None)
     except (ConfigError, StageError, ClusterError) as error:
         if interruption(error):
-            return interrupted(error), (None, None)
+            return interrupted(error, how_to_continue), (None, None)
         disconnect_ray()
         print(f"error: {error}", file=sys.stderr)
         return 2, (None, None)
@@ -279,10 +282,8 @@ def tune_main(argv: list[str]) -> int:
         cfg = load_run_config(args.config, overrides)
         return cfg, sweep(cfg, force=args.force, resume=args.resume)
 
-    code, (cfg, out) = guarded(work)
-    if code in (130, 143):
-        print("tune: an interrupted sweep keeps its state: the same command with --resume continues it",
-              file=sys.stderr)
+    code, (cfg, out) = guarded(work, "finished stages are kept, the sweep published nothing and kept its state: "
+                                     "the same command with --resume continues it")
     if code:
         return code
     counts = read_manifest(out)["counts"]
