@@ -210,3 +210,10 @@ def test_a_trial_that_never_reported_is_not_run_and_one_tune_did_not_end_is_unfi
     assert tune._row(cut, [], cfg, ended=True)["status"] == "stopped early"
     rows = [{"status": s} for s in ("finished", "finished", "stopped early", "error", "not run")]
     assert tune._counts(rows) == "2 finished, 1 stopped early, 1 failed, 1 not run"
+
+
+def test_a_trial_that_can_never_be_placed_is_an_error_before_the_sweep(ray_session):
+    cfg = load_config(SMOKE, ["train.num_workers=1", "train.cpus_per_worker=3", "train.start_timeout_s=1"])
+    with pytest.raises(tune.StageError, match=r"cannot hold 1 worker\(s\) \(CPU: need 3, cluster has 2\)"):
+        tune.check_trial_fits(cfg)
+    tune.check_trial_fits(load_config(SMOKE, ["train.num_workers=1"]))  # fits: no error, no wait
