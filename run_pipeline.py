@@ -2,13 +2,15 @@
 
     python run_pipeline.py [--config configs/X.yaml] [key=value ...]
                            [--stages ingest,spm,tokenize,teacher,distill,train,evaluate] [--force] [--address auto]
-    python run_pipeline.py tune [--config configs/X.yaml] [key=value ...] [--samples N] [--force] [--address auto]
+    python run_pipeline.py tune [--config configs/X.yaml] [key=value ...] [--samples N] [--resume] [--force]
+                                [--address auto]
 
 The stages and what each needs are declared once in pipeline/graph.py; both commands walk that graph. The
 teacher and distill stages run when something needs them: `distill.enabled` (sequence-level KD, the
 paper's setting) needs both unless `distill.corpus` names an already-distilled corpus; the evaluation's
 teacher baseline and reranking need the teachers. Otherwise they are reported as not needed.
-`tune` sweeps the training stage over the config's `tune.space` with Ray Tune (pipeline/tune.py).
+`tune` sweeps the training stage over the config's `tune.space` with Ray Tune (pipeline/tune.py); see
+`python run_pipeline.py tune --help`.
 Ray is connected once, here, before the first stage that runs on it.
 On a cluster started with `ray up cluster.yaml`, the head's cluster file (cluster/head.py) supplies the Ray
 address, the MLflow server and the shared workdir root (docs/cluster.md); options and overrides still win.
@@ -64,17 +66,21 @@ def interruption(error: BaseException) -> BaseException | None:
     return None
 
 
-def interrupted(error: BaseException) -> int:
+CONTINUE = "finished stages are kept and the interrupted one left nothing behind: run the same command again to continue"
+
+
+def interrupted(error: BaseException, how_to_continue: str = CONTINUE) -> int:
     """The one line and exit code of an interrupted run (Ctrl-C: 130, SIGTERM: 143, as shells report them)."""
     terminated = isinstance(interruption(error), Terminated)
     disconnect_ray()
-    print(f"error: interrupted by {'SIGTERM' if terminated else 'Ctrl-C'}; finished stages are kept and the "
-          f"interrupted one left nothing behind: run the same command again to continue", file=sys.stderr)
+    print(f"error: interrupted by {'SIGTERM' if terminated else 'Ctrl-C'}; {how_to_continue}", file=sys.stderr)
     return 143 if terminated else 130
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog="commands: (none) run the pipeline's stages; `tune` runs a Ray Tune "
+                                            "sweep of the train stage (python run_pipeline.py tune --help)")
     parser.add_argument("--config", default=str(DEFAULT_CONFIG), help="YAML config (default: %(default)s)")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. model.vocab_size=4000")
     parser.add_argument("--stages", default=",".join(STAGES), help="comma-separated stages (default: %(default)s)")
@@ -180,13 +186,14 @@ def run(cfg: PipelineConfig, stages: list[str], force: bool = False) -> dict[str
     return summary
 
 
-def sweep(cfg: PipelineConfig, force: bool = False) -> Path:
-    """`tune`: the stages the sweep needs (finished ones skipped), then the sweep itself."""
+def sweep(cfg: PipelineConfig, force: bool = False, resume: bool = False) -> Path:
+    """`tune`: the stages the sweep needs (finished ones skipped), then the sweep itself (`resume`: continue
+    an interrupted one)."""
     tune.check_space(cfg)
     connect_ray(cfg, dashboard=True)  # before any stage could start Ray without the dashboard
     workdir = Path(cfg.workdir).resolve()
     for name in graph.needed(cfg, ("tune",)):
-        output = graph.run(cfg, workdir, name, force=force and name == "tune")
+        output = graph.run(cfg, workdir, name, force=force and name == "tune", resume=resume and name == "tune")
     return output
 
 
@@ -237,7 +244,8 @@ def print_summary(summary: dict[str, dict], workdir: Path, tracker_note: str) ->
     print(f"  workdir {workdir}   {tracker_note}")
 
 
-def guarded(work: Callable[[], tuple[Any, Any]]) -> tuple[int, tuple[Any, Any]]:
+def guarded(work: Callable[[], tuple[Any, Any]], how_to_continue: str = CONTINUE
+            ) -> tuple[int, tuple[Any, Any]]:
     """Run a command's `work` -> (0, its result); a user-facing error is one `error:` line and exit code 2,
     Ctrl-C or SIGTERM exit 130 or 143 (`interrupted`), each -> (code, (None, None))."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -245,10 +253,10 @@ def guarded(work: Callable[[], tuple[Any, Any]]) -> tuple[int, tuple[Any, Any]]:
     try:
         return 0, work()
     except (KeyboardInterrupt, Terminated) as error:
-        return interrupted(error), (None, None)
+        return interrupted(error, how_to_continue), (None, None)
     except (ConfigError, StageError, ClusterError) as error:
         if interruption(error):
-            return interrupted(error), (None, None)
+            return interrupted(error, how_to_continue), (None, None)
         disconnect_ray()
         print(f"error: {error}", file=sys.stderr)
         return 2, (None, None)
@@ -260,8 +268,12 @@ def tune_main(argv: list[str]) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default=str(DEFAULT_CONFIG), help="YAML config (default: %(default)s)")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. tune.num_samples=4")
-    parser.add_argument("--samples", type=int, default=0, help="tune.num_samples (default: the config's)")
-    parser.add_argument("--force", action="store_true", help="run the sweep again even when finished")
+    parser.add_argument("--samples", type=int, default=0,
+                        help="tune.num_samples (default: the config's): each grid point is run N times, so "
+                             "--samples 3 with a 3-point grid makes 9 trials")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue an interrupted sweep (Ctrl-C, SIGTERM, tune.time_budget_s) where it stopped")
+    parser.add_argument("--force", action="store_true", help="start the sweep over, even when finished or interrupted")
     parser.add_argument("--address", default="", help="Ray cluster address ('auto' for `ray up`/`ray start`)")
     args = parser.parse_intermixed_args(argv)
     overrides = list(args.overrides) + ([f"ray.address={args.address}"] if args.address else []) \
@@ -269,13 +281,14 @@ def tune_main(argv: list[str]) -> int:
 
     def work() -> tuple[PipelineConfig, Path]:
         cfg = load_run_config(args.config, overrides)
-        return cfg, sweep(cfg, force=args.force)
+        return cfg, sweep(cfg, force=args.force, resume=args.resume)
 
-    code, (cfg, out) = guarded(work)
+    code, (cfg, out) = guarded(work, "finished stages are kept, the sweep published nothing and kept its state: "
+                                     "the same command with --resume continues it")
     if code:
         return code
     counts = read_manifest(out)["counts"]
-    print(f"\ntune: {counts['trials']} trials ({counts['failed']} failed, {counts['stopped_early']} stopped early); "
+    print(f"\ntune: {counts['trials']} trials ({counts['summary']}); "
           f"best {cfg.tune.metric} {counts['best_' + cfg.tune.metric]:.2f} with {counts['best']}\n"
           f"  {out / 'trials.csv'}\n  {out / 'best.yaml'}  (train it: python run_pipeline.py --config "
           f"{out / 'best.yaml'})")

@@ -218,7 +218,7 @@ class TuneConfig:
     {loguniform: [lo, hi], zero: p} (p = the probability of sampling exactly 0)."""
 
     space: dict = field(default_factory=dict)
-    num_samples: int = 8  # samples of the space (each grid point is run num_samples times)
+    num_samples: int = 8  # samples of the space: each grid point is run num_samples times (3 x a 3-point grid = 9 trials)
     metric: str = "valid_bleu"  # reported at every validation; the mean of both directions' BLEU
     mode: Literal["max", "min"] = "max"
     search: Literal["random", "optuna"] = "random"
@@ -227,12 +227,15 @@ class TuneConfig:
     reduction_factor: int = 2
     max_concurrent: int = 0  # 0 = as many trials as the cluster's CPUs/GPUs hold
     max_failures: int = 0  # retries of a failed trial (the sweep goes on either way; -1 = no limit)
+    # Stall watchdog: seconds one invocation (a run, or a --resume) may take before Tune stops the sweep,
+    # which then fails with its state kept for --resume; 0 = no limit.
+    time_budget_s: float = 0.0
 
     def __post_init__(self) -> None:
         for key, spec in self.space.items():
             _check_search_space(f"space.{key}", spec)
         require(self, num_samples=">= 1", grace_period=">= 0", reduction_factor=">= 2", max_concurrent=">= 0",
-                max_failures=">= -1")
+                max_failures=">= -1", time_budget_s=">= 0")
 
 
 def _check_search_space(key: str, spec: Any) -> None:

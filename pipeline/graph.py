@@ -48,6 +48,11 @@ def _teacher_key(cfg: PipelineConfig) -> dict[str, Any]:
     return {"model": asdict(cfg.teacher.model), "train": train_key(cfg.teacher.train)}
 
 
+def _sweep_key(cfg: PipelineConfig) -> dict[str, Any]:
+    """The tune section without its watchdog (`time_budget_s`): a resumed sweep may get another budget."""
+    return {k: v for k, v in asdict(cfg.tune).items() if k != "time_budget_s"}
+
+
 def _distill_key(cfg: PipelineConfig) -> dict[str, Any]:
     source = {"corpus": str(Path(cfg.distill.corpus).expanduser().resolve())} if cfg.distill.corpus \
         else {"decoding": {k: getattr(cfg.distill, k) for k in distill.DECODING_KEYS}}
@@ -77,7 +82,7 @@ STAGES = (
           key=lambda cfg: {"evaluate": asdict(cfg.evaluate)},
           inputs=lambda cfg: {"train": "train", "ingest": "ingest", **({"teacher": "teacher"} if uses_teachers(cfg) else {})}),
     Stage("tune", tune.build, sections=("tune",), uses_ray=True,
-          key=lambda cfg: {"tune": asdict(cfg.tune), "model": asdict(cfg.model), "loss": asdict(cfg.loss),
+          key=lambda cfg: {"tune": _sweep_key(cfg), "model": asdict(cfg.model), "loss": asdict(cfg.loss),
                            "train": asdict(cfg.train)},
           inputs=lambda cfg: {"data": training_data(cfg)}, reads=lambda cfg: ("tokenize", "ingest", "spm")),
 )
@@ -126,16 +131,18 @@ def check_inputs(cfg: PipelineConfig, workdir: Path, name: str) -> dict[str, Pat
 
 
 def run(cfg: PipelineConfig, workdir: Path, name: str, force: bool = False, tracker: Any = None,
-        inputs: dict[str, Path] | None = None) -> Path:
+        inputs: dict[str, Path] | None = None, resume: bool = False) -> Path:
     """Build stage `name` from its finished inputs (skipped when its own output is finished, unless `force`).
-    `inputs`: what `check_inputs` returned, when the caller checked them already (hashing is not free)."""
+    `inputs`: what `check_inputs` returned, when the caller checked them already (hashing is not free);
+    `resume`: continue an interrupted sweep (tune --resume)."""
     stage = BY_NAME[name]
     workdir = Path(workdir).resolve()
     dirs = output_dirs(cfg, workdir)
     if is_done(dirs[name]) and not force:
         return dirs[name]  # finished: skipped without reading (hashing) its inputs
     inputs = check_inputs(cfg, workdir, name) if inputs is None else inputs
-    context = StageRun(cfg=cfg, workdir=workdir, out=dirs[name], inputs=inputs, tracker=tracker, force=force)
+    context = StageRun(cfg=cfg, workdir=workdir, out=dirs[name], inputs=inputs, tracker=tracker, force=force,
+                       resume=resume)
 
     def build(tmp: Path) -> dict[str, Any]:
         if stage.uses_ray:

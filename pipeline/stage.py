@@ -43,7 +43,8 @@ class StageError(RuntimeError):
 class StageRun:
     """What a stage's `build` gets: the config, its own final output directory (`out.name` names its Ray
     Train runs), every input directory by label (finished, checked), the MLflow tracker (or None), and
-    `force` (run_pipeline.py --force: redo from scratch, so a Ray Train run must not resume)."""
+    `force` (run_pipeline.py --force: redo from scratch, so a Ray Train run must not resume), `resume`
+    (run_pipeline.py tune --resume: continue an interrupted sweep)."""
 
     cfg: "PipelineConfig"
     workdir: Path
@@ -51,6 +52,7 @@ class StageRun:
     inputs: dict[str, Path]
     tracker: Any = None
     force: bool = False
+    resume: bool = False
 
 
 @dataclass(frozen=True)

@@ -1,16 +1,24 @@
 """Tune stage: Ray Tune sweeps of training keys (the upsampling ratio, the auxiliary-loss weights and
 their start step, or any other model/loss/train key), tracked in MLflow.
 
-    python run_pipeline.py tune [--config configs/X.yaml] [key=value ...] [--samples N] [--address auto]
+    python run_pipeline.py tune [--config configs/X.yaml] [key=value ...] [--samples N] [--resume] [--force]
 
 The stages the sweep needs (pipeline/graph.py: the data stages and, with KD on, teacher and distill) run first,
 skipped when a normal run finished them: trials never recompute them. Each
 trial is a driver function (Ray 2.60's Train V2 pattern) that builds the train stage's TorchTrainer (raytrain) for
 its config, with `TuneReportCallback` forwarding rank 0's reports to Tune; ASHA (or FIFO) stops weak
 trials on `tune.metric` (validation BLEU, the mean of both directions) over training steps. A trial that
-fails is retried `tune.max_failures` times and then reported; the sweep goes on.
+fails is retried `tune.max_failures` times and then reported; the sweep goes on. `--samples N`
+(tune.num_samples) draws the space N times: each grid point is run N times.
 
-MLflow: one parent run "tune" (the base config as params), one nested run per trial (its sampled values as
+Finished only when every trial ended (finished, stopped early by the scheduler, failed after its retries):
+Ctrl-C, SIGTERM or `tune.time_budget_s` stop the sweep through Tune's graceful stop, publish nothing and
+keep Ray Tune's experiment state, which `--resume` continues (`Tuner.restore`). Trials stopped by Tune
+have their Ray Train placement groups removed here (`release_stopped_trials`), so none waits for CPUs
+a dead trial still holds.
+
+MLflow: one parent run "tune" (the base config as params), one nested run per trial named by its values
+(`lr=0.002 λfba=0.1`; its sampled values as
 params, per-step training metrics, `valid_bleu`, `bleu_src2tgt`, `bleu_tgt2src` of its best validation);
 trials stopped early are closed FINISHED with the tag `stopped_early`, failed ones FAILED with the error.
 
@@ -20,6 +28,7 @@ metric and both directions' BLEU), `bleu_vs_params.png` (validation BLEU against
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import csv
 import io
@@ -27,8 +36,12 @@ import logging
 import math
 import os
 import random
+import shutil
+import signal
+import threading
+import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from pipeline import raytrain
 from pipeline.config import PipelineConfig, check_consistency, from_dict, to_yaml
@@ -50,7 +63,7 @@ def build(run: StageRun, tmp: Path) -> dict[str, Any]:
     `tokenize`'s valid split against `ingest`'s text; results into `tmp`."""
     check_space(run.cfg)
     inputs = {"train_data": run.inputs["data"] / "train", **{name: run.inputs[name] for name in ("tokenize", "ingest", "spm")}}
-    return _sweep(run.cfg, run.workdir, run.out.name, inputs, tmp)
+    return _sweep(run.cfg, run.workdir, run.out.name, inputs, tmp, force=run.force, resume=run.resume)
 
 
 def search_space(space: dict[str, dict]) -> dict[str, Any]:
@@ -125,6 +138,96 @@ def _best_validation(reports: list[dict[str, Any]], metric: str, mode: str) -> d
     return (max if mode == "max" else min)(scored, key=lambda r: r[metric])
 
 
+def release_stopped_trials(job_id: str) -> int:
+    """Remove the placement groups of job `job_id` whose creator actor is dead; returns how many.
+
+    A trial's Ray Train controller (an actor of the trial's driver function) creates its worker group's
+    placement group. When Tune stops the trial it kills the trial's actor, the controller dies with it,
+    and Ray keeps a placement group made by a dead actor until the job ends: its CPUs stay reserved and
+    the next trials wait forever. Ray Train's own PlacementGroupCleaner does this job only when it can
+    reach the State API (it fails with a second Ray instance on the machine: "Found multiple active Ray
+    instances"); the GCS table read here needs no dashboard."""
+    import ray
+    from ray.util.placement_group import PlacementGroup, remove_placement_group
+
+    removed = 0
+    for group in _actor_groups(job_id):
+        if group.creator_actor_dead:
+            remove_placement_group(PlacementGroup(ray.PlacementGroupID(group.placement_group_id)))
+            removed += 1
+    return removed
+
+
+def _actor_groups(job_id: str) -> list[Any]:
+    """The live placement groups (GCS table entries) that actors of job `job_id` made (Ray Train's
+    worker groups; not a driver's own, such as Tune's trial groups, nor detached ones)."""
+    import ray
+    from ray._private.state import state
+    from ray.core.generated import gcs_pb2
+
+    groups = [gcs_pb2.PlacementGroupTableData.FromString(raw)
+              for raw in state._connect_and_get_accessor().get_placement_group_table()]
+    return [g for g in groups if g.creator_job_id.hex() == job_id and not g.is_detached
+            and g.state != gcs_pb2.PlacementGroupTableData.REMOVED and not ray.ActorID(g.creator_actor_id).is_nil()]
+
+
+def _release_all(job_id: str, timeout_s: float = 30.0) -> None:
+    """After the fit: wait for the last trials' Ray Train runs to end (Tune kills their actors as it
+    cleans up) and release what they leave, so the next Ray work in this process finds every CPU free."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        release_stopped_trials(job_id)
+        if not _actor_groups(job_id):
+            return
+        time.sleep(0.5)
+    log.warning("tune: Ray Train placement groups still held %.0f s after the sweep", timeout_s)
+
+
+def _sweep_callback(budget_s: float = 0.0, every_s: float = 2.0) -> Any:
+    """A Tune callback that runs `release_stopped_trials` for this job every `every_s` seconds of the
+    sweep's loop (a stopped trial's actor is killed some time after Tune's verdict), keeps each trial's
+    status as of the loop's last step (`ended`: what Tune itself decided, before an interruption or the
+    budget stops the remaining trials, which end TERMINATED too, like the scheduler's), and once the fit
+    has run `budget_s` seconds (0 = no limit) stops it the way Ctrl-C does (`timed_out`).
+
+    Not Tune's own TuneConfig(time_budget_s): its stop marks the search finished and the running trials
+    TERMINATED in the saved state, so a restored sweep would end at once with them "done"."""
+    import ray
+    from ray.tune import Callback
+
+    class ReleaseStoppedTrials(Callback):
+        def setup(self, **info: Any) -> None:  # each fit, a --resume's too (its job is another)
+            self.job_id = ray.get_runtime_context().get_job_id()
+            self.next_check = 0.0
+            self.ended: dict[str, bool] = {}
+            self.deadline = time.monotonic() + budget_s if budget_s else math.inf
+            self.timed_out = False
+
+        def on_step_end(self, iteration: int, trials: list, **info: Any) -> None:
+            self.ended = {trial.trial_id: trial.status in ("TERMINATED", "ERROR") for trial in trials}
+            self.release()
+            if not self.timed_out and time.monotonic() > self.deadline:
+                log.warning("tune: tune.time_budget_s=%g ran out: stopping the sweep (its state is kept for "
+                            "--resume)", budget_s)
+                self.timed_out = True
+                os.kill(os.getpid(), signal.SIGUSR1)  # Tune's graceful stop, as on Ctrl-C
+
+        def release(self) -> None:
+            if time.monotonic() < self.next_check:
+                return
+            self.next_check = time.monotonic() + every_s
+            count = release_stopped_trials(self.job_id)
+            if count:
+                log.info("tune: released %d placement group(s) of stopped trials' Ray Train runs", count)
+
+    return ReleaseStoppedTrials()
+
+
+def expected_trials(cfg: PipelineConfig) -> int:
+    """How many trials the sweep makes: num_samples draws of the space, each grid point num_samples times."""
+    return cfg.tune.num_samples * math.prod(len(spec["grid"]) for spec in cfg.tune.space.values() if "grid" in spec)
+
+
 def _concurrency(cfg: PipelineConfig) -> int:
     """How many trials' worker groups the cluster holds at once (or tune.max_concurrent)."""
     import ray
@@ -138,19 +241,77 @@ def _concurrency(cfg: PipelineConfig) -> int:
     return max(1, fits)
 
 
-def _sweep(cfg: PipelineConfig, workdir: Path, name: str, inputs: dict[str, Path], tmp: Path) -> dict[str, Any]:
+def _sweep(cfg: PipelineConfig, workdir: Path, name: str, inputs: dict[str, Path], tmp: Path,
+           force: bool = False, resume: bool = False) -> dict[str, Any]:
     import ray.tune
 
-    raytrain.check_resources(cfg.train, cfg.train.start_timeout_s)
+    check_trial_fits(cfg)
     # The metric is reported at validations only; ASHA skips reports without it, Tune's strict check
     # would reject the first (training-only) report instead.
     os.environ["TUNE_DISABLE_STRICT_METRIC_CHECKING"] = "1"
     keys = sorted(cfg.tune.space)
-    storage = raytrain.storage_path(cfg.train, workdir) / name
-    tracker = SweepTracker.open(cfg.tracking, workdir, name, cfg.to_dict(), to_yaml(cfg))
-    trainable = ray.tune.with_parameters(_trial, base=cfg.to_dict(), keys=keys,
-                                         inputs={k: str(v) for k, v in inputs.items()}, storage=str(storage),
-                                         tracker=tracker)
+    storage = raytrain.storage_path(cfg.train, workdir) / name  # Tune's experiment directory
+    restorable = ray.tune.Tuner.can_restore(str(storage))
+    if force and storage.exists():
+        log.info("--force: removing the previous sweep's state %s", storage)
+        shutil.rmtree(storage)
+        restorable = False
+    if restorable and not resume:
+        raise StageError(f"tune: an unfinished sweep's state is in {storage}: add --resume to continue it, or "
+                         f"--force to start it over")
+    if resume and not restorable:
+        raise StageError(f"tune: --resume: no unfinished sweep to continue in {storage} (run without --resume)")
+    tracker = SweepTracker.open(cfg.tracking, workdir, name, cfg.to_dict(), to_yaml(cfg), resume=resume)
+    trainable = ray.tune.with_resources(
+        ray.tune.with_parameters(_trial, base=cfg.to_dict(), keys=keys,
+                                 inputs={k: str(v) for k, v in inputs.items()}, storage=str(storage),
+                                 tracker=tracker),
+        # The driver function only waits on its trainer: no CPU (a CPU each would halve the concurrent
+        # trials on a small machine), just the logical memory Ray needs for a non-empty request.
+        DRIVER_RESOURCES)
+    callback = _sweep_callback(cfg.tune.time_budget_s)
+    if resume:
+        log.info("tune: resuming the sweep in %s", storage)
+        tuner = ray.tune.Tuner.restore(str(storage), trainable, resume_unfinished=True, resume_errored=False,
+                                       restart_errored=False)
+        tuner._local_tuner._run_config.callbacks = [callback]  # ours (this budget, this job), not the pickled copy
+    else:
+        tuner = _tuner(cfg, name, storage, trainable, callback)
+    try:
+        with _graceful_interrupts() as interrupted:
+            grid = tuner.fit()
+        _release_all(ray.get_runtime_context().get_job_id())  # not after an abort: Ray is shut down then
+        trials = grid._experiment_analysis.trials  # in the results' order; a trial never started has no result config
+        ended = [callback.ended.get(trial.trial_id, False) for trial in trials]
+        rows = [_row(result, keys, cfg, done, trial.config) for result, done, trial in zip(grid, ended, trials)]
+        if interrupted:  # Tune saved the experiment's state: --resume continues it; nothing is published
+            if tracker is not None:
+                tracker.close_trials(rows, killed=True)
+            interrupted[0]()
+        unfinished = expected_trials(cfg) - sum(ended)
+        if unfinished:
+            if tracker is not None:
+                tracker.close_trials(rows, killed=True)
+            budget = f"tune.time_budget_s={cfg.tune.time_budget_s:g} ran out" if callback.timed_out \
+                else "Tune stopped"
+            raise StageError(f"tune: {budget} with {unfinished} of {expected_trials(cfg)} trials unfinished "
+                             f"({_counts(rows)}, {expected_trials(cfg) - len(rows)} not started); "
+                             f"its state is kept in {storage}: add --resume to continue it")
+        if tracker is not None:
+            tracker.close_trials(rows)
+        return _publish(cfg, rows, keys, tmp, tracker)
+    except BaseException as error:
+        if tracker is not None:  # whatever is still open is closed FAILED (KILLED when interrupted)
+            tracker.close_trials([], failed=True, killed=not isinstance(error, Exception))
+        raise
+
+
+DRIVER_RESOURCES = {"cpu": 0, "memory": 256 * 1024**2}
+
+
+def _tuner(cfg: PipelineConfig, name: str, storage: Path, trainable: Any, callback: Any) -> Any:
+    import ray.tune
+
     tune = cfg.tune
     scheduler = ray.tune.schedulers.ASHAScheduler(
         time_attr="step", max_t=cfg.train.max_steps, grace_period=tune.grace_period or cfg.train.validate_every,
@@ -160,38 +321,97 @@ def _sweep(cfg: PipelineConfig, workdir: Path, name: str, inputs: dict[str, Path
         from ray.tune.search.optuna import OptunaSearch  # needs `pip install optuna`
 
         search_alg = OptunaSearch()
-    tuner = ray.tune.Tuner(
-        # The driver function only waits on its trainer: no CPU (a CPU each would halve the concurrent
-        # trials on a small machine), just the logical memory Ray needs for a non-empty request.
-        ray.tune.with_resources(trainable, {"cpu": 0, "memory": 256 * 1024**2}),
+    return ray.tune.Tuner(
+        trainable,
         param_space=search_space(tune.space),
         tune_config=ray.tune.TuneConfig(metric=tune.metric, mode=tune.mode, num_samples=tune.num_samples,
                                         scheduler=scheduler, search_alg=search_alg,
                                         max_concurrent_trials=_concurrency(cfg)),
-        run_config=ray.tune.RunConfig(name=name, storage_path=str(storage.parent),
+        run_config=ray.tune.RunConfig(name=name, storage_path=str(storage.parent), callbacks=[callback],
                                       failure_config=ray.tune.FailureConfig(max_failures=tune.max_failures)))
+
+
+@contextlib.contextmanager
+def _graceful_interrupts() -> Iterator[list]:
+    """Ctrl-C and SIGTERM during `Tuner.fit` stop the sweep the way Tune stops it on SIGUSR1 (its experiment
+    state saved, the trials stopped); the list yielded then holds a function that raises what the signal's
+    previous handler raises (KeyboardInterrupt; run_pipeline's Terminated), to call once fit has returned.
+    A second signal, or one before Tune's loop has started (SIGUSR1 still ours), raises at once."""
+    interrupted: list = []
+    previous = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)}
+
+    def before_tune(signum: int, frame: Any) -> None:  # SIGUSR1's default would end the process
+        pass
+
+    def handler(signum: int, frame: Any) -> None:
+        if interrupted or signal.getsignal(signal.SIGUSR1) is before_tune:
+            _raise_as(previous[signum], signum, frame)
+        log.warning("tune: %s: stopping the sweep (its state is kept for --resume); again to abort at once",
+                    signal.Signals(signum).name)
+        interrupted.append(lambda: _raise_as(previous[signum], signum, None))
+        os.kill(os.getpid(), signal.SIGUSR1)  # Tune's own graceful stop (tune.py _setup_signal_catching)
+
+    if threading.current_thread() is not threading.main_thread():
+        yield interrupted
+        return
+    os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"  # ours instead, which also knows which signal it was
+    signal.signal(signal.SIGINT, handler)
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGUSR1, before_tune)  # tune.run installs its own
     try:
-        grid = tuner.fit()
-        rows = [_row(result, keys, cfg) for result in grid]
-        if tracker is not None:
-            tracker.close_trials(rows)
-        return _publish(cfg, rows, keys, tmp, tracker)
-    except BaseException:
-        if tracker is not None:  # whatever is still open is closed FAILED, the sweep's run too
-            tracker.close_trials([], failed=True)
-        raise
+        yield interrupted
+    finally:
+        for signum, old in previous.items():
+            signal.signal(signum, old)
 
 
-def _row(result: Any, keys: list[str], cfg: PipelineConfig) -> dict[str, Any]:
+def _raise_as(handler: Any, signum: int, frame: Any) -> None:
+    if callable(handler):
+        handler(signum, frame)
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+def check_trial_fits(cfg: PipelineConfig) -> None:
+    """Fail fast, with the numbers, when one trial's resources can never be placed: its worker group
+    (raytrain.check_resources: the cluster's totals, waiting train.start_timeout_s for an autoscaler), one
+    worker's bundle on some node, and its driver function's memory."""
+    import ray
+
+    raytrain.check_resources(cfg.train, cfg.train.start_timeout_s)
+    bundle = {"CPU": cfg.train.cpus_per_worker, **({"GPU": cfg.train.gpus_per_worker} if cfg.train.use_gpu else {})}
+    nodes = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")]
+    if not any(all(node.get(k, 0.0) >= v for k, v in bundle.items()) for node in nodes):
+        largest = {k: max((node.get(k, 0.0) for node in nodes), default=0.0) for k in bundle}
+        raise StageError(f"tune: no node can hold one training worker ({bundle}; the largest node has "
+                         f"{largest}); lower train.cpus_per_worker / train.gpus_per_worker")
+    memory = ray.cluster_resources().get("memory", 0.0)
+    if memory < DRIVER_RESOURCES["memory"]:
+        raise StageError(f"tune: a trial's driver needs {DRIVER_RESOURCES['memory'] / 2**20:.0f} MiB of Ray "
+                         f"memory, the cluster has {memory / 2**20:.0f} MiB")
+
+
+def _counts(rows: list[dict[str, Any]]) -> str:
+    """Trial counts by status, e.g. "6 finished, 2 stopped early, 1 failed"."""
+    order = ("finished", "stopped early", "error", "unfinished", "not run")
+    counts = {status: sum(r["status"] == status for r in rows) for status in order}
+    return ", ".join(f"{n} {'failed' if status == 'error' else status}" for status, n in counts.items() if n) or "none"
+
+
+def _row(result: Any, keys: list[str], cfg: PipelineConfig, ended: bool = True,
+         params: dict[str, Any] | None = None) -> dict[str, Any]:
     frame = result.metrics_dataframe
     reports = frame.to_dict("records") if frame is not None else []
     validated = [r for r in reports if isinstance(r.get("valid_bleu"), float) and math.isfinite(r["valid_bleu"])]
     best = _best_validation(validated, cfg.tune.metric, cfg.tune.mode) or {}  # the best validated report
     steps = max((int(r["step"]) for r in reports if isinstance(r.get("step"), (int, float))), default=0)
-    status = "error" if result.error else ("stopped early" if steps < cfg.train.max_steps else "finished")
+    # Only a trial that Tune ended is "stopped early" (by the scheduler); one that an interruption or the
+    # time budget cut short is "unfinished", one that never reported "not run".
+    status = "error" if result.error else "not run" if not reports else "unfinished" if not ended else \
+        "stopped early" if steps < cfg.train.max_steps else "finished"
     trial_id = Path(result.path).name if result.path else ""
     trial_id = result.metrics.get("trial_id", trial_id) if result.metrics else trial_id
-    row = {"trial_id": trial_id, "status": status, **{k: result.config.get(k) for k in keys}, "steps": steps,
+    row = {"trial_id": trial_id, "status": status, **{k: (params or result.config or {}).get(k) for k in keys},
+           "steps": steps,
            cfg.tune.metric: best.get(cfg.tune.metric, math.nan), "valid_bleu": best.get("valid_bleu", math.nan),
            "best_step": best.get("step", math.nan),
            "bleu_src2tgt": best.get("bleu_src2tgt", math.nan), "bleu_tgt2src": best.get("bleu_tgt2src", math.nan),
@@ -215,8 +435,9 @@ def _publish(cfg: PipelineConfig, rows: list[dict[str, Any]], keys: list[str], t
     writer.writerows(rows)
     write_text(tmp / "trials.csv", buffer.getvalue())
     _print_table(rows)
-    counts = {"trials": len(rows), "failed": sum(r["status"] == "error" for r in rows),
-              "stopped_early": sum(r["status"] == "stopped early" for r in rows)}
+    counts = {"trials": len(rows), "finished": sum(r["status"] == "finished" for r in rows),
+              "failed": sum(r["status"] == "error" for r in rows),
+              "stopped_early": sum(r["status"] == "stopped early" for r in rows), "summary": _counts(rows)}
     if not scored:
         raise StageError(f"tune: no trial reached a validation ({counts}); see {tmp / 'trials.csv'} for errors")
     best = (max if cfg.tune.mode == "max" else min)(scored, key=lambda r: r[metric])

@@ -30,7 +30,7 @@ def test_sweep_tracker_opens_tracks_and_closes_runs_by_the_trials_verdicts(tmp_p
                for trial, lr in (("t1", 0.001), ("t2", 0.002), ("t3", 1e-6), ("t4", 0.5))}
     assert tracker.trial_run("t1", {"train.lr": 99}) == targets["t1"]  # a retried trial gets its run back
     run = client.get_run(targets["t1"]["run_id"])
-    assert run.info.run_name == "trial t1" and run.data.params == {"train.lr": "0.001"}
+    assert run.info.run_name == "lr=0.001" and run.data.params == {"train.lr": "0.001"}
     assert run.data.tags["trial_id"] == "t1" and run.data.tags["mlflow.parentRunId"] == tracker.parent_run_id
     tracker.finish_trial(targets["t1"], {"valid_bleu": 3.0, "bleu_src2tgt": 2.0, "bleu_tgt2src": 4.0, "step": 9})
     for trial in ("t3", "t4"):  # Tune stopped t3 (its trainer interrupted); t4 failed
@@ -69,6 +69,24 @@ def test_a_failed_sweep_closes_every_open_run_failed(tmp_path):
     assert client.get_run(done["run_id"]).info.status == "FINISHED"
     assert client.get_run(running["run_id"]).info.status == "FAILED"
     assert client.get_run(tracker.parent_run_id).info.status == "FAILED"
+
+
+def test_an_interrupted_sweep_is_killed_and_resume_reopens_its_runs(tmp_path):
+    tracker = SweepTracker.open(TrackingConfig(), tmp_path, "tune-abc", {}, "")
+    stopped, cut = tracker.trial_run("t1", {}), tracker.trial_run("t2", {})
+    tracker.close_trials([{"trial_id": "t1", "status": "stopped early"}, {"trial_id": "t2", "status": "unfinished"},
+                          {"trial_id": "t3", "status": "not run"}], killed=True)
+    client = MlflowClient(tracker.uri)
+    assert client.get_run(stopped["run_id"]).data.tags["stopped_early"] == "true"
+    assert client.get_run(stopped["run_id"]).info.status == "FINISHED"
+    assert client.get_run(cut["run_id"]).info.status == "KILLED"
+    assert client.get_run(tracker.parent_run_id).info.status == "KILLED"
+    again = SweepTracker.open(TrackingConfig(), tmp_path, "tune-abc", {}, "", resume=True)
+    assert again.parent_run_id == tracker.parent_run_id
+    assert client.get_run(again.parent_run_id).info.status == "RUNNING"
+    assert again.trial_run("t2", {}) == cut and client.get_run(cut["run_id"]).info.status == "RUNNING"
+    other = SweepTracker.open(TrackingConfig(), tmp_path, "tune-abc", {}, "")  # no --resume: a new sweep
+    assert other.parent_run_id != tracker.parent_run_id
 
 
 def test_runs_left_running_by_a_killed_process_are_closed_killed_by_the_next_invocation(tmp_path):

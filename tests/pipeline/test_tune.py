@@ -57,14 +57,24 @@ def test_three_trial_sweep_tracks_every_trial_and_writes_a_trainable_best_yaml(t
     """One trial at a time, in grid order, with ASHA on a configured metric that separates the trials
     even on the tiny smoke data (validation BLEU there is noise around 0.3): the training CTC loss. The
     third trial (an lr that cannot learn in 20 steps) is worse than both others at the step-20 rung and
-    is stopped there; the first always runs to the end."""
+    is stopped there; the first always runs to the end. The first invocation runs out of its time budget
+    (the stall watchdog) part-way: nothing is published, and --resume finishes the same sweep."""
+    import ray
+
     args = ["tune", "--config", str(SMOKE), f"workdir={tmp_path}", "distill.enabled=false", "tracking.enabled=true",
             "train.num_workers=1",
             "tune.space={train.lr: {grid: [0.001, 0.002, 0.000001]}}", "tune.max_concurrent=1",
             "tune.grace_period=20", "tune.metric=train_ctc_src2tgt", "tune.mode=min"]
-    assert run_pipeline.main(args) == 0
+    assert run_pipeline.main(args + ["tune.time_budget_s=15"]) == 2
+    err = capsys.readouterr().err
+    assert "tune.time_budget_s=15 ran out with " in err and "add --resume to continue it" in err, err
+    assert not list(tmp_path.glob("tune-*"))  # nothing published: no _SUCCESS, trials.csv or best.yaml
+    assert run_pipeline.main(args) == 2  # the unfinished sweep is not silently started over
+    assert "add --resume to continue it, or --force to start it over" in capsys.readouterr().err
+    assert run_pipeline.main(args + ["--resume"]) == 0
     out = capsys.readouterr().out
-    assert "tune: 3 trials (0 failed, " in out
+    assert "tune: 3 trials (" in out and "failed" not in out.split("tune: 3 trials")[1].split(")")[0]
+    assert ray.available_resources().get("CPU", 0) == ray.cluster_resources()["CPU"]  # every trial's CPUs back
     tune_dir = next(tmp_path.glob("tune-*"))
     with open(tune_dir / "trials.csv", newline="") as handle:
         rows = {float(r["train.lr"]): r for r in csv.DictReader(handle)}
@@ -85,6 +95,7 @@ def test_three_trial_sweep_tracks_every_trial_and_writes_a_trainable_best_yaml(t
     assert len(parents) == 1 and parents[0].info.status == "FINISHED"
     trials = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parents[0].info.run_id]
     assert len(trials) == 3
+    assert {r.info.run_name for r in trials} == {"lr=0.001", "lr=0.002", "lr=1e-06"}
     for run in trials:
         assert run.info.status == "FINISHED", run.data.tags  # stopped trials are closed too
         assert {"bleu_src2tgt", "bleu_tgt2src", "valid_bleu"} <= set(run.data.metrics)
@@ -107,8 +118,102 @@ def test_a_failing_trial_does_not_stop_the_sweep(tmp_path, capsys, ray_session):
             "tune.space={train.fail_at_step: {grid: [0, 3]}}"]
     assert run_pipeline.main(args) == 0
     out = capsys.readouterr().out
-    assert "tune: 2 trials (1 failed" in out and "fault drill" in out
+    assert "tune: 2 trials (1 finished, 1 failed)" in out and "fault drill" in out
     with open(next(tmp_path.glob("tune-*")) / "trials.csv", newline="") as handle:
         rows = {r["train.fail_at_step"]: r for r in csv.DictReader(handle)}
     assert rows["3"]["status"] == "error" and "fault drill" in rows["3"]["error"]
     assert rows["0"]["status"] == "finished" and float(rows["0"]["valid_bleu"]) >= 0
+
+
+def _make_group(cpus: float) -> str:
+    import ray
+    from ray.util.placement_group import placement_group
+
+    group = placement_group([{"CPU": cpus}])
+    ray.get(group.ready(), timeout=60)
+    return group.id.hex()
+
+
+def test_a_placement_group_left_by_a_killed_actor_is_released(ray_session):
+    """What a trial stopped by Tune leaves behind: its Ray Train controller (an actor) made the worker
+    group's placement group and was killed with the trial; Ray keeps such a group until the job ends."""
+    import time
+
+    import ray
+
+    job = ray.get_runtime_context().get_job_id()
+    owner = ray.remote(num_cpus=0)(type("Controller", (), {"make": lambda self, cpus: _make_group(cpus)})).remote()
+    ray.get(owner.make.remote(1.0), timeout=60)
+    full = ray.cluster_resources()["CPU"]
+    assert ray.available_resources().get("CPU", 0) <= full - 1
+    assert tune.release_stopped_trials(job) == 0  # its creator lives: kept
+    ray.kill(owner)
+    deadline = time.monotonic() + 30
+    released = 0
+    while not released and time.monotonic() < deadline:
+        time.sleep(0.5)
+        released = tune.release_stopped_trials(job)
+    assert released == 1
+    while ray.available_resources().get("CPU", 0) < full and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert ray.available_resources().get("CPU", 0) == full
+
+
+def test_ctrl_c_or_sigterm_during_a_sweep_stops_it_gracefully_then_raises_the_signal_s_error():
+    """Tune's own stop (SIGUSR1: experiment state saved, trials stopped) on the first signal; once fit has
+    returned, the error the signal's previous handler raises (run_pipeline's Terminated for SIGTERM)."""
+    import os
+    import signal
+
+    stops = []
+    old_usr1 = signal.getsignal(signal.SIGUSR1)
+    old_term = signal.signal(signal.SIGTERM, run_pipeline._raise_terminated)
+    try:
+        with pytest.raises(KeyboardInterrupt):  # before Tune's loop started: at once
+            with tune._graceful_interrupts():
+                os.kill(os.getpid(), signal.SIGINT)
+                for _ in range(100):
+                    pass
+        for signum, error in ((signal.SIGINT, KeyboardInterrupt), (signal.SIGTERM, run_pipeline.Terminated)):
+            with tune._graceful_interrupts() as interrupted:
+                signal.signal(signal.SIGUSR1, lambda *_: stops.append("tune stops"))  # as tune.run does
+                os.kill(os.getpid(), signum)
+                for _ in range(100):  # the handlers run between bytecodes
+                    if stops and interrupted:
+                        break
+            assert stops.pop() == "tune stops" and len(interrupted) == 1
+            with pytest.raises(error):
+                interrupted[0]()
+        assert signal.getsignal(signal.SIGTERM) is run_pipeline._raise_terminated  # restored
+        assert signal.getsignal(signal.SIGUSR1) is old_usr1
+    finally:
+        signal.signal(signal.SIGUSR1, old_usr1)
+        signal.signal(signal.SIGTERM, old_term)
+
+
+def test_trial_runs_are_named_by_their_values():
+    from pipeline.tracking import trial_name
+
+    assert trial_name({"train.lr": 0.002, "loss.lambda_fba": 0.1}) == "λfba=0.1 lr=0.002"
+    assert trial_name({"loss.lambda_cc": 0.123456789, "model.upsample_ratio": 3}) == "λcc=0.1235 upsample=3"
+
+
+def test_a_trial_that_never_reported_is_not_run_and_one_tune_did_not_end_is_unfinished():
+    from types import SimpleNamespace
+
+    cfg = load_config(SMOKE)
+    frame = __import__("pandas").DataFrame([{"step": 10, "valid_bleu": 0.3}])
+    never = SimpleNamespace(metrics_dataframe=None, error=None, path="/x/t0", metrics={}, config={})
+    cut = SimpleNamespace(metrics_dataframe=frame, error=None, path="/x/t1", metrics={}, config={})
+    assert tune._row(never, [], cfg)["status"] == "not run"
+    assert tune._row(cut, [], cfg, ended=False)["status"] == "unfinished"
+    assert tune._row(cut, [], cfg, ended=True)["status"] == "stopped early"
+    rows = [{"status": s} for s in ("finished", "finished", "stopped early", "error", "not run")]
+    assert tune._counts(rows) == "2 finished, 1 stopped early, 1 failed, 1 not run"
+
+
+def test_a_trial_that_can_never_be_placed_is_an_error_before_the_sweep(ray_session):
+    cfg = load_config(SMOKE, ["train.num_workers=1", "train.cpus_per_worker=3", "train.start_timeout_s=1"])
+    with pytest.raises(tune.StageError, match=r"cannot hold 1 worker\(s\) \(CPU: need 3, cluster has 2\)"):
+        tune.check_trial_fits(cfg)
+    tune.check_trial_fits(load_config(SMOKE, ["train.num_workers=1"]))  # fits: no error, no wait
