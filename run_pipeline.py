@@ -121,7 +121,7 @@ def disconnect_ray() -> None:
         _connected = False
 
 
-def connect_ray(cfg: PipelineConfig, dashboard: bool = False) -> None:
+def connect_ray(cfg: PipelineConfig) -> None:
     """Connect to Ray once (the config's cluster, or a local instance; a no-op when connected); on a cluster,
     check then that every node sees the workdir (stage outputs and checkpoints are read back by other nodes)."""
     import ray
@@ -129,7 +129,7 @@ def connect_ray(cfg: PipelineConfig, dashboard: bool = False) -> None:
     global _connected
     if ray.is_initialized():
         return
-    connect(cfg.ray.address, cfg.ray.num_cpus, cfg.ray.object_store_memory_mb, dashboard)
+    connect(cfg.ray.address, cfg.ray.num_cpus, cfg.ray.object_store_memory_mb)
     _connected = True
     handle_sigterm()  # ray.init replaced ours with a sys.exit
     if cfg.ray.address:
@@ -146,7 +146,7 @@ def run(cfg: PipelineConfig, stages: list[str], force: bool = False) -> dict[str
     if cfg.ray.address:  # on a cluster: connect and check the shared storage before anything runs
         connect_ray(cfg)
     summary: dict[str, dict] = {}
-    tracker = Tracker(cfg.tracking, workdir, cfg.to_dict(), to_yaml(cfg))
+    tracker = Tracker(cfg.tracking, workdir, cfg.to_dict(), to_yaml(cfg), target=dirs[stages[-1]].name)
     try:
         for index, name in enumerate(stages, start=1):
             if name not in needed:
@@ -165,13 +165,14 @@ def run(cfg: PipelineConfig, stages: list[str], force: bool = False) -> dict[str
                 inputs = graph.check_inputs(cfg, workdir, name)  # a missing or changed input fails before Ray and MLflow
                 if graph.BY_NAME[name].uses_ray:
                     connect_ray(cfg)
-                tracker.begin_stage(name)
+                tracker.begin_stage(name, expected.name)
             output = graph.run(cfg, workdir, name, force=force, tracker=tracker, inputs=inputs)
             counts = read_manifest(output)["counts"]
             summary[name] = {"output": str(output), "status": status, "counts": counts,
                              "seconds": round(time.time() - started, 1)}
             if status == "ran":
-                tracker.end_stage(output, counts, stage_artifacts(output))
+                tracker.end_stage(output, counts, stage_artifacts(output),
+                                  model=output / train.MODEL_DIR if name == "train" else None)
             if name == "evaluate":
                 tracker.log_results(json.loads((output / evaluate.RESULTS_FILE).read_text(encoding="utf-8")))
     except BaseException as error:
@@ -190,7 +191,7 @@ def sweep(cfg: PipelineConfig, force: bool = False, resume: bool = False) -> Pat
     """`tune`: the stages the sweep needs (finished ones skipped), then the sweep itself (`resume`: continue
     an interrupted one)."""
     tune.check_space(cfg)
-    connect_ray(cfg, dashboard=True)  # before any stage could start Ray without the dashboard
+    connect_ray(cfg)
     workdir = Path(cfg.workdir).resolve()
     for name in graph.needed(cfg, ("tune",)):
         output = graph.run(cfg, workdir, name, force=force and name == "tune", resume=resume and name == "tune")
@@ -198,10 +199,11 @@ def sweep(cfg: PipelineConfig, force: bool = False, resume: bool = False) -> Pat
 
 
 def stage_artifacts(output: Path) -> list[Path]:
-    """What a stage's MLflow run keeps: its small files (reports, spm model, plots, hypotheses) and the
-    final model directory (the teachers' per-direction directories); never the Parquet data."""
+    """What a stage's MLflow run keeps as artifacts: its small files (reports, spm model, plots, hypotheses) and
+    the teachers' per-direction model directories; never the Parquet data. (The train stage's model is logged
+    as a model, `Tracker.end_stage`.)"""
     files = [p for p in sorted(output.iterdir()) if p.is_file() and p.name != "_SUCCESS"]
-    return files + [p for p in (output / train.MODEL_DIR, output / "src2tgt", output / "tgt2src") if p.is_dir()]
+    return files + [p for p in (output / "src2tgt", output / "tgt2src") if p.is_dir()]
 
 
 def print_summary(summary: dict[str, dict], workdir: Path, tracker_note: str) -> None:

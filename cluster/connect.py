@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 import uuid
 from pathlib import Path
 from typing import Any
@@ -52,31 +53,48 @@ def cluster_overrides(ray_address: str, tracking_enabled: bool, tracking_uri: st
     return overrides
 
 
-def connect(address: str = "", num_cpus: int = 0, object_store_memory_mb: int = 0, dashboard: bool = False) -> None:
+# What Ray's own processes print on the driver's terminal: Ray Data's INFO lines (every execution plan, every
+# progress report) stay in the session's log files (/tmp/ray/session_latest/logs); warnings and errors still
+# show. A value the user set wins. Local instances only: Ray Train's preemption watcher (spot instances on a
+# cloud cluster; each fit otherwise prints an error-level line about its constructor arguments).
+QUIET_ENV = {"RAY_DATA_LOG_LEVEL": "WARNING"}
+LOCAL_ENV = {"RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0"}
+
+
+def connect(address: str = "", num_cpus: int = 0, object_store_memory_mb: int = 0) -> None:
     """Connect this process to Ray once (run_pipeline.py calls it before the first stage that needs Ray); a
     no-op when the process (or a test fixture) already did. `address` empty starts a local instance of
-    `num_cpus` CPUs (0 = all) and an object store of `object_store_memory_mb` (0 = Ray's default);
-    `dashboard`: start the dashboard with it (Tune sweeps need it, see below)."""
+    `num_cpus` CPUs (0 = all) and an object store of `object_store_memory_mb` (0 = Ray's default), with the
+    dashboard (see below; http://127.0.0.1:8265 while the run lasts)."""
     import ray
+    import ray.data
 
     if ray.is_initialized():
         return
+    quiet = {key: os.environ.get(key, value) for key, value in QUIET_ENV.items()}
+    logging.getLogger("ray.data").setLevel(quiet["RAY_DATA_LOG_LEVEL"])  # this process's, if Ray Data is loaded
     if address:
         # Workers on other machines import `pipeline` from the shipped working directory.
         ray.init(address=address, runtime_env={
-            "working_dir": str(REPO_ROOT), "excludes": [".venv/", ".git/", "runs/", "*.parquet"]})
+            "working_dir": str(REPO_ROOT), "excludes": [".venv/", ".git/", "runs/", "*.parquet"], "env_vars": quiet})
     else:
-        # The dashboard serves the State API, through which Ray Train V2's PlacementGroupCleaner sees a
-        # dead controller: without it, a Tune trial stopped by ASHA leaks its workers' placement group and
-        # the next trials wait for CPUs forever. A plain run does without its processes.
+        # The local instance's processes inherit this environment.
+        for key, value in {**quiet, **LOCAL_ENV}.items():
+            os.environ.setdefault(key, value)
+        # The dashboard serves the State API, through which Ray Train V2's PlacementGroupCleaner sees a dead
+        # controller: without it, a Tune trial stopped by ASHA leaks its workers' placement group and the
+        # next trials wait for CPUs forever, and every fit's cleaner prints a warning every few seconds.
         # address="local": a new instance of our own; without it ray.init() joins any cluster already
         # running on this machine (another user's, or one with no free CPU) and the run waits forever.
-        kwargs: dict[str, Any] = {"address": "local", "include_dashboard": dashboard}
+        kwargs: dict[str, Any] = {"address": "local", "include_dashboard": True}
         if num_cpus:
             kwargs["num_cpus"] = num_cpus
         if object_store_memory_mb:
             kwargs["object_store_memory"] = object_store_memory_mb * 1024 * 1024
         ray.init(**kwargs)
+    # Ray Data's progress bars on a terminal; in a log file each refresh would be a line (actors too: they
+    # get the driver's DataContext).
+    ray.data.DataContext.get_current().enable_progress_bars = sys.stderr.isatty()
     log.info("ray: %s CPUs available", ray.available_resources().get("CPU", 0))
 
 

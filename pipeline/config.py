@@ -155,6 +155,7 @@ class EvaluateConfig:
     beam_size: int = 5  # CTC prefix beam search (greedy always runs too); 1 = greedy only
     batch_size: int = 64
     max_sentences: int = 0  # per split, 0 = all
+    measure_speed: bool = True  # time every decoder (latency at batch 1, throughput): results.json's `speed`
     latency_sentences: int = 100  # sentences timed one at a time (batch 1)
     throughput_batch: int = 64  # batch size of the throughput measurement
     teacher_baseline: bool = True  # also decode and time the AR teachers (greedy and teacher_beam_size)
@@ -281,6 +282,12 @@ class TrackingConfig:
     enabled: bool = True
     uri: str = ""
     experiment: str = "duplex"
+    # Run names are `<run_prefix>-<stage directory>` (`smoke-train-6e5c497f3bce`), the invocation's parent
+    # run `<run_prefix>-pipeline-<hash of its last stage>`; empty: the config file's name (smoke, default).
+    run_prefix: str = ""
+    # The train stage's model is logged as an MLflow pyfunc that translates (pipeline/mlflow_model.py) and
+    # registered under this name ({src}, {tgt}: the language codes); empty: logged, not registered.
+    registered_model: str = "reder-{src}-{tgt}"
 
 
 @dataclass(frozen=True)
@@ -319,6 +326,10 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
         raw = _resolve_local_dir(raw, path.parent)
     for override in overrides:
         _apply_override(raw, override)
+    if path is not None and not (raw.get("tracking") or {}).get("run_prefix"):
+        raw.setdefault("tracking", {})
+        if isinstance(raw["tracking"], dict):
+            raw["tracking"]["run_prefix"] = path.stem
     raw = _teacher_vocabulary(raw)
     cfg = from_dict(PipelineConfig, raw)
     check_consistency(cfg)

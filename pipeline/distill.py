@@ -134,7 +134,6 @@ def distill_on_ray(train_dir: Path, staging: Path, teacher_dirs: dict[str, str],
     files = [str(p) for p in sorted(Path(train_dir).glob("*.parquet"))]
     rows = sum(pq.ParquetFile(p).metadata.num_rows for p in files)
     context = ray.data.DataContext.get_current()
-    context.enable_progress_bars = False
     previous, context.use_datasource_v2 = context.use_datasource_v2, False  # tokenize.py: V1 honours the block count
     try:
         dataset = ray.data.read_parquet(files, columns=["id", "src_ids", "tgt_ids"], num_cpus=io_cpus,

@@ -5,7 +5,8 @@ each direction: greedy CTC decoding and (beam_size > 1) CTC prefix beam search �
 its greedy, lookahead and Viterbi decoders instead; detokenized hypotheses are
 written to `<split>.<direction>.<decoder>.txt` and scored against the original text with sacreBLEU's BLEU
 and chrF (signatures recorded). Round trip: x → ŷ → x̂ and y → x̂ → ŷ (greedy), scored against x and y.
-Speed: per-sentence latency at batch 1 and sentences/s at batch `throughput_batch`, on the test split.
+Speed (`evaluate.measure_speed`): per-sentence latency at batch 1 and sentences/s at batch `throughput_batch`,
+on the test split.
 
 The autoregressive teachers (pipeline/teacher.py) are the baseline: with `evaluate.teacher_baseline` each
 direction's teacher decodes the same splits greedily (`teacher_greedy`) and with beam search
@@ -27,6 +28,7 @@ from typing import Any, Callable
 
 import pyarrow.parquet as pq
 import torch
+from tqdm import tqdm
 
 from pipeline import teacher, train
 from pipeline.config import PipelineConfig
@@ -95,13 +97,17 @@ def evaluate_model(model_dir: Path, corpus: Path, cfg: PipelineConfig, out: Path
     scores: dict[str, Any] = {}
     signatures: dict[str, str] = {}
     roundtrip: dict[str, Any] = {}
+    bar = tqdm(total=len(evaluation.splits) * len(DIRECTIONS) * len(decoders), desc="evaluate", unit="decode",
+               disable=None)  # a terminal only; the log lines below say the same in files
     for split in evaluation.splits:
         src_text, tgt_text = read_text_split(corpus, split, evaluation.max_sentences)
         sides = {"src2tgt": (src_text, tgt_text), "tgt2src": (tgt_text, src_text)}
         greedy_ids = {}
         for direction, (inputs, references) in sides.items():
             encoded = encode_lines(sp, inputs)
+            line = []
             for decoder, translate in decoders.items():
+                bar.set_postfix_str(f"{split} {direction} {decoder}")
                 started = time.perf_counter()
                 ids = translate(encoded, direction, evaluation.batch_size)
                 seconds = time.perf_counter() - started
@@ -110,10 +116,11 @@ def evaluate_model(model_dir: Path, corpus: Path, cfg: PipelineConfig, out: Path
                 result = corpus_scores(hypotheses, references)
                 signatures.update(bleu=result.pop("bleu_signature"), chrf=result.pop("chrf_signature"))
                 scores[f"{split}.{direction}.{decoder}"] = {**result, "sentences": len(ids), "seconds": round(seconds, 3)}
-                log.info("evaluate %s %s %s: BLEU %.2f chrF %.2f (%d sentences, %.1f s)", split, direction, decoder,
-                         result["bleu"], result["chrf"], len(ids), seconds)
+                line.append(f"{decoder} {result['bleu']:.2f}/{result['chrf']:.1f} ({seconds:.1f} s)")
+                bar.update()
                 if decoder == "greedy":
                     greedy_ids[direction] = ids
+            log.info("evaluate %s %s (%d sentences), BLEU/chrF: %s", split, direction, len(inputs), ", ".join(line))
         for direction, (inputs, _) in sides.items():  # x -> ŷ -> x̂, scored against x
             back = "tgt2src" if direction == "src2tgt" else "src2tgt"
             restored = translate_ids(model, [h + [EOS_ID] for h in greedy_ids[direction]], back, 1, evaluation.batch_size)
@@ -121,6 +128,7 @@ def evaluate_model(model_dir: Path, corpus: Path, cfg: PipelineConfig, out: Path
             text = [sp.decode(h) for h in restored]
             write_text(out / f"{split}.roundtrip_{side}.greedy.txt", "".join(h + "\n" for h in text))
             roundtrip[f"{split}.{side}"] = corpus_scores(text, inputs)["bleu"]
+    bar.close()
     headline_split = "test" if "test" in evaluation.splits else evaluation.splits[0]
     results: dict[str, Any] = {"split": headline_split, "decoder": "greedy"}
     for direction in DIRECTIONS:
@@ -130,11 +138,13 @@ def evaluate_model(model_dir: Path, corpus: Path, cfg: PipelineConfig, out: Path
                    bleu_signature=signatures["bleu"], chrf_signature=signatures["chrf"], mlflow_run_id=mlflow_run_id,
                    model_dir=str(model_dir), src_lang=meta["src_lang"], tgt_lang=meta["tgt_lang"], scores=scores,
                    roundtrip=roundtrip)
-    src_text, _ = read_text_split(corpus, headline_split, evaluation.max_sentences)
-    results["speed"] = measure_speed(model, encode_lines(sp, src_text), decoders, evaluation)
+    if evaluation.measure_speed:
+        src_text, _ = read_text_split(corpus, headline_split, evaluation.max_sentences)
+        log.info("evaluate: timing %d decoders (evaluate.measure_speed)", len(decoders))
+        results["speed"] = measure_speed(model, encode_lines(sp, src_text), decoders, evaluation)
     write_json(out / RESULTS_FILE, results)
-    return {k: results[k] for k in ("bleu_src2tgt", "bleu_tgt2src", "chrf_src2tgt", "chrf_tgt2src",
-                                    "roundtrip_bleu_src", "roundtrip_bleu_tgt")}
+    return {f"{headline_split}_{k}": results[k] for k in ("bleu_src2tgt", "bleu_tgt2src", "chrf_src2tgt",
+                                                        "chrf_tgt2src", "roundtrip_bleu_src", "roundtrip_bleu_tgt")}
 
 
 def measure_speed(model: Any, encoded: list[list[int]], decoders: dict[str, Decoder], evaluation: Any) -> dict[str, Any]:

@@ -22,15 +22,18 @@ every update trains src2tgt on (x, teacher(x)) and tgt2src on (teacher(y), y), b
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
+import os
 import shutil
 import tempfile
+import threading
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import pyarrow.parquet as pq
 import torch
@@ -40,6 +43,7 @@ from pipeline.config import PipelineConfig, TrainConfig, from_dict
 from pipeline.harness import SCORE, Example, Harness, all_reduce, epoch_batches, select_best
 from pipeline.metrics import corpus_scores
 from pipeline.stage import StageError
+from pipeline.tracking import validation_metric
 from reder import DIRECTIONS, EOS_ID, DuplexLoss, LossConfig, ModelConfig, REDER, TransformerConfig
 from reder.autoregressive import Transformer
 from reder.checkpoint import average_state_dicts, load_tensors
@@ -51,6 +55,7 @@ log = logging.getLogger(__name__)
 MODEL_DIR = "model"
 HISTORY_FILE = "history.json"
 TRAIN_STATE_FILE = "train_state.pt"
+PROGRESS_FILE = "progress.json"  # rank 0's latest report, in the Ray Train run's directory: the driver's bar
 KD_COLUMNS = ("kd_tgt_ids", "kd_src_ids")
 
 
@@ -82,8 +87,6 @@ def training_dataset(path: Path) -> Any:
     workers hold: on a 2-CPU machine with 2 workers the run hangs without an error (docs/DESIGN.md, "Ray on small machines")."""
     import ray
 
-    context = ray.data.DataContext.get_current()
-    context.enable_progress_bars = False
     return ray.data.read_parquet(str(path)).materialize()
 
 
@@ -121,6 +124,7 @@ def make_trainer(cfg: PipelineConfig, name: str, storage: Path, train_data: Path
         "train": asdict(train), "spm_proto": (spm_dir / spm.MODEL_FILE).read_bytes(),
         "valid": {"ids": str(data / "valid"), "text": str(corpus / "valid")},
         "mlflow": mlflow_target,
+        "progress": str(Path(storage) / name / PROGRESS_FILE),
     }
     resources = {"CPU": train.cpus_per_worker, **({"GPU": train.gpus_per_worker} if train.use_gpu else {})}
     return TorchTrainer(
@@ -130,6 +134,9 @@ def make_trainer(cfg: PipelineConfig, name: str, storage: Path, train_data: Path
                                                placement_strategy=train.placement_strategy),
         run_config=ray.train.RunConfig(
             name=name, storage_path=str(storage), callbacks=list(callbacks),
+            # The controller's and workers' INFO lines (every report's TrainingReport(...)) stay in Ray's
+            # log files; the driver shows a progress bar instead (`fit_and_average`).
+            logging_config=ray.train.LoggingConfig(log_level="WARNING"),
             failure_config=ray.train.FailureConfig(max_failures=train.max_failures),
             checkpoint_config=ray.train.CheckpointConfig(num_to_keep=train.keep_checkpoints,
                                                          checkpoint_score_attribute=SCORE,
@@ -141,8 +148,11 @@ def fit_and_average(trainer: Any, run_path: Path, average_best: int, model: torc
     """Fit, then load into `model` the average of the best `average_best` checkpoints by validation BLEU.
     Returns {"history": the latest checkpoint's history, "averaged": [(step, valid_bleu)], "fit_seconds"}."""
     started = time.time()
+    config = trainer.train_loop_config
+    what = f"teacher {config['task']['direction']}" if config["task"]["kind"] == "teacher" else "train"
     try:
-        result = trainer.fit()
+        with progress_bar(Path(config["progress"]), config["train"]["max_steps"], what):
+            result = trainer.fit()
     except Exception as error:  # TrainingFailedError wraps the worker's exception
         raise StageError(f"train: Ray Train failed: {first_failure(error)}") from error
     scored = [(m[SCORE], m["step"], c) for c, m in result.best_checkpoints if SCORE in m]
@@ -158,6 +168,57 @@ def fit_and_average(trainer: Any, run_path: Path, average_best: int, model: torc
     model.load_state_dict(average_state_dicts(states))
     return {"history": history, "averaged": [{"step": step, SCORE: score} for score, step, _ in best],
             "fit_seconds": round(time.time() - started, 1)}
+
+
+@contextlib.contextmanager
+def progress_bar(path: Path, total: int, desc: str) -> Iterator[None]:
+    """A tqdm bar of training steps (loss, last validation BLEU) on a terminal, fed by rank 0's progress
+    file (`path`, on the run's storage: shared on a cluster), read every half second while the fit runs.
+    Off when stderr is not a terminal (logs, CI): the stage's log lines say what happened."""
+    from tqdm import tqdm
+
+    bar = tqdm(total=total, desc=desc, unit="step", disable=None, dynamic_ncols=True)
+    if bar.disable:
+        yield
+        return
+    stop = threading.Event()
+
+    def update() -> None:
+        try:
+            state = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):  # not written yet, or being replaced
+            return
+        bar.n = min(int(state["step"]), total)
+        bar.set_postfix({k: f"{v:.3g}" for k, v in state.items() if k != "step" and isinstance(v, (int, float))},
+                        refresh=False)
+        bar.refresh()
+
+    def poll() -> None:
+        while not stop.wait(0.5):
+            update()
+
+    thread = threading.Thread(target=poll, name="progress", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+        update()
+        bar.close()
+
+
+def write_progress(path: Path, state: dict[str, Any], metrics: dict[str, Any]) -> None:
+    """Update `state` (step, training loss, latest validation BLEU) from a report's `metrics` and write it as
+    rank 0's progress file (atomically: the driver may be reading it)."""
+    state["step"] = metrics["step"]
+    for key, name in (("train_total", "loss"), (SCORE, "valid_bleu")):
+        if isinstance(metrics.get(key), (int, float)) and math.isfinite(metrics[key]):
+            state[name] = metrics[key]
+    tmp = path.with_name(f".{path.name}.tmp")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp.write_text(json.dumps(state), encoding="utf-8")
+    os.replace(tmp, path)
 
 
 def first_failure(error: BaseException) -> str:
@@ -276,12 +337,25 @@ class Validator:
         return total / max(tokens, 1.0)
 
 
+def quiet_reports() -> None:
+    """Every ray.train.report logs "Reporting training result N: TrainingReport(<every metric>)" at INFO to
+    the worker's console, forwarded to the driver's terminal: through a logger named by its module's file
+    path, which RunConfig's LoggingConfig (for `ray.train.*` loggers) does not reach. Raised to WARNING here;
+    the driver's progress bar and MLflow carry the numbers."""
+    try:
+        from ray.train.v2._internal.execution import context
+    except ImportError:  # another Ray layout: its messages stay
+        return
+    logging.getLogger(context.__file__).setLevel(logging.WARNING)
+
+
 def train_loop(config: dict[str, Any]) -> None:
     """Ray Train's per-worker function (see the module doc): a Harness over this worker's shard."""
     train = from_dict(TrainConfig, config["train"], "train")
     import ray.train
     import ray.train.torch
 
+    quiet_reports()
     context = ray.train.get_context()
     rank, world_size = context.get_world_rank(), context.get_world_size()
     torch.manual_seed(train.seed)
@@ -293,10 +367,13 @@ def train_loop(config: dict[str, Any]) -> None:
     validate = Validator(config["valid"], config["spm_proto"], train.valid_max_sentences, directions) if rank == 0 \
         else (lambda _: {SCORE: math.nan})
     mlflow = _MlflowLogger(config["mlflow"]) if rank == 0 and config["mlflow"] else None
+    progress: dict[str, Any] = {}
 
     def report(metrics: dict[str, Any], checkpoint: Optional[dict[str, Any]]) -> None:
         if mlflow is not None:
             mlflow.log(metrics, metrics["step"])
+        if rank == 0 and config.get("progress"):
+            write_progress(Path(config["progress"]), progress, metrics)
         directory = _save(checkpoint) if checkpoint is not None and rank == 0 else None
         ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(directory) if directory else None)
         if directory:
@@ -361,6 +438,6 @@ class _MlflowLogger:
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        values = [Metric(k, float(v), now, step) for k, v in metrics.items()
+        values = [Metric(validation_metric(k), float(v), now, step) for k, v in metrics.items()
                   if k not in ("step",) and isinstance(v, (int, float)) and math.isfinite(float(v))]
         self.client.log_batch(self.run_id, metrics=values)

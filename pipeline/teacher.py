@@ -25,7 +25,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from pipeline import raytrain, spm
+from pipeline import raytrain, spm, tracking
 from pipeline.config import PipelineConfig
 from pipeline.stage import StageError, StageRun, write_json
 from pipeline.tracking import child_run, finish_child_run, plot_history
@@ -93,7 +93,8 @@ def _train_both(cfg: PipelineConfig, workdir: Path, name: str, data: Path, corpu
     counts, reports = {}, {}
     for direction in DIRECTIONS:
         run_name = f"{name}-{direction}"
-        child = child_run(target, f"teacher {direction}")
+        child = child_run(target, tracking.run_name(cfg.tracking, run_name),
+                          {tracking.STAGE_TAG: f"teacher {direction}"})
         trainer = raytrain.make_trainer(cfg, run_name, storage, data / "train", data, corpus, spm_dir, child,
                                      task={"kind": "teacher", "direction": direction})
         model = Transformer(TransformerConfig.from_dict(asdict(cfg.teacher.model)))

@@ -69,7 +69,7 @@ def tokenize_files(files: list[Path], out: Path, model_proto: bytes, upsample_ra
         counts = finalize(staged.filter(pc.equal(staged.column("split"), split)), out / split,
                           drop=(split == "train"))
         report["splits"][split] = counts
-        log.info("tokenize %s: %d pairs kept of %d", split, counts["kept"], counts["read"])
+        log.debug("tokenize %s: %d pairs kept of %d", split, counts["kept"], counts["read"])
     shutil.rmtree(staging)
     log.info("tokenize: %d workers, %.1f s on Ray", actors, report["ray_seconds"])
     return report

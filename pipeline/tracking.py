@@ -1,13 +1,15 @@
 """MLflow tracking: one parent run per pipeline invocation, one nested run per stage that runs.
 
 The parent run carries the whole config flattened as params, the resolved config YAML and the headline
-results (`bleu_src2tgt`, `bleu_tgt2src`, chrF, round-trip BLEU). Each stage's nested run carries its
-counts as metrics and its reports as artifacts; the train stage's run also gets the per-step metrics
-(logged by rank 0 of the Ray Train worker group straight into that run), the SentencePiece model, the
-final averaged model and a PNG of the loss terms and validation BLEU; the evaluate stage's run gets the
-hypotheses and results.json.
+test results (`test_bleu_src2tgt`, `test_bleu_tgt2src`, chrF, round-trip BLEU). Each stage's nested run
+carries its counts as metrics and its reports as artifacts; the train stage's run also gets the per-step
+metrics (logged by rank 0 of the Ray Train worker group straight into that run; validation BLEU as
+`valid_bleu_*`), the SentencePiece model, a PNG of the loss terms and validation BLEU, and the final averaged
+model as a registered MLflow model that translates (`log_translator`, pipeline/mlflow_model.py); the evaluate
+stage's run gets the hypotheses and results.json. Runs are named `<run_prefix>-<stage directory>` and tagged
+`duplex.stage` (`run_name`, `STAGE_TAG`).
 
-A tune sweep has its own parent run "tune" with one nested run per trial (`SweepTracker`).
+A tune sweep has its own parent run `<run_prefix>-tune-<hash>` with one nested run per trial (`SweepTracker`).
 
 The store defaults to an embedded sqlite file in the workdir (`sqlite:///<workdir>/mlflow.db`, artifacts
 in `<workdir>/mlartifacts`); `tracking.uri` or $MLFLOW_TRACKING_URI point at a server instead. Browse the
@@ -17,6 +19,8 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import io
+import logging
 import os
 import socket
 from dataclasses import dataclass
@@ -26,8 +30,17 @@ from typing import Any, Iterator
 from pipeline.config import TrackingConfig
 from pipeline.stage import read_manifest
 
+log = logging.getLogger(__name__)
+
 HEADLINE = ("bleu_src2tgt", "bleu_tgt2src", "chrf_src2tgt", "chrf_tgt2src", "roundtrip_bleu_src", "roundtrip_bleu_tgt")
 TRIAL_METRICS = ("valid_bleu", "bleu_src2tgt", "bleu_tgt2src")  # a sweep's trial runs: their best validation
+
+
+def validation_metric(key: str) -> str:
+    """The MLflow name of a training report's key: validation BLEU (`bleu_src2tgt`) gets the `valid_` prefix
+    (`valid_bleu_src2tgt`), so that no metric name means validation in one run and test in another (the
+    evaluate stage's and the parent run's are `test_...`)."""
+    return f"valid_{key}" if key.startswith("bleu_") else key
 
 
 def tracking_uri(cfg: TrackingConfig, workdir: Path) -> str:
@@ -40,6 +53,7 @@ def open_client(uri: str) -> Any:
     not race in MLflow's migrations (an alembic error was seen)."""
     from mlflow.tracking import MlflowClient
 
+    logging.getLogger("mlflow").setLevel(logging.WARNING)  # its INFO lines: schema migrations, example checks
     with _store_lock(uri):
         return MlflowClient(uri)
 
@@ -212,23 +226,36 @@ def close_tree(client: Any, experiment_id: str, run_id: str, status: str, error:
     return closed
 
 
+STAGE_TAG = "duplex.stage"  # what a run is: "pipeline" (an invocation), a stage's name, "tune", "trial"
+
+
+def run_name(cfg: TrackingConfig, *parts: str) -> str:
+    """`<run_prefix>-<parts...>`, e.g. `smoke-train-6e5c497f3bce`, `smoke-pipeline-1a2b3c4d5e6f`."""
+    return "-".join(part for part in (cfg.run_prefix, *parts) if part)
+
+
 class Tracker:
     """Opens the parent run at the first stage that actually runs (a run that skips everything opens
     nothing); a stage that fails leaves both runs FAILED with the error. The parent run is tagged with this
     process's host and pid: the next invocation closes KILLED what a killed process left RUNNING
     (`close_orphans`). Disabled: every method does nothing."""
 
-    def __init__(self, cfg: TrackingConfig, workdir: Path, config: dict[str, Any], config_yaml: str = "") -> None:
+    def __init__(self, cfg: TrackingConfig, workdir: Path, config: dict[str, Any], config_yaml: str = "",
+                 target: str = "") -> None:
+        """`target`: the directory name of the invocation's last stage (`evaluate-<hash>`), whose hash names
+        the parent run."""
         self.cfg = cfg
         self.workdir = Path(workdir).resolve()
         self.uri = tracking_uri(cfg, workdir)
         self.config = config
         self.config_yaml = config_yaml
+        self.target = target
         self.run_id: str | None = None
         self.stage_run_id: str | None = None
+        self.stage: str = ""
 
-    def begin_stage(self, stage: str) -> None:
-        """Start the nested run of `stage` (and the parent run, the first time)."""
+    def begin_stage(self, stage: str, directory: str = "") -> None:
+        """Start the nested run of `stage`, named by its output `directory` (and the parent run, the first time)."""
         if not self.cfg.enabled:
             return
         import mlflow
@@ -238,11 +265,15 @@ class Tracker:
             client = open_client(self.uri)
             close_orphans(client, ensure_experiment(client, self.cfg.experiment, self.workdir))
             mlflow.set_experiment(self.cfg.experiment)
-            self.run_id = mlflow.start_run(run_name="pipeline", tags=owner_tags()).info.run_id
+            digest = self.target.rsplit("-", 1)[-1] if "-" in self.target else ""
+            self.run_id = mlflow.start_run(run_name=run_name(self.cfg, "pipeline", digest),
+                                           tags={STAGE_TAG: "pipeline", **owner_tags()}).info.run_id
             mlflow.log_params(config_params(self.config))
             if self.config_yaml:
                 mlflow.log_text(self.config_yaml, "config.yaml")
-        self.stage_run_id = mlflow.start_run(run_name=stage, nested=True).info.run_id
+        self.stage = stage
+        self.stage_run_id = mlflow.start_run(run_name=run_name(self.cfg, directory or stage), nested=True,
+                                             tags={STAGE_TAG: stage}).info.run_id
 
     def worker_target(self) -> dict[str, str] | None:
         """Where Ray workers log their per-step metrics (absolute URI, the current stage's run)."""
@@ -250,9 +281,10 @@ class Tracker:
             return None
         return {"uri": self.uri, "run_id": self.stage_run_id}
 
-    def end_stage(self, output: Path, counts: dict[str, Any], artifacts: list[Path]) -> None:
+    def end_stage(self, output: Path, counts: dict[str, Any], artifacts: list[Path], model: Path | None = None) -> None:
         """Close the stage's nested run with its config (the manifest's: what its hash covers) as params, its
-        counts as metrics and files/directories as artifacts."""
+        counts as metrics and files/directories as artifacts; `model`, a model directory, is logged as the
+        pyfunc that translates (`log_translator`) and registered as `tracking.registered_model`."""
         if self.stage_run_id is None:
             return
         import mlflow
@@ -265,6 +297,14 @@ class Tracker:
                 mlflow.log_artifact(str(path))
             elif path.is_dir():
                 mlflow.log_artifacts(str(path), artifact_path=path.name)
+        if model is not None:
+            languages = (self.config["data"]["src_lang"], self.config["data"]["tgt_lang"])
+            registered = self.cfg.registered_model.format(src=languages[0], tgt=languages[1])
+            with contextlib.redirect_stderr(io.StringIO()):  # MLflow prints "Successfully registered model ..."
+                info = log_translator(model, languages, registered)
+            uri = f"models:/{registered}/{info.registered_model_version}" if registered else info.model_uri
+            mlflow.set_tag("model_uri", uri)
+            log.info("%s: model logged to MLflow as %s (a pyfunc that translates both ways)", self.stage, uri)
         mlflow.end_run(status="FINISHED")
         self.stage_run_id = None
 
@@ -277,7 +317,7 @@ class Tracker:
         client = MlflowClient(self.uri)
         for key in HEADLINE:
             if key in results:
-                client.log_metric(self.run_id, key, float(results[key]))
+                client.log_metric(self.run_id, f"{results['split']}_{key}", float(results[key]))
         for key in ("bleu_signature", "chrf_signature"):
             if key in results:
                 client.set_tag(self.run_id, key, results[key])
@@ -301,6 +341,30 @@ class Tracker:
             mlflow.end_run(status=status)
             self.stage_run_id = None
         mlflow.end_run(status=status)
+
+
+def log_translator(model_dir: Path, languages: tuple[str, str], registered_name: str = "") -> Any:
+    """Log a model directory into the active run as an MLflow pyfunc that translates (pipeline/mlflow_model.py,
+    the `reder` package beside it), registered as `registered_name` when given; returns MLflow's ModelInfo.
+    The input example (a sentence each way) is translated by the logged model as MLflow saves it."""
+    import importlib.metadata
+
+    import mlflow
+    from mlflow.models import ModelSignature
+    from mlflow.types import ColSpec, ParamSchema, ParamSpec, Schema
+
+    import reder
+
+    signature = ModelSignature(inputs=Schema([ColSpec("string", name) for name in ("text", "src", "tgt")]),
+                               outputs=Schema([ColSpec("string")]),
+                               params=ParamSchema([ParamSpec("beam", "long", 1), ParamSpec("decoder", "string", "greedy")]))
+    example = [{"text": "Hello.", "src": src, "tgt": tgt} for src, tgt in (languages, languages[::-1])]
+    requirements = [f"{name}=={importlib.metadata.version(name)}" for name in ("torch", "sentencepiece", "mlflow")]
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # a bar per file of a tiny copy
+    return mlflow.pyfunc.log_model(name="translator", python_model=str(Path(__file__).with_name("mlflow_model.py")),
+                                   artifacts={"model": str(model_dir)}, code_paths=[str(Path(reder.__file__).parent)],
+                                   signature=signature, input_example=example, pip_requirements=requirements,
+                                   registered_model_name=registered_name or None)
 
 
 # Short names of common searched keys in trial run names; any other key goes by its last part.
@@ -338,7 +402,7 @@ class SweepTracker:
         client = open_client(uri)
         experiment_id = ensure_experiment(client, cfg.experiment, workdir)
         close_orphans(client, experiment_id)
-        earlier = client.search_runs([experiment_id], f"tags.tune_dir = '{name}' and attributes.run_name = 'tune'",
+        earlier = client.search_runs([experiment_id], f"tags.tune_dir = '{name}' and tags.`{STAGE_TAG}` = 'tune'",
                                      order_by=["attributes.start_time DESC"], max_results=1) if resume else []
         if earlier:
             parent = earlier[0].info.run_id
@@ -346,7 +410,8 @@ class SweepTracker:
             for key, value in owner_tags().items():
                 client.set_tag(parent, key, value)
             return cls(uri, experiment_id, parent)
-        parent = client.create_run(experiment_id, run_name="tune", tags={"tune_dir": name, **owner_tags()}).info.run_id
+        parent = client.create_run(experiment_id, run_name=run_name(cfg, name),
+                                   tags={"tune_dir": name, STAGE_TAG: "tune", **owner_tags()}).info.run_id
         for key, value in config_params(config).items():
             client.log_param(parent, key, value)
         client.log_text(parent, config_yaml, "config.yaml")
@@ -362,7 +427,8 @@ class SweepTracker:
             if found[0].info.status != "RUNNING":
                 client.update_run(found[0].info.run_id, "RUNNING")
             return {"uri": self.uri, "run_id": found[0].info.run_id}
-        target = child_run({"uri": self.uri, "run_id": self.parent_run_id}, trial_name(params), {"trial_id": trial_id})
+        target = child_run({"uri": self.uri, "run_id": self.parent_run_id}, trial_name(params),
+                           {"trial_id": trial_id, STAGE_TAG: "trial"})
         for key, value in params.items():
             client.log_param(target["run_id"], key, value)
         return target
@@ -373,7 +439,7 @@ class SweepTracker:
 
     def finish_trial(self, target: dict[str, str], best: dict[str, Any] | None) -> None:
         """Close a trial's run FINISHED with the BLEU of its best validation report (if any)."""
-        finish_child_run(target, {key: float(best[key]) for key in TRIAL_METRICS if best and key in best})
+        finish_child_run(target, {validation_metric(key): float(best[key]) for key in TRIAL_METRICS if best and key in best})
 
     def close_trials(self, rows: list[dict[str, Any]], failed: bool = False, killed: bool = False) -> None:
         """Close the trial runs still open by Tune's verdict, `rows` being the sweep's trials (trial_id, status
@@ -396,7 +462,7 @@ class SweepTracker:
                     client.delete_tag(run_id, "error")  # the interruption of a stopped trial
                 if row["status"] == "stopped early":
                     client.set_tag(run_id, "stopped_early", "true")
-                for key, value in numeric({key: row.get(key) for key in TRIAL_METRICS}).items():
+                for key, value in numeric({validation_metric(key): row.get(key) for key in TRIAL_METRICS}).items():
                     client.log_metric(run_id, key, value)
             errored = failed or (row is not None and row["status"] == "error")
             client.set_terminated(run_id, "FAILED" if errored else "FINISHED")

@@ -37,6 +37,9 @@ class Translator:
         """One sentence (a str) or a list of them, from language `src` into `tgt`."""
         if beam < 1 or batch_size < 1:
             raise ValueError(f"beam and batch_size must be >= 1, got {beam} and {batch_size}")
+        decoders = getattr(getattr(self.model, "head", None), "decoders", ("greedy",))
+        if decoder not in decoders:
+            raise ValueError(f"decoder {decoder!r}: this model decodes with {', '.join(decoders)}")
         lines = [text] if isinstance(text, str) else list(text)
         direction = direction_of(self.meta, src, tgt, self.directory)
         with torch.inference_mode():

@@ -41,7 +41,7 @@ def _build(data: DataConfig, workdir: Path, tmp: Path) -> dict[str, Any]:
                               f"(read {counts['read']}, dropped {counts['dropped']})")
         write_split(table.sort_by("id"), tmp / split)
         report["splits"][split] = counts
-        log.info("ingest %s: %d pairs kept of %d read (%s)", split, counts["kept"], counts["read"], part.origin)
+        log.debug("ingest %s: %d pairs kept of %d read (%s)", split, counts["kept"], counts["read"], part.origin)
     write_json(tmp / "report.json", report)
     return report["splits"]
 

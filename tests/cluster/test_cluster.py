@@ -20,6 +20,7 @@ import yaml
 from cluster import ClusterError, check, connect, head
 import run_pipeline
 from pipeline.config import load_config
+from pipeline.tracking import STAGE_TAG
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 YAMLS = [REPO_ROOT / "cluster.yaml", REPO_ROOT / "cluster" / "onprem.yaml"]
@@ -103,14 +104,19 @@ def test_a_local_run_starts_its_own_ray_instead_of_joining_one_running_here(monk
     import ray
 
     calls = []
+    for key in (*connect.QUIET_ENV, *connect.LOCAL_ENV):  # restored after the test
+        monkeypatch.setenv(key, "")
+        monkeypatch.delenv(key)
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
     monkeypatch.setattr(ray, "init", lambda **kwargs: calls.append(kwargs))
     monkeypatch.setattr(ray, "available_resources", lambda: {"CPU": 1.0})
     connect.connect("", num_cpus=2, object_store_memory_mb=100)
     connect.connect("10.0.0.5:6379")
-    assert calls[0] == {"address": "local", "include_dashboard": False, "num_cpus": 2,
+    assert calls[0] == {"address": "local", "include_dashboard": True, "num_cpus": 2,
                         "object_store_memory": 100 * 1024 * 1024}
     assert calls[1]["address"] == "10.0.0.5:6379"
+    # Ray's INFO lines stay in its log files: the local instance inherits the setting, a cluster's workers get it
+    assert os.environ["RAY_DATA_LOG_LEVEL"] == "WARNING" == calls[1]["runtime_env"]["env_vars"]["RAY_DATA_LOG_LEVEL"]
 
 
 def test_the_cluster_package_imports_without_torch_pipeline_or_reder():
@@ -234,8 +240,8 @@ def test_two_node_cluster_spreads_training_and_survives_a_killed_worker(tmp_path
         runs = client.search_runs([client.get_experiment_by_name("duplex").experiment_id])
         parent = next(r for r in runs if "mlflow.parentRunId" not in r.data.tags)
         assert parent.info.status == "FINISHED"
-        assert {"bleu_src2tgt", "bleu_tgt2src"} <= set(parent.data.metrics)
-        train_run = next(r for r in runs if r.data.tags.get("mlflow.runName") == "train")
+        assert {"test_bleu_src2tgt", "test_bleu_tgt2src"} <= set(parent.data.metrics)
+        train_run = next(r for r in runs if r.data.tags.get(STAGE_TAG) == "train")
         logged = {m.step for m in client.get_metric_history(train_run.info.run_id, "train_total")}
         assert set(range(5, steps + 1, 5)) <= logged
         assert [m.value for m in client.get_metric_history(train_run.info.run_id, "resumed_from_step")]
@@ -334,7 +340,7 @@ def test_mlflow_with_auth_refuses_anonymous_clients_and_tracks_for_the_admin(tmp
         tracker.end_stage(report.parent, {"rows": 3}, [report])
         tracker.close()
         client = MlflowClient(url)
-        runs = {r.info.run_name: r for r in client.search_runs([client.get_experiment_by_name("auth").experiment_id])}
+        runs = {r.data.tags[STAGE_TAG]: r for r in client.search_runs([client.get_experiment_by_name("auth").experiment_id])}
         assert {name: r.info.status for name, r in runs.items()} == {"pipeline": "FINISHED", "ingest": "FINISHED"}
         assert runs["ingest"].data.metrics == {"rows": 3.0} and runs["pipeline"].data.params == {"model.d": "8"}
         assert runs["ingest"].data.params == {"data.limit": "7"}

@@ -28,6 +28,7 @@ import pytest
 
 import run_pipeline
 from pipeline.stage import HOLD_ENV, SUCCESS
+from pipeline.tracking import STAGE_TAG
 
 REPO = Path(run_pipeline.__file__).resolve().parent
 SMOKE = REPO / "configs" / "smoke.yaml"
@@ -159,12 +160,12 @@ def test_killed_inside_every_stage_then_run_again_and_corrupted_artifacts_are_re
     mlflow.set_tracking_uri(f"sqlite:///{workdir}/mlflow.db")
     runs = mlflow.search_runs(experiment_names=["duplex"], output_format="list")
     assert not [r.info.run_name for r in runs if r.info.status == "RUNNING"]
-    parents = [r for r in runs if r.info.run_name == "pipeline"]
+    parents = [r for r in runs if r.data.tags[STAGE_TAG] == "pipeline"]
     assert sorted(r.info.status for r in parents) == ["FINISHED"] + ["KILLED"] * len(KILLS)
     errors = sorted(r.data.tags["error"] for r in parents if r.info.status == "KILLED")
     assert sum(e.startswith("Terminated: SIGTERM") for e in errors) == 3
     assert sum(" ended without closing this run (killed)" in e for e in errors) == 4
-    killed_teacher = [r for r in runs if r.info.run_name == "teacher src2tgt" and r.info.status == "KILLED"]
+    killed_teacher = [r for r in runs if r.data.tags[STAGE_TAG] == "teacher src2tgt" and r.info.status == "KILLED"]
     assert len(killed_teacher) == 1  # the direction under way when SIGTERM came, closed with its stage
 
     # Part two on the finished run: each kind of artifact corrupted, then the stage that consumes it run

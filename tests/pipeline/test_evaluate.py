@@ -66,7 +66,7 @@ def test_models_are_scored_and_timed_with_their_decoders_against_the_teacher_bas
         assert f"speedup_{decoder}_vs_teacher_greedy_batch4" in speed
     for decoder in decoders:
         assert len((out / f"test.src2tgt.{decoder}.txt").read_text(encoding="utf-8").splitlines()) == len(pairs)
-    assert headline["bleu_src2tgt"] == results["scores"]["test.src2tgt.greedy"]["bleu"]
+    assert headline["test_bleu_src2tgt"] == results["scores"]["test.src2tgt.greedy"]["bleu"]
     if head == "ctc":  # the reranked hypotheses are the teacher's pick among the beam's candidates
         sp = sentencepiece.SentencePieceProcessor(model_file=str(tmp_path / "spm.model"))
         tgt2src = load_teacher_dir(tmp_path / "teacher-stage" / "tgt2src", "tgt2src", VOCAB)

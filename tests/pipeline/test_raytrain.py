@@ -2,6 +2,7 @@
 loaded with weights_only."""
 import contextlib
 import copy
+import json
 import shutil
 from pathlib import Path
 
@@ -102,3 +103,33 @@ def test_run_storage_removes_the_previous_run_only_with_force(tmp_path):
     assert raytrain.run_storage(tmp_path, "train-abc", force=True) == tmp_path / "train-abc"
     assert not (tmp_path / "train-abc").exists() and tmp_path.is_dir()
     raytrain.run_storage(tmp_path, "train-abc", force=True)  # nothing to remove: fine
+
+
+def test_the_progress_bar_follows_rank_0s_progress_file_on_a_terminal_only(tmp_path, monkeypatch):
+    """Issue 24: rank 0 writes its step, loss and latest validation BLEU (kept between validations) to the run's
+    progress file; the driver's bar reads it while the fit runs — on a terminal; in a log file, nothing."""
+    import io
+    import time
+
+    from pipeline.raytrain import progress_bar, write_progress
+
+    path, state = tmp_path / "run" / "progress.json", {}
+    write_progress(path, state, {"step": 5, "train_total": 3.25, "valid_bleu": float("nan")})
+    write_progress(path, state, {"step": 10, "train_total": 2.5, "valid_bleu": 7.0})
+    write_progress(path, state, {"step": 15, "train_total": 2.0})
+    assert json.loads(path.read_text()) == {"step": 15, "loss": 2.0, "valid_bleu": 7.0} == state
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    for terminal in (True, False):
+        screen = Terminal() if terminal else io.StringIO()
+        monkeypatch.setattr("sys.stderr", screen)
+        with progress_bar(path, 30, "train"):
+            time.sleep(0.7)  # one poll
+        if terminal:
+            assert "train:  50%" in screen.getvalue() and "15/30" in screen.getvalue()
+            assert "loss=2, valid_bleu=7" in screen.getvalue()
+        else:
+            assert screen.getvalue() == ""

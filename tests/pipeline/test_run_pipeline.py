@@ -12,9 +12,15 @@ import pytest
 import run_pipeline
 from pipeline import evaluate
 from pipeline.config import ConfigError
+from pipeline.tracking import STAGE_TAG
 from tests.pipeline.conftest import write_files_corpus
 
 SMOKE = Path(run_pipeline.__file__).resolve().parent / "configs" / "smoke.yaml"
+
+
+def by_stage(runs: list) -> dict:
+    """MLflow runs by what they are (tag duplex.stage: "pipeline", a stage, "teacher src2tgt", ...)."""
+    return {run.data.tags[STAGE_TAG]: run for run in runs}
 
 
 def test_unknown_stage_and_bad_key_fail_fast(tmp_path, capsys):
@@ -36,8 +42,9 @@ def test_default_run_without_the_sword_packages_says_what_to_install(tmp_path, c
     import mlflow
 
     mlflow.set_tracking_uri(f"sqlite:///{tmp_path}/mlflow.db")  # the failure is on record in MLflow
-    runs = {r.info.run_name: r for r in mlflow.search_runs(experiment_names=["duplex"], output_format="list")}
+    runs = by_stage(mlflow.search_runs(experiment_names=["duplex"], output_format="list"))
     assert set(runs) == {"pipeline", "ingest"}
+    assert runs["ingest"].info.run_name.startswith("default-ingest-")  # <config>-<stage directory>
     assert {r.info.status for r in runs.values()} == {"FAILED"}
     assert "apt-get install" in runs["ingest"].data.tags["error"] and "error" in runs["pipeline"].data.tags
 
@@ -81,7 +88,7 @@ def test_smoke_config_end_to_end_with_tracking_then_skips(tmp_path, capsys, ray_
     stage's hypotheses (REDER's and the teacher's), a second run skips everything, a GPU request on this
     CPU-only cluster fails fast, and an incompatible teacher checkpoint is a clear error."""
     workdir = tmp_path / "work"
-    args = ["--config", str(SMOKE), f"workdir={workdir}", "tracking.enabled=true"]
+    args = ["--config", str(SMOKE), f"workdir={workdir}", "evaluate.measure_speed=true"]
     assert run_pipeline.main(args) == 0
     out = capsys.readouterr().out
     assert "[7/7] evaluate: running" in out and "vocab_size 256 (blank id 255)" in out
@@ -117,16 +124,20 @@ def test_smoke_config_end_to_end_with_tracking_then_skips(tmp_path, capsys, ray_
     assert len(hypotheses) == 50
 
     import mlflow
+    import pandas as pd
     from mlflow.tracking import MlflowClient
 
     uri = f"sqlite:///{workdir}/mlflow.db"
     mlflow.set_tracking_uri(uri)
     client = MlflowClient(uri)
     runs = mlflow.search_runs(experiment_names=["duplex"], output_format="list")
-    by_name = {run.info.run_name: run for run in runs}
+    by_name = by_stage(runs)
     stages = ("ingest", "spm", "tokenize", "teacher", "distill", "train", "evaluate")
     assert set(by_name) == {"pipeline", *stages, "teacher src2tgt", "teacher tgt2src"}
     parent = by_name["pipeline"]
+    assert parent.info.run_name == "smoke-pipeline-" + last["stages"]["evaluate"]["output"].rsplit("-", 1)[1]
+    for stage in stages:  # named <config>-<stage directory>
+        assert by_name[stage].info.run_name == "smoke-" + Path(last["stages"][stage]["output"]).name
     assert parent.info.run_id == last["mlflow_run_id"] and parent.info.status == "FINISHED"
     for stage in stages:
         assert by_name[stage].data.tags["mlflow.parentRunId"] == parent.info.run_id
@@ -136,11 +147,13 @@ def test_smoke_config_end_to_end_with_tracking_then_skips(tmp_path, capsys, ray_
         assert teacher_run.data.tags["mlflow.parentRunId"] == by_name["teacher"].info.run_id
         assert teacher_run.info.status == "FINISHED"
         assert [m.step for m in client.get_metric_history(teacher_run.info.run_id, f"valid_nll_{direction}")] == [10, 20]
-        assert [m.step for m in client.get_metric_history(teacher_run.info.run_id, f"bleu_{direction}")] == [10, 20]
+        assert [m.step for m in client.get_metric_history(teacher_run.info.run_id, f"valid_bleu_{direction}")] == [10, 20]
         assert len(client.get_metric_history(teacher_run.info.run_id, f"train_nll_{direction}")) == 4
     assert "teacher_bleu_src2tgt" in by_name["distill"].data.metrics
-    assert parent.data.metrics["bleu_src2tgt"] == pytest.approx(results["bleu_src2tgt"])
-    assert parent.data.metrics["bleu_tgt2src"] == pytest.approx(results["bleu_tgt2src"])
+    for run in (parent, by_name["evaluate"]):  # test BLEU is test_*, validation BLEU valid_* (train, teachers)
+        assert run.data.metrics["test_bleu_src2tgt"] == pytest.approx(results["bleu_src2tgt"])
+        assert run.data.metrics["test_bleu_tgt2src"] == pytest.approx(results["bleu_tgt2src"])
+        assert not [name for name in run.data.metrics if name.startswith("bleu_")]
     assert parent.data.params["model.vocab_size"] == "256" and parent.data.params["train.num_workers"] == "2"
     assert parent.data.tags["bleu_signature"] == results["bleu_signature"]
     assert by_name["ingest"].data.metrics["train.kept"] == 400
@@ -150,8 +163,7 @@ def test_smoke_config_end_to_end_with_tracking_then_skips(tmp_path, capsys, ray_
 
     assert "config.yaml" in artifacts("pipeline")
     assert "spm.model" in artifacts("spm")
-    assert {"training.png", "history.json", "model"} <= artifacts("train")
-    assert {"model/model.pt", "model/config.json", "model/spm.model"} <= artifacts("train", "model")
+    assert {"training.png", "history.json"} <= artifacts("train")
     assert {"results.json", "test.src2tgt.greedy.txt", "test.tgt2src.beam4.txt"} <= artifacts("evaluate")
     train_run = by_name["train"].info.run_id
     per_step = client.get_metric_history(train_run, "train_total")
@@ -159,16 +171,26 @@ def test_smoke_config_end_to_end_with_tracking_then_skips(tmp_path, capsys, ray_
     for name in ("train_ctc_src2tgt", "train_ctc_tgt2src", "train_fba_src2tgt", "train_cc_tgt2src", "lr",
                  "tokens_per_s", "grad_norm"):
         assert len(client.get_metric_history(train_run, name)) == 6, name
-    assert [m.step for m in client.get_metric_history(train_run, "bleu_src2tgt")] == [10, 20, 30]
+    assert [m.step for m in client.get_metric_history(train_run, "valid_bleu_src2tgt")] == [10, 20, 30]
+    assert not [name for name in by_name["train"].data.metrics if name.startswith("bleu_")]
+
+    # The published model is registered as a pyfunc that translates both ways, as the CLI does.
+    assert by_name["train"].data.tags["model_uri"] == "models:/reder-en-es/1"
+    translator = mlflow.pyfunc.load_model("models:/reder-en-es/1")
+    test_src, test_tgt = evaluate.read_text_split(Path(last["stages"]["ingest"]["output"]), "test", 50)
+    rows = [{"text": text, "src": "en", "tgt": "es"} for text in test_src[:5]] + [{"text": test_tgt[0], "src": "es", "tgt": "en"}]
+    served = translator.predict(pd.DataFrame(rows))
+    assert served[:5] == hypotheses[:5]
+    assert served[5] == (evaluate_dir / "test.tgt2src.greedy.txt").read_text(encoding="utf-8").splitlines()[0]
+    with pytest.raises(mlflow.exceptions.MlflowException, match="row 0: this model translates en->es and es->en, not en->fr"):
+        translator.predict(pd.DataFrame([{"text": "Hello.", "src": "en", "tgt": "fr"}]))
 
     model_dir = Path(last["stages"]["train"]["output"]) / "model"
-    test_src, _ = evaluate.read_text_split(Path(last["stages"]["ingest"]["output"]), "test", 50)
     translated = subprocess.run([sys.executable, "-m", "reder.translate", "--checkpoint", str(model_dir),
                                  "--direction", "src2tgt"], input="".join(s + "\n" for s in test_src),
                                 capture_output=True, text=True, check=True, cwd=Path(run_pipeline.__file__).parent)
     assert translated.stdout.splitlines() == hypotheses
     teacher_dir = Path(last["stages"]["teacher"]["output"]) / "tgt2src" / "model"
-    test_tgt = evaluate.read_text_split(Path(last["stages"]["ingest"]["output"]), "test", 50)[1]
     translated = subprocess.run([sys.executable, "-m", "reder.translate", "--checkpoint", str(teacher_dir),
                                  "--direction", "tgt2src", "--beam", "4"], input="".join(s + "\n" for s in test_tgt),
                                 capture_output=True, text=True, check=True, cwd=Path(run_pipeline.__file__).parent)

@@ -1,5 +1,8 @@
 """MLflow tracking helpers: the tune sweep's runs (SweepTracker) against a local sqlite store, no Ray."""
 import pickle
+import re
+
+import pytest
 
 from mlflow.tracking import MlflowClient
 
@@ -17,13 +20,13 @@ def test_flatten_numeric_and_config_params():
 
 def test_sweep_tracker_opens_tracks_and_closes_runs_by_the_trials_verdicts(tmp_path):
     assert SweepTracker.open(TrackingConfig(enabled=False), tmp_path, "tune-x", {}, "") is None
-    tracker = SweepTracker.open(TrackingConfig(experiment="sweeps"), tmp_path, "tune-abc",
+    tracker = SweepTracker.open(TrackingConfig(experiment="sweeps", run_prefix="base"), tmp_path, "tune-abc",
                                 {"train": {"lr": 0.001}}, "train:\n  lr: 0.001\n")
     assert pickle.loads(pickle.dumps(tracker)) == tracker  # Ray ships it to the trials
     client = MlflowClient(tracker.uri)
     assert tracker.uri == f"sqlite:///{tmp_path.resolve()}/mlflow.db"
     parent = client.get_run(tracker.parent_run_id)
-    assert parent.info.run_name == "tune" and parent.data.tags["tune_dir"] == "tune-abc"
+    assert parent.info.run_name == "base-tune-abc" and parent.data.tags["tune_dir"] == "tune-abc"
     assert parent.data.params == {"train.lr": "0.001"}
 
     targets = {trial: tracker.trial_run(trial, {"train.lr": lr})
@@ -45,8 +48,8 @@ def test_sweep_tracker_opens_tracks_and_closes_runs_by_the_trials_verdicts(tmp_p
     runs = {trial: client.get_run(target["run_id"]) for trial, target in targets.items()}
     assert {t: r.info.status for t, r in runs.items()} == {"t1": "FINISHED", "t2": "FINISHED", "t3": "FINISHED",
                                                          "t4": "FAILED"}
-    assert runs["t1"].data.metrics == {"valid_bleu": 3.0, "bleu_src2tgt": 2.0, "bleu_tgt2src": 4.0}
-    assert runs["t2"].data.metrics == {"valid_bleu": 5.0, "bleu_src2tgt": 4.5, "bleu_tgt2src": 5.5}
+    assert runs["t1"].data.metrics == {"valid_bleu": 3.0, "valid_bleu_src2tgt": 2.0, "valid_bleu_tgt2src": 4.0}
+    assert runs["t2"].data.metrics == {"valid_bleu": 5.0, "valid_bleu_src2tgt": 4.5, "valid_bleu_tgt2src": 5.5}
     assert runs["t3"].data.metrics == {"valid_bleu": 1.0} and runs["t3"].data.tags["stopped_early"] == "true"
     assert "error" not in runs["t3"].data.tags  # a stop is not an error
     assert runs["t4"].data.tags["error"] == "RuntimeError: t4 interrupted" and not runs["t4"].data.metrics
@@ -176,5 +179,51 @@ def test_stage_runs_carry_their_config_and_the_experiment_opens_on_its_runs(tmp_
     client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
     experiment = client.get_experiment_by_name("duplex")
     assert experiment.tags[EXPERIMENT_KIND] == "custom_model_development"
-    stage = next(r for r in client.search_runs([experiment.experiment_id]) if r.info.run_name == "spm")
+    stage = next(r for r in client.search_runs([experiment.experiment_id]) if r.data.tags["duplex.stage"] == "spm")
     assert stage.data.params == {"spm.model_type": "bpe", "spm.seed": "1", "vocab_size": "64"}
+
+
+def test_the_trained_model_is_registered_as_a_pyfunc_that_translates_both_ways(tiny_model_dir, tmp_path):
+    """Issue 24: the train stage's model directory logged as an MLflow pyfunc (its code and the `reder` package
+    inside the logged model) and registered; loaded back from the registry it translates each row in the
+    direction the row names, as `reder.load` does; a bad row is MLflow's INVALID_PARAMETER_VALUE (HTTP 400
+    from `mlflow models serve`), naming the row."""
+    import mlflow
+    import pandas as pd
+    from mlflow.exceptions import MlflowException
+
+    import reder
+    from pipeline.stage import run_stage
+    from pipeline.tracking import Tracker
+
+    tracker = Tracker(TrackingConfig(run_prefix="tiny"), tmp_path, {"data": {"src_lang": "en", "tgt_lang": "de"}},
+                      target="train-0123456789ab")
+    tracker.begin_stage("train", "train-0123456789ab")
+    out = run_stage("train", tmp_path / "train-0123456789ab", lambda tmp: {}, config={}, inputs={})
+    tracker.end_stage(out, {}, [], model=tiny_model_dir)
+    tracker.close()
+    client = MlflowClient(tracker.uri)
+    run = client.get_run(tracker.run_id)
+    assert run.info.run_name == "tiny-pipeline-0123456789ab"
+    stage = [r for r in client.search_runs([run.info.experiment_id]) if r.data.tags["duplex.stage"] == "train"][0]
+    assert stage.info.run_name == "tiny-train-0123456789ab" and stage.data.tags["model_uri"] == "models:/reder-en-de/1"
+
+    served = mlflow.pyfunc.load_model("models:/reder-en-de/1")
+    local = reder.load(tiny_model_dir)
+    rows = pd.DataFrame([{"text": "the cat", "src": "en", "tgt": "de"}, {"text": "a dog ran", "src": "de", "tgt": "en"},
+                         {"text": "the bird", "src": "en", "tgt": "de"}])
+    assert served.predict(rows) == [local.translate("the cat", "en", "de"), local.translate("a dog ran", "de", "en"),
+                                    local.translate("the bird", "en", "de")]
+    assert served.predict(rows, params={"beam": 3}) == [local.translate("the cat", "en", "de", beam=3),
+                                                        local.translate("a dog ran", "de", "en", beam=3),
+                                                        local.translate("the bird", "en", "de", beam=3)]
+    for bad, params, message in [
+        ({"text": "the cat", "src": "en", "tgt": "fr"}, None, "row 1: this model translates en->de and de->en, not en->fr"),
+        ({"text": "  ", "src": "en", "tgt": "de"}, None, "row 1: text must be 1 to 2000 characters, got 0"),
+        ({"text": "x" * 2001, "src": "en", "tgt": "de"}, None, "row 1: text must be 1 to 2000 characters, got 2001"),
+        ({"text": "the cat", "src": "en", "tgt": "de"}, {"beam": 0}, "params.beam: must be >= 1, got 0"),
+        ({"text": "the cat", "src": "en", "tgt": "de"}, {"decoder": "viterbi"}, "row 0: decoder 'viterbi'"),
+    ]:
+        with pytest.raises(MlflowException, match=re.escape(message)) as caught:
+            served.predict(pd.DataFrame([{"text": "ok", "src": "en", "tgt": "de"}, bad]), params=params)
+        assert caught.value.error_code == "INVALID_PARAMETER_VALUE"

@@ -19,7 +19,7 @@ def test_an_interrupted_run_continues_from_its_checkpoint(tmp_path, capsys, ray_
     """A run that dies after the step-10 checkpoint (no restarts allowed) publishes nothing; started
     again it resumes at step 10 with the optimizer state and reaches max_steps, not 10 + max_steps."""
     args = ["--config", str(SMOKE), f"workdir={tmp_path}", "train.num_workers=1", "train.max_steps=20",
-            "loss.aux_start_step=15", "distill.enabled=false", "evaluate.teacher_baseline=false"]
+            "loss.aux_start_step=15", "distill.enabled=false", "evaluate.teacher_baseline=false", "tracking.enabled=false"]
     failing = args + ["train.fail_at_step=12", "train.max_failures=0", "--stages", "ingest,spm,tokenize,train"]
     assert run_pipeline.main(failing) == 2
     last = capsys.readouterr().err.strip().splitlines()[-1]  # one line: the worker's own error, no traceback

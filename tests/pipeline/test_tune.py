@@ -9,6 +9,7 @@ import pytest
 import run_pipeline
 from pipeline import tune
 from pipeline.config import ConfigError, load_config
+from pipeline.tracking import STAGE_TAG
 
 SMOKE = Path(run_pipeline.__file__).resolve().parent / "configs" / "smoke.yaml"
 
@@ -91,14 +92,15 @@ def test_three_trial_sweep_tracks_every_trial_and_writes_a_trainable_best_yaml(t
 
     mlflow.set_tracking_uri(f"sqlite:///{tmp_path}/mlflow.db")
     runs = mlflow.search_runs(experiment_names=["duplex"], output_format="list")
-    parents = [r for r in runs if r.info.run_name == "tune"]
+    parents = [r for r in runs if r.data.tags[STAGE_TAG] == "tune"]
     assert len(parents) == 1 and parents[0].info.status == "FINISHED"
+    assert parents[0].info.run_name == f"smoke-{tune_dir.name}"
     trials = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parents[0].info.run_id]
     assert len(trials) == 3
     assert {r.info.run_name for r in trials} == {"lr=0.001", "lr=0.002", "lr=1e-06"}
     for run in trials:
         assert run.info.status == "FINISHED", run.data.tags  # stopped trials are closed too
-        assert {"bleu_src2tgt", "bleu_tgt2src", "valid_bleu"} <= set(run.data.metrics)
+        assert {"valid_bleu_src2tgt", "valid_bleu_tgt2src", "valid_bleu"} <= set(run.data.metrics)
         assert "train.lr" in run.data.params
         assert len(mlflow.MlflowClient().get_metric_history(run.info.run_id, "train_total")) >= 2  # per step
     assert parents[0].data.metrics["best_train_ctc_src2tgt"] == pytest.approx(float(best_row["train_ctc_src2tgt"]))

@@ -7,33 +7,16 @@ import pytest
 import sentencepiece
 import torch
 
-from reder import EOS_ID, PAD_ID
-from reder.checkpoint import CONFIG_FILE, MODEL_FILE, SPM_FILE, save_model_dir
+from reder.checkpoint import CONFIG_FILE, MODEL_FILE, SPM_FILE
 from reder.translate import main, split_lines, translate_lines
-from tests.reder.helpers import random_batch, tiny_model
 
 SEPARATORS = ["\x0b", "\x0c", "\x1c", "\x1d", "\x1e", "\x85", "\u2028", "\u2029"]
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    """A REDER model directory with a real SentencePiece model of 29 pieces (vocabulary 30 with the blank)."""
-    tmp_path = tmp_path_factory.mktemp("translate")
-    torch.manual_seed(0)
-    sentences = ["the cat sat on the mat", "a dog ran in the park", "the bird sang a song", "dogs and cats are friends"] * 20
-    sentencepiece.SentencePieceTrainer.train(sentence_iterator=iter(sentences), model_prefix=str(tmp_path / "spm"),
-                                             vocab_size=29, pad_id=PAD_ID, unk_id=1, bos_id=2, eos_id=EOS_ID,
-                                             minloglevel=2, hard_vocab_limit=True)
-    model = tiny_model(vocab_size=30)
-    src, src_lengths = random_batch([5, 3], 30)
-    model.loss(src, src_lengths, src, src_lengths, step=0)  # data-initialises the ActNorms
-    return save_model_dir(tmp_path / "model", model.eval(), tmp_path / "spm.model", "en", "de")
-
-
 @pytest.fixture()
-def model_dir(trained, tmp_path):
+def model_dir(tiny_model_dir, tmp_path):
     """A copy of the model directory this test may break."""
-    return shutil.copytree(trained, tmp_path / "model")
+    return shutil.copytree(tiny_model_dir, tmp_path / "model")
 
 
 def _run(monkeypatch, capsys, args, stdin: bytes = b"the cat\n") -> tuple[int, str, str]:
@@ -134,6 +117,8 @@ def test_language_codes_name_the_direction_in_the_cli_and_the_python_api(model_d
     assert len(model.translate(["the cat", "a dog ran"], src="en", tgt="de", beam=3)) == 2
     with pytest.raises(ValueError, match="translates en->de and de->en, not de->de"):
         model.translate("the cat", src="de", tgt="de")
+    with pytest.raises(ValueError, match="decoder 'viterbi': this model decodes with greedy"):  # a DAG decoder
+        model.translate("the cat", src="en", tgt="de", decoder="viterbi")
 
 
 def test_a_teacher_translates_only_its_own_pair():

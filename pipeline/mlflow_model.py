@@ -1,0 +1,69 @@
+"""The published model as an MLflow pyfunc that translates, both directions behind one model.
+
+MLflow "models from code": `tracking.log_translator` logs this file as the model's code, the model directory
+as its artifact `model` and the `reder` package beside it (code_paths), so the logged model needs nothing
+of this repository to load — `mlflow.pyfunc.load_model("models:/reder-en-de/1")` or `mlflow models serve
+-m models:/reder-en-de/1 --env-manager local`. Loading runs this file, which declares the model with
+`mlflow.models.set_model`; nothing else imports it.
+
+Input: rows of `text`, `src`, `tgt` (language codes of the model directory; each row names its own
+direction, so one request may mix both); params `beam` (CTC prefix beam size, 1 = greedy) and `decoder`
+(a DAG model's greedy, lookahead or viterbi). Output: one translation per row, in input order. A row for a
+language pair the model does not translate, an empty text or bad params are MLflow's INVALID_PARAMETER_VALUE
+(HTTP 400 from the scoring server), naming the row.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import mlflow
+from mlflow.exceptions import MlflowException
+from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
+from mlflow.pyfunc import PythonModel
+
+MAX_CHARS = 2000  # per text: a request is for sentences, not books
+
+
+def _bad(message: str) -> MlflowException:
+    return MlflowException(message, error_code=INVALID_PARAMETER_VALUE)
+
+
+class DuplexTranslator(PythonModel):
+    _skip_type_hint_validation = True  # the signature is given when it is logged (tracking.log_translator)
+
+    def load_context(self, context):
+        import reder
+
+        self.translator = reder.load(context.artifacts["model"])
+
+    def predict(self, context, model_input, params=None):
+        params = params or {}
+        beam, decoder = int(params.get("beam", 1)), str(params.get("decoder", "greedy"))
+        if beam < 1:
+            raise _bad(f"params.beam: must be >= 1, got {beam}")
+        languages = tuple(self.translator.languages)
+        rows = model_input.to_dict("records") if hasattr(model_input, "to_dict") else list(model_input)
+        groups: dict[tuple[str, str], list[int]] = {}
+        for index, row in enumerate(rows):
+            missing = [key for key in ("text", "src", "tgt") if not isinstance(row.get(key), str)]
+            if missing:
+                raise _bad(f"row {index}: {', '.join(missing)} must be a string")
+            if not row["text"].strip() or len(row["text"]) > MAX_CHARS:
+                raise _bad(f"row {index}: text must be 1 to {MAX_CHARS} characters, got {len(row['text'].strip())}")
+            pair = (row["src"], row["tgt"])
+            if pair not in (languages, languages[::-1]):
+                raise _bad(f"row {index}: this model translates {languages[0]}->{languages[1]} and "
+                           f"{languages[1]}->{languages[0]}, not {pair[0]}->{pair[1]}")
+            groups.setdefault(pair, []).append(index)
+        out = [""] * len(rows)
+        for (src, tgt), indices in groups.items():
+            try:
+                translated = self.translator.translate([rows[i]["text"] for i in indices], src, tgt, beam, decoder)
+            except ValueError as error:  # an unknown decoder, an input longer than the model takes
+                raise _bad(f"row {indices[0]}: {error}") from None
+            for i, text in zip(indices, translated):
+                out[i] = text
+        return out
+
+
+mlflow.models.set_model(DuplexTranslator())
