@@ -11,8 +11,8 @@ this process through the pipeline's training core, pipeline/harness.py, with the
 section of the config and the budget of the command line; `configs/multi30k.yaml` is the same recipe through Ray):
 - `teachers`: a joint SentencePiece model (the pipeline's spm stage code), one AR Transformer per direction
   (`teacher` section of configs/multi30k.yaml) trained `--steps` updates, scored on test_2016_flickr and
-  test_2017_flickr (sacreBLEU/chrF, greedy and beam 4) and timed (latency at batch 1, sentences/s at
-  batch 64, pipeline.evaluate.measure_speed); then the whole training split distilled both ways (beam 4,
+  test_2017_flickr (sacreBLEU/chrF, greedy and beam 4) and timed (latency at batch 1 over
+  `evaluate.latency_sentences`, sentences/s at `evaluate.throughput_batch`, pipeline.evaluate.measure_speed); then the whole training split distilled both ways (beam 4,
   pipeline.distill.decode and apply_fallbacks; not with `--no-distill`, for a baseline only). Writes spm.model,
   kd.parquet, teacher-<direction>/ (model directories) and teachers.json into OUT.
 - `reder`: REDER (`model` section of configs/multi30k.yaml) trained `--steps` updates per variant and seed —
@@ -52,7 +52,10 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 TESTS = ("test_2016_flickr", "test_2017_flickr")
 VALID = "val"
 LAST_UPDATE = "last_update_greedy"  # an averaged model's last update, scored greedily before averaging
-SPEED = SimpleNamespace(latency_sentences=100, throughput_batch=64)
+def _speed(cfg) -> SimpleNamespace:
+    """What measure_speed times: the config's `evaluate.latency_sentences` at batch 1, sentences/s at
+    `evaluate.throughput_batch` (100 and 64 by default; key=value overrides change them)."""
+    return SimpleNamespace(latency_sentences=cfg.evaluate.latency_sentences, throughput_batch=cfg.evaluate.throughput_batch)
 MODEL_DIR = "model-"  # + a reder phase's key: the model directories of --save-models
 
 
@@ -181,7 +184,7 @@ def teachers_phase(args: argparse.Namespace, cfg, device: str) -> dict:
     test = encode_lines(sp, _lines(data, TESTS[0])[0])
     report["speed"] = measure_speed(teachers["src2tgt"], test, {
         "teacher_greedy": lambda enc, d, bs: translate_ids(teachers[d], enc, d, 1, bs),
-        "teacher_beam4": lambda enc, d, bs: translate_ids(teachers[d], enc, d, 4, bs)}, SPEED)
+        "teacher_beam4": lambda enc, d, bs: translate_ids(teachers[d], enc, d, 4, bs)}, _speed(cfg))
     if args.no_distill:  # a baseline only (e.g. the teachers at REDER's training cost), no KD corpus
         return report
     started = time.perf_counter()
@@ -226,7 +229,7 @@ def _reder_inputs(args: argparse.Namespace, cfg, device: str) -> SimpleNamespace
     kd = pq.read_table(source / "kd.parquet")
     teachers = _load_teachers(source, cfg.model.vocab_size, device)
     evaluation = SimpleNamespace(teacher_baseline=bool(teachers), teacher_beam_size=4, beam_size=args.beam,
-                                 rerank_with_teacher=bool(teachers) and args.beam > 1, **vars(SPEED))
+                                 rerank_with_teacher=bool(teachers) and args.beam > 1, **vars(_speed(cfg)))
     return SimpleNamespace(data=data, sp=sp, teachers=teachers, evaluation=evaluation,
                            test=encode_lines(sp, _lines(data, TESTS[0])[0]),
                            **{name: kd.column(name).to_pylist() for name in ("src_ids", "tgt_ids", "kd_tgt_ids", "kd_src_ids")})

@@ -107,7 +107,7 @@ class TrainConfig:
     num_workers: int = 1  # Ray Train workers (DDP ranks)
     use_gpu: bool = False
     cpus_per_worker: float = 1.0
-    gpus_per_worker: float = 1.0  # only with use_gpu
+    gpus_per_worker: float = 1.0  # only with use_gpu; a fraction (0.25) packs that many Tune trials on one GPU
     max_tokens: int = 4096  # per worker and micro-batch: sentences × (longest source + longest target)
     update_freq: int = 1  # micro-batches per update (gradient accumulation)
     max_steps: int = 300_000  # optimizer updates
@@ -138,6 +138,12 @@ class TrainConfig:
             raise FieldError("adam_betas", f"must be two values in [0, 1), got {list(self.adam_betas)}")
         require(self, adam_eps="> 0", weight_decay=">= 0", clip_norm=">= 0", log_every=">= 1", validate_every=">= 1",
                 valid_max_sentences=">= 0", keep_checkpoints=">= 1", average_best=">= 1")
+        if self.gpus_per_worker > 1 and self.gpus_per_worker != int(self.gpus_per_worker):
+            raise FieldError("gpus_per_worker", f"must be a fraction of one GPU (<= 1) or whole GPUs, got {self.gpus_per_worker}")
+        if self.use_gpu and self.gpus_per_worker < 1 and self.num_workers > 1:  # Ray may put two ranks on one GPU
+            raise FieldError("gpus_per_worker", f"a fraction of a GPU (packing Tune trials on one GPU) needs "
+                                                f"num_workers 1: NCCL cannot run two DDP ranks on one GPU, got "
+                                                f"{self.gpus_per_worker} with num_workers {self.num_workers}")
         if self.average_best > self.keep_checkpoints:
             raise FieldError("average_best", f"must be <= keep_checkpoints ({self.keep_checkpoints}), got "
                              f"{self.average_best}", ("keep_checkpoints",))

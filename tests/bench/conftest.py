@@ -6,7 +6,8 @@ from tests.conftest import SHARED_DATA
 
 TINY = ["model.vocab_size=300", "model.d_model=32", "model.n_heads=2", "model.ffn_dim=64", "model.layers_per_end=1",
         "teacher.model.d_model=32", "teacher.model.n_heads=2", "teacher.model.ffn_dim=64",
-        "teacher.model.encoder_layers=1", "teacher.model.decoder_layers=1"]
+        "teacher.model.encoder_layers=1", "teacher.model.decoder_layers=1",
+        "evaluate.latency_sentences=3", "evaluate.throughput_batch=8"]  # timing: a few sentences, not 100
 
 
 @pytest.fixture

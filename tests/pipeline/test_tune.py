@@ -219,3 +219,25 @@ def test_a_trial_that_can_never_be_placed_is_an_error_before_the_sweep(ray_sessi
     with pytest.raises(tune.StageError, match=r"cannot hold 1 worker\(s\) \(CPU: need 3, cluster has 2\)"):
         tune.check_trial_fits(cfg)
     tune.check_trial_fits(load_config(SMOKE, ["train.num_workers=1"]))  # fits: no error, no wait
+
+
+def test_fractional_gpu_trials_pack_on_one_gpu_and_bad_fractions_are_config_errors(monkeypatch):
+    """Issue 28 item 4: `train.gpus_per_worker: 0.25` runs four trials at once on one GPU (Ray schedules
+    fractional GPU requests); a fraction over 1 and a fractional DDP group (two ranks on one GPU) are errors."""
+    import ray
+
+    gpu = ["train.use_gpu=true", "train.num_workers=1", "train.cpus_per_worker=2"]
+    nodes = [{"Alive": True, "Resources": {"CPU": 16.0, "GPU": 1.0, "memory": 64 * 2**30}}]
+    monkeypatch.setattr(ray, "cluster_resources", lambda: nodes[0]["Resources"])
+    monkeypatch.setattr(ray, "nodes", lambda: nodes)
+    for fraction, concurrent in ((1.0, 1), (0.5, 2), (0.25, 4), (0.3, 3)):
+        cfg = load_config(SMOKE, gpu + [f"train.gpus_per_worker={fraction}"])
+        assert tune._concurrency(cfg) == concurrent
+        tune.check_trial_fits(cfg)  # one worker's bundle fits the node
+    assert tune._concurrency(load_config(SMOKE, gpu + ["train.gpus_per_worker=0.1"])) == 8  # then CPUs: 16 / 2
+    with pytest.raises(ConfigError, match=r"^train\.gpus_per_worker: must be a fraction of one GPU \(<= 1\) or "
+                                          r"whole GPUs, got 1\.5$"):
+        load_config(SMOKE, gpu + ["train.gpus_per_worker=1.5"])
+    with pytest.raises(ConfigError, match=r"^train\.gpus_per_worker: a fraction of a GPU .* needs num_workers 1"):
+        load_config(SMOKE, ["train.use_gpu=true", "train.num_workers=2", "train.gpus_per_worker=0.5"])
+    load_config(SMOKE, ["train.use_gpu=true", "train.num_workers=2", "train.gpus_per_worker=2"])  # whole GPUs: fine
