@@ -93,8 +93,11 @@ def _log_uniform_or_zero(low: float, high: float, zero: float) -> float:
 
 
 def trial_config(base: PipelineConfig, params: dict[str, Any]) -> PipelineConfig:
-    """The base config with a trial's dotted values applied, validated like a loaded config."""
+    """The base config with a trial's dotted values applied, validated like a loaded config. A trial is one
+    point, not a sweep: its `tune.space` is empty (checked against the trial's own values, the base's space
+    would refuse every upsampling ratio above the smallest)."""
     raw = copy.deepcopy(base.to_dict())
+    raw["tune"]["space"] = {}
     for key, value in params.items():
         node = raw
         *parents, leaf = key.split(".")

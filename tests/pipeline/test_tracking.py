@@ -227,3 +227,68 @@ def test_the_trained_model_is_registered_as_a_pyfunc_that_translates_both_ways(t
         with pytest.raises(MlflowException, match=re.escape(message)) as caught:
             served.predict(pd.DataFrame([{"text": "ok", "src": "en", "tgt": "de"}, bad]), params=params)
         assert caught.value.error_code == "INVALID_PARAMETER_VALUE"
+
+
+def test_mlflow_models_serve_translates_both_ways_from_one_endpoint(tiny_model_dir, tmp_path):
+    """The registered model behind `mlflow models serve` (loopback only): one POST /invocations carries rows in
+    both directions; a row for a pair the model does not translate is HTTP 400 naming the row."""
+    import json
+    import os
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
+    import urllib.error
+    import urllib.request
+    from pathlib import Path
+
+    import mlflow
+
+    import reder
+    from pipeline.tracking import log_translator
+
+    uri = f"sqlite:///{tmp_path.resolve()}/mlflow.db"
+    mlflow.set_tracking_uri(uri)
+    with mlflow.start_run():
+        log_translator(tiny_model_dir, ("en", "de"), "reder-en-de")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    # the scoring server runs `uvicorn` from PATH: the venv's, as with an activated venv
+    env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    server = subprocess.Popen([sys.executable, "-m", "mlflow", "models", "serve", "-m", "models:/reder-en-de/1",
+                               "--env-manager", "local", "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
+                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+
+    def post(body: dict) -> tuple[int, dict]:
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/invocations", json.dumps(body).encode(),
+                                         {"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                return response.status, json.loads(response.read())
+        except urllib.error.HTTPError as error:
+            return error.code, json.loads(error.read())
+
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/ping", timeout=2) as response:
+                    if response.status == 200:
+                        break
+            except OSError:
+                pass
+            assert server.poll() is None, server.stderr.read().decode()[-2000:]
+            assert time.monotonic() < deadline, "mlflow models serve did not answer /ping in 90 s"
+            time.sleep(0.5)
+        rows = [{"text": "the cat", "src": "en", "tgt": "de"}, {"text": "a dog ran", "src": "de", "tgt": "en"}]
+        status, body = post({"dataframe_records": rows, "params": {"beam": 2}})
+        local = reder.load(tiny_model_dir)
+        assert status == 200 and body["predictions"] == [local.translate("the cat", "en", "de", beam=2),
+                                                          local.translate("a dog ran", "de", "en", beam=2)]
+        status, body = post({"dataframe_records": [rows[0], {"text": "the cat", "src": "en", "tgt": "fr"}]})
+        assert status == 400 and "row 1: this model translates en->de and de->en, not en->fr" in body["message"]
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=30)

@@ -39,6 +39,10 @@ def test_trial_config_applies_dotted_values_and_validates():
     assert cfg.model.d_model == base.model.d_model and base.loss.lambda_cc == 0.1  # the base is untouched
     with pytest.raises(ConfigError, match=r"^loss\.lambda_fba: must be >= 0, got -1\.0$"):
         tune.trial_config(base, {"loss.lambda_fba": -1.0})
+    # Found by the Multi30k CPU sweep: a trial above the smallest swept ratio was refused by the base's space.
+    sweep = load_config(SMOKE, ["tune.space={model.upsample_ratio: {grid: [2, 3]}}"])
+    trial = tune.trial_config(sweep, {"model.upsample_ratio": 3})
+    assert trial.model.upsample_ratio == 3 and trial.tune.space == {} and sweep.tune.space
 
 
 def test_log_uniform_with_zero_samples_zero_at_its_rate_and_log_uniformly_otherwise():
