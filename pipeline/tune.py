@@ -110,11 +110,14 @@ def trial_config(base: PipelineConfig, params: dict[str, Any]) -> PipelineConfig
 
 
 def _trial(params: dict[str, Any], *, base: dict, keys: list[str], inputs: dict[str, str], storage: str,
-           tracker: SweepTracker | None) -> None:
-    """One trial (runs in a Tune actor): the train stage's trainer (raytrain) for this config, reports forwarded."""
+           tracker: SweepTracker | None, progress_bars: bool = False) -> None:
+    """One trial (runs in a Tune actor): the train stage's trainer (raytrain) for this config, reports forwarded.
+    `progress_bars`: Ray Data's, as on the driver (a Tune actor's DataContext is not the driver's)."""
+    import ray.data
     import ray.tune
     from ray.tune.integration.ray_train import TuneReportCallback
 
+    ray.data.DataContext.get_current().enable_progress_bars = progress_bars
     cfg = trial_config(from_dict(PipelineConfig, base), {k: params[k] for k in keys})
     trial_id = ray.tune.get_context().get_trial_id()
     target = tracker.trial_run(trial_id, {k: params[k] for k in keys}) if tracker is not None else None
@@ -246,6 +249,7 @@ def _concurrency(cfg: PipelineConfig) -> int:
 
 def _sweep(cfg: PipelineConfig, workdir: Path, name: str, inputs: dict[str, Path], tmp: Path,
            force: bool = False, resume: bool = False) -> dict[str, Any]:
+    import ray.data
     import ray.tune
 
     check_trial_fits(cfg)
@@ -268,7 +272,7 @@ def _sweep(cfg: PipelineConfig, workdir: Path, name: str, inputs: dict[str, Path
     trainable = ray.tune.with_resources(
         ray.tune.with_parameters(_trial, base=cfg.to_dict(), keys=keys,
                                  inputs={k: str(v) for k, v in inputs.items()}, storage=str(storage),
-                                 tracker=tracker),
+                                 tracker=tracker, progress_bars=ray.data.DataContext.get_current().enable_progress_bars),
         # The driver function only waits on its trainer: no CPU (a CPU each would halve the concurrent
         # trials on a small machine), just the logical memory Ray needs for a non-empty request.
         DRIVER_RESOURCES)
