@@ -5,7 +5,8 @@
 Runs Ray's own `prepare_config` (defaults merged, the local provider's node types built) then
 `validate_config` (the launcher's JSON schema: misspelled or misplaced keys are errors, a head node type
 must exist), then the security rules of docs/cluster.md: no security-group rule open to 0.0.0.0/0 or ::/0,
-every `ray start` with RAY_AUTH_MODE=token, the dashboard and MLflow not bound to every interface.
+every `ray start` with RAY_AUTH_MODE=token, the dashboard and MLflow not bound to every interface, and the
+Ray token file the YAML copies to the nodes (`file_mounts`) not readable by other users of this machine.
 Exit status: 0 ready, 1 invalid or insecure (one line per finding), 3 valid but `REPLACE_...` placeholders
 remain.
 """
@@ -97,6 +98,12 @@ def security_findings(prepared: dict[str, Any], text: str) -> list[tuple[int, st
             if MLFLOW_EVERYWHERE.search(command):
                 findings.append((line, key, "MLflow bound to every interface; fix: drop --host (cluster.head binds "
                                  "the node's private address) or give the private address"))
+    for remote, local in (prepared.get("file_mounts") or {}).items():  # the Ray token this machine copies out
+        path = Path(str(local)).expanduser()
+        if Path(str(remote)).name == "auth_token" and path.is_file() and path.stat().st_mode & 0o077:
+            findings.append((line_of(text, str(remote)), f"file_mounts.{remote}",
+                             f"{path} is readable by other users (mode {path.stat().st_mode & 0o777:o}; Ray "
+                             f"writes it 644); fix: chmod 600 {path}"))
     for key in ("head_start_ray_commands", "worker_start_ray_commands"):
         if not any(RAY_START.search(c) for c in prepared.get(key) or []):
             findings.append((line_of(text, key), key, "no `ray start` here (Ray's defaults run without token "

@@ -74,9 +74,14 @@ def connect(address: str = "", num_cpus: int = 0, object_store_memory_mb: int = 
     quiet = {key: os.environ.get(key, value) for key, value in QUIET_ENV.items()}
     logging.getLogger("ray.data").setLevel(quiet["RAY_DATA_LOG_LEVEL"])  # this process's, if Ray Data is loaded
     if address:
-        # Workers on other machines import `pipeline` from the shipped working directory.
-        ray.init(address=address, runtime_env={
-            "working_dir": str(REPO_ROOT), "excludes": [".venv/", ".git/", "runs/", "*.parquet"], "env_vars": quiet})
+        try:
+            ray.init(address=address, runtime_env=cluster_runtime_env(quiet))
+        except ConnectionError as error:
+            where = cluster_file_path()
+            hint = (f"; {where} (written by `python -m cluster.head start`) still names it: if that cluster is "
+                    f"gone (`ray down`), run `python -m cluster.head stop` or delete the file" if where.is_file() else "")
+            raise ClusterError(f"no Ray cluster answers at ray.address={address} "
+                               f"({str(error).strip().splitlines()[0][:200]}){hint}") from None
     else:
         # The local instance's processes inherit this environment.
         for key, value in {**quiet, **LOCAL_ENV}.items():
@@ -96,6 +101,21 @@ def connect(address: str = "", num_cpus: int = 0, object_store_memory_mb: int = 
     # get the driver's DataContext).
     ray.data.DataContext.get_current().enable_progress_bars = sys.stderr.isatty()
     log.info("ray: %s CPUs available", ray.available_resources().get("CPU", 0))
+
+
+def cluster_runtime_env(env_vars: dict[str, str]) -> dict[str, Any]:
+    """The runtime env a driver on a cluster asks for: workers on other machines import `pipeline` from the
+    shipped working directory, with `env_vars`. A driver started by `ray job submit` already has the job's
+    runtime env (RAY_JOB_CONFIG_JSON_ENV_VAR): Ray refuses to merge two working directories or one variable
+    set twice, so only what the job's lacks is asked for (its `--working-dir` ships this same project)."""
+    job = json.loads(os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR") or "{}").get("runtime_env") or {}
+    runtime_env: dict[str, Any] = {}
+    if not job.get("working_dir"):
+        runtime_env.update(working_dir=str(REPO_ROOT), excludes=[".venv/", ".git/", "runs/", "*.parquet"])
+    env = {key: value for key, value in env_vars.items() if key not in (job.get("env_vars") or {})}
+    if env:
+        runtime_env["env_vars"] = env
+    return runtime_env
 
 
 def check_shared_storage(workdir: Path, timeout_s: float = 120.0) -> int:

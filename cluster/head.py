@@ -13,7 +13,10 @@ workers need no credentials of their own — waits until it answers, then writes
 (~/.duplex/cluster.json, or $DUPLEX_CLUSTER_FILE): the Ray address, the tracking URI workers can reach
 (this node's private address), and the shared workdir root. `run_pipeline.py` on any node that has the
 file uses all three (cluster/connect.py). `stop` ends the server by the PID the file records, once it has
-checked that the PID is still that server (a stale file's PID may since belong to another process).
+checked that the PID is still that server (a stale file's PID may since belong to another process), and
+removes the file. `start` also launches `watch`, which does the same once the head's Ray GCS stops
+answering (`ray stop`, which `ray down` and every `ray up` run on the head), and first stops a server an
+earlier `start` left (a second `ray up` on a running head).
 
 The server binds this node's private address (the one it advertises), never every interface unless
 `--host 0.0.0.0` asks for it. `--auth` runs MLflow's basic-auth app: users in a sqlite database next to
@@ -28,9 +31,11 @@ import json
 import os
 import secrets
 import signal
+import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -75,15 +80,28 @@ def admin_password(password_file: str) -> str:
     return password
 
 
+def allowed(advertise: str, port: int) -> tuple[str, str]:
+    """MLflow's `--allowed-hosts` and `--cors-allowed-origins` for a server advertised as `advertise`:
+    exactly that name and localhost (a port-forwarded UI), with and without the port; never `*`. MLflow 3's
+    default accepts only localhost and private-range Host headers, so a public or DNS name that workers and
+    browsers use was refused ("Invalid Host header - possible DNS rebinding attack")."""
+    names = list(dict.fromkeys([advertise, "localhost", "127.0.0.1"]))
+    return (",".join(h for name in names for h in (name, f"{name}:{port}")),
+            ",".join(f"http://{name}:{port}" for name in names))
+
+
 def start_mlflow(backend_store_uri: str, artifacts_destination: str, host: str, port: int, log_path: Path,
                  timeout_s: float = 120.0, auth_config: Path | None = None,
-                 password: str = "") -> subprocess.Popen:
-    """`mlflow server` in its own session (it outlives the caller), ready when this returns. With
+                 password: str = "", advertise: str = "") -> subprocess.Popen:
+    """`mlflow server` in its own session (it outlives the caller), ready when this returns: its /health
+    answered a request that names it as workers will (`advertise`, default `host`, in the Host header). With
     `auth_config`, the basic-auth app, its admin password passed in the server's environment only."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
+    advertise = advertise or ("127.0.0.1" if host in ALL_INTERFACES else host)
+    hosts, origins = allowed(advertise, port)
     command = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", backend_store_uri,
                "--artifacts-destination", artifacts_destination, "--host", host, "--port", str(port),
-               "--workers", "2"]
+               "--workers", "2", "--allowed-hosts", hosts, "--cors-allowed-origins", origins]
     env = dict(os.environ)
     if auth_config is not None:
         command += ["--app-name", "basic-auth"]
@@ -94,19 +112,32 @@ def start_mlflow(backend_store_uri: str, artifacts_destination: str, host: str, 
     with open(log_path, "ab") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                    start_new_session=True, env=env)
-    probe = f"http://{'127.0.0.1' if host in ALL_INTERFACES else host}:{port}/health"  # /health needs no login
+    base = f"http://{'127.0.0.1' if host in ALL_INTERFACES else host}:{port}"
     deadline = time.time() + timeout_s
     while time.time() < deadline:
         if process.poll() is not None:
             raise RuntimeError(f"mlflow server exited with code {process.returncode}; see {log_path}")
         try:
-            with urllib.request.urlopen(probe, timeout=2) as response:
+            with urllib.request.urlopen(f"{base}/health", timeout=2) as response:  # needs no login
                 if response.status == 200:
-                    return process
+                    break
         except OSError:
             time.sleep(0.5)
-    process.terminate()
-    raise RuntimeError(f"mlflow server did not answer {probe} within {timeout_s:.0f} s; see {log_path}")
+    else:
+        process.terminate()
+        raise RuntimeError(f"mlflow server did not answer {base}/health within {timeout_s:.0f} s; see {log_path}")
+    # Named as workers name it: /health is exempt from MLflow's Host check, the API is not (a login
+    # failure, 401, means the name passed).
+    request = urllib.request.Request(f"{base}/api/2.0/mlflow/experiments/search?max_results=1",
+                                     headers={"Host": f"{advertise}:{port}"})
+    try:
+        urllib.request.urlopen(request, timeout=10).close()
+    except urllib.error.HTTPError as error:
+        if error.code != 401:
+            process.terminate()
+            raise RuntimeError(f"mlflow server refused a request for {advertise}:{port} (HTTP {error.code}: "
+                               f"{error.read()[:200].decode(errors='replace')}); see {log_path}") from None
+    return process
 
 
 def node_address() -> str:
@@ -116,7 +147,19 @@ def node_address() -> str:
     return ray.util.get_node_ip_address()
 
 
+def gcs_address(ray_address: str) -> str:
+    """host:port of the Ray cluster `ray_address` names ("auto": the one started on this node)."""
+    from ray._private.services import canonicalize_bootstrap_address
+
+    try:
+        return canonicalize_bootstrap_address(ray_address) or ""
+    except ConnectionError:  # no Ray on this node to follow
+        return ""
+
+
 def start(args: argparse.Namespace) -> int:
+    if cluster_file_path().is_file():  # a restart (`ray up` again): the previous server holds the port
+        stop_server(quiet=True)
     shared = Path(args.shared).expanduser().resolve()
     (shared / "mlflow" / "artifacts").mkdir(parents=True, exist_ok=True)
     backend = args.backend_store_uri or f"sqlite:///{shared}/mlflow/mlflow.db"
@@ -130,7 +173,7 @@ def start(args: argparse.Namespace) -> int:
     password = admin_password(args.admin_password_file) if args.auth else ""
     auth_config = write_auth_config(shared / "mlflow" / "auth") if args.auth else None
     process = start_mlflow(backend, artifacts, host, args.port, shared / "mlflow" / f"server-{address}.log",
-                           auth_config=auth_config, password=password)
+                           auth_config=auth_config, password=password, advertise=address)
     info = {"ray_address": args.ray_address, "tracking_uri": f"http://{address}:{args.port}",
             "shared_dir": str(shared), "mlflow_pid": process.pid, "backend_store_uri": backend,
             "artifacts_destination": artifacts, "mlflow_host": host,
@@ -140,8 +183,46 @@ def start(args: argparse.Namespace) -> int:
     partial = path.with_name(f".{path.name}.tmp")  # readers never see a half-written file
     partial.write_text(json.dumps(info, indent=2, sort_keys=True), encoding="utf-8")
     os.replace(partial, path)
-    print(f"mlflow server pid {process.pid} at {info['tracking_uri']}; cluster file {path}")
+    gcs = gcs_address(args.ray_address)
+    if gcs:  # the server and the file live as long as the head's Ray (`ray down` runs `ray stop` there)
+        with open(shared / "mlflow" / f"watch-{address}.log", "ab") as log:
+            subprocess.Popen([sys.executable, "-m", "cluster.head", "watch", "--gcs", gcs], cwd=Path(__file__).parents[1],
+                             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                             env={**os.environ, CLUSTER_FILE_ENV: str(path)})
+    print(f"mlflow server pid {process.pid} at {info['tracking_uri']}; cluster file {path}"
+          + (f"; both end when Ray at {gcs} does" if gcs else ""))
     return 0
+
+
+def reachable(address: str, timeout_s: float = 2.0) -> bool:
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
+def watch(args: argparse.Namespace) -> int:
+    """Run beside the MLflow server `start` launched: once the head's Ray GCS (`--gcs`) has refused
+    connections `--misses` times in a row (`ray stop`, `ray down`), stop the server and remove the cluster
+    file (`stop_server`). Ends by itself when the cluster file is gone or names another server."""
+    path = cluster_file_path()
+    try:
+        pid = json.loads(path.read_text(encoding="utf-8"))["mlflow_pid"]
+    except (OSError, ValueError, KeyError):
+        return 1
+    misses = 0
+    while misses < args.misses:
+        time.sleep(args.interval)
+        try:
+            if json.loads(path.read_text(encoding="utf-8"))["mlflow_pid"] != pid:
+                return 0  # a newer `start` took over
+        except (OSError, ValueError, KeyError):
+            return 0  # stopped by hand
+        misses = 0 if reachable(args.gcs) else misses + 1
+    print(f"{time.strftime('%FT%T')} Ray at {args.gcs} is gone: stopping the mlflow server", flush=True)
+    return stop_server()
 
 
 def command_line(pid: int) -> list[str] | None:
@@ -172,9 +253,15 @@ def is_our_server(argv: list[str], backend_store_uri: str) -> bool:
 
 
 def stop(_: argparse.Namespace) -> int:
+    return stop_server()
+
+
+def stop_server(quiet: bool = False) -> int:
+    """Stop the MLflow server the cluster file records (if it still is that server) and remove the file."""
     path = cluster_file_path()
     if not path.is_file():
-        print(f"no cluster file at {path} (set ${CLUSTER_FILE_ENV} if it lives elsewhere)", file=sys.stderr)
+        if not quiet:
+            print(f"no cluster file at {path} (set ${CLUSTER_FILE_ENV} if it lives elsewhere)", file=sys.stderr)
         return 1
     info = json.loads(path.read_text(encoding="utf-8"))
     pid = int(info["mlflow_pid"])
@@ -214,8 +301,12 @@ def main(argv: list[str] | None = None) -> int:
     begin.add_argument("--backend-store-uri", default="", help="default: sqlite:///<shared>/mlflow/mlflow.db")
     begin.add_argument("--artifacts-destination", default="", help="default: <shared>/mlflow/artifacts")
     commands.add_parser("stop", help="stop the MLflow server recorded in the cluster file")
+    watcher = commands.add_parser("watch", help="(started by `start`) stop the server when the head's Ray is gone")
+    watcher.add_argument("--gcs", required=True, help="host:port of the head's Ray GCS")
+    watcher.add_argument("--interval", type=float, default=5.0, help="seconds between checks")
+    watcher.add_argument("--misses", type=int, default=3, help="failed checks in a row that mean Ray is gone")
     args = parser.parse_args(argv)
-    return start(args) if args.command == "start" else stop(args)
+    return {"start": start, "stop": stop, "watch": watch}[args.command](args)
 
 
 if __name__ == "__main__":

@@ -119,6 +119,44 @@ def test_a_local_run_starts_its_own_ray_instead_of_joining_one_running_here(monk
     assert os.environ["RAY_DATA_LOG_LEVEL"] == "WARNING" == calls[1]["runtime_env"]["env_vars"]["RAY_DATA_LOG_LEVEL"]
 
 
+def test_a_driver_started_by_ray_job_submit_asks_only_for_what_the_jobs_runtime_env_lacks(monkeypatch):
+    """Issue 31: `ray job submit --working-dir . -- python run_pipeline.py ...` died in 7 s: "Failed to merge the
+    Job's runtime env ... with a ray.init's runtime env" (both named a working_dir). Checked with Ray's own merge."""
+    from ray._private.worker import _merge_runtime_env
+
+    quiet = {"RAY_DATA_LOG_LEVEL": "WARNING"}
+    monkeypatch.delenv("RAY_JOB_CONFIG_JSON_ENV_VAR", raising=False)
+    plain = connect.cluster_runtime_env(quiet)  # `ray exec` / a driver on the head: ship the project
+    assert plain["working_dir"] == str(connect.REPO_ROOT) and plain["env_vars"] == quiet
+    job = {"working_dir": "gcs://_ray_pkg_0123456789abcdef.zip", "env_vars": {"RAY_DATA_LOG_LEVEL": "INFO"}}
+    assert _merge_runtime_env(job, plain, override=False) is None  # what Ray refused
+    monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", json.dumps({"runtime_env": job}))
+    inside = connect.cluster_runtime_env(quiet)
+    assert inside == {} and _merge_runtime_env(job, inside, override=False) == job  # the job's own, the user's level
+    monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", json.dumps({"runtime_env": {}}))  # submitted without one
+    assert connect.cluster_runtime_env(quiet) == plain
+
+
+def test_a_cluster_file_whose_cluster_is_gone_is_one_line_saying_what_to_do(tmp_path, monkeypatch):
+    """Issue 31: after `ray down` the cluster file stayed and every plain run died with a raw ConnectionError."""
+    import ray
+
+    monkeypatch.setenv(connect.CLUSTER_FILE_ENV, str(tmp_path / "cluster.json"))
+    (tmp_path / "cluster.json").write_text(json.dumps({"ray_address": "auto", "tracking_uri": "http://10.0.0.5:5000",
+                                                       "shared_dir": str(tmp_path)}))
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+
+    def gone(**kwargs):
+        raise ConnectionError("Could not find any running Ray instance. Please specify the one to connect to.")
+
+    monkeypatch.setattr(ray, "init", gone)
+    with pytest.raises(ClusterError, match=r"^no Ray cluster answers at ray.address=auto \(Could not find any running "
+                                           r"Ray instance.*\); .*cluster.json \(written by `python -m cluster.head "
+                                           r"start`\) still names it: if that cluster is gone \(`ray down`\), run "
+                                           r"`python -m cluster.head stop` or delete the file$"):
+        connect.connect("auto")
+
+
 def test_the_cluster_package_imports_without_torch_pipeline_or_reder():
     """The head node's services run where torch is not installed: importing cluster/ must not pull it in."""
     blocker = ("import builtins, sys\n"
@@ -260,6 +298,7 @@ def test_head_binds_the_advertised_private_address_and_warns_on_every_interface(
     """MLflow listens where workers reach it (the node's private address), not on 0.0.0.0 unless asked."""
     monkeypatch.setenv(connect.CLUSTER_FILE_ENV, str(tmp_path / "cluster.json"))
     monkeypatch.setattr(head, "node_address", lambda: "10.0.0.5")
+    monkeypatch.setattr(head, "gcs_address", lambda address: "")  # no Ray to follow: no watcher
     bound = []
     monkeypatch.setattr(head, "start_mlflow", lambda *args, **kwargs: bound.append(args[2]) or FakeServer())
     assert head.main(["start", "--shared", str(tmp_path / "shared")]) == 0
@@ -276,6 +315,7 @@ def test_head_auth_takes_the_admin_password_from_a_file_or_the_environment_only(
     monkeypatch.setenv(connect.CLUSTER_FILE_ENV, str(tmp_path / "cluster.json"))
     monkeypatch.delenv(head.ADMIN_PASSWORD_ENV, raising=False)
     monkeypatch.setattr(head.importlib.util, "find_spec", lambda name: object())
+    monkeypatch.setattr(head, "gcs_address", lambda address: "")
     started = []
     monkeypatch.setattr(head, "start_mlflow", lambda *args, **kwargs: started.append(kwargs) or FakeServer())
     shared = tmp_path / "shared"
@@ -315,11 +355,20 @@ def test_mlflow_with_auth_refuses_anonymous_clients_and_tracks_for_the_admin(tmp
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     secret = "s3cret-for-this-test-only"
+    # Advertised by a public address (TEST-NET-3): MLflow 3's default Host check refused those (issue 31); the
+    # start's health probe names the server that way, so it would have failed here.
     server = head.start_mlflow(f"sqlite:///{tmp_path}/mlflow.db", str(tmp_path / "artifacts"), "127.0.0.1", port,
                                tmp_path / "server.log", auth_config=head.write_auth_config(tmp_path / "auth"),
-                               password=secret)
+                               password=secret, advertise="203.0.113.7")
     url = f"http://127.0.0.1:{port}"
     try:
+        with pytest.raises(urllib.error.HTTPError) as refused:  # any other name still is (never `*`)
+            urllib.request.urlopen(urllib.request.Request(f"{url}/api/2.0/mlflow/experiments/search?max_results=1",
+                                                          headers={"Host": f"evil.example:{port}"}), timeout=10)
+        assert refused.value.code == 403 and b"Invalid Host header" in refused.value.read()
+        assert head.allowed("203.0.113.7", port) == (
+            f"203.0.113.7,203.0.113.7:{port},localhost,localhost:{port},127.0.0.1,127.0.0.1:{port}",
+            f"http://203.0.113.7:{port},http://localhost:{port},http://127.0.0.1:{port}")
         for user, password in [(None, None), ("admin", "wrong")]:
             request = urllib.request.Request(f"{url}/api/2.0/mlflow/experiments/search?max_results=1")
             if user:
@@ -379,6 +428,47 @@ def test_head_stop_never_signals_a_process_that_is_not_its_mlflow_server(tmp_pat
     assert not path.exists()
 
 
+def test_the_head_server_and_cluster_file_end_when_the_heads_ray_does(tmp_path, monkeypatch):
+    """Issue 31: after `ray down` the MLflow server kept running and the cluster file stayed. `watch` (started
+    by `start`) stops the server and removes the file once the GCS refuses connections; it leaves a server
+    that a newer `start` recorded alone. A stand-in server: a process whose command line is `mlflow server`
+    on the file's backend store, as `stop` checks."""
+    import socket
+    import threading
+
+    monkeypatch.setenv(connect.CLUSTER_FILE_ENV, str(tmp_path / "cluster.json"))
+    backend = f"sqlite:///{tmp_path}/mlflow.db"
+    gcs = socket.socket()
+    gcs.bind(("127.0.0.1", 0))
+    gcs.listen()
+    address = f"127.0.0.1:{gcs.getsockname()[1]}"
+    server = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "mlflow", "server", backend],
+                              start_new_session=True)
+    try:
+        path = write_cluster_file(tmp_path, server.pid, backend)
+        result = []
+        watcher = threading.Thread(target=lambda: result.append(
+            head.main(["watch", "--gcs", address, "--interval", "0.2", "--misses", "3"])))
+        watcher.start()
+        time.sleep(1.5)
+        assert watcher.is_alive() and server.poll() is None  # Ray answers: nothing happens
+        gcs.close()  # `ray stop`
+        watcher.join(timeout=10)
+        assert result == [0] and server.wait(timeout=10) is not None and not path.exists()
+    finally:
+        server.kill()
+        server.wait()
+    # A newer `start` took over (another pid in the file): the old watcher leaves without signalling anything.
+    path = write_cluster_file(tmp_path, os.getpid(), backend)
+    monkeypatch.setattr(head, "reachable", lambda address: True)
+    watcher = threading.Thread(target=lambda: result.append(head.main(["watch", "--gcs", address, "--interval", "0.1"])))
+    watcher.start()
+    time.sleep(0.3)
+    path.write_text(json.dumps({**json.loads(path.read_text()), "mlflow_pid": 1}))
+    watcher.join(timeout=10)
+    assert result == [0, 0] and path.exists()
+
+
 def test_head_stop_recognises_its_server_by_command_line_and_backend_store():
     backend = "sqlite:////mnt/shared/duplex/mlflow/mlflow.db"
     ours = ["/usr/bin/python3", "-m", "mlflow", "server", "--backend-store-uri", backend, "--host", "10.0.0.5"]
@@ -389,8 +479,9 @@ def test_head_stop_recognises_its_server_by_command_line_and_backend_store():
 
 
 @pytest.mark.parametrize("path", YAMLS, ids=lambda p: p.name)
-def test_shipped_cluster_yamls_pass_the_security_checks(path, capsys):
+def test_shipped_cluster_yamls_pass_the_security_checks(path, capsys, tmp_path, monkeypatch):
     """Dashboard on loopback (reached by `ray dashboard`), token auth on every `ray start`, nothing open."""
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.ray/auth_token of this machine's (its mode is checked)
     text = path.read_text(encoding="utf-8")
     assert "--dashboard-host=127.0.0.1" in text
     assert not [line for line in text.splitlines() if "0.0.0.0" in line.split("#", 1)[0]]
@@ -419,6 +510,8 @@ def break_security(config: dict, breakage: str) -> str:
         config["head_start_ray_commands"] = [c.replace("--dashboard-host=127.0.0.1", "--dashboard-host=0.0.0.0")
                                              for c in config["head_start_ray_commands"]]
         return "head_start_ray_commands"
+    if breakage == "token_readable_by_others":
+        return "file_mounts.~/.ray/auth_token"
     assert breakage == "mlflow_on_every_interface"
     config["head_start_ray_commands"] = [c + " --host 0.0.0.0" if "cluster.head start" in c else c
                                          for c in config["head_start_ray_commands"]]
@@ -428,8 +521,14 @@ def break_security(config: dict, breakage: str) -> str:
 @pytest.mark.parametrize("path", YAMLS, ids=lambda p: p.name)
 @pytest.mark.parametrize("breakage", ["ssh_open_to_world", "port_open_to_world_ipv6", "head_without_token",
                                       "worker_without_token", "no_head_start_commands",
-                                      "dashboard_on_every_interface", "mlflow_on_every_interface"])
-def test_insecure_copies_fail_the_check_with_one_line_per_finding(path, breakage, tmp_path, capsys):
+                                      "dashboard_on_every_interface", "mlflow_on_every_interface",
+                                      "token_readable_by_others"])
+def test_insecure_copies_fail_the_check_with_one_line_per_finding(path, breakage, tmp_path, capsys, monkeypatch):
+    home = tmp_path / "home"  # the token `ray get-auth-token --generate` (or a local Ray) wrote, mode 600 or 644
+    (home / ".ray").mkdir(parents=True)
+    (home / ".ray" / "auth_token").write_text("0" * 64)
+    (home / ".ray" / "auth_token").chmod(0o644 if breakage == "token_readable_by_others" else 0o600)
+    monkeypatch.setenv("HOME", str(home))
     config = load(path)
     if "security_group" not in config["provider"] and "open" in breakage:
         pytest.skip("the local provider has no security group (the firewall is yours)")
