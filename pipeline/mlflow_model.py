@@ -14,12 +14,13 @@ language pair the model does not translate, an empty text or bad params are MLfl
 """
 from __future__ import annotations
 
-from typing import Any
-
 import mlflow
 from mlflow.exceptions import MlflowException
 from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
 from mlflow.pyfunc import PythonModel
+
+from reder.api import load  # from the logged model's own copy of the package (code_paths) when MLflow loads it
+from reder.checkpoint import direction_of
 
 MAX_CHARS = 2000  # per text: a request is for sentences, not books
 
@@ -32,16 +33,13 @@ class DuplexTranslator(PythonModel):
     _skip_type_hint_validation = True  # the signature is given when it is logged (tracking.log_translator)
 
     def load_context(self, context):
-        import reder
-
-        self.translator = reder.load(context.artifacts["model"])
+        self.translator = load(context.artifacts["model"])
 
     def predict(self, context, model_input, params=None):
         params = params or {}
         beam, decoder = int(params.get("beam", 1)), str(params.get("decoder", "greedy"))
         if beam < 1:
             raise _bad(f"params.beam: must be >= 1, got {beam}")
-        languages = tuple(self.translator.languages)
         rows = model_input.to_dict("records") if hasattr(model_input, "to_dict") else list(model_input)
         groups: dict[tuple[str, str], list[int]] = {}
         for index, row in enumerate(rows):
@@ -51,9 +49,10 @@ class DuplexTranslator(PythonModel):
             if not row["text"].strip() or len(row["text"]) > MAX_CHARS:
                 raise _bad(f"row {index}: text must be 1 to {MAX_CHARS} characters, got {len(row['text'].strip())}")
             pair = (row["src"], row["tgt"])
-            if pair not in (languages, languages[::-1]):
-                raise _bad(f"row {index}: this model translates {languages[0]}->{languages[1]} and "
-                           f"{languages[1]}->{languages[0]}, not {pair[0]}->{pair[1]}")
+            try:
+                direction_of(self.translator.meta, *pair, "this model")
+            except ValueError as error:
+                raise _bad(f"row {index}: {error}") from None
             groups.setdefault(pair, []).append(index)
         out = [""] * len(rows)
         for (src, tgt), indices in groups.items():

@@ -260,7 +260,8 @@ def test_mlflow_models_serve_translates_both_ways_from_one_endpoint(tiny_model_d
     env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
     server = subprocess.Popen([sys.executable, "-m", "mlflow", "models", "serve", "-m", "models:/reder-en-de/1",
                                "--env-manager", "local", "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
-                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
+                              cwd=tmp_path)  # not the repository: `reder` comes from the logged model's copy
 
     def post(body: dict) -> tuple[int, dict]:
         request = urllib.request.Request(f"http://127.0.0.1:{port}/invocations", json.dumps(body).encode(),
