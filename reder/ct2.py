@@ -1,0 +1,206 @@
+"""The autoregressive teacher as a CTranslate2 model: conversion, and decoding that mirrors `Transformer.translate`.
+
+CTranslate2 is an optional extra (`pip install -e .[ct2]`); it is imported inside the functions only.
+
+Conversion fills CTranslate2's `TransformerSpec` (pre-norm, ReLU, final LayerNorm on each stack) from the state
+dict: self-attention q/k/v fused into one projection and cross-attention k/v into another, as CTranslate2 lays
+them out; the one token embedding goes to the encoder, the decoder and the output projection (`save` stores it
+once, as aliases); embeddings scaled by √D; our `sinusoids` table given as the position encodings, row 0 for
+the first token (fairseq's own table starts at padding_idx + 1; ours does not, so no rows are skipped).
+
+Vocabulary: CTranslate2 reads and writes token strings. We register the SentencePiece pieces of the model
+directory's `spm.model`: ids 0–3 are `<pad>`, `<unk>`, `<s>`, `</s>`, so CTranslate2's default unk/bos/eos
+names fit, and the last is the CTC blank `<blank>` (a control piece `pipeline.spm` appends). So the model
+is usable with plain CTranslate2 on `sp.encode(text, out_type=str)`, and `translate_ids` maps ids to pieces
+and back through the same list: ids in, ids out, exactly ours.
+
+Decoding (`translate_ids`) mirrors ours: the source is the ids with their EOS (`add_source_eos` off), the decoder
+starts from BOS; pad, BOS and the blank are suppressed (`suppress_sequences`); unk stays allowed (ours allows
+it). Our limit is per sentence, int(a·|x| + b) tokens with EOS, EOS forced at the limit; CTranslate2's
+`max_decoding_length` is one number per call, counts tokens without EOS and also forces EOS on the step after
+(measured: a model that never ends returns `max_decoding_length` tokens, then EOS). So sentences are grouped by
+their limit and each group decoded with `max_decoding_length = limit − 1`. Beam search: both rank
+extensions by summed log-probability and finish with sum / len**length_penalty (len counting EOS); ours also
+keeps a greedy row whose hypothesis joins the finished ones, so with `greedy_floor` the CTranslate2 greedy
+result is decoded too and kept where it scores higher (see docs in `translate_ids`).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+from reder.autoregressive import Transformer, sinusoids
+from reder.checkpoint import SPM_FILE, load_model_dir
+from reder.config import BOS_ID, EOS_ID, PAD_ID
+
+VOCABULARY_FILE = "shared_vocabulary.json"  # CTranslate2's name for a vocabulary shared by source and target
+
+
+def vocabulary(spm_model: Path, vocab_size: int) -> list[str]:
+    """The token strings of ids 0 … vocab_size−1: the pieces of the run's SentencePiece model, whose last piece
+    is already the CTC blank (`pipeline.spm` appends it as a control piece)."""
+    import sentencepiece
+
+    processor = sentencepiece.SentencePieceProcessor(model_file=str(spm_model))
+    pieces = [processor.id_to_piece(i) for i in range(processor.get_piece_size())]
+    if len(pieces) != vocab_size or pieces[: EOS_ID + 1] != ["<pad>", "<unk>", "<s>", "</s>"] or len(set(pieces)) != len(pieces):
+        raise ValueError(f"{spm_model}: expected {vocab_size} distinct pieces starting <pad> <unk> <s> </s> (the "
+                         f"model's vocabulary), got {len(pieces)} starting {pieces[:4]}")
+    return pieces
+
+
+def _numpy(tensor: torch.Tensor) -> Any:
+    return tensor.detach().to(torch.float32).cpu().contiguous().numpy()
+
+
+def _linear(spec: Any, *modules: torch.nn.Linear) -> None:
+    """One CTranslate2 linear from our linears stacked along the output dimension (fused q/k/v or k/v)."""
+    spec.weight = _numpy(torch.cat([m.weight for m in modules], dim=0))  # (out, in)
+    spec.bias = _numpy(torch.cat([m.bias for m in modules], dim=0))
+
+
+def _layer_norm(spec: Any, module: torch.nn.LayerNorm) -> None:
+    spec.gamma, spec.beta = _numpy(module.weight), _numpy(module.bias)
+
+
+def _attention(spec: Any, module: Any, self_attention: bool) -> None:
+    if self_attention:
+        _linear(spec.linear[0], module.query, module.key, module.value)
+    else:
+        _linear(spec.linear[0], module.query)
+        _linear(spec.linear[1], module.key, module.value)
+    _linear(spec.linear[-1], module.out)
+
+
+def _ffn(spec: Any, norm: torch.nn.LayerNorm, ffn: torch.nn.Sequential) -> None:
+    _layer_norm(spec.layer_norm, norm)
+    _linear(spec.linear_0, ffn[0])
+    _linear(spec.linear_1, ffn[2])
+
+
+def model_spec(model: Transformer, pieces: list[str]) -> Any:
+    """CTranslate2's TransformerSpec for our Transformer, weights set and validated."""
+    from ctranslate2.specs import common_spec, transformer_spec
+
+    cfg = model.cfg
+    spec = transformer_spec.TransformerSpec.from_config((cfg.encoder_layers, cfg.decoder_layers), cfg.n_heads,
+                                                        pre_norm=True, activation=common_spec.Activation.RELU)
+    positions = _numpy(sinusoids(cfg.max_positions, cfg.d_model))  # (L, D), the same table as ours
+    embedding = _numpy(model.embed.weight)  # (V, D)
+    for stack in (spec.encoder, spec.decoder):
+        embeddings = stack.embeddings[0] if isinstance(stack.embeddings, list) else stack.embeddings
+        embeddings.weight, stack.scale_embeddings = embedding, True  # × √D
+        stack.position_encodings.encodings = positions
+    _layer_norm(spec.encoder.layer_norm, model.encoder_norm)
+    for layer_spec, layer in zip(spec.encoder.layer, model.encoder):
+        _attention(layer_spec.self_attention, layer.attention, self_attention=True)
+        _layer_norm(layer_spec.self_attention.layer_norm, layer.attention_norm)
+        _ffn(layer_spec.ffn, layer.ffn_norm, layer.ffn)
+    _layer_norm(spec.decoder.layer_norm, model.decoder_norm)
+    spec.decoder.projection.weight = embedding  # tied output projection, no bias
+    for layer_spec, layer in zip(spec.decoder.layer, model.decoder):
+        _attention(layer_spec.self_attention, layer.self_attention, self_attention=True)
+        _layer_norm(layer_spec.self_attention.layer_norm, layer.self_norm)
+        _attention(layer_spec.attention, layer.cross_attention, self_attention=False)
+        _layer_norm(layer_spec.attention.layer_norm, layer.cross_norm)
+        _ffn(layer_spec.ffn, layer.ffn_norm, layer.ffn)
+    spec.register_source_vocabulary(pieces)
+    spec.register_target_vocabulary(pieces)
+    spec.config.layer_norm_epsilon = model.encoder_norm.eps  # torch's 1e-5, stated rather than assumed
+    spec.config.add_source_eos = False  # our sources already end in EOS
+    spec.config.decoder_start_token = pieces[BOS_ID]
+    spec.validate()
+    return spec
+
+
+def convert_model(model: Transformer, spm_model: Path, out_dir: Path) -> Path:
+    """Write our Transformer as a CTranslate2 model directory (float32 weights); returns it."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    spec = model_spec(model.float().cpu().eval(), vocabulary(spm_model, model.cfg.vocab_size))
+    spec.save(str(out_dir))
+    (out_dir / "reder.json").write_text(json.dumps({"max_positions": model.cfg.max_positions}), encoding="utf-8")
+    return out_dir
+
+
+def convert(teacher_dir: Path, out_dir: Path) -> Path:
+    """Convert a teacher model directory (`reder.checkpoint`, architecture "transformer") to CTranslate2."""
+    model, meta = load_model_dir(teacher_dir)
+    if not isinstance(model, Transformer):
+        raise ValueError(f"{teacher_dir}: architecture {meta.get('architecture', 'reder')!r} is not an "
+                         "autoregressive Transformer; only teachers convert to CTranslate2")
+    return convert_model(model, Path(teacher_dir) / SPM_FILE, out_dir)
+
+
+def load_translator(ct2_dir: Path, device: str = "cpu", threads: int = 1) -> Any:
+    """A `ctranslate2.Translator` over a converted directory (one worker, `threads` threads per worker)."""
+    import ctranslate2
+
+    return ctranslate2.Translator(str(ct2_dir), device=device, inter_threads=1, intra_threads=threads)
+
+
+def _pieces_of(ct2_dir: Path) -> list[str]:
+    return json.loads((Path(ct2_dir) / VOCABULARY_FILE).read_text(encoding="utf-8"))
+
+
+def translate_ids(translator: Any, ct2_dir: Path, sequences: list[list[int]], beam_size: int = 4,
+                  length_penalty: float = 1.0, max_len_a: float = 1.2, max_len_b: int = 10,
+                  greedy_floor: bool = True, patience: float = 1.0, batch_size: int = 64) -> list[list[int]]:
+    """Token ids (each ending in EOS) → one hypothesis per sentence (ids without specials), as
+    `Transformer.translate` with the same arguments (see the module doc for what differs).
+
+    Sentences are grouped by their length limit (one `max_decoding_length` per CTranslate2 call) and decoded
+    in batches of `batch_size`. Hypotheses cut at the limit get the EOS log-probability ours forces there
+    (`score_batch`). With beam_size > 1 and `greedy_floor` the greedy hypothesis competes too (our beam search
+    runs a greedy row beside the beams; CTranslate2 has no option for it)."""
+    pieces = _pieces_of(ct2_dir)
+    index = {piece: i for i, piece in enumerate(pieces)}
+    eos = pieces[EOS_ID]
+    max_positions = json.loads((Path(ct2_dir) / "reder.json").read_text(encoding="utf-8"))["max_positions"]
+    for number, sequence in enumerate(sequences, start=1):
+        if not sequence or sequence[-1] != EOS_ID or len(sequence) > max_positions:
+            raise ValueError(f"input {number}: expected 1 to {max_positions} ids ending in EOS ({EOS_ID}), got {len(sequence)} ids")
+    limits = [min(max(1, int(max_len_a * len(s) + max_len_b)), max_positions) for s in sequences]
+    groups: dict[int, list[int]] = {}
+    for i in sorted(range(len(sequences)), key=lambda i: len(sequences[i])):
+        groups.setdefault(limits[i], []).append(i)
+    options = dict(max_batch_size=0, length_penalty=length_penalty, max_input_length=0, return_scores=True,
+                   return_end_token=True, suppress_sequences=[[pieces[PAD_ID]], [pieces[BOS_ID]], [pieces[-1]]])
+    outputs: list[list[int]] = [[] for _ in sequences]
+    for limit, members in groups.items():
+        if limit == 1:  # EOS alone
+            continue
+        for start in range(0, len(members), batch_size):
+            chunk = members[start : start + batch_size]
+            source = [[pieces[t] for t in sequences[i]] for i in chunk]
+            candidates = [[] for _ in chunk]
+            searches = [dict(beam_size=beam_size, num_hypotheses=beam_size, patience=patience)] if beam_size > 1 else []
+            if beam_size == 1 or greedy_floor:
+                searches.append(dict(beam_size=1))
+            for search in searches:
+                for row, result in zip(candidates, translator.translate_batch(source, max_decoding_length=limit - 1, **options, **search)):
+                    row.extend(zip(result.hypotheses, result.scores))
+            _end_cut_hypotheses(translator, source, candidates, eos, length_penalty)
+            for i, row in zip(chunk, candidates):
+                best = max(row, key=lambda hypothesis: hypothesis[1])[0]
+                outputs[i] = [index[piece] for piece in best[:-1]]
+    return outputs
+
+
+def _end_cut_hypotheses(translator: Any, source: list[list[str]], candidates: list[list[tuple[list[str], float]]],
+                        eos: str, length_penalty: float) -> None:
+    """Where CTranslate2 stopped a hypothesis at max_decoding_length without EOS, ours forces EOS on the next
+    step: append it, add its log-probability and renormalise (in place). CTranslate2's scores are
+    sum / len**length_penalty, len counting EOS when it is returned (`return_end_token`), as ours."""
+    cut = [(row, j) for row, hypotheses in enumerate(candidates) for j, (tokens, _) in enumerate(hypotheses)
+           if not tokens or tokens[-1] != eos]
+    if not cut:
+        return
+    results = translator.score_batch([source[row] for row, _ in cut], [candidates[row][j][0] for row, j in cut])
+    for (row, j), result in zip(cut, results):
+        tokens, score = candidates[row][j]
+        total = score * len(tokens) ** length_penalty + result.log_probs[-1]  # + log p(EOS | tokens)
+        candidates[row][j] = (tokens + [eos], total / (len(tokens) + 1) ** length_penalty)
