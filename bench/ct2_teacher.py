@@ -6,10 +6,11 @@
 With `--teacher` (a teacher model directory) its weights; without, an untrained Transformer of the given size
 (speed only: untrained outputs run to their length limit, int(1.2·|x| + 10), in both engines) over the vocabulary
 of `--spm`. Inputs: the first `--sentences` lines of Multi30k test-2016 English (`--source` to change). Prints one
-JSON object: sentences/s at batch 1 and batch 64 for
+JSON object: sentences/s at batch 1 and batch 64 (all sentences in one call, length-sorted) for
   - `ours`: `reder.translate.translate_ids` (length-sorted batches, beam 4);
-  - `ct2_mirror`: `reder.ct2.translate_ids` (what mirrors ours: batches split by length limit, a greedy pass
-    beside the beam, cut hypotheses rescored);
+  - `ct2_mirror`: `reder.ct2.translate_ids` (what mirrors ours: batches of equal length limit, a greedy pass
+    beside the beam, hypotheses cut at the limit rescored with EOS — untrained weights are its worst case:
+    every hypothesis is cut);
   - `ct2_plain`: one `translate_batch` per length-sorted batch, beam 4, `max_decoding_length` = the batch's
     longest limit (CTranslate2 as one would run it, outputs not exactly ours).
 Torch and CTranslate2 both use `--threads` threads (intra-op; one CTranslate2 worker).
@@ -23,6 +24,7 @@ import platform
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -30,14 +32,22 @@ MULTI30K_TEST = Path(__file__).resolve().parents[2] / "shared" / "data" / "multi
 
 
 def _rate(translate, sequences: list[list[int]], batch_size: int) -> float:
-    """Sentences/s of translate(batch) over all sequences in length-sorted batches (after one warm-up batch)."""
-    order = sorted(sequences, key=len)
-    batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
-    translate(batches[0][:1])
+    """Sentences/s of translate(sequences, batch_size) over all sequences in one call (after a one-sentence warm-up)."""
+    translate(sequences[:1], 1)
     start = time.perf_counter()
-    for batch in batches:
-        translate(batch)
+    translate(sequences, batch_size)
     return len(sequences) / (time.perf_counter() - start)
+
+
+def _plain(translator: Any, pieces: list[str], sequences: list[list[int]], batch_size: int, max_positions: int) -> None:
+    """CTranslate2 beam 4 as one would run it: length-sorted batches, each to its longest limit."""
+    order = sorted(sequences, key=len)
+    suppress = [[pieces[0]], [pieces[2]], [pieces[-1]]]  # pad, BOS, the CTC blank
+    for start in range(0, len(order), batch_size):
+        batch = order[start : start + batch_size]
+        limit = max(min(int(1.2 * len(s) + 10), max_positions) for s in batch)
+        translator.translate_batch([[pieces[t] for t in s] for s in batch], beam_size=4, max_decoding_length=limit - 1,
+                                   max_input_length=0, suppress_sequences=suppress)
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -74,18 +84,14 @@ def main(argv: list[str] | None = None) -> dict:
                                               dropout=0.0, attention_dropout=0.0, max_positions=256)).eval()
     lines = Path(args.source).read_text(encoding="utf-8").splitlines()[: args.sentences]
     sequences = encode_lines(processor, lines)
-    limit = lambda batch: max(min(int(1.2 * len(s) + 10), model.cfg.max_positions) for s in batch)  # noqa: E731
     with tempfile.TemporaryDirectory() as tmp:
         ct2_dir = ct2.convert_model(model, Path(args.spm), Path(tmp) / "ct2")
         translator = ct2.load_translator(ct2_dir, threads=args.threads)
         pieces = json.loads((ct2_dir / ct2.VOCABULARY_FILE).read_text(encoding="utf-8"))
-        suppress = [[pieces[0]], [pieces[2]], [pieces[-1]]]
         engines = {
-            "ours": lambda batch: translate_ids(model, batch, "src2tgt", beam_size=4, batch_size=len(batch)),
-            "ct2_mirror": lambda batch: ct2.translate_ids(translator, ct2_dir, batch, beam_size=4, batch_size=len(batch)),
-            "ct2_plain": lambda batch: translator.translate_batch(
-                [[pieces[t] for t in s] for s in batch], beam_size=4, max_decoding_length=limit(batch) - 1,
-                max_input_length=0, suppress_sequences=suppress),
+            "ours": lambda batch, size: translate_ids(model, batch, "src2tgt", beam_size=4, batch_size=size),
+            "ct2_mirror": lambda batch, size: ct2.translate_ids(translator, ct2_dir, batch, beam_size=4, batch_size=size),
+            "ct2_plain": lambda batch, size: _plain(translator, pieces, batch, size, model.cfg.max_positions),
         }
         rates = {}
         with torch.inference_mode():
