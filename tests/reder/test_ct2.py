@@ -93,3 +93,8 @@ def test_a_vocabulary_that_does_not_fit_is_refused(converted, tmp_path):
         ct2.convert_model(Transformer(TransformerConfig(vocab_size=VOCAB + 1, d_model=8, n_heads=2, ffn_dim=8,
                                                         encoder_layers=1, decoder_layers=1)),
                           ct2_dir.parent / "spm.model", tmp_path / "out")
+
+
+def test_a_reder_model_directory_is_refused(tiny_model_dir, tmp_path):
+    with pytest.raises(ValueError, match="only teachers convert"):
+        ct2.convert(tiny_model_dir, tmp_path / "out")
