@@ -20,9 +20,10 @@ it). Scores: both rank extensions by summed log-probability (the top 2K of K bea
 the first K others going on; one live beam at step 0) and finish with sum / len**length_penalty; CTranslate2
 counts EOS in len only when it returns it, so `return_end_token` is on and EOS stripped here.
 Limits: ours is per sentence, int(a·|x| + b) tokens with EOS, EOS forced on the last; CTranslate2's
-`max_decoding_length` is one number per call and its last step ends every beam *without* EOS. So sentences
-are grouped by limit, decoded with `max_decoding_length = limit − 1`, and a hypothesis cut there gets EOS and
-its log-probability (`score_batch`), as ours. Beam search (K > 1): ours runs a greedy row beside the beams,
+`max_decoding_length` is one number per call and its last step ends every beam *without* EOS. So a batch runs
+to its longest limit; a sentence whose search went on past the point where its own limit would have cut it is
+decoded again to its own limit (`max_decoding_length = limit − 1`), a greedy path past it is truncated, and a
+hypothesis cut at the limit gets EOS and its log-probability (`score_batch`), as ours. Beam search (K > 1): ours runs a greedy row beside the beams,
 whose hypothesis joins the finished ones; here CTranslate2's greedy result competes likewise (`greedy_floor`).
 
 What still differs, beam search only: the stopping rule. CTranslate2 (with a length penalty) stops a sentence
@@ -158,61 +159,69 @@ def _pieces_of(ct2_dir: Path) -> list[str]:
     return json.loads((Path(ct2_dir) / VOCABULARY_FILE).read_text(encoding="utf-8"))
 
 
+Candidates = list[tuple[list[str], float]]  # one sentence's hypotheses (pieces, EOS last unless cut) and scores
+
+
 def translate_ids(translator: Any, ct2_dir: Path, sequences: list[list[int]], beam_size: int = 4,
                   length_penalty: float = 1.0, max_len_a: float = 1.2, max_len_b: int = 10,
                   greedy_floor: bool = True, patience: float = 1.0, batch_size: int = 64) -> list[list[int]]:
     """Token ids (each ending in EOS) → one hypothesis per sentence (ids without specials), as
     `Transformer.translate` with the same arguments (see the module doc for what differs).
 
-    Sentences are grouped by their length limit (one `max_decoding_length` per CTranslate2 call) and decoded
-    in batches of `batch_size`. Hypotheses cut at the limit get the EOS log-probability ours forces there
-    (`score_batch`). With beam_size > 1 and `greedy_floor` the greedy hypothesis competes too (our beam search
-    runs a greedy row beside the beams; CTranslate2 has no option for it)."""
+    Length-sorted batches of `batch_size` run to their longest limit; a sentence's beam result is exactly what a
+    run to its own limit L gives when its search stopped before step L − 2 (its longest finished hypothesis,
+    one of the K returned, is shorter than L − 1 with EOS); the others are decoded again, grouped by limit. A
+    greedy hypothesis past the limit is cut there. Cut hypotheses get the EOS ours forces (`score_batch`). With
+    beam_size > 1 and `greedy_floor` the greedy hypothesis competes too (our beam search runs a greedy row beside
+    the beams; CTranslate2 has no option for it)."""
     pieces = _pieces_of(ct2_dir)
-    index = {piece: i for i, piece in enumerate(pieces)}
-    eos = pieces[EOS_ID]
     max_positions = json.loads((Path(ct2_dir) / "reder.json").read_text(encoding="utf-8"))["max_positions"]
     for number, sequence in enumerate(sequences, start=1):
         if not sequence or sequence[-1] != EOS_ID or len(sequence) > max_positions:
             raise ValueError(f"input {number}: expected 1 to {max_positions} ids ending in EOS ({EOS_ID}), got {len(sequence)} ids")
     limits = [min(max(1, int(max_len_a * len(s) + max_len_b)), max_positions) for s in sequences]
-    groups: dict[int, list[int]] = {}
-    for i in sorted(range(len(sequences)), key=lambda i: len(sequences[i])):
-        groups.setdefault(limits[i], []).append(i)
+    sources = [[pieces[t] for t in s] for s in sequences]
     options = dict(max_batch_size=0, length_penalty=length_penalty, max_input_length=0, return_scores=True,
                    return_end_token=True, suppress_sequences=[[pieces[PAD_ID]], [pieces[BOS_ID]], [pieces[-1]]])
-    outputs: list[list[int]] = [[] for _ in sequences]
-    for limit, members in groups.items():
-        if limit == 1:  # EOS alone
-            continue
+    beam = dict(options, beam_size=beam_size, num_hypotheses=beam_size, patience=patience)
+    candidates: list[Candidates] = [[] for _ in sequences]
+    order = [i for i in sorted(range(len(sequences)), key=lambda i: len(sequences[i])) if limits[i] > 1]  # 1: EOS alone
+    again: dict[int, list[int]] = {}  # limit → sentences whose beam search must run to their own limit
+    for start in range(0, len(order), batch_size):
+        chunk = order[start : start + batch_size]
+        steps = max(limits[i] for i in chunk) - 1  # max_decoding_length: tokens without EOS
+        if beam_size == 1 or greedy_floor:
+            greedy = translator.translate_batch([sources[i] for i in chunk], beam_size=1, max_decoding_length=steps, **options)
+            for i, result in zip(chunk, greedy):
+                tokens = result.hypotheses[0]
+                candidates[i].append((tokens[: limits[i] - 1], result.scores[0]) if len(tokens) >= limits[i] else (tokens, result.scores[0]))
+        if beam_size > 1:
+            for i, result in zip(chunk, translator.translate_batch([sources[i] for i in chunk], max_decoding_length=steps, **beam)):
+                hypotheses = list(zip(result.hypotheses, result.scores))
+                if limits[i] - 1 == steps or all(h[-1] == pieces[EOS_ID] and len(h) <= limits[i] - 2 for h, _ in hypotheses):
+                    candidates[i].extend(hypotheses)
+                else:
+                    again.setdefault(limits[i], []).append(i)
+    for limit, members in again.items():
         for start in range(0, len(members), batch_size):
             chunk = members[start : start + batch_size]
-            source = [[pieces[t] for t in sequences[i]] for i in chunk]
-            candidates = [[] for _ in chunk]
-            searches = [dict(beam_size=beam_size, num_hypotheses=beam_size, patience=patience)] if beam_size > 1 else []
-            if beam_size == 1 or greedy_floor:
-                searches.append(dict(beam_size=1))
-            for search in searches:
-                for row, result in zip(candidates, translator.translate_batch(source, max_decoding_length=limit - 1, **options, **search)):
-                    row.extend(zip(result.hypotheses, result.scores))
-            _end_cut_hypotheses(translator, source, candidates, eos, length_penalty)
-            for i, row in zip(chunk, candidates):
-                best = max(row, key=lambda hypothesis: hypothesis[1])[0]
-                outputs[i] = [index[piece] for piece in best[:-1]]
-    return outputs
+            for i, result in zip(chunk, translator.translate_batch([sources[i] for i in chunk], max_decoding_length=limit - 1, **beam)):
+                candidates[i].extend(zip(result.hypotheses, result.scores))
+    _end_cut_hypotheses(translator, sources, candidates, pieces[EOS_ID], length_penalty)
+    index = {piece: i for i, piece in enumerate(pieces)}
+    return [[index[piece] for piece in max(row, key=lambda h: h[1])[0][:-1]] if row else [] for row in candidates]
 
 
-def _end_cut_hypotheses(translator: Any, source: list[list[str]], candidates: list[list[tuple[list[str], float]]],
-                        eos: str, length_penalty: float) -> None:
-    """Where CTranslate2 stopped a hypothesis at max_decoding_length without EOS, ours forces EOS on the next
-    step: append it, add its log-probability and renormalise (in place). CTranslate2's scores are
-    sum / len**length_penalty, len counting EOS when it is returned (`return_end_token`), as ours."""
+def _end_cut_hypotheses(translator: Any, sources: list[list[str]], candidates: list[Candidates], eos: str,
+                        length_penalty: float) -> None:
+    """Where a hypothesis was cut at its limit without EOS, ours forces EOS on the next step: append it and
+    score the whole from `score_batch` (sum of log-probs, EOS's included, / len**length_penalty), in place.
+    CTranslate2's own scores are sum / len**length_penalty, len counting EOS as it is returned, as ours."""
     cut = [(row, j) for row, hypotheses in enumerate(candidates) for j, (tokens, _) in enumerate(hypotheses)
            if not tokens or tokens[-1] != eos]
     if not cut:
         return
-    results = translator.score_batch([source[row] for row, _ in cut], [candidates[row][j][0] for row, j in cut])
+    results = translator.score_batch([sources[row] for row, _ in cut], [candidates[row][j][0] for row, j in cut])
     for (row, j), result in zip(cut, results):
-        tokens, score = candidates[row][j]
-        total = score * len(tokens) ** length_penalty + result.log_probs[-1]  # + log p(EOS | tokens)
-        candidates[row][j] = (tokens + [eos], total / (len(tokens) + 1) ** length_penalty)
+        tokens = candidates[row][j][0] + [eos]
+        candidates[row][j] = (tokens, sum(result.log_probs) / len(tokens) ** length_penalty)
