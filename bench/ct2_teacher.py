@@ -8,10 +8,10 @@ With `--teacher` (a teacher model directory) its weights; without, an untrained 
 of `--spm`. Inputs: the first `--sentences` lines of Multi30k test-2016 English (`--source` to change). Prints one
 JSON object: sentences/s at batch 1 and batch 64 (all sentences in one call, length-sorted) for
   - `ours`: `reder.translate.translate_ids` (length-sorted batches, beam 4);
-  - `ct2_mirror`: `reder.ct2.translate_ids` (what mirrors ours: sentences that a batch's longer limit let run past their own
-    decoded again, a greedy pass
-    beside the beam, hypotheses cut at the limit rescored with EOS — untrained weights are its worst case:
-    every hypothesis is cut, so every sentence of a batch with mixed limits is decoded again);
+  - `ct2_mirror`: `reder.ct2.translate_ids` (what mirrors ours: sentences that a batch's longer limit let
+    run past their own decoded again, a greedy pass beside the beam, hypotheses cut at the limit rescored
+    with EOS; untrained weights are its worst case: every hypothesis is cut, so every sentence of a batch
+    with mixed limits is decoded again);
   - `ct2_plain`: one `translate_batch` per length-sorted batch, beam 4, `max_decoding_length` = the batch's
     longest limit (CTranslate2 as one would run it, outputs not exactly ours).
 Torch and CTranslate2 both use `--threads` threads (intra-op; one CTranslate2 worker).
