@@ -4,8 +4,8 @@ CTranslate2 is an optional extra (`pip install -e .[ct2]`); it is imported insid
 
 Conversion fills CTranslate2's `TransformerSpec` (pre-norm, ReLU, final LayerNorm on each stack) from the state
 dict: self-attention q/k/v fused into one projection and cross-attention k/v into another, as CTranslate2 lays
-them out; the one token embedding goes to the encoder, the decoder and the output projection (`save` stores it
-once, as aliases); embeddings scaled by √D; our `sinusoids` table given as the position encodings, row 0 for
+them out; the one token embedding goes to the encoder, the decoder and the output projection (`optimize`
+stores it once, as aliases); embeddings scaled by √D; our `sinusoids` table given as the position encodings, row 0 for
 the first token (fairseq's own table starts at padding_idx + 1; ours does not, so no rows are skipped).
 
 Vocabulary: CTranslate2 reads and writes token strings. We register the SentencePiece pieces of the model
@@ -129,23 +129,25 @@ def model_spec(model: Transformer, pieces: list[str]) -> Any:
     return spec
 
 
-def convert_model(model: Transformer, spm_model: Path, out_dir: Path) -> Path:
-    """Write our Transformer as a CTranslate2 model directory (float32 weights); returns it."""
+def convert_model(model: Transformer, spm_model: Path, out_dir: Path, quantization: str | None = None) -> Path:
+    """Write our Transformer as a CTranslate2 model directory; returns it. Weights float32 unless `quantization`
+    (CTranslate2's: "int8", "float16", …; outputs then no longer match ours exactly)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     spec = model_spec(model, vocabulary(spm_model, model.cfg.vocab_size))  # float32 CPU copies of the weights
+    spec.optimize(quantization)  # stores the shared embedding and position table once (aliases)
     spec.save(str(out_dir))
     (out_dir / "reder.json").write_text(json.dumps({"max_positions": model.cfg.max_positions}), encoding="utf-8")
     return out_dir
 
 
-def convert(teacher_dir: Path, out_dir: Path) -> Path:
+def convert(teacher_dir: Path, out_dir: Path, quantization: str | None = None) -> Path:
     """Convert a teacher model directory (`reder.checkpoint`, architecture "transformer") to CTranslate2."""
     model, meta = load_model_dir(teacher_dir)
     if not isinstance(model, Transformer):
         raise ValueError(f"{teacher_dir}: architecture {meta.get('architecture', 'reder')!r} is not an "
                          "autoregressive Transformer; only teachers convert to CTranslate2")
-    return convert_model(model, Path(teacher_dir) / SPM_FILE, out_dir)
+    return convert_model(model, Path(teacher_dir) / SPM_FILE, out_dir, quantization)
 
 
 def load_translator(ct2_dir: Path, device: str = "cpu", threads: int = 1) -> Any:
