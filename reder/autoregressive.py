@@ -29,6 +29,12 @@ def sinusoids(length: int, dim: int) -> torch.Tensor:
     return torch.cat([angles.sin(), angles.cos()], dim=1).float()  # (L, D)
 
 
+def output_limits(src_lengths: list[int], max_len_a: float, max_len_b: int, max_positions: int) -> list[int]:
+    """Longest output (with EOS) per sentence: int(a·|x| + b), |x| with EOS, within [1, max_positions] (our
+    search; reder.ct2 mirrors it)."""
+    return [min(max(1, int(max_len_a * n + max_len_b)), max_positions) for n in src_lengths]
+
+
 class Attention(nn.Module):
     """Multi-head attention; keys/values are projected apart from the queries so that they can be cached."""
 
@@ -205,8 +211,7 @@ class Transformer(nn.Module):
         return self.score_encoded(*self.encode(src_tokens, src_lengths), tgt_tokens, tgt_lengths)
 
     def _limits(self, src_lengths: torch.Tensor, max_len_a: float, max_len_b: int) -> list[int]:
-        """Longest output (with EOS) per sentence: int(a·|x| + b), |x| with EOS, within [1, max_positions]."""
-        return [min(max(1, int(max_len_a * n + max_len_b)), self.cfg.max_positions) for n in src_lengths.tolist()]
+        return output_limits(src_lengths.tolist(), max_len_a, max_len_b, self.cfg.max_positions)
 
     def _next_log_probs(self, last: torch.Tensor, cache: DecoderCache, step: int, limits: torch.Tensor) -> torch.Tensor:
         """Log-probs (N, V) of output token number step+1: specials banned, only EOS where it reaches its limit."""

@@ -45,7 +45,7 @@ from typing import Any
 
 import torch
 
-from reder.autoregressive import Transformer, sinusoids
+from reder.autoregressive import Transformer, output_limits, sinusoids
 from reder.checkpoint import SPM_FILE, load_model_dir
 from reder.config import BOS_ID, EOS_ID, PAD_ID
 
@@ -181,7 +181,7 @@ def translate_ids(translator: Any, ct2_dir: Path, sequences: list[list[int]], be
     for number, sequence in enumerate(sequences, start=1):
         if not sequence or sequence[-1] != EOS_ID or len(sequence) > max_positions:
             raise ValueError(f"input {number}: expected 1 to {max_positions} ids ending in EOS ({EOS_ID}), got {len(sequence)} ids")
-    limits = [min(max(1, int(max_len_a * len(s) + max_len_b)), max_positions) for s in sequences]
+    limits = output_limits([len(s) for s in sequences], max_len_a, max_len_b, max_positions)
     sources = [[pieces[t] for t in s] for s in sequences]
     options = dict(max_batch_size=0, length_penalty=length_penalty, max_input_length=0, return_scores=True,
                    return_end_token=True, suppress_sequences=[[pieces[PAD_ID]], [pieces[BOS_ID]], [pieces[-1]]])

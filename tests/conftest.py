@@ -1,6 +1,7 @@
 """Shared pytest fixtures: every test starts from the same seeds; `gpu` tests skip without CUDA."""
 import os
 import random
+import socket
 from pathlib import Path
 
 import pytest
@@ -56,3 +57,19 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     src, src_lengths = random_batch([5, 3], 30)
     model.loss(src, src_lengths, src, src_lengths, step=0)  # data-initialises the ActNorms
     return save_model_dir(tmp_path / "model", model.eval(), tmp_path / "spm.model", "en", "de")
+
+
+def free_port() -> int:
+    """A free loopback port below Linux's ephemeral range (32768-60999). A port from bind(0) is itself
+    ephemeral, and one was seen taken again, by a Ray process starting in between, before the dashboard
+    could bind it; ports outside that range are never handed out by bind(0)."""
+    ranges = Path("/proc/sys/net/ipv4/ip_local_port_range")
+    low = int(ranges.read_text().split()[0]) if ranges.is_file() else 32768
+    for port in random.Random().sample(range(20000, min(low, 32768)), 200):
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free loopback port between 20000 and the ephemeral range")

@@ -6,7 +6,6 @@ from __future__ import annotations
 import copy
 import json
 import os
-import random
 import signal
 import socket
 import subprocess
@@ -18,6 +17,7 @@ import pytest
 import yaml
 
 from cluster import ClusterError, check, connect, head
+from tests.conftest import free_port
 import run_pipeline
 from pipeline.config import load_config
 from pipeline.tracking import STAGE_TAG
@@ -172,22 +172,6 @@ def test_the_cluster_package_imports_without_torch_pipeline_or_reder():
     assert done.returncode == 0, done.stderr
     assert subprocess.run([sys.executable, "-m", "cluster.head", "--help"], cwd=REPO_ROOT, capture_output=True,
                           text=True).returncode == 0
-
-
-def free_port() -> int:
-    """A free loopback port below Linux's ephemeral range (32768-60999). A port from bind(0) is itself
-    ephemeral, and one was seen taken again, by a Ray process starting in between, before the dashboard
-    could bind it; ports outside that range are never handed out by bind(0)."""
-    ranges = Path("/proc/sys/net/ipv4/ip_local_port_range")
-    low = int(ranges.read_text().split()[0]) if ranges.is_file() else 32768
-    for port in random.Random().sample(range(20000, min(low, 32768)), 200):
-        with socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no free loopback port between 20000 and the ephemeral range")
 
 
 def wait_for(predicate, timeout_s: float, what: str, process: subprocess.Popen, log: Path):
@@ -351,9 +335,7 @@ def test_mlflow_with_auth_refuses_anonymous_clients_and_tracks_for_the_admin(tmp
     from pipeline.config import TrackingConfig
     from pipeline.tracking import Tracker
 
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     secret = "s3cret-for-this-test-only"
     # Advertised by a public address (TEST-NET-3): MLflow 3's default Host check refused those (issue 31); the
     # start's health probe names the server that way, so it would have failed here.
@@ -433,7 +415,6 @@ def test_the_head_server_and_cluster_file_end_when_the_heads_ray_does(tmp_path, 
     by `start`) stops the server and removes the file once the GCS refuses connections; it leaves a server
     that a newer `start` recorded alone. A stand-in server: a process whose command line is `mlflow server`
     on the file's backend store, as `stop` checks."""
-    import socket
     import threading
 
     monkeypatch.setenv(connect.CLUSTER_FILE_ENV, str(tmp_path / "cluster.json"))

@@ -235,7 +235,6 @@ def test_mlflow_models_serve_translates_both_ways_from_one_endpoint(tiny_model_d
     import json
     import os
     import signal
-    import socket
     import subprocess
     import sys
     import time
@@ -247,15 +246,14 @@ def test_mlflow_models_serve_translates_both_ways_from_one_endpoint(tiny_model_d
 
     import reder
     from pipeline.tracking import log_translator
+    from tests.conftest import free_port
 
     uri = f"sqlite:///{tmp_path.resolve()}/mlflow.db"
     mlflow.set_tracking_uri(uri)
     mlflow.set_experiment("serve")  # not the experiment id an earlier test left active in another store
     with mlflow.start_run():
         log_translator(tiny_model_dir, ("en", "de"), "reder-en-de")
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     # the scoring server runs `uvicorn` from PATH: the venv's, as with an activated venv
     env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
     server = subprocess.Popen([sys.executable, "-m", "mlflow", "models", "serve", "-m", "models:/reder-en-de/1",
