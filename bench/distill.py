@@ -13,6 +13,10 @@ initialised teachers of `--d-model/--layers/--ffn-dim` with a SentencePiece mode
 `training_bleu` scores the decoded (training) sentences against their references: a sanity check only.
 - `ray_actors1`, `ray_actors2`: `distill.distill_on_ray` on CPU (Ray already running), sentences/s.
 - `direct_batch<B>`: `distill.decode` in this process, both directions, sentences/s (device in `device`).
+With `--engine both` (the default when CTranslate2 is installed) the same measurements through CTranslate2
+(`distill.engine=ctranslate2`: the teachers converted by `distill.convert_teachers`, decoded by
+`reder.ct2.translate_ids`, which mirrors our search) under `ct2_…`, the speed-ups `ct2_speedup_…`, and
+`ct2_identical_outputs`: the fraction of CTranslate2 outputs equal to ours (first batch size).
 """
 from __future__ import annotations
 
@@ -94,6 +98,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--train-steps", type=int, default=0,
                         help="random teachers: train them this many updates on all of Multi30k train first")
     parser.add_argument("--train-tokens", type=int, default=8192, help="tokens per training batch")
+    parser.add_argument("--engine", choices=("torch", "ctranslate2", "both"), default="",
+                        help="distill engine(s) to measure (default: both when CTranslate2 is installed, else torch)")
     args = parser.parse_args(argv)
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
@@ -139,43 +145,66 @@ def main(argv: list[str] | None = None) -> dict:
                         "teacher_training_loss": trained or None, "sentences": len(src), "decodes_per_run": 2 * len(src),
                         "beam": args.beam}
         decoding = {"beam_size": args.beam, "length_penalty": 1.0, "max_len_a": 1.2, "max_len_b": 10}
-        loaded = {d: load_teacher_dir(Path(p), d, vocab_size, device) for d, p in dirs.items()}
-        report["teacher_parameters"] = sum(p.numel() for p in loaded["src2tgt"].parameters())
-        for batch_size in args.batch_sizes:
-            distill.decode(loaded["src2tgt"], src[: min(8, len(src))], "src2tgt", batch_size=batch_size, **decoding)  # warm-up
-            if device == "cuda":
-                torch.cuda.synchronize()
-            started = time.perf_counter()
-            outputs = distill.decode(loaded["src2tgt"], src, "src2tgt", batch_size=batch_size, **decoding)
-            outputs += distill.decode(loaded["tgt2src"], tgt, "tgt2src", batch_size=batch_size, **decoding)
-            if device == "cuda":
-                torch.cuda.synchronize()
-            seconds = time.perf_counter() - started
-            report[f"direct_batch{batch_size}"] = {"sentences_per_s": round(2 * len(src) / seconds, 2),
-                                                   "seconds": round(seconds, 2),
-                                                   "mean_output_pieces": round(sum(map(len, outputs)) / len(outputs), 2)}
-            if "training_bleu" not in report:  # the decoded sentences are training pairs: a sanity check only
-                report["training_bleu"] = {
-                    "src2tgt": round(sacrebleu.corpus_bleu(sp.decode(outputs[: len(src)]), [german]).score, 2),
-                    "tgt2src": round(sacrebleu.corpus_bleu(sp.decode(outputs[len(src):]), [english]).score, 2)}
+        engines = {"torch": ["torch"], "ctranslate2": ["ctranslate2"], "both": ["torch", "ctranslate2"],
+                   "": ["torch", "ctranslate2"] if distill.ctranslate2_installed() else ["torch"]}[args.engine]
+        report["engines"] = engines
+        converted = distill.convert_teachers({d: Path(p) for d, p in dirs.items()}, work / "ct2") \
+            if "ctranslate2" in engines else None
+        decoder = distill.TeacherDecoder(dirs, vocab_size, decoding, threads=torch.get_num_threads())  # as an actor has it
+        report["teacher_parameters"] = sum(p.numel() for p in load_teacher_dir(Path(dirs["src2tgt"]), "src2tgt",
+                                                                              vocab_size, "cpu").parameters())
+        first_outputs: dict[str, list] = {}
+        for engine in engines:
+            if engine == "ctranslate2":
+                decoder = distill.TeacherDecoder(dirs, vocab_size, decoding, threads=torch.get_num_threads(),
+                                                 ct2_dirs=converted)
+            prefix = "ct2_" if engine == "ctranslate2" else ""
+            for batch_size in args.batch_sizes:
+                decoder.decoders["src2tgt"](src[: min(8, len(src))], batch_size=batch_size, **decoding)  # warm-up
+                if device == "cuda":
+                    torch.cuda.synchronize()
+                started = time.perf_counter()
+                outputs = decoder.decoders["src2tgt"](src, batch_size=batch_size, **decoding)
+                outputs += decoder.decoders["tgt2src"](tgt, batch_size=batch_size, **decoding)
+                if device == "cuda":
+                    torch.cuda.synchronize()
+                seconds = time.perf_counter() - started
+                first_outputs.setdefault(engine, outputs)
+                report[f"{prefix}direct_batch{batch_size}"] = {"sentences_per_s": round(2 * len(src) / seconds, 2),
+                                                               "seconds": round(seconds, 2),
+                                                               "mean_output_pieces": round(sum(map(len, outputs)) / len(outputs), 2)}
+                if "training_bleu" not in report:  # the decoded sentences are training pairs: a sanity check only
+                    report["training_bleu"] = {
+                        "src2tgt": round(sacrebleu.corpus_bleu(sp.decode(outputs[: len(src)]), [german]).score, 2),
+                        "tgt2src": round(sacrebleu.corpus_bleu(sp.decode(outputs[len(src):]), [english]).score, 2)}
+        if len(first_outputs) == 2:
+            ours, theirs = first_outputs["torch"], first_outputs["ctranslate2"]
+            report["ct2_identical_outputs"] = round(sum(a == b for a, b in zip(ours, theirs)) / len(ours), 4)
         if not args.no_ray:
             import ray
 
             started = time.perf_counter()
             ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False)
             report["ray_init_s"] = round(time.perf_counter() - started, 2)
-            for actors in (1, 2):
-                staging = work / f"staging-{actors}"
-                started = time.perf_counter()
-                distill.distill_on_ray(work / "train", staging, dirs, vocab_size,
-                                       DistillConfig(workers=actors, batch_size=args.ray_batch_size, **decoding))
-                seconds = time.perf_counter() - started
-                report[f"ray_actors{actors}"] = {"sentences_per_s": round(2 * len(src) / seconds, 2),
-                                                 "seconds": round(seconds, 2)}
+            for engine in engines:
+                prefix = "ct2_" if engine == "ctranslate2" else ""
+                for actors in (1, 2):
+                    staging = work / f"staging-{engine}-{actors}"
+                    started = time.perf_counter()
+                    distill.distill_on_ray(work / "train", staging, dirs, vocab_size,
+                                           DistillConfig(workers=actors, batch_size=args.ray_batch_size, **decoding),
+                                           converted if engine == "ctranslate2" else None)
+                    seconds = time.perf_counter() - started
+                    report[f"{prefix}ray_actors{actors}"] = {"sentences_per_s": round(2 * len(src) / seconds, 2),
+                                                             "seconds": round(seconds, 2)}
+                report[f"{prefix}ray_speedup_1_to_2_actors"] = round(
+                    report[f"{prefix}ray_actors1"]["seconds"] / report[f"{prefix}ray_actors2"]["seconds"], 2)
             ray.shutdown()
-            report["ray_speedup_1_to_2_actors"] = round(report["ray_actors1"]["seconds"] / report["ray_actors2"]["seconds"], 2)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    if "ctranslate2" in report.get("engines", []) and "torch" in report["engines"]:
+        report["ct2_speedup"] = {key: round(report[f"ct2_{key}"]["sentences_per_s"] / report[key]["sentences_per_s"], 2)
+                                 for key in list(report) if f"ct2_{key}" in report and isinstance(report[key], dict)}
     print(json.dumps(report, indent=2))
     return report
 

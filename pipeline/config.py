@@ -193,6 +193,9 @@ class TeacherConfig:
                                  f"neither, got {getattr(self, key)!r}", (other,))
 
 
+DISTILL_ENGINES = ("auto", "torch", "ctranslate2")
+
+
 @dataclass(frozen=True)
 class DistillConfig:
     """Sequence-level knowledge distillation (pipeline/distill.py): the teachers decode the training split
@@ -209,10 +212,13 @@ class DistillConfig:
     workers: int = 0  # teacher replicas (Ray Data actors); 0 = one per GPU with use_gpu, else free CPUs - 1
     use_gpu: bool = False
     cpus_per_worker: float = 1.0
+    engine: str = "auto"  # torch (our beam search), ctranslate2 (the optional extra), auto: ctranslate2 if installed
 
     def __post_init__(self) -> None:
         require(self, beam_size=">= 1", max_len_a=">= 0", max_len_b=">= 0", batch_size=">= 1", workers=">= 0",
                 cpus_per_worker="> 0")
+        if self.engine not in DISTILL_ENGINES:
+            raise FieldError("engine", f"must be one of {list(DISTILL_ENGINES)}, got {self.engine!r}")
 
 
 SEARCH_KINDS = ("choice", "grid", "uniform", "loguniform")

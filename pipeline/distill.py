@@ -4,7 +4,11 @@
 replicas (each holds both directions' teachers; one GPU per actor with `distill.use_gpu`, else CPU actors
 sized to leave a CPU for the reads, docs/DESIGN.md "Ray on small machines") decodes every batch with
 batched beam search (`distill.beam_size`, `length_penalty`, output length ≤ max_len_a·|x| + max_len_b).
-The driver sorts the
+The engine (`distill.engine`) is our beam search (`torch`) or the same teachers converted to CTranslate2
+(`ctranslate2`, the optional extra `[ct2]`; `reder/ct2.py` mirrors our search, the few beam outputs that
+differ are explained there); `auto` takes CTranslate2 when it is installed. The driver converts each teacher
+once into the stage's temporary directory; the actors load the converted models (on the GPU with
+`distill.use_gpu`). The engine used is part of the stage's key and its report. The driver sorts the
 staged rows by id and writes `train/part-NNNNN.parquet` with `id`, `src_ids`, `kd_tgt_ids` (teacher
 src→tgt of src), `tgt_ids`, `kd_src_ids` (teacher tgt→src of tgt) — REDER's src2tgt then trains on
 (src, kd_tgt), its tgt2src on (kd_src, tgt) — plus `src_len`/`tgt_len`. Valid and test are not distilled.
@@ -18,10 +22,12 @@ length ratio and the sacreBLEU of the teacher's output against the reference, pe
 """
 from __future__ import annotations
 
+import importlib.util
 import logging
 import shutil
 import time
 from dataclasses import asdict
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +54,21 @@ REQUIRED = ("id", "src_ids", "kd_tgt_ids", "tgt_ids", "kd_src_ids")
 DECODING_KEYS = ("beam_size", "length_penalty", "max_len_a", "max_len_b")  # the keys that change the output
 
 
+def ctranslate2_installed() -> bool:
+    """Whether the optional CTranslate2 extra is importable here."""
+    return importlib.util.find_spec("ctranslate2") is not None
+
+
+def engine(distill: DistillConfig) -> str:
+    """The engine `distill.engine` resolves to: torch or ctranslate2 (auto: ctranslate2 when installed)."""
+    if distill.engine == "auto":
+        return "ctranslate2" if ctranslate2_installed() else "torch"
+    if distill.engine == "ctranslate2" and not ctranslate2_installed():
+        raise StageError("distill: distill.engine=ctranslate2 but CTranslate2 is not installed: pip install -e '.[ct2]', "
+                         "or set distill.engine=torch (or auto)")
+    return distill.engine
+
+
 def build(run: StageRun, tmp: Path) -> dict[str, Any]:
     """Distill input `tokenize`'s train split with input `teacher`'s models (or check and adopt
     `distill.corpus`) into `tmp`."""
@@ -56,6 +77,7 @@ def build(run: StageRun, tmp: Path) -> dict[str, Any]:
 
 def _build(cfg: PipelineConfig, data: Path, spm_dir: Path, teacher_dir: Path | None, tmp: Path) -> dict[str, Any]:
     references = tokenize.read_split(data / "train")
+    used = None if cfg.distill.corpus else engine(cfg.distill)
     started = time.time()
     if cfg.distill.corpus:
         table, workers = read_corpus(Path(cfg.distill.corpus).expanduser().resolve(), references), 0
@@ -63,39 +85,58 @@ def _build(cfg: PipelineConfig, data: Path, spm_dir: Path, teacher_dir: Path | N
         dirs = teacher.model_dirs(teacher_dir)
         for direction, directory in dirs.items():  # fail here, not inside an actor
             teacher.check_teacher(directory, direction, cfg, spm_dir / spm.MODEL_FILE)
-        staging = tmp / "_staging"
+        staging, converted = tmp / "_staging", tmp / "_ct2"
+        ct2_dirs = convert_teachers(dirs, converted) if used == "ctranslate2" else None
         workers = distill_on_ray(data / "train", staging, {d: str(p) for d, p in dirs.items()}, cfg.model.vocab_size,
-                                 cfg.distill)
+                                 cfg.distill, ct2_dirs)
         table = pq.read_table(staging).sort_by("id")
         shutil.rmtree(staging)
+        shutil.rmtree(converted, ignore_errors=True)
         if table.column("id").to_pylist() != references.column("id").to_pylist():
             raise StageError(f"distill: Ray Data returned {table.num_rows} rows for {references.num_rows} training pairs")
     seconds = time.time() - started
     stats = statistics(table, spm_dir / spm.MODEL_FILE)  # of the teachers' own output, before any fallback
     table, fallbacks = apply_fallbacks(table, cfg)
     write_split(table, tmp / "train")
-    report = {"rows": table.num_rows, "workers": workers, "seconds": round(seconds, 2),
+    report = {"rows": table.num_rows, "workers": workers, "engine": used, "seconds": round(seconds, 2),
               "sentences_per_s": round(2 * table.num_rows / max(seconds, 1e-9), 2) if not cfg.distill.corpus else None,
               **fallbacks, **stats}
     write_json(tmp / "report.json", report)
-    log.info("distill: %d pairs in %.1f s (%s workers), fallbacks %s", table.num_rows, seconds, workers, fallbacks)
+    log.info("distill: %d pairs in %.1f s (%s workers, %s), fallbacks %s", table.num_rows, seconds, workers,
+             used or "given corpus", fallbacks)
     return {k: v for k, v in report.items() if v is not None}
 
 
-class TeacherDecoder:
-    """Ray Data UDF: a batch of tokenized pairs → the same rows plus both teachers' beam-search outputs."""
+def convert_teachers(teacher_dirs: dict[str, Path], out: Path) -> dict[str, str]:
+    """Each direction's teacher model directory converted to CTranslate2 under `out` (float32: outputs as ours)."""
+    from reder import ct2
 
-    def __init__(self, teacher_dirs: dict[str, str], vocab_size: int, decoding: dict[str, Any], threads: int = 1) -> None:
+    return {direction: str(ct2.convert(Path(path), out / direction)) for direction, path in teacher_dirs.items()}
+
+
+class TeacherDecoder:
+    """Ray Data UDF: a batch of tokenized pairs → the same rows plus both teachers' beam-search outputs; with
+    `ct2_dirs` (each direction's teacher converted to CTranslate2) CTranslate2 decodes instead of our search."""
+
+    def __init__(self, teacher_dirs: dict[str, str], vocab_size: int, decoding: dict[str, Any], threads: int = 1,
+                 ct2_dirs: dict[str, str] | None = None) -> None:
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
         if self.device == "cpu":
             torch.set_num_threads(max(1, threads))
-        self.teachers = {d: load_teacher_dir(Path(p), d, vocab_size, self.device) for d, p in teacher_dirs.items()}
         self.decoding = decoding
+        if ct2_dirs:
+            from reder import ct2
+
+            translators = {d: (ct2.load_translator(Path(p), self.device, max(1, threads)), Path(p)) for d, p in ct2_dirs.items()}
+            self.decoders = {d: partial(_decode_ct2, *translators[d]) for d in translators}
+        else:
+            teachers = {d: load_teacher_dir(Path(p), d, vocab_size, self.device) for d, p in teacher_dirs.items()}
+            self.decoders = {d: partial(decode, teachers[d], direction=d) for d in teachers}
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         src, tgt = batch.column("src_ids").to_pylist(), batch.column("tgt_ids").to_pylist()
-        kd_tgt = decode(self.teachers["src2tgt"], src, "src2tgt", **self.decoding)
-        kd_src = decode(self.teachers["tgt2src"], tgt, "tgt2src", **self.decoding)
+        kd_tgt = self.decoders["src2tgt"](src, **self.decoding)
+        kd_src = self.decoders["tgt2src"](tgt, **self.decoding)
         ids = pa.list_(pa.int32())
         return pa.table({"id": batch.column("id"), "src_ids": pa.array(src, ids), "kd_tgt_ids": pa.array(kd_tgt, ids),
                          "tgt_ids": pa.array(tgt, ids), "kd_src_ids": pa.array(kd_src, ids)})
@@ -108,6 +149,15 @@ def decode(model: Transformer, inputs: list[list[int]], direction: str, beam_siz
     actor or not)."""
     return translate_ids(model, [x + [EOS_ID] for x in inputs], direction, beam_size, batch_size,
                          length_penalty=length_penalty, max_len_a=max_len_a, max_len_b=max_len_b)
+
+
+def _decode_ct2(translator: Any, ct2_dir: Path, inputs: list[list[int]], beam_size: int, length_penalty: float,
+                max_len_a: float, max_len_b: int, batch_size: int = 128) -> list[list[int]]:
+    """`decode` through CTranslate2 (`reder.ct2.translate_ids`, which mirrors our search)."""
+    from reder import ct2
+
+    return ct2.translate_ids(translator, ct2_dir, [x + [EOS_ID] for x in inputs], beam_size, length_penalty,
+                             max_len_a, max_len_b, batch_size=batch_size)
 
 
 def plan_actors(distill: DistillConfig) -> tuple[int, dict[str, float], float]:
@@ -125,9 +175,9 @@ def plan_actors(distill: DistillConfig) -> tuple[int, dict[str, float], float]:
 
 
 def distill_on_ray(train_dir: Path, staging: Path, teacher_dirs: dict[str, str], vocab_size: int,
-                   distill: DistillConfig) -> int:
-    """Decode the training split with an actor pool of TeacherDecoder replicas into `staging`; returns the
-    number of actors."""
+                   distill: DistillConfig, ct2_dirs: dict[str, str] | None = None) -> int:
+    """Decode the training split with an actor pool of TeacherDecoder replicas into `staging` (through
+    CTranslate2 with `ct2_dirs`, `convert_teachers`); returns the number of actors."""
     import ray
 
     actors, resources, io_cpus = plan_actors(distill)
@@ -144,7 +194,7 @@ def distill_on_ray(train_dir: Path, staging: Path, teacher_dirs: dict[str, str],
     decoding = {k: getattr(distill, k) for k in DECODING_KEYS}
     dataset = dataset.map_batches(
         TeacherDecoder, fn_constructor_kwargs={"teacher_dirs": teacher_dirs, "vocab_size": vocab_size,
-                                               "decoding": decoding, "threads": threads},
+                                               "decoding": decoding, "threads": threads, "ct2_dirs": ct2_dirs},
         batch_format="pyarrow", batch_size=distill.batch_size, compute=ray.data.ActorPoolStrategy(size=actors),
         **resources)
     dataset.write_parquet(str(staging), ray_remote_args={"num_cpus": io_cpus})

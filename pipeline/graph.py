@@ -54,8 +54,14 @@ def _sweep_key(cfg: PipelineConfig) -> dict[str, Any]:
 
 
 def _distill_key(cfg: PipelineConfig) -> dict[str, Any]:
-    source = {"corpus": str(Path(cfg.distill.corpus).expanduser().resolve())} if cfg.distill.corpus \
-        else {"decoding": {k: getattr(cfg.distill, k) for k in distill.DECODING_KEYS}}
+    """What changes distill's output: the given corpus, or the decoding options and the engine (named only when
+    it is CTranslate2, so directories made by our search keep their names)."""
+    if cfg.distill.corpus:
+        source = {"corpus": str(Path(cfg.distill.corpus).expanduser().resolve())}
+    else:
+        source = {"decoding": {k: getattr(cfg.distill, k) for k in distill.DECODING_KEYS}}
+        if distill.engine(cfg.distill) == "ctranslate2":
+            source["engine"] = "ctranslate2"
     return {**source, "feasibility": heads.feasibility_key(cfg.model)}
 
 

@@ -12,11 +12,11 @@ import pytest
 import torch
 
 from pipeline import distill, tokenize
-from pipeline.config import DistillConfig, load_config
+from pipeline.config import ConfigError, DistillConfig, load_config
 from pipeline.stage import StageError
 from reder import TransformerConfig
 from reder.autoregressive import Transformer
-from reder.checkpoint import save_model_dir
+from reder.checkpoint import load_teacher_dir, save_model_dir
 
 VOCAB = 64
 
@@ -33,6 +33,10 @@ def _teachers(tmp_path: Path) -> dict[str, str]:
         dirs[direction] = str(save_model_dir(tmp_path / direction, model, spm_file, "en", "de",
                                              extra={"direction": direction}))
     return dirs
+
+
+def _load(teacher_dirs: dict[str, str]) -> dict[str, Transformer]:
+    return {d: load_teacher_dir(Path(p), d, VOCAB, "cpu") for d, p in teacher_dirs.items()}
 
 
 def _train_split(directory: Path, rows: int = 40) -> Path:
@@ -63,10 +67,9 @@ def test_ray_distillation_with_one_and_two_actors_equals_the_teacher_called_dire
     assert outputs[1] == outputs[2]
 
     references = tokenize.read_split(train_dir)
-    decoder = distill.TeacherDecoder(teachers, VOCAB, decoding)
+    models = _load(teachers)
     for direction, column, kd in (("src2tgt", "src_ids", "kd_tgt_ids"), ("tgt2src", "tgt_ids", "kd_src_ids")):
-        direct = distill.decode(decoder.teachers[direction], references.column(column).to_pylist(), direction,
-                                **decoding)
+        direct = distill.decode(models[direction], references.column(column).to_pylist(), direction, **decoding)
         assert [row[kd] for row in outputs[1]] == direct
         assert any(direct) and all(len(h) <= int(1.2 * (len(x) + 1)) + 4
                                    for h, x in zip(direct, references.column(column).to_pylist()))
@@ -74,12 +77,50 @@ def test_ray_distillation_with_one_and_two_actors_equals_the_teacher_called_dire
 
 
 def test_decode_does_not_depend_on_batch_size(tmp_path):
-    teachers = distill.TeacherDecoder(_teachers(tmp_path), VOCAB, {}).teachers
+    teachers = _load(_teachers(tmp_path))
     inputs = tokenize.read_split(_train_split(tmp_path / "train", rows=12)).column("src_ids").to_pylist()
     decoding = {"beam_size": 4, "length_penalty": 1.0, "max_len_a": 1.0, "max_len_b": 3}
     whole = distill.decode(teachers["src2tgt"], inputs, "src2tgt", batch_size=12, **decoding)
     assert distill.decode(teachers["src2tgt"], inputs, "src2tgt", batch_size=1, **decoding) == whole
     assert distill.decode(teachers["src2tgt"], inputs, "src2tgt", batch_size=5, **decoding) == whole
+
+
+def test_the_ctranslate2_engine_decodes_as_our_search(tmp_path):
+    """The UDF through CTranslate2 (teachers converted by the driver's `convert_teachers`) gives our greedy
+    outputs exactly and our beam-4 outputs where the stopping rules agree (reder/ct2.py; tests/reder/test_ct2.py
+    checks the differences), both directions, with the rows and ids kept."""
+    pytest.importorskip("ctranslate2", reason="CTranslate2 is an optional extra: pip install -e .[ct2]")
+    from pipeline.spm import train as train_spm
+
+    bible = Path(__file__).resolve().parents[1] / "data" / "bible_en_es"
+    letters = set("abcdefghijklmnopqrstuvwxyz ")  # few enough characters for 64 pieces
+    lines = ["".join(c for c in line.lower() if c in letters)
+             for name in ("train.en", "train.es") for line in (bible / name).read_text(encoding="utf-8").splitlines()]
+    teachers = _teachers(tmp_path)
+    for path in teachers.values():
+        (Path(path) / "spm.model").write_bytes(train_spm(lines, VOCAB))  # conversion reads the pieces
+    converted = distill.convert_teachers({d: Path(p) for d, p in teachers.items()}, tmp_path / "ct2")
+    batch = tokenize.read_split(_train_split(tmp_path / "train", rows=24)).select(["id", "src_ids", "tgt_ids"])
+    for beam, agree in ((1, 24), (4, 20)):
+        decoding = {"beam_size": beam, "length_penalty": 1.0, "max_len_a": 1.2, "max_len_b": 4}
+        ours = distill.TeacherDecoder(teachers, VOCAB, decoding)(batch).to_pylist()
+        theirs = distill.TeacherDecoder(teachers, VOCAB, decoding, ct2_dirs=converted)(batch).to_pylist()
+        assert [row["id"] for row in theirs] == [row["id"] for row in ours] == batch.column("id").to_pylist()
+        for column in ("kd_tgt_ids", "kd_src_ids"):
+            same = sum(a[column] == b[column] for a, b in zip(ours, theirs))
+            assert same >= agree, (beam, column, same)
+
+
+def test_the_engine_is_checked_and_resolved(monkeypatch):
+    with pytest.raises(ConfigError, match=r"distill.engine: must be one of \['auto', 'torch', 'ctranslate2'\], got 'ct2'"):
+        load_config(None, ["distill.engine=ct2"])
+    monkeypatch.setattr(distill, "ctranslate2_installed", lambda: False)
+    assert distill.engine(DistillConfig()) == "torch"
+    with pytest.raises(StageError, match="pip install -e '.\\[ct2\\]'"):
+        distill.engine(DistillConfig(engine="ctranslate2"))
+    monkeypatch.setattr(distill, "ctranslate2_installed", lambda: True)
+    assert distill.engine(DistillConfig()) == distill.engine(DistillConfig(engine="ctranslate2")) == "ctranslate2"
+    assert distill.engine(DistillConfig(engine="torch")) == "torch"
 
 
 def _kd_table(src, tgt, kd_tgt, kd_src) -> pa.Table:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import graph
+from pipeline import distill, graph
 from pipeline.config import load_config
 from pipeline.stage import StageError
 
@@ -30,7 +30,8 @@ PINNED = [
 
 
 @pytest.mark.parametrize("overrides, names", PINNED)
-def test_output_directories_keep_the_names_they_had_before_the_graph(tmp_path, overrides, names):
+def test_output_directories_keep_the_names_they_had_before_the_graph(tmp_path, overrides, names, monkeypatch):
+    monkeypatch.setattr(distill, "ctranslate2_installed", lambda: False)  # distill.engine auto = our beam search
     dirs = graph.output_dirs(load_config(None, BASE + overrides), tmp_path)
     assert {stage: path.name for stage, path in dirs.items()} == names
     assert all(path.parent == tmp_path.resolve() for path in dirs.values())
@@ -44,6 +45,19 @@ def test_a_change_reaches_exactly_the_stages_downstream_of_it(tmp_path):
     assert [s for s in base if base[s] != changed[s]] == ["evaluate"]
     changed = graph.output_dirs(load_config(None, BASE + ["train.log_every=7", "tokenize.workers=3"]), tmp_path)
     assert [s for s in base if base[s] != changed[s]] == ["tune"]  # only the sweep hashes its whole train section
+
+
+def test_the_distill_engine_names_its_output_only_when_it_is_ctranslate2(tmp_path, monkeypatch):
+    monkeypatch.setattr(distill, "ctranslate2_installed", lambda: False)
+    ours = graph.output_dirs(load_config(None, BASE), tmp_path)
+    assert graph.output_dirs(load_config(None, BASE + ["distill.engine=torch"]), tmp_path) == ours
+    with pytest.raises(StageError, match=r"distill.engine=ctranslate2 but CTranslate2 is not installed: pip install"):
+        graph.output_dirs(load_config(None, BASE + ["distill.engine=ctranslate2"]), tmp_path)
+    monkeypatch.setattr(distill, "ctranslate2_installed", lambda: True)
+    converted = graph.output_dirs(load_config(None, BASE + ["distill.engine=ctranslate2"]), tmp_path)
+    assert graph.output_dirs(load_config(None, BASE), tmp_path) == converted  # auto takes the installed extra
+    assert [s for s in ours if ours[s] != converted[s]] == ["distill", "train", "evaluate", "tune"]
+    assert graph.output_dirs(load_config(None, BASE + ["distill.engine=torch"]), tmp_path) == ours
 
 
 def test_needed_follows_what_the_targets_consume():

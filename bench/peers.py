@@ -1,0 +1,299 @@
+"""REDER against the engines people run: our AR teacher and CTranslate2, models of equal size, one process per engine.
+
+    python -m bench.peers [--threads 2] [--sentences 100] [--device cpu|cuda] [--engines reder,teacher,ct2]
+        [--reder MODEL_DIR --teacher MODEL_DIR | --d-model 512 --heads 4 --ffn 1024 --layers 6]
+
+Each engine runs in its own Python process (`--worker ENGINE`), so no engine inherits another's threads,
+caches or allocator state; the driver prints one JSON object with every engine's numbers, the ratios and
+REDER's distance from its FLOP floor.
+
+Models: without `--reder`/`--teacher`, untrained models of one size (d_model, heads, FFN, `--layers` encoder +
+decoder layers for the AR Transformer and per end for REDER, r = 2, CTC) over a joint SentencePiece model of
+`--vocab` pieces trained on Multi30k train (cached in `--work`). Untrained AR models never end a sentence, so
+their outputs are forced to `--ar-tokens` tokens (max_len_a 0, max_len_b ar_tokens + 1: every output that
+long, EOS forced): the AR engines all do the same number of steps, as in the issue's table (16). With model
+directories, each decodes as trained (default length limits), the CTranslate2 model converted from `--teacher`.
+
+Inputs: the first `--sentences` lines of Multi30k test-2016 English. Per engine and decoder:
+  - `latency_ms`: batch 1, each sentence its own call (mean over the sentences, after one warm-up call), the
+    user's path: ids in, ids out (`reder.translate.translate_ids`; CTranslate2's `translate_batch`);
+  - `sentences_per_s`: all sentences in one call at batch `--batch` (length-sorted batches).
+Engines and decoders:
+  - `reder`: greedy and CTC prefix beam `--beam` (REDER.translate under inference mode);
+  - `teacher`: our Transformer, greedy and beam 4 (`Transformer.translate`);
+  - `ct2`: CTranslate2 (optional extra) on the teacher converted by `reder.ct2` (float32), greedy and beam 4,
+    one `translate_batch` per length-sorted batch, as one runs it (`ct2_mirror_beam4`: `reder.ct2.translate_ids`,
+    which reproduces our search's outputs, for KD).
+FLOP floor (reder worker): REDER's forward FLOPs for each test sentence from the config (2·m·n·k per matmul:
+q/k/v and output projections, relative attention, FFN, tied output projection over r·|x| positions; no
+norms or softmaxes), over the float32 GEMM rate of the same shapes measured in the same process with the same
+threads: the time a perfect implementation of these matmuls would need at batch 1.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+MULTI30K = REPO.parent / "shared" / "data" / "multi30k"
+ENGINES = ("reder", "teacher", "ct2")
+
+
+def _args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--engines", default=",".join(ENGINES))
+    parser.add_argument("--worker", choices=ENGINES, help=argparse.SUPPRESS)
+    parser.add_argument("--threads", type=int, default=max(1, min(2, os.cpu_count() or 1)))
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--sentences", type=int, default=100)
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--beam", type=int, default=20, help="REDER's CTC prefix beam")
+    parser.add_argument("--data", default=str(MULTI30K))
+    parser.add_argument("--work", default=str(Path(tempfile.gettempdir()) / "duplex-bench-peers"))
+    parser.add_argument("--reder", help="a REDER model directory (default: untrained, of the size below)")
+    parser.add_argument("--teacher", help="a teacher model directory for src2tgt (default: untrained)")
+    parser.add_argument("--vocab", type=int, default=8000)
+    parser.add_argument("--d-model", type=int, default=512)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--ffn", type=int, default=1024)
+    parser.add_argument("--layers", type=int, default=6, help="AR: encoder and decoder layers each; REDER: per end")
+    parser.add_argument("--ar-tokens", type=int, default=16, help="untrained AR outputs: forced length")
+    return parser.parse_args(argv)
+
+
+def spm_model(args: argparse.Namespace) -> Path:
+    """The joint SentencePiece model of `--vocab` pieces on Multi30k train, trained once into `--work`."""
+    path = Path(args.work) / f"spm{args.vocab}.model"
+    if not path.exists():
+        from pipeline.spm import train
+
+        lines = [line for side in ("en", "de")
+                 for line in (Path(args.data) / f"train.{side}").read_text(encoding="utf-8").splitlines()]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_bytes(train(lines, args.vocab))
+        tmp.replace(path)
+    return path
+
+
+def sources(args: argparse.Namespace, spm: Path) -> list[list[int]]:
+    import sentencepiece
+
+    from reder.translate import encode_lines
+
+    lines = (Path(args.data) / "test_2016_flickr.en").read_text(encoding="utf-8").splitlines()[: args.sentences]
+    return encode_lines(sentencepiece.SentencePieceProcessor(model_file=str(spm)), lines)
+
+
+def _time(translate: Callable[[list[list[int]], int], Any], sequences: list[list[int]], batch: int,
+          device: str) -> dict[str, float]:
+    """Mean batch-1 latency (ms) over the sentences, and sentences/s of one call over all at `batch`."""
+    def sync() -> None:
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+
+    translate(sequences[:1], 1)
+    translate(sequences[:batch], batch)  # warm-up of both shapes (allocator, kernels, lazy init)
+    sync()
+    times = []
+    for sequence in sequences:
+        start = time.perf_counter()
+        translate([sequence], 1)
+        sync()
+        times.append(time.perf_counter() - start)
+    start = time.perf_counter()
+    translate(sequences, batch)
+    sync()
+    return {"latency_ms": round(1000 * sum(times) / len(times), 3),
+            "sentences_per_s": round(len(sequences) / (time.perf_counter() - start), 2)}
+
+
+def reder_model(args: argparse.Namespace, vocab: int) -> Any:
+    from reder import ModelConfig
+    from reder.checkpoint import load_model_dir
+    from reder.model import REDER
+
+    if args.reder:
+        return load_model_dir(Path(args.reder), args.device)[0].eval()
+    torch.manual_seed(0)
+    model = REDER(ModelConfig(vocab_size=vocab, d_model=args.d_model, n_heads=args.heads, ffn_dim=args.ffn,
+                              layers_per_end=args.layers, dropout=0.0, upsample_ratio=2, max_positions=512))
+    model.actnorm["src"].initialized.fill_(True)  # identity ActNorm: an untrained model is only timed
+    model.actnorm["tgt"].initialized.fill_(True)
+    return model.to(args.device).eval()
+
+
+def teacher_model(args: argparse.Namespace, vocab: int) -> Any:
+    from reder import TransformerConfig
+    from reder.autoregressive import Transformer
+    from reder.checkpoint import load_model_dir
+
+    if args.teacher:
+        return load_model_dir(Path(args.teacher), args.device)[0].eval()
+    torch.manual_seed(0)
+    return Transformer(TransformerConfig(vocab_size=vocab, d_model=args.d_model, n_heads=args.heads, ffn_dim=args.ffn,
+                                         encoder_layers=args.layers, decoder_layers=args.layers, dropout=0.0,
+                                         max_positions=512)).to(args.device).eval()
+
+
+def ar_search(args: argparse.Namespace) -> dict[str, Any]:
+    """Length limits of the AR engines: as trained with model directories, else forced to `--ar-tokens`."""
+    return {} if args.teacher else {"max_len_a": 0.0, "max_len_b": args.ar_tokens + 1}
+
+
+def reder_flops(cfg: Any, source_length: int) -> int:
+    """Forward FLOPs (2·m·n·k per matmul) of one sentence of `source_length` pieces (EOS included), CTC head."""
+    t, d, f, v = cfg.upsample_ratio * source_length, cfg.d_model, cfg.ffn_dim, cfg.vocab_size
+    relative = 2 * cfg.max_relative_distance + 1
+    layer = 2 * t * d * 3 * d + 2 * t * d * d + 2 * 2 * t * d * f + 2 * 2 * t * t * d + 2 * t * d * relative
+    return 2 * cfg.layers_per_end * layer + 2 * t * d * v
+
+
+def gemm_rate(cfg: Any, length: int, device: str, seconds: float = 2.0) -> float:
+    """FLOP/s of float32 matmuls of REDER's batch-1 shapes (T = r·length rows), measured for ~`seconds`."""
+    t, d, f, v = cfg.upsample_ratio * length, cfg.d_model, cfg.ffn_dim, cfg.vocab_size
+    shapes = [(t, d, 3 * d), (t, d, d), (t, d, f), (t, f, d), (t, d, v)]
+    pairs = [(torch.randn(m, k, device=device), torch.randn(k, n, device=device)) for m, k, n in shapes]
+    flops = sum(2 * m * k * n for m, k, n in shapes)
+    for a, b in pairs:
+        a @ b
+    rounds, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        for a, b in pairs:
+            a @ b
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        rounds += 1
+    return rounds * flops / (time.perf_counter() - start)
+
+
+def work_reder(args: argparse.Namespace, sequences: list[list[int]], vocab: int) -> dict[str, Any]:
+    from reder.translate import translate_ids
+
+    model = reder_model(args, vocab)
+    out: dict[str, Any] = {}
+    for name, beam in (("greedy", 1), (f"beam{args.beam}", args.beam)):
+        out[name] = _time(lambda batch, size: translate_ids(model, batch, "src2tgt", beam, size), sequences,
+                          args.batch, args.device)
+    mean_length = round(sum(map(len, sequences)) / len(sequences))
+    rate = gemm_rate(model.cfg, mean_length, args.device)
+    floor_ms = 1000 * sum(reder_flops(model.cfg, len(s)) for s in sequences) / len(sequences) / rate
+    out["floor"] = {"gemm_gflops_per_s": round(rate / 1e9, 1), "mean_gflop": round(
+        sum(reder_flops(model.cfg, len(s)) for s in sequences) / len(sequences) / 1e9, 3), "floor_ms": round(floor_ms, 3),
+        "greedy_over_floor": round(out["greedy"]["latency_ms"] / floor_ms, 2)}
+    out["parameters"] = sum(p.numel() for p in model.parameters())
+    return out
+
+
+def work_teacher(args: argparse.Namespace, sequences: list[list[int]], vocab: int) -> dict[str, Any]:
+    from reder.translate import translate_ids
+
+    model, search = teacher_model(args, vocab), ar_search(args)
+    out: dict[str, Any] = {f"{'greedy' if beam == 1 else f'beam{beam}'}": _time(
+        lambda batch, size, beam=beam: translate_ids(model, batch, "src2tgt", beam, size, **search), sequences,
+        args.batch, args.device) for beam in (1, 4)}
+    out["parameters"] = sum(p.numel() for p in model.parameters())
+    return out
+
+
+def work_ct2(args: argparse.Namespace, sequences: list[list[int]], vocab: int, spm: Path) -> dict[str, Any]:
+    import ctranslate2
+
+    from reder import ct2
+    from reder.autoregressive import output_limits
+
+    model, search = teacher_model(args, vocab).cpu(), ar_search(args)
+    a, b = search.get("max_len_a", 1.2), search.get("max_len_b", 10)
+    with tempfile.TemporaryDirectory() as tmp:
+        ct2_dir = ct2.convert_model(model, spm, Path(tmp) / "ct2")
+        device = "cuda" if args.device.startswith("cuda") else "cpu"
+        translator = ct2.load_translator(ct2_dir, device=device, threads=args.threads)
+        pieces = json.loads((ct2_dir / ct2.VOCABULARY_FILE).read_text(encoding="utf-8"))
+        suppress = [[pieces[0]], [pieces[2]], [pieces[-1]]]  # pad, BOS, the CTC blank
+
+        def plain(batch: list[list[int]], size: int, beam: int) -> None:
+            order = sorted(batch, key=len)
+            for start in range(0, len(order), size):
+                chunk = order[start : start + size]
+                steps = max(output_limits([len(s) for s in chunk], a, b, model.cfg.max_positions)) - 1
+                translator.translate_batch([[pieces[t] for t in s] for s in chunk], beam_size=beam,
+                                           max_decoding_length=steps, min_decoding_length=0 if args.teacher else steps,
+                                           max_input_length=0, suppress_sequences=suppress)
+
+        out: dict[str, Any] = {name: _time(lambda batch, size, beam=beam: plain(batch, size, beam), sequences,
+                                           args.batch, args.device) for name, beam in (("greedy", 1), ("beam4", 4))}
+        out["mirror_beam4"] = _time(lambda batch, size: ct2.translate_ids(translator, ct2_dir, batch, 4, 1.0, a, b,
+                                                                        batch_size=size), sequences, args.batch, args.device)
+    out["version"] = ctranslate2.__version__
+    return out
+
+
+def worker(args: argparse.Namespace) -> dict[str, Any]:
+    torch.set_num_threads(args.threads)
+    spm = spm_model(args)
+    sequences = sources(args, spm)
+    with torch.inference_mode():
+        if args.worker == "reder":
+            return work_reder(args, sequences, args.vocab)
+        if args.worker == "teacher":
+            return work_teacher(args, sequences, args.vocab)
+        return work_ct2(args, sequences, args.vocab, spm)
+
+
+def _ratios(engines: dict[str, Any]) -> dict[str, float]:
+    """Every REDER decoder's speed-up over every AR decoder: batch-1 latency and batch sentences/s."""
+    ratios = {}
+    for ours, our_numbers in engines.get("reder", {}).items():
+        if not isinstance(our_numbers, dict) or "latency_ms" not in our_numbers:
+            continue
+        for engine in ("teacher", "ct2"):
+            for theirs, numbers in engines.get(engine, {}).items():
+                if isinstance(numbers, dict) and "latency_ms" in numbers:
+                    ratios[f"reder_{ours}_vs_{engine}_{theirs}_batch1"] = round(numbers["latency_ms"] / our_numbers["latency_ms"], 2)
+                    ratios[f"reder_{ours}_vs_{engine}_{theirs}_batchN"] = round(
+                        our_numbers["sentences_per_s"] / numbers["sentences_per_s"], 2)
+    return ratios
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = _args(argv)
+    if args.worker:
+        print(json.dumps(worker(args)))
+        return {}
+    spm_model(args)  # trained once, before the workers
+    engines: dict[str, Any] = {}
+    forwarded = [a for a in (argv if argv is not None else sys.argv[1:])]
+    for engine in args.engines.split(","):
+        if engine == "ct2":
+            try:
+                import ctranslate2  # noqa: F401
+            except ImportError:
+                engines[engine] = {"skipped": "CTranslate2 is not installed (pip install -e '.[ct2]')"}
+                continue
+        done = subprocess.run([sys.executable, "-m", "bench.peers", *forwarded, "--worker", engine], cwd=REPO,
+                              capture_output=True, text=True)
+        if done.returncode != 0:
+            raise SystemExit(f"bench.peers: the {engine} worker failed:\n{done.stderr[-3000:]}")
+        engines[engine] = json.loads(done.stdout.strip().splitlines()[-1])
+    report = {"benchmark": "peers", "device": args.device, "threads": args.threads, "sentences": args.sentences,
+              "batch": args.batch, "torch": torch.__version__, "cpu": platform.processor() or platform.machine(),
+              "cores": os.cpu_count(), "models": "given" if args.reder or args.teacher else
+              f"untrained d{args.d_model} h{args.heads} ffn{args.ffn} layers {args.layers} vocab {args.vocab}"
+              f"; AR outputs forced to {args.ar_tokens} tokens",
+              "engines": engines, "ratios": _ratios(engines)}
+    print(json.dumps(report, indent=2))
+    return report
+
+
+if __name__ == "__main__":
+    main()
