@@ -23,8 +23,8 @@ from reder.decode import ctc_beam_search, ctc_greedy, ctc_nbest, strip_special
 
 @dataclass
 class HeadOutput:
-    """A writing end's output: log-probs (B, T, V), lengths (B,), the head's own tensors (DAG: "log_edges",
-    log E (B, T, T))."""
+    """A writing end's output: log-probs (B, T, V) (the logits, for a head's `argmax_greedy` decoding), lengths
+    (B,), the head's own tensors (DAG: "log_edges", log E (B, T, T))."""
 
     log_probs: torch.Tensor
     lengths: torch.Tensor
@@ -43,6 +43,7 @@ class CtcHead(nn.Module):
     counters: tuple[str, ...] = ()
     decoders: tuple[str, ...] = ("greedy",)  # with beam_size > 1: prefix beam search
     beam_search = True
+    argmax_greedy = True  # greedy is a per-frame argmax: it can read logits instead of log-probs
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -116,6 +117,7 @@ class DagHead(nn.Module):
     counters: tuple[str, ...] = ("dropped",)  # samples left out: graph shorter than the target
     decoders: tuple[str, ...] = DAG_DECODERS
     beam_search = False
+    argmax_greedy = False  # greedy weighs emissions against the links: it needs log-probs
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()

@@ -85,21 +85,23 @@ class REDER(nn.Module):
             self.actnorm[end].initialize(h, mask)
         return self.actnorm[end](h), mask, lengths
 
-    def project(self, h: torch.Tensor, lengths: torch.Tensor, end: str) -> HeadOutput:
+    def project(self, h: torch.Tensor, lengths: torch.Tensor, end: str, normalise: bool = True) -> HeadOutput:
         """Writing end: inverse ActNorm, average the halves into output states o (B, T, D), tied logits →
-        log-probs (B, T, V) in the head's dtype (float32 or wider), plus what the head adds over o."""
+        log-probs (B, T, V) in the head's dtype (float32 or wider), plus what the head adds over o. With
+        normalise=False the log_probs field holds the logits themselves (for an argmax, which they share)."""
         first, second = self.actnorm[end].inverse(h).chunk(2, dim=-1)
         states = (first + second) / 2  # (B, T, D)
         logits = states @ self.embed.weight.t()  # (B, T, V)
-        log_probs = F.log_softmax(logits.to(self.head.log_prob_dtype(logits.dtype)), dim=-1)
+        log_probs = F.log_softmax(logits.to(self.head.log_prob_dtype(logits.dtype)), dim=-1) if normalise else logits
         return HeadOutput(log_probs, lengths, self.head.extra(states, lengths, end))
 
-    def outputs(self, tokens: torch.Tensor, lengths: torch.Tensor, direction: str) -> HeadOutput:
-        """tokens (B, T) → the writing end's output: log-probabilities (B, T', V), lengths (B,), the head's extras."""
+    def outputs(self, tokens: torch.Tensor, lengths: torch.Tensor, direction: str, normalise: bool = True) -> HeadOutput:
+        """tokens (B, T) → the writing end's output: log-probabilities (B, T', V) (logits with normalise=False),
+        lengths (B,), the head's extras."""
         _check_direction(direction)
         reading, writing = ENDS[direction]
         h, mask, out_lengths = self.embed_input(tokens, lengths, reading)
-        return self.project(self.layers(h, mask, direction), out_lengths, writing)
+        return self.project(self.layers(h, mask, direction), out_lengths, writing, normalise)
 
     def forward(self, tokens: torch.Tensor, lengths: torch.Tensor, direction: str) -> tuple[torch.Tensor, torch.Tensor]:
         """tokens (B, T) → log-probabilities (B, T', V) and output lengths (B,); T' the head's upsampled length."""
@@ -204,14 +206,17 @@ class REDER(nn.Module):
         y_bar, y_bar_lengths = self.head.cycle_input(output)
         return self.head.loss(self.outputs(y_bar, y_bar_lengths, back), x, x_lengths)
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def translate(
         self, tokens: torch.Tensor, lengths: torch.Tensor, direction: str, beam_size: int = 1, decoder: str = "greedy"
     ) -> list[list[int]]:
         """Token ids (B, T) ending in EOS → one hypothesis per sentence (ids; BOS, EOS and blanks removed).
 
-        The head's decoders: CTC greedy, or prefix beam search with beam_size > 1; DAG greedy, lookahead or viterbi."""
-        hypotheses = self.head.decode(self.outputs(tokens, lengths, direction), decoder, beam_size)
+        The head's decoders: CTC greedy, or prefix beam search with beam_size > 1; DAG greedy, lookahead or viterbi.
+        Under inference mode; a head whose greedy decoder is a per-position argmax (CTC) gets the logits
+        without the log-softmax."""
+        normalise = not (beam_size == 1 and decoder == "greedy" and self.head.argmax_greedy)
+        hypotheses = self.head.decode(self.outputs(tokens, lengths, direction, normalise), decoder, beam_size)
         return [strip_special(h, self.cfg.blank_id) for h in hypotheses]
 
     @torch.no_grad()

@@ -25,6 +25,24 @@ def test_translate_returns_lists_without_specials_in_both_directions():
             assert all(EOS_ID not in h for h in hypotheses)
 
 
+def test_greedy_from_logits_equals_greedy_from_log_probs_at_every_batch_size():
+    """The fast path (CTC greedy on the logits, under inference mode) gives the hypotheses of the normalised
+    path (`ctc_greedy` over log-softmax outputs), in a batch of 48 ragged sentences and one at a time."""
+    from reder.decode import ctc_greedy, strip_special
+
+    torch.manual_seed(3)
+    model = tiny_model(vocab_size=40).eval()
+    tokens, lengths = random_batch([int(n) for n in torch.randint(1, 12, (48,))], 40)
+    for direction in ("src2tgt", "tgt2src"):
+        with torch.no_grad():
+            output = model.outputs(tokens, lengths, direction)
+        reference = [strip_special(h, model.cfg.blank_id) for h in ctc_greedy(output.log_probs, output.lengths, model.cfg.blank_id)]
+        assert model.translate(tokens, lengths, direction) == reference
+        assert [model.translate(tokens[i : i + 1, : int(lengths[i])], lengths[i : i + 1], direction)[0]
+                for i in range(48)] == reference
+        assert len({tuple(h) for h in reference}) > 10  # varied outputs, not one repeated hypothesis
+
+
 def test_bad_direction_and_too_long_input_are_clear_errors():
     model = tiny_model(max_positions=8).eval()
     tokens, lengths = random_batch([5], 12)
