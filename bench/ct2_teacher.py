@@ -40,17 +40,6 @@ def _rate(translate, sequences: list[list[int]], batch_size: int) -> float:
     return len(sequences) / (time.perf_counter() - start)
 
 
-def _plain(translator: Any, pieces: list[str], sequences: list[list[int]], batch_size: int, max_positions: int) -> None:
-    """CTranslate2 beam 4 as one would run it: length-sorted batches, each to its longest limit."""
-    order = sorted(sequences, key=len)
-    suppress = [[pieces[0]], [pieces[2]], [pieces[-1]]]  # pad, BOS, the CTC blank
-    for start in range(0, len(order), batch_size):
-        batch = order[start : start + batch_size]
-        limit = max(min(int(1.2 * len(s) + 10), max_positions) for s in batch)
-        translator.translate_batch([[pieces[t] for t in s] for s in batch], beam_size=4, max_decoding_length=limit - 1,
-                                   max_input_length=0, suppress_sequences=suppress)
-
-
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--spm", required=True, help="a SentencePiece model of the project's layout (blank last)")
@@ -88,11 +77,10 @@ def main(argv: list[str] | None = None) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         ct2_dir = ct2.convert_model(model, Path(args.spm), Path(tmp) / "ct2")
         translator = ct2.load_translator(ct2_dir, threads=args.threads)
-        pieces = json.loads((ct2_dir / ct2.VOCABULARY_FILE).read_text(encoding="utf-8"))
         engines = {
             "ours": lambda batch, size: translate_ids(model, batch, "src2tgt", beam_size=4, batch_size=size),
             "ct2_mirror": lambda batch, size: ct2.translate_ids(translator, ct2_dir, batch, beam_size=4, batch_size=size),
-            "ct2_plain": lambda batch, size: _plain(translator, pieces, batch, size, model.cfg.max_positions),
+            "ct2_plain": lambda batch, size: ct2.translate_plain(translator, ct2_dir, batch, 4, batch_size=size),
         }
         rates = {}
         with torch.inference_mode():

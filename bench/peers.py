@@ -210,7 +210,6 @@ def work_ct2(args: argparse.Namespace, sequences: list[list[int]], vocab: int, s
     import ctranslate2
 
     from reder import ct2
-    from reder.autoregressive import output_limits
 
     model, search = teacher_model(args, vocab).cpu(), ar_search(args)
     a, b = search.get("max_len_a", 1.2), search.get("max_len_b", 10)
@@ -218,17 +217,8 @@ def work_ct2(args: argparse.Namespace, sequences: list[list[int]], vocab: int, s
         ct2_dir = ct2.convert_model(model, spm, Path(tmp) / "ct2")
         device = "cuda" if args.device.startswith("cuda") else "cpu"
         translator = ct2.load_translator(ct2_dir, device=device, threads=args.threads)
-        pieces = json.loads((ct2_dir / ct2.VOCABULARY_FILE).read_text(encoding="utf-8"))
-        suppress = [[pieces[0]], [pieces[2]], [pieces[-1]]]  # pad, BOS, the CTC blank
-
         def plain(batch: list[list[int]], size: int, beam: int) -> None:
-            order = sorted(batch, key=len)
-            for start in range(0, len(order), size):
-                chunk = order[start : start + size]
-                steps = max(output_limits([len(s) for s in chunk], a, b, model.cfg.max_positions)) - 1
-                translator.translate_batch([[pieces[t] for t in s] for s in chunk], beam_size=beam,
-                                           max_decoding_length=steps, min_decoding_length=0 if args.teacher else steps,
-                                           max_input_length=0, suppress_sequences=suppress)
+            ct2.translate_plain(translator, ct2_dir, batch, beam, 1.0, a, b, batch_size=size, min_length=not args.teacher)
 
         out: dict[str, Any] = {name: _time(lambda batch, size, beam=beam: plain(batch, size, beam), sequences,
                                            args.batch, args.device) for name, beam in (("greedy", 1), ("beam4", 4))}

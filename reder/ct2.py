@@ -227,3 +227,61 @@ def _end_cut_hypotheses(translator: Any, sources: list[list[str]], candidates: l
     for (row, j), result in zip(cut, results):
         tokens = candidates[row][j][0] + [eos]
         candidates[row][j] = (tokens, sum(result.log_probs) / len(tokens) ** length_penalty)
+
+
+def translate_plain(translator: Any, ct2_dir: Path, sequences: list[list[int]], beam_size: int = 4,
+                    length_penalty: float = 1.0, max_len_a: float = 1.2, max_len_b: int = 10, batch_size: int = 64,
+                    min_length: bool = False) -> list[list[int]]:
+    """CTranslate2 as one runs it: one `translate_batch` per length-sorted batch, to the batch's longest limit
+    (int(a·|x| + b) with EOS), pad, BOS and the blank suppressed; ids without specials, in input order. Not
+    exactly our search's outputs (`translate_ids` is); `min_length` forces every output to the batch's limit
+    (timing untrained models, which never end a sentence early)."""
+    pieces = _pieces_of(ct2_dir)
+    max_positions = json.loads((Path(ct2_dir) / "reder.json").read_text(encoding="utf-8"))["max_positions"]
+    index = {piece: i for i, piece in enumerate(pieces)}
+    suppress = [[pieces[PAD_ID]], [pieces[BOS_ID]], [pieces[-1]]]
+    order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
+    outputs: list[list[int]] = [[] for _ in sequences]
+    for start in range(0, len(order), batch_size):
+        chunk = order[start : start + batch_size]
+        steps = max(output_limits([len(sequences[i]) for i in chunk], max_len_a, max_len_b, max_positions)) - 1
+        results = translator.translate_batch([[pieces[t] for t in sequences[i]] for i in chunk], beam_size=beam_size,
+                                             length_penalty=length_penalty, max_decoding_length=max(1, steps),
+                                             min_decoding_length=steps if min_length else 0, max_input_length=0,
+                                             suppress_sequences=suppress)
+        for i, result in zip(chunk, results):
+            outputs[i] = [index[piece] for piece in result.hypotheses[0] if piece != pieces[EOS_ID]]
+    return outputs
+
+
+class TextTranslator:
+    """A teacher model directory served through CTranslate2, as `reder.api.Translator` serves it with our search:
+    `translate(text, src, tgt, beam)`, text in and detokenized text out, its own direction only. The teacher
+    is converted (float32) into `work` (a temporary directory by default) when it loads; decoding is
+    `translate_plain`, CTranslate2 as one runs it."""
+
+    def __init__(self, teacher_dir: str | Path, device: str = "cpu", threads: int = 1, work: str | Path | None = None) -> None:
+        import sentencepiece
+        import tempfile
+
+        from reder.checkpoint import read_meta
+
+        self.directory = Path(teacher_dir)
+        self.meta = read_meta(self.directory)
+        self._work = None if work else tempfile.TemporaryDirectory(prefix="ct2-")
+        self.ct2_dir = convert(self.directory, Path(work or self._work.name) / "ct2")
+        self.translator = load_translator(self.ct2_dir, device, threads)
+        self.sp = sentencepiece.SentencePieceProcessor(model_file=str(self.directory / SPM_FILE))
+        self.languages = (self.meta.get("src_lang"), self.meta.get("tgt_lang"))
+
+    def translate(self, text: str | list[str], src: str, tgt: str, beam: int = 4, decoder: str = "greedy",
+                  batch_size: int = 64) -> str | list[str]:
+        from reder.checkpoint import direction_of
+
+        if decoder != "greedy":
+            raise ValueError(f"decoder {decoder!r}: an autoregressive teacher decodes with beam search only")
+        direction_of(self.meta, src, tgt, self.directory)
+        lines = [text] if isinstance(text, str) else list(text)
+        ids = [self.sp.encode(line) + [EOS_ID] for line in lines]
+        out = [self.sp.decode(h) for h in translate_plain(self.translator, self.ct2_dir, ids, beam, batch_size=batch_size)]
+        return out[0] if isinstance(text, str) else out

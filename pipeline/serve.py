@@ -1,0 +1,183 @@
+"""One HTTP endpoint for both directions: a published model served by Ray Serve with dynamic batching.
+
+    serve run pipeline.serve:app model_dir=runs/<workdir>/train-<hash>/model [engine=torch|ct2]
+        [max_batch_size=64] [batch_wait_timeout_s=0.01] [num_replicas=1] [device=cpu] [threads=1]
+
+(`serve run` is Ray Serve's CLI; on a cluster started with `ray up` it joins that cluster — `serve run
+--address auto ...` on the head — and `serve deploy` takes the same import path and args from a config file.)
+Then:
+
+    curl -s localhost:8000/ -H 'content-type: application/json' \\
+         -d '{"text": ["A man is walking."], "src": "en", "tgt": "de"}'
+    -> {"translation": ["Ein Mann geht."]}
+
+Request (POST, JSON): `text` (one string or a list of up to MAX_SENTENCES strings, each 1 to MAX_CHARS
+characters), `src` and `tgt` (language codes the model directory records; a REDER model translates both
+ways, a teacher only its own pair), optional `beam` (1 to MAX_BEAM; CTC prefix beam, a teacher's beam size)
+and `decoder` (a DAG model's greedy, lookahead or viterbi). Response: `translation`, a string or a list as
+`text` was. Anything else is a 4xx with `{"error": "<what is wrong>"}`: 405 for a method other than POST,
+415 for a body that is not JSON, 413 for a body over MAX_BODY_BYTES, 400 for a bad field — never a crash of
+the replica. GET /health answers `{"languages": [...], "engine": ...}`.
+
+`engine=torch` serves a model directory with `reder.api.Translator` (REDER, or an AR teacher with our beam
+search); `engine=ct2` serves a teacher model directory through CTranslate2 (`reder.ct2.TextTranslator`, the
+optional extra), the AR baseline served the same way. Dynamic batching (`serve.batch`): concurrent
+requests are gathered up to `max_batch_size` requests or `batch_wait_timeout_s`, then each (direction, beam,
+decoder) group is translated in one call.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from ray import serve
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+
+MAX_SENTENCES = 256  # per request
+MAX_CHARS = 2000  # per sentence, as the MLflow pyfunc
+MAX_BEAM = 64
+MAX_BODY_BYTES = 1 << 20
+
+
+class BadRequest(ValueError):
+    """A request the service refuses: HTTP `status` with the message."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True)
+class Job:
+    """One checked request: its sentences, in which direction and how to decode them."""
+
+    lines: tuple[str, ...]
+    src: str
+    tgt: str
+    beam: int
+    decoder: str
+    single: bool  # `text` was one string: answer with one string
+
+
+def parse(body: bytes, languages: tuple[str, ...]) -> Job:
+    """A request body → Job; BadRequest naming the field otherwise (the language pair itself is checked by the
+    model, which knows its directions)."""
+    if len(body) > MAX_BODY_BYTES:
+        raise BadRequest(f"body of {len(body)} bytes exceeds {MAX_BODY_BYTES}", 413)
+    try:
+        payload = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise BadRequest(f"body is not JSON ({error})", 415) from None
+    if not isinstance(payload, dict):
+        raise BadRequest(f"body must be a JSON object with text, src and tgt, got {type(payload).__name__}")
+    unknown = sorted(set(payload) - {"text", "src", "tgt", "beam", "decoder"})
+    if unknown:
+        raise BadRequest(f"unknown fields {unknown}; a request has text, src, tgt and optionally beam, decoder")
+    text = payload.get("text")
+    single = isinstance(text, str)
+    lines = [text] if single else text
+    if not isinstance(lines, list) or not lines or len(lines) > MAX_SENTENCES:
+        raise BadRequest(f"text: must be a string or a list of 1 to {MAX_SENTENCES} strings")
+    for number, line in enumerate(lines):
+        if not isinstance(line, str):
+            raise BadRequest(f"text[{number}]: must be a string, got {type(line).__name__}")
+        if not line.strip() or len(line) > MAX_CHARS or "\n" in line:
+            raise BadRequest(f"text[{number}]: must be one line of 1 to {MAX_CHARS} characters, got {len(line)}")
+    for key in ("src", "tgt"):
+        if not isinstance(payload.get(key), str):
+            raise BadRequest(f"{key}: a language code is required (this model: {', '.join(map(str, languages))})")
+    beam, decoder = payload.get("beam", 1), payload.get("decoder", "greedy")
+    if not isinstance(beam, int) or isinstance(beam, bool) or not 1 <= beam <= MAX_BEAM:
+        raise BadRequest(f"beam: must be an integer from 1 to {MAX_BEAM}, got {beam!r}")
+    if not isinstance(decoder, str):
+        raise BadRequest(f"decoder: must be a string, got {type(decoder).__name__}")
+    return Job(tuple(lines), payload["src"], payload["tgt"], beam, decoder, single)
+
+
+def load_backend(model_dir: str, engine: str, device: str, threads: int) -> Any:
+    """The translator serving `model_dir`: reder.api's (engine torch) or CTranslate2's (engine ct2, teachers)."""
+    if engine == "torch":
+        import torch
+
+        from reder.api import load
+
+        torch.set_num_threads(threads)
+        return load(model_dir, device)
+    if engine == "ct2":
+        from reder.ct2 import TextTranslator
+
+        return TextTranslator(model_dir, device, threads)
+    raise ValueError(f"engine: must be torch or ct2, got {engine!r}")
+
+
+@serve.deployment
+class TranslationService:
+    """The model behind /translate (module doc)."""
+
+    def __init__(self, model_dir: str, engine: str = "torch", device: str = "cpu", threads: int = 1,
+                 max_batch_size: int = 64, batch_wait_timeout_s: float = 0.01) -> None:
+        self.backend = load_backend(model_dir, engine, device, threads)
+        self.engine = engine
+        self.languages = tuple(self.backend.languages)
+        self.batched.set_max_batch_size(max_batch_size)
+        self.batched.set_batch_wait_timeout_s(batch_wait_timeout_s)
+
+    def translate_jobs(self, jobs: list[Job]) -> list[list[str] | BadRequest]:
+        """Each job's translations; the jobs of one (pair, beam, decoder) in one call, a job the model refuses
+        (a pair it does not translate, an unknown decoder, an input over its length limit) answered alone."""
+        groups: dict[tuple[str, str, int, str], list[int]] = {}
+        for index, job in enumerate(jobs):
+            groups.setdefault((job.src, job.tgt, job.beam, job.decoder), []).append(index)
+        out: list[list[str] | BadRequest] = [[] for _ in jobs]
+        for (src, tgt, beam, decoder), members in groups.items():
+            lines = [line for i in members for line in jobs[i].lines]
+            try:
+                translated = self.backend.translate(lines, src, tgt, beam=beam, decoder=decoder)
+            except ValueError:
+                translated = None  # find which job the model refuses: each alone
+            start = 0
+            for i in members:
+                if translated is not None:
+                    out[i], start = translated[start : start + len(jobs[i].lines)], start + len(jobs[i].lines)
+                    continue
+                try:
+                    out[i] = self.backend.translate(list(jobs[i].lines), src, tgt, beam=beam, decoder=decoder)
+                except ValueError as error:
+                    out[i] = BadRequest(str(error))
+        return out
+
+    @serve.batch(max_batch_size=64, batch_wait_timeout_s=0.01)
+    async def batched(self, jobs: list[Job]) -> list[list[str] | BadRequest]:
+        return self.translate_jobs(jobs)
+
+    async def __call__(self, request: Request) -> JSONResponse:
+        if request.method == "GET" and request.url.path.rstrip("/").endswith("/health"):
+            return JSONResponse({"languages": list(self.languages), "engine": self.engine})
+        try:
+            if request.method != "POST":
+                raise BadRequest(f"{request.method}: POST a JSON request (GET .../health for the model's languages)", 405)
+            job = parse(await request.body(), self.languages)
+            result = await self.batched(job)
+            if isinstance(result, BadRequest):
+                raise result
+        except BadRequest as error:
+            return JSONResponse({"error": str(error)}, status_code=error.status)
+        return JSONResponse({"translation": result[0] if job.single else result})
+
+
+def app(args: dict[str, str]) -> serve.Application:
+    """The application builder `serve run pipeline.serve:app model_dir=DIR [key=value ...]` calls (module doc)."""
+    known = {"model_dir", "engine", "device", "threads", "max_batch_size", "batch_wait_timeout_s", "num_replicas"}
+    unknown = sorted(set(args) - known)
+    if unknown or "model_dir" not in args:
+        raise ValueError(f"pipeline.serve:app takes model_dir=DIR and optionally {sorted(known - {'model_dir'})}"
+                         + (f"; unknown: {unknown}" if unknown else "; model_dir is missing"))
+    threads = int(args.get("threads", 1))
+    options = {"num_replicas": int(args.get("num_replicas", 1)), "ray_actor_options": {"num_cpus": threads}}
+    if args.get("device", "cpu").startswith("cuda"):
+        options["ray_actor_options"]["num_gpus"] = 1
+    return TranslationService.options(**options).bind(
+        args["model_dir"], args.get("engine", "torch"), args.get("device", "cpu"), threads,
+        int(args.get("max_batch_size", 64)), float(args.get("batch_wait_timeout_s", 0.01)))

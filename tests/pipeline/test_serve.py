@@ -1,0 +1,112 @@
+"""pipeline.serve: request checking, grouping of a dynamic batch, and the Ray Serve endpoint for real over
+loopback (both directions, concurrent requests, every class of bad request a 4xx, the replica still up)."""
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from pipeline import serve as service
+from pipeline.serve import BadRequest, Job, parse
+from reder.api import load
+from tests.conftest import free_port
+
+LANGUAGES = ("en", "de")
+
+
+def _job(text, src="en", tgt="de", beam=1, decoder="greedy") -> Job:
+    single = isinstance(text, str)
+    return Job(tuple([text] if single else text), src, tgt, beam, decoder, single)
+
+
+@pytest.mark.parametrize("body, status, message", [
+    (b"not json", 415, "body is not JSON"),
+    (b"\xff\xfe", 415, "body is not JSON"),
+    (b"[1, 2]", 400, "must be a JSON object"),
+    (b'{"text": "a", "src": "en"}', 400, "tgt: a language code is required"),
+    (b'{"text": "a", "src": "en", "tgt": "de", "lang": 1}', 400, "unknown fields ['lang']"),
+    (b'{"text": "", "src": "en", "tgt": "de"}', 400, r"text[0]: must be one line of 1 to 2000 characters, got 0"),
+    (b'{"text": [], "src": "en", "tgt": "de"}', 400, "text: must be a string or a list of 1 to 256 strings"),
+    (b'{"text": ["a", 3], "src": "en", "tgt": "de"}', 400, "text[1]: must be a string, got int"),
+    (json.dumps({"text": "a" * 2001, "src": "en", "tgt": "de"}).encode(), 400, "got 2001"),
+    (json.dumps({"text": ["a"] * 257, "src": "en", "tgt": "de"}).encode(), 400, "1 to 256 strings"),
+    (b'{"text": "a\\nb", "src": "en", "tgt": "de"}', 400, "must be one line"),
+    (b'{"text": "a", "src": "en", "tgt": "de", "beam": "4"}', 400, "beam: must be an integer from 1 to 64, got '4'"),
+    (b'{"text": "a", "src": "en", "tgt": "de", "beam": true}', 400, "beam: must be an integer"),
+    (b'{"text": "a", "src": "en", "tgt": "de", "beam": 0}', 400, "beam: must be an integer"),
+    (b'{"text": "a", "src": "en", "tgt": "de", "decoder": 3}', 400, "decoder: must be a string"),
+    (b"{" + b" " * (1 << 20) + b"}", 413, "exceeds 1048576"),
+])
+def test_bad_requests_are_refused_with_their_status(body, status, message):
+    with pytest.raises(BadRequest) as caught:
+        parse(body, LANGUAGES)
+    assert caught.value.status == status and message in str(caught.value)
+
+
+def test_good_requests_parse():
+    assert parse(b'{"text": "a b", "src": "en", "tgt": "de"}', LANGUAGES) == _job("a b")
+    assert parse(b'{"text": ["x", "y"], "src": "de", "tgt": "en", "beam": 4}', LANGUAGES) == _job(["x", "y"], "de", "en", 4)
+
+
+def test_a_dynamic_batch_is_translated_by_group_and_a_refused_job_answered_alone(tiny_model_dir):
+    """Jobs of both directions and beams in one batch get what the translator gives each alone; a job for a
+    pair the model does not translate, or with a decoder it lacks, gets its own error and spoils no other."""
+    server = service.TranslationService.func_or_class(str(tiny_model_dir))
+    translator = load(tiny_model_dir)
+    jobs = [_job(["the cat sat", "a dog"]), _job("the bird", "de", "en"), _job(["dogs and cats"], beam=3),
+            _job("a cat", "en", "fr"), _job("the mat"), _job("a song", decoder="lookahead")]
+    out = server.translate_jobs(jobs)
+    assert out[0] == translator.translate(["the cat sat", "a dog"], "en", "de")
+    assert out[1] == translator.translate(["the bird"], "de", "en")
+    assert out[2] == translator.translate(["dogs and cats"], "en", "de", beam=3)
+    assert out[4] == translator.translate(["the mat"], "en", "de")
+    assert isinstance(out[3], BadRequest) and "translates en->de and de->en, not en->fr" in str(out[3])
+    assert isinstance(out[5], BadRequest) and "decoder 'lookahead'" in str(out[5])
+
+
+def _post(url: str, payload: object, method: str = "POST") -> tuple[int, dict]:
+    data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
+    request = urllib.request.Request(url, data=data if method == "POST" else None, method=method,
+                                     headers={"content-type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+@pytest.mark.slow
+def test_the_endpoint_serves_both_directions_and_refuses_bad_requests(tiny_model_dir, ray_session):
+    from ray import serve
+
+    port = free_port()
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    try:
+        serve.run(service.app({"model_dir": str(tiny_model_dir), "max_batch_size": "8",
+                               "batch_wait_timeout_s": "0.05"}), name="duplex", route_prefix="/")
+        url = f"http://127.0.0.1:{port}/"
+        translator = load(tiny_model_dir)
+        assert _post(url + "health", None, "GET") == (200, {"languages": ["en", "de"], "engine": "torch"})
+        requests = [({"text": f"the cat sat {'on the mat ' * (i % 3)}".strip(), "src": "en", "tgt": "de"}
+                     if i % 2 else {"text": ["a dog ran", "the bird"][: 1 + i % 2], "src": "de", "tgt": "en", "beam": 2})
+                    for i in range(24)]
+        with ThreadPoolExecutor(8) as pool:  # concurrent: the replica batches them
+            answers = list(pool.map(lambda payload: _post(url, payload), requests))
+        for payload, (status, body) in zip(requests, answers):
+            expected = translator.translate(payload["text"], payload["src"], payload["tgt"], beam=payload.get("beam", 1))
+            assert status == 200 and body == {"translation": expected}
+        for payload, status, message in [
+            (b"{", 415, "not JSON"), ({"text": "a", "src": "en", "tgt": "fr"}, 400, "not en->fr"),
+            ({"text": "", "src": "en", "tgt": "de"}, 400, "text[0]"), ({"text": 5, "src": "en", "tgt": "de"}, 400, "text:"),
+            ({"text": "cat " * 400, "src": "en", "tgt": "de"}, 400, "exceed"),  # over the model's input limit
+        ]:
+            code, body = _post(url, payload)
+            assert code == status and message in body["error"], (payload, code, body)
+        assert _post(url, None, "GET")[0] == 405
+        assert _post(url, {"text": "the cat", "src": "en", "tgt": "de"}) == \
+            (200, {"translation": translator.translate("the cat", "en", "de")})  # still up
+    finally:
+        serve.shutdown()
