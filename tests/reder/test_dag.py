@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from reder import DIRECTIONS, LossConfig, ModelConfig, REDER
-from reder.dag import (DagLinks, dag_greedy, dag_log_likelihood, dag_loss, dag_viterbi, edge_mask, masked_log_softmax,
-                       masked_logsumexp, target_emissions, viterbi_align)
+from reder.config import BOS_ID, EOS_ID
+from reder.dag import (DagLinks, dag_beam, dag_greedy, dag_log_likelihood, dag_loss, dag_viterbi, edge_mask, masked_log_softmax,
+                       masked_logsumexp, string_log_likelihood, target_emissions, viterbi_align)
 
 from tests.reder.helpers import MULTI30K, WordPairs, memorise
 
@@ -175,3 +176,71 @@ def test_dag_model_overfits_64_multi30k_pairs_in_both_directions():
     others = {(d, decoder): bleu(d, decoder) for d in DIRECTIONS for decoder in ("lookahead", "viterbi")}
     print(others)
     assert min(others.values()) > 80, others
+
+
+def _anchored(log_probs, graph_lengths, skip):
+    """As a trained graph: BOS likely at vertex 0, EOS at the last vertex, the skip token unlikely."""
+    logits = log_probs.clone()
+    logits[:, 0, BOS_ID] += 3.0
+    logits[torch.arange(len(graph_lengths)), graph_lengths - 1, EOS_ID] += 3.0
+    logits[..., skip] -= 3.0
+    return logits.log_softmax(-1)
+
+
+def _best_string(log_edges, log_probs, length, length_penalty, tokens):
+    """Brute force: the string [BOS, y…, EOS] (y over `tokens`) of the highest exact normalised probability."""
+    best = None
+    for size in range(0, length - 1):
+        for middle in itertools.product(tokens, repeat=size):
+            string = [BOS_ID, *middle, EOS_ID]
+            score = float(string_log_likelihood(log_edges[None], log_probs[None], torch.tensor([length]), [string])[0])
+            if best is None or score / len(string) ** length_penalty > best[0]:
+                best = (score / len(string) ** length_penalty, string)
+    return best
+
+
+@pytest.mark.parametrize("length_penalty", [0.0, 1.0])
+def test_dag_beam_with_a_wide_beam_finds_the_most_probable_string_by_brute_force(length_penalty):
+    """Exact string probabilities: string_log_likelihood equals the sum over paths; a beam wide enough to keep
+    every prefix finds the brute-force best string, with its score."""
+    torch.manual_seed(4)
+    cases, vocab, skip = [(6, 2), (5, 2), (4, 2), (2, 2)], 6, 5
+    log_edges, log_probs, _, graph_lengths, _ = _graphs(cases, vocab)
+    log_probs = _anchored(log_probs, graph_lengths, skip)
+    string = [BOS_ID, 4, 1, EOS_ID]
+    emissions = target_emissions(log_probs[:1], torch.tensor([string]))[0]
+    _, by_path = _path_scores(log_edges[0], emissions, 6, 4)
+    assert torch.allclose(string_log_likelihood(log_edges[:1], log_probs[:1], graph_lengths[:1], [string])[0],
+                          torch.logsumexp(by_path, 0))
+    results = dag_beam(log_edges, log_probs, graph_lengths, beam_size=27, top_tokens=vocab,
+                       length_penalty=length_penalty, excluded=(0, skip))
+    floors = [dag_greedy(log_edges, log_probs, graph_lengths, lookahead) for lookahead in (0.0, 1.0)]
+    for b, (length, _) in enumerate(cases):
+        pool = [_best_string(log_edges[b], log_probs[b], length, length_penalty, (1, 4))]
+        for strings in floors:  # greedy and lookahead compete (on random graphs not always BOS … EOS strings)
+            exact = string_log_likelihood(log_edges[b : b + 1], log_probs[b : b + 1], graph_lengths[b : b + 1], [strings[b]])
+            pool.append((float(exact[0]) / len(strings[b]) ** length_penalty, strings[b]))
+        score, string = max(pool, key=lambda item: item[0])
+        assert results[b][0] == string and results[b][1] == pytest.approx(score, abs=1e-9)
+    assert sum(result[0][0] == BOS_ID and result[0][-1] == EOS_ID and len(result[0]) > 2 for result in results) >= 2
+
+
+def test_dag_beam_never_scores_below_greedy_and_lookahead():
+    """On the model score (exact normalised string probability), whatever the beam size; the reported score is
+    the string's own."""
+    torch.manual_seed(5)
+    cases = [(12, 2), (9, 2), (15, 2), (7, 2), (10, 2)] * 4
+    log_edges, log_probs, _, graph_lengths, _ = _graphs(cases, vocab=7)
+    log_probs = _anchored(log_probs, graph_lengths, 6)
+    floors = [dag_greedy(log_edges, log_probs, graph_lengths, lookahead) for lookahead in (0.0, 1.0)]
+    floor_scores = [string_log_likelihood(log_edges, log_probs, graph_lengths, strings) / torch.tensor(
+        [len(s) for s in strings]) for strings in floors]
+    wins = 0
+    for beam_size in (1, 2, 4):
+        results = dag_beam(log_edges, log_probs, graph_lengths, beam_size, top_tokens=3, excluded=(0, 6))
+        own = string_log_likelihood(log_edges, log_probs, graph_lengths, [string for string, _ in results])
+        for b, (string, score) in enumerate(results):
+            assert score == pytest.approx(float(own[b]) / len(string), abs=1e-9)
+            assert all(score >= float(floor[b]) - 1e-9 for floor in floor_scores)
+        wins += sum(score > max(float(floor[b]) for floor in floor_scores) + 1e-6 for b, (_, score) in enumerate(results))
+    assert wins > 10  # the beam finds strings above both, not only theirs
