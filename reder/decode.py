@@ -82,7 +82,8 @@ def prefix_beam_search(tokens: torch.Tensor, values: torch.Tensor, lengths: torc
 
     Each slot of the (B, K) beam holds a prefix's log p(ends in blank) and log p(ends in a label); a frame
     makes K "stay" entries (blank, or the last label repeated) and K·N extensions; an extension equal to a
-    kept prefix (compared by two 31-bit polynomial hashes) is log-sum-exp merged into it, the top K survive.
+    kept prefix (kept prefix j = kept prefix k + j's last label, prefixes compared by two 31-bit polynomial
+    hashes) is log-sum-exp merged into it, the top K survive.
     Prefixes are rebuilt at the end from per-frame back-pointers."""
     batch, frames, width = tokens.shape
     device, slots, neg_inf = tokens.device, beam_size, -math.inf
@@ -90,7 +91,8 @@ def prefix_beam_search(tokens: torch.Tensor, values: torch.Tensor, lengths: torc
     p_blank[:, 0] = 0.0  # slot 0: the empty prefix
     p_label = torch.full_like(p_blank, neg_inf)
     last = torch.full((batch, slots), -1, dtype=torch.long, device=device)
-    hashes = torch.zeros(batch, slots, 2, dtype=torch.long, device=device)
+    hashes = torch.zeros(batch, slots, 2, dtype=torch.long, device=device)  # two hashes of each prefix
+    parent_key = torch.full((batch, slots), -1, dtype=torch.long, device=device)  # key of the prefix minus its last label
     bases = torch.tensor(HASH_BASES, device=device)
     keep = torch.arange(slots, device=device).expand(batch, slots)
     parents, appended = [], []
@@ -99,27 +101,30 @@ def prefix_beam_search(tokens: torch.Tensor, values: torch.Tensor, lengths: torc
         is_blank = token == blank
         total = torch.logaddexp(p_blank, p_label)  # (B, K)
         same = last[:, :, None] == token[:, None, :]  # (B, K, N)
+        last_log_prob = torch.where(same, log_prob[:, None, :], neg_inf).amax(dim=-1)  # (B, K)
         stay_blank = total + torch.where(is_blank, log_prob, neg_inf).amax(dim=-1)[:, None]
-        stay_label = p_label + torch.where(same, log_prob[:, None, :], neg_inf).amax(dim=-1)  # repeats merge
+        stay_label = p_label + last_log_prob  # repeats merge
         grow = torch.where(same, p_blank[:, :, None], total[:, :, None]) + log_prob[:, None, :]  # (B, K, N)
         grow = grow.masked_fill(is_blank[:, None, :], neg_inf)
-        grow_hashes = (hashes[:, :, None, :] * bases + token[:, None, :, None] + 1) % HASH_MODULUS
-        equal = (grow_hashes[:, :, :, None, :] == hashes[:, None, None, :, :]).all(dim=-1)  # (B, K, N, K)
-        equal &= torch.isfinite(total)[:, None, None, :]
-        stay_label = torch.logaddexp(stay_label, torch.where(equal, grow[..., None], neg_inf).amax(dim=(1, 2)))
-        grow = grow.masked_fill(equal.any(dim=-1), neg_inf)
+        # kept prefix j = kept prefix k + last_j: that extension of k merges into j
+        key = hashes[..., 0] * (HASH_MODULUS + 1) + hashes[..., 1]  # (B, K)
+        alive = torch.isfinite(total)
+        match = (parent_key[:, :, None] == key[:, None, :]) & alive[:, :, None] & alive[:, None, :]  # (B, Kj, Kk)
+        extension = torch.where(last[:, :, None] == last[:, None, :], p_blank[:, None, :], total[:, None, :])
+        stay_label = torch.logaddexp(stay_label, torch.where(match, extension + last_log_prob[:, :, None], neg_inf).amax(dim=-1))
+        grow = grow.masked_fill(torch.bmm(match.transpose(1, 2).float(), same.float()) > 0, neg_inf)
         entry_blank = torch.cat([stay_blank, torch.full_like(grow.flatten(1), neg_inf)], dim=1)  # (B, K + K·N)
         entry_label = torch.cat([stay_label, grow.flatten(1)], dim=1)
         _, index = torch.logaddexp(entry_blank, entry_label).topk(slots, dim=1)  # (B, K)
-        grown = index >= slots
         offset = (index - slots).clamp(min=0)
-        parent = torch.where(grown, offset // width, index)
-        label = torch.where(grown, token.gather(1, offset % width), -1)
         active = (t < lengths.to(device))[:, None]
-        parent, label = torch.where(active, parent, keep), torch.where(active, label, -1)
-        new_hashes = grow_hashes.flatten(1, 2).gather(1, offset[:, :, None].expand(-1, -1, 2))
-        hashes = torch.where(grown[..., None] & active[..., None], new_hashes, hashes.gather(1, parent[..., None].expand(-1, -1, 2)))
-        last = torch.where(label >= 0, label, last.gather(1, parent))
+        grown = (index >= slots) & active
+        parent = torch.where(active, torch.where(grown, offset // width, index), keep)
+        label = torch.where(grown, token.gather(1, offset % width), -1)
+        parent_hashes = hashes.gather(1, parent[..., None].expand(-1, -1, 2))
+        hashes = torch.where(grown[..., None], (parent_hashes * bases + label[..., None] + 1) % HASH_MODULUS, parent_hashes)
+        parent_key = torch.where(grown, key.gather(1, parent), parent_key.gather(1, parent))
+        last = torch.where(grown, label, last.gather(1, parent))
         p_blank = torch.where(active, entry_blank.gather(1, index), p_blank)
         p_label = torch.where(active, entry_label.gather(1, index), p_label)
         parents.append(parent)
