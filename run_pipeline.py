@@ -153,7 +153,7 @@ def run(cfg: PipelineConfig, stages: list[str], force: bool = False) -> dict[str
                 print(f"[{index}/{len(stages)}] {name}: not needed (distill.enabled={cfg.distill.enabled}, "
                       f"distill.corpus={cfg.distill.corpus or 'unset'}, "
                       f"evaluate.teacher_baseline={cfg.evaluate.teacher_baseline}, "
-                      f"evaluate.rerank_with_teacher={cfg.evaluate.rerank_with_teacher})", flush=True)
+                      f"evaluate.rerank={cfg.evaluate.rerank})", flush=True)
                 continue
             expected = dirs[name]
             status = "skipped (finished earlier)" if is_done(expected) and not force else "ran"

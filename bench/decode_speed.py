@@ -35,6 +35,7 @@ def main(argv: list[str] | None = None) -> dict:
     from pipeline import evaluate, teacher
     from pipeline.config import PipelineConfig, from_dict
     from reder.checkpoint import SPM_FILE, load_model_dir
+    from reder.decode import CUTOFF_PROB, CUTOFF_TOP_N
     from reder.translate import encode_lines
 
     run = json.loads((Path(args.workdir) / "last_run.json").read_text(encoding="utf-8"))
@@ -52,7 +53,8 @@ def main(argv: list[str] | None = None) -> dict:
     sp = sentencepiece.SentencePieceProcessor(model_file=str(model_dir / SPM_FILE))
     source, _ = evaluate.read_text_split(stages["ingest"], "test", args.sentences)
     encoded = encode_lines(sp, source)
-    options = SimpleNamespace(beam_size=args.beam, rerank_with_teacher=model.head.beam_search and args.beam > 1,
+    options = SimpleNamespace(beam_size=args.beam, rerank="teacher" if model.head.beam_search and args.beam > 1 else "none",
+                              cutoff_top_n=CUTOFF_TOP_N, cutoff_prob=CUTOFF_PROB,
                               teacher_baseline=True, teacher_beam_size=4, latency_sentences=len(encoded),
                               throughput_batch=args.batch)
     decoders = evaluate.decoders_for(model, options, teachers)

@@ -222,6 +222,7 @@ def _reder_inputs(args: argparse.Namespace, cfg, device: str) -> SimpleNamespace
     token ids of the references and of the KD outputs, the teachers (when saved) and the evaluation settings."""
     import sentencepiece
 
+    from reder.decode import CUTOFF_PROB, CUTOFF_TOP_N
     from reder.translate import encode_lines
 
     data, source = Path(args.data_dir), Path(args.source)
@@ -229,7 +230,8 @@ def _reder_inputs(args: argparse.Namespace, cfg, device: str) -> SimpleNamespace
     kd = pq.read_table(source / "kd.parquet")
     teachers = _load_teachers(source, cfg.model.vocab_size, device)
     evaluation = SimpleNamespace(teacher_baseline=bool(teachers), teacher_beam_size=4, beam_size=args.beam,
-                                 rerank_with_teacher=bool(teachers) and args.beam > 1, **vars(_speed(cfg)))
+                                 rerank="teacher" if teachers and args.beam > 1 else "none",
+                                 cutoff_top_n=CUTOFF_TOP_N, cutoff_prob=CUTOFF_PROB, **vars(_speed(cfg)))
     return SimpleNamespace(data=data, sp=sp, teachers=teachers, evaluation=evaluation,
                            test=encode_lines(sp, _lines(data, TESTS[0])[0]),
                            **{name: kd.column(name).to_pylist() for name in ("src_ids", "tgt_ids", "kd_tgt_ids", "kd_src_ids")})
@@ -321,7 +323,7 @@ def speed_phase(args: argparse.Namespace, cfg, device: str) -> dict:
                                 f"(run the reder phase with --save-models)")
     inputs = _reder_inputs(args, cfg, device)
     inputs.evaluation.beam_size = report.get("beam", 1)
-    inputs.evaluation.rerank_with_teacher = bool(inputs.teachers) and inputs.evaluation.beam_size > 1
+    inputs.evaluation.rerank = "teacher" if inputs.teachers and inputs.evaluation.beam_size > 1 else "none"
     result = {**_header(args, device), "teachers_loaded": bool(inputs.teachers)}
     for key in keys:
         model, _ = load_model_dir(Path(args.out) / f"{MODEL_DIR}{key}", device)

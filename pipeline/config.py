@@ -22,7 +22,9 @@ import yaml
 
 from reder.config import LossConfig, ModelConfig, TransformerConfig
 from reder.configio import ConfigError, FieldError, from_dict, require, to_dict
+from reder.decode import CUTOFF_PROB, CUTOFF_TOP_N
 from reder.heads import head_class
+from reder.rerank import RERANK_WEIGHT, RERANKERS
 
 
 @dataclass(frozen=True)
@@ -166,13 +168,22 @@ class EvaluateConfig:
     throughput_batch: int = 64  # batch size of the throughput measurement
     teacher_baseline: bool = True  # also decode and time the AR teachers (greedy and teacher_beam_size)
     teacher_beam_size: int = 4
-    rerank_with_teacher: bool = False  # CTC beam candidates rescored by the teacher (decoder beamK_rerank)
+    # CTC beam candidates rescored: none; by the model's own reverse direction, forward + rerank_weight ·
+    # reverse (decoder beamK_selfrerank); or by the teacher (decoder beamK_rerank)
+    rerank: str = "none"
+    rerank_weight: float = RERANK_WEIGHT
+    cutoff_top_n: int = CUTOFF_TOP_N  # CTC beam: tokens each frame offers it (reder.decode.frame_candidates)
+    cutoff_prob: float = CUTOFF_PROB  # ... of which the most likely reaching this cumulative probability
 
     def __post_init__(self) -> None:
         if not self.splits or set(self.splits) - {"train", "valid", "test"}:
             raise FieldError("splits", f"must be a non-empty list of train, valid, test, got {list(self.splits)}")
         require(self, beam_size=">= 1", batch_size=">= 1", max_sentences=">= 0", latency_sentences=">= 0",
-                throughput_batch=">= 1", teacher_beam_size=">= 1")
+                throughput_batch=">= 1", teacher_beam_size=">= 1", rerank_weight=">= 0", cutoff_top_n=">= 1")
+        if self.rerank not in RERANKERS:
+            raise FieldError("rerank", f"must be one of {list(RERANKERS)}, got {self.rerank!r}")
+        if not 0 < self.cutoff_prob <= 1:
+            raise FieldError("cutoff_prob", f"must be in (0, 1], got {self.cutoff_prob}")
 
 
 @dataclass(frozen=True)
@@ -387,9 +398,9 @@ def check_consistency(cfg: PipelineConfig) -> None:
     if cfg.model.vocab_size < 64:
         raise ConfigError(f"model.vocab_size: must be >= 64 for a joint SentencePiece model, "
                           f"got {cfg.model.vocab_size}")
-    if cfg.evaluate.rerank_with_teacher and (not head_class(cfg.model.head).beam_search or cfg.evaluate.beam_size < 2):
-        raise ConfigError(f"evaluate.rerank_with_teacher: reranks the CTC beam, so it needs model.head=ctc and "
-                          f"evaluate.beam_size >= 2, got true with model.head {cfg.model.head!r} and "
+    if cfg.evaluate.rerank != "none" and (not head_class(cfg.model.head).beam_search or cfg.evaluate.beam_size < 2):
+        raise ConfigError(f"evaluate.rerank: reranks the CTC beam, so it needs model.head=ctc and "
+                          f"evaluate.beam_size >= 2, got {cfg.evaluate.rerank!r} with model.head {cfg.model.head!r} and "
                           f"evaluate.beam_size {cfg.evaluate.beam_size}")
     for key, spec in cfg.tune.space.items():
         section, _, name = key.partition(".")

@@ -11,9 +11,12 @@ on the test split.
 The autoregressive teachers (pipeline/teacher.py) are the baseline: with `evaluate.teacher_baseline` each
 direction's teacher decodes the same splits greedily (`teacher_greedy`) and with beam search
 (`teacher_beamB`), scored and timed the same way, and `speed` gets REDER's speed-up over each teacher
-decoder (`speedup_<decoder>_vs_<teacher decoder>`, from latency at batch 1 and from sentences/s). With
-`evaluate.rerank_with_teacher` the CTC beam's candidates are rescored by the teacher of their direction
-(mean token log-prob, all candidates of a batch in one teacher pass): decoder `beamK_rerank`.
+decoder (`speedup_<decoder>_vs_<teacher decoder>`, from latency at batch 1 and from sentences/s). The
+CTC beam (per-frame cutoffs `evaluate.cutoff_top_n`, `evaluate.cutoff_prob`) can be reranked
+(`evaluate.rerank`): `teacher` rescores its candidates by the teacher of their direction (mean token
+log-prob, all candidates of a batch in one teacher pass), decoder `beamK_rerank`; `self` by forward score +
+`evaluate.rerank_weight` · the model's own reverse-direction log P(x | ŷ) (reder.rerank.self_rerank),
+decoder `beamK_selfrerank`.
 
 `results.json` holds the headline numbers (test split, greedy): `bleu_src2tgt`, `bleu_tgt2src`,
 `chrf_src2tgt`, `chrf_tgt2src`, `roundtrip_bleu_src`, `roundtrip_bleu_tgt`, the signatures, the MLflow
@@ -63,19 +66,24 @@ Decoder = Callable[[list[list[int]], str, int], list[list[int]]]  # (encoded inp
 
 
 def decoders_for(model: Any, evaluation: Any, teachers: dict[str, Any]) -> dict[str, Decoder]:
-    """Every evaluated system by name: REDER's decoders (CTC greedy and beam, with teacher reranking; or the
-    DAG decoders) and, with `evaluate.teacher_baseline`, the teachers' greedy and beam search."""
-    if (evaluation.teacher_baseline or evaluation.rerank_with_teacher) and set(teachers) != {"src2tgt", "tgt2src"}:
-        raise ValueError("evaluate.teacher_baseline / evaluate.rerank_with_teacher need both directions' teachers "
+    """Every evaluated system by name: REDER's decoders (CTC greedy and beam, reranked by `evaluate.rerank`;
+    or the DAG decoders) and, with `evaluate.teacher_baseline`, the teachers' greedy and beam search."""
+    if (evaluation.teacher_baseline or evaluation.rerank == "teacher") and set(teachers) != {"src2tgt", "tgt2src"}:
+        raise ValueError("evaluate.teacher_baseline / evaluate.rerank=teacher need both directions' teachers "
                          "(the teacher stage's output)")
     # the head's own decoders; beam_size (and reranking its n-best) only for a head with beam search (CTC)
     systems: dict[str, Decoder] = {name: (lambda enc, d, bs, name=name: translate_ids(model, enc, d, 1, bs, name))
                                    for name in model.head.decoders}
     beam = evaluation.beam_size
     if model.head.beam_search and beam > 1:
-        systems[f"beam{beam}"] = lambda enc, d, bs: translate_ids(model, enc, d, beam, bs)
-        if evaluation.rerank_with_teacher:
-            systems[f"beam{beam}_rerank"] = lambda enc, d, bs: translate_ids(model, enc, d, beam, bs, teacher=teachers[d])
+        cutoffs = {"cutoff_top_n": evaluation.cutoff_top_n, "cutoff_prob": evaluation.cutoff_prob}
+        systems[f"beam{beam}"] = lambda enc, d, bs: translate_ids(model, enc, d, beam, bs, **cutoffs)
+        if evaluation.rerank == "teacher":
+            systems[f"beam{beam}_rerank"] = lambda enc, d, bs: translate_ids(model, enc, d, beam, bs, teacher=teachers[d],
+                                                                             **cutoffs)
+        elif evaluation.rerank == "self":
+            systems[f"beam{beam}_selfrerank"] = lambda enc, d, bs: translate_ids(
+                model, enc, d, beam, bs, rerank="self", rerank_weight=evaluation.rerank_weight, **cutoffs)
     if evaluation.teacher_baseline:
         for name, size in (("teacher_greedy", 1), (f"teacher_beam{evaluation.teacher_beam_size}", evaluation.teacher_beam_size)):
             systems[name] = lambda enc, d, bs, size=size: translate_ids(teachers[d], enc, d, size, bs)

@@ -18,10 +18,12 @@ from pathlib import Path
 from typing import Any
 
 from pipeline import distill, evaluate, ingest, spm, teacher, tokenize, train, tune
-from pipeline.config import PipelineConfig, TrainConfig
+from pipeline.config import EvaluateConfig, PipelineConfig, TrainConfig
 from pipeline.stage import Stage, StageError, StageRun, is_done, require_done, run_stage, stage_dir
 from reder import heads
 
+# Keys the evaluate section gained after its hash was pinned (issue 26): hashed only when not at their defaults.
+NEW_EVALUATE_KEYS = ("rerank", "rerank_weight", "cutoff_top_n", "cutoff_prob")
 # Keys of a train section that change neither the data order nor the optimisation: not hashed.
 NOT_HASHED = ("log_every", "max_failures", "storage_path", "fail_at_step", "start_timeout_s", "valid_max_sentences")
 
@@ -38,7 +40,21 @@ def training_data(cfg: PipelineConfig) -> str:
 
 def uses_teachers(cfg: PipelineConfig) -> bool:
     """Whether the evaluation decodes with the teachers (baseline or reranking)."""
-    return cfg.evaluate.teacher_baseline or cfg.evaluate.rerank_with_teacher
+    return cfg.evaluate.teacher_baseline or cfg.evaluate.rerank == "teacher"
+
+
+def _evaluate_key(cfg: PipelineConfig) -> dict[str, Any]:
+    """The evaluate section as it was hashed before issue 26, so finished evaluations keep their directories:
+    `rerank` none/teacher as the old `rerank_with_teacher` bool, and the newer keys (self-reranking, the CTC
+    beam's cutoffs) only where they differ from their defaults."""
+    section = asdict(cfg.evaluate)
+    defaults = asdict(EvaluateConfig())
+    key = {k: v for k, v in section.items() if k not in NEW_EVALUATE_KEYS}
+    key["rerank_with_teacher"] = section["rerank"] == "teacher"
+    key.update({k: section[k] for k in NEW_EVALUATE_KEYS if section[k] != defaults[k] and k != "rerank"})
+    if section["rerank"] == "self":
+        key["rerank"] = "self"
+    return key
 
 
 def _teacher_key(cfg: PipelineConfig) -> dict[str, Any]:
@@ -85,7 +101,7 @@ STAGES = (
           key=lambda cfg: {"model": asdict(cfg.model), "loss": asdict(cfg.loss), "train": train_key(cfg.train)},
           inputs=lambda cfg: {"data": training_data(cfg)}, reads=lambda cfg: ("tokenize", "ingest", "spm")),
     Stage("evaluate", evaluate.build, sections=("evaluate",),
-          key=lambda cfg: {"evaluate": asdict(cfg.evaluate)},
+          key=lambda cfg: {"evaluate": _evaluate_key(cfg)},
           inputs=lambda cfg: {"train": "train", "ingest": "ingest", **({"teacher": "teacher"} if uses_teachers(cfg) else {})}),
     Stage("tune", tune.build, sections=("tune",), uses_ray=True,
           key=lambda cfg: {"tune": _sweep_key(cfg), "model": asdict(cfg.model), "loss": asdict(cfg.loss),

@@ -3,7 +3,7 @@
 A head owns the upsampling of the reading end's input and `max_input_length`, what it adds to the writing
 end's log-probs (`extra`; DAG: log E from its links), its loss (named `<name>_<direction>`, plus its
 `counters`), FBA's layout of the target, CC's hard decode, its decoders (`beam_search` heads also give an
-n-best for teacher reranking), and the feasibility rule the tokenize stage filters pairs with. A new head
+n-best for reranking), and the feasibility rule the tokenize stage filters pairs with. A new head
 is a class registered in HEADS, with its name added to reder.config.HEADS (config validation).
 """
 from dataclasses import dataclass, field
@@ -18,7 +18,7 @@ from reder.config import BOS_ID, EOS_ID, PAD_ID, ModelConfig
 from reder.ctc import collapse_frames, pad_batch, smoothed_ctc_loss, valid_mask, viterbi_align
 from reder.dag import DAG_DECODERS, DagLinks, dag_decode, dag_greedy, dag_loss, graph_lengths_for, target_emissions
 from reder.dag import viterbi_align as dag_viterbi_align
-from reder.decode import ctc_beam_search, ctc_greedy, ctc_nbest, strip_special
+from reder.decode import CUTOFF_PROB, CUTOFF_TOP_N, ctc_greedy, ctc_nbest, strip_special
 
 
 @dataclass
@@ -84,17 +84,21 @@ class CtcHead(nn.Module):
         limit = self.max_input_length()
         return tokens[:, :limit], lengths.clamp(max=limit)
 
-    def decode(self, output: HeadOutput, decoder: str, beam_size: int) -> list[list[int]]:
-        """Raw labels (EOS kept) of one hypothesis per sentence: greedy, or prefix beam search (beam_size > 1)."""
+    def decode(self, output: HeadOutput, decoder: str, beam_size: int, cutoff_top_n: int = CUTOFF_TOP_N,
+               cutoff_prob: float = CUTOFF_PROB) -> list[list[int]]:
+        """Raw labels (EOS kept) of one hypothesis per sentence: greedy, or prefix beam search (beam_size > 1)
+        over each frame's top `cutoff_top_n` tokens within cumulative probability `cutoff_prob`."""
         if decoder != "greedy":
             raise ValueError(f"decoder {decoder!r} needs head='dag'; a CTC model decodes greedily or with beam_size > 1")
         if beam_size == 1:
             return ctc_greedy(output.log_probs, output.lengths, self.cfg.blank_id)
-        return [labels for labels, _ in ctc_beam_search(output.log_probs, output.lengths, self.cfg.blank_id, beam_size)]
+        return [entries[0][0] for entries in self.nbest(output, beam_size, cutoff_top_n, cutoff_prob)]
 
-    def nbest(self, output: HeadOutput, beam_size: int) -> list[list[list[int]]]:
-        """Raw labels of the prefix beam's n-best per sentence, best first (the candidates a teacher reranks)."""
-        return [[labels for labels, _ in entries] for entries in ctc_nbest(output.log_probs, output.lengths, self.cfg.blank_id, beam_size)]
+    def nbest(self, output: HeadOutput, beam_size: int, cutoff_top_n: int = CUTOFF_TOP_N,
+              cutoff_prob: float = CUTOFF_PROB) -> list[list[tuple[list[int], float]]]:
+        """The prefix beam's n-best per sentence, best first: raw labels and the length-normalised log P(y|x)
+        (the candidates a reranker rescores)."""
+        return ctc_nbest(output.log_probs, output.lengths, self.cfg.blank_id, beam_size, cutoff_top_n, cutoff_prob)
 
     @staticmethod
     def feasible(input_len: int, target: list[int], ratio: float) -> bool:

@@ -8,7 +8,7 @@ from torch import nn
 
 from reder.config import DIRECTIONS, PAD_ID, LossConfig, ModelConfig
 from reder.ctc import valid_mask
-from reder.decode import strip_special
+from reder.decode import CUTOFF_PROB, CUTOFF_TOP_N, strip_special
 from reder.heads import HeadOutput, make_head
 from reder.layers import ActNorm, DuplexLayer, LayerRng
 from reder.losses import forward_backward_agreement
@@ -208,24 +208,40 @@ class REDER(nn.Module):
 
     @torch.inference_mode()
     def translate(
-        self, tokens: torch.Tensor, lengths: torch.Tensor, direction: str, beam_size: int = 1, decoder: str = "greedy"
+        self, tokens: torch.Tensor, lengths: torch.Tensor, direction: str, beam_size: int = 1, decoder: str = "greedy",
+        cutoff_top_n: int = CUTOFF_TOP_N, cutoff_prob: float = CUTOFF_PROB,
     ) -> list[list[int]]:
         """Token ids (B, T) ending in EOS → one hypothesis per sentence (ids; BOS, EOS and blanks removed).
 
-        The head's decoders: CTC greedy, or prefix beam search with beam_size > 1; DAG greedy, lookahead or viterbi.
-        Under inference mode; a head whose greedy decoder is a per-position argmax (CTC) gets the logits
-        without the log-softmax."""
+        The head's decoders: CTC greedy, or prefix beam search with beam_size > 1 (per-frame cutoffs as in
+        reder.decode.frame_candidates); DAG greedy, lookahead or viterbi. Under inference mode; a head whose
+        greedy decoder is a per-position argmax (CTC) gets the logits without the log-softmax."""
         normalise = not (beam_size == 1 and decoder == "greedy" and self.head.argmax_greedy)
-        hypotheses = self.head.decode(self.outputs(tokens, lengths, direction, normalise), decoder, beam_size)
+        output = self.outputs(tokens, lengths, direction, normalise)
+        cutoffs = {"cutoff_top_n": cutoff_top_n, "cutoff_prob": cutoff_prob} if self.head.beam_search else {}
+        hypotheses = self.head.decode(output, decoder, beam_size, **cutoffs)
         return [strip_special(h, self.cfg.blank_id) for h in hypotheses]
 
     @torch.no_grad()
-    def candidates(self, tokens: torch.Tensor, lengths: torch.Tensor, direction: str, beam_size: int) -> list[list[list[int]]]:
-        """The beam's n-best per sentence (best first, specials stripped, duplicates after stripping merged): for reranking."""
+    def nbest(self, tokens: torch.Tensor, lengths: torch.Tensor, direction: str, beam_size: int,
+              cutoff_top_n: int = CUTOFF_TOP_N, cutoff_prob: float = CUTOFF_PROB) -> list[list[tuple[list[int], float]]]:
+        """The CTC beam's n-best per sentence, best first: (ids with specials stripped, the normalised forward
+        score log P(y|x)/|y| of the raw labels); of raw labels equal after stripping only the best stays."""
         if not self.head.beam_search:
             raise ValueError(f"candidates need a CTC head, this model's head is {self.cfg.head!r}")
-        nbest = self.head.nbest(self.outputs(tokens, lengths, direction), beam_size)
-        return [list(map(list, dict.fromkeys(tuple(strip_special(h, self.cfg.blank_id)) for h in entries))) for entries in nbest]
+        nbest = self.head.nbest(self.outputs(tokens, lengths, direction), beam_size, cutoff_top_n, cutoff_prob)
+        results = []
+        for entries in nbest:
+            seen: dict[tuple[int, ...], float] = {}
+            for labels, score in entries:
+                seen.setdefault(tuple(strip_special(labels, self.cfg.blank_id)), score)
+            results.append([(list(ids), score) for ids, score in seen.items()])
+        return results
+
+    def candidates(self, tokens: torch.Tensor, lengths: torch.Tensor, direction: str, beam_size: int,
+                   cutoff_top_n: int = CUTOFF_TOP_N, cutoff_prob: float = CUTOFF_PROB) -> list[list[list[int]]]:
+        """The ids of `nbest` alone (best first, specials stripped, duplicates merged): for reranking."""
+        return [[ids for ids, _ in entries] for entries in self.nbest(tokens, lengths, direction, beam_size, cutoff_top_n, cutoff_prob)]
 
 
 def _flatten_head_keys(module: nn.Module, state: dict[str, Any], prefix: str, local_metadata: dict[str, Any]) -> None:

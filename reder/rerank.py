@@ -1,8 +1,17 @@
-"""Teacher reranking of REDER's candidates (the paper's "beam 20 + AT rerank")."""
+"""Reranking REDER's CTC candidates: by an autoregressive teacher (the paper's "beam 20 + AT rerank"), or by
+REDER itself read backwards (self-reranking: the official code's `score_reconstruction_weight`)."""
+import math
+
 import torch
 
 from reder.autoregressive import Transformer
 from reder.config import EOS_ID, PAD_ID
+from reder.ctc import pad_batch
+from reder.decode import ctc_log_likelihoods
+from reder.model import REDER, REVERSE
+
+RERANKERS = ("none", "self", "teacher")
+RERANK_WEIGHT = 1.0  # w of self-reranking: forward + w · reverse, both per-token log-likelihoods
 
 
 @torch.no_grad()
@@ -32,3 +41,52 @@ def rerank(teacher: Transformer, src_tokens: torch.Tensor, src_lengths: torch.Te
         best.append(options[max(range(len(options)), key=own.__getitem__)])  # max keeps the first of equals
         start += len(options)
     return best
+
+
+@torch.no_grad()
+def reconstruction_scores(model: REDER, src_tokens: torch.Tensor, src_lengths: torch.Tensor, direction: str,
+                          candidates: list[list[list[int]]]) -> list[list[float]]:
+    """Per candidate ŷ (ids without EOS) of each sentence x: log P(x | ŷ) / |x| by the model's reverse
+    direction (x and ŷ with EOS; the exact CTC likelihood, normalised like `ctc_scores`). All candidates of
+    the batch go through one reverse pass. −inf for a candidate too long to be read back (ŷ + EOS over
+    `max_input_length`) and for one whose upsampled frames cannot emit x."""
+    limit, flat = model.max_input_length(), [c for options in candidates for c in options]
+    rows = [row for row, options in enumerate(candidates) for _ in options]
+    readable = [index for index, candidate in enumerate(flat) if len(candidate) + 1 <= limit]
+    scores = [-math.inf] * len(flat)
+    if readable:
+        device = next(model.parameters()).device
+        tokens, lengths = pad_batch([flat[i] + [EOS_ID] for i in readable], device)  # (C, T)
+        output = model.outputs(tokens, lengths, REVERSE[direction])  # log-probs (C, rT, V)
+        sources = [src_tokens[row, : int(src_lengths[row])].tolist() for row in range(len(candidates))]
+        targets = [sources[rows[i]] for i in readable]
+        positions = torch.arange(len(readable))
+        for index, score in zip(readable, ctc_log_likelihoods(output.log_probs, output.lengths, positions, targets,
+                                                              model.cfg.blank_id)):
+            scores[index] = score
+    result, start = [], 0
+    for options in candidates:
+        result.append(scores[start : start + len(options)])
+        start += len(options)
+    return result
+
+
+@torch.no_grad()
+def self_rerank(model: REDER, src_tokens: torch.Tensor, src_lengths: torch.Tensor, direction: str,
+                nbest: list[list[tuple[list[int], float]]], weight: float) -> list[list[int]]:
+    """Per sentence, the candidate of `nbest` (REDER.nbest: ids and forward score) with the highest forward
+    score + weight · `reconstruction_scores`; ties and sentences where every candidate's reverse score is
+    −inf keep the beam's order (its best). weight 0 is the beam's best, without the reverse pass."""
+    if weight < 0:
+        raise ValueError(f"self-reranking needs weight >= 0, got {weight}")
+    if weight == 0:
+        return [entries[0][0] for entries in nbest]
+    reverse = reconstruction_scores(model, src_tokens, src_lengths, direction, [[ids for ids, _ in e] for e in nbest])
+    return [pick(entries, scores, weight) for entries, scores in zip(nbest, reverse)]
+
+
+def pick(entries: list[tuple[list[int], float]], reverse: list[float], weight: float) -> list[int]:
+    """The ids of the entry with the highest forward + weight · reverse (the first of equals; with every
+    total −inf, the first entry)."""
+    totals = [forward + weight * back if weight else forward for (_, forward), back in zip(entries, reverse)]
+    return entries[max(range(len(entries)), key=totals.__getitem__)][0]

@@ -1,14 +1,18 @@
 """Translate text with a model directory, in either direction.
 
     python -m reder.translate --checkpoint DIR (--src LANG --tgt LANG | --direction src2tgt|tgt2src)
-        [--beam N [--teacher DIR] | --decoder D] [--batch-size B] < in > out
+        [--beam N [--rerank self [--rerank-weight W] | --teacher DIR] [--cutoff-top-n N] [--cutoff-prob P]
+         | --decoder D] [--batch-size B] < in > out
 
 (installed with `pip install -e .`: `duplex-translate ...`; from Python: `reder.load(DIR).translate(...)`.)
 The direction is named by language codes (those the model directory records, e.g. --src en --tgt de) or
 as src2tgt/tgt2src.
 
-CTC models decode greedily or with prefix beam search (--beam N), whose n-best can be reranked by an
-autoregressive teacher of the same direction (--teacher DIR, a Transformer model directory); DAG models
+CTC models decode greedily or with prefix beam search (--beam N; each frame offers the beam its top
+--cutoff-top-n tokens, of which those within cumulative probability --cutoff-prob), whose n-best can be
+reranked (--rerank): `self` scores each candidate ŷ by its forward score + W · the model's own reverse
+direction's log P(x | ŷ) (--rerank-weight W; no second model), `teacher` by an autoregressive teacher of the
+same direction (--teacher DIR, a Transformer model directory; --teacher alone implies it); DAG models
 (head "dag") decode with --decoder greedy | lookahead | viterbi (default greedy). --checkpoint may also be
 a Transformer model directory (the AR baseline): --direction must be the one it was trained for, and
 --beam is its beam size (1 = greedy).
@@ -21,7 +25,7 @@ must be UTF-8; bad options, input or model files are a one-line error and exit s
 import argparse
 import sys
 from pathlib import Path
-from typing import Iterable, Optional
+from typing import Any, Iterable, Optional
 
 import sentencepiece
 import torch
@@ -30,9 +34,11 @@ from reder.autoregressive import Transformer
 from reder.checkpoint import SPM_FILE, direction_of, load_model_dir, load_teacher_dir
 from reder.config import DIRECTIONS, EOS_ID
 from reder.ctc import pad_batch
+from reder.decode import CUTOFF_PROB, CUTOFF_TOP_N
 from reder.heads import all_decoders
 from reder.model import REDER
-from reder.rerank import rerank
+from reder.rerank import RERANK_WEIGHT, RERANKERS, self_rerank
+from reder.rerank import rerank as teacher_rerank
 
 
 def encode_lines(sp: sentencepiece.SentencePieceProcessor, lines: Iterable[str]) -> list[list[int]]:
@@ -42,19 +48,28 @@ def encode_lines(sp: sentencepiece.SentencePieceProcessor, lines: Iterable[str])
 
 def translate_ids(model: REDER | Transformer, sequences: list[list[int]], direction: str, beam_size: int = 1,
                   batch_size: int = 64, decoder: str = "greedy", teacher: Optional[Transformer] = None,
-                  **search: float) -> list[list[int]]:
+                  rerank: Optional[str] = None, rerank_weight: float = RERANK_WEIGHT, cutoff_top_n: int = CUTOFF_TOP_N,
+                  cutoff_prob: float = CUTOFF_PROB, **search: float) -> list[list[int]]:
     """Translate id sequences (each ending in EOS) in length-sorted batches; results in input order.
 
     A Transformer `model` (the teacher of `direction`) decodes with beam search (beam 1 = greedy; `search`:
-    its length_penalty, max_len_a, max_len_b); with a `teacher` (a Transformer for this direction), a CTC
-    REDER's n-best of size beam_size > 1 is reranked by the teacher."""
+    its length_penalty, max_len_a, max_len_b). A CTC REDER's n-best of size beam_size > 1 (per-frame
+    cutoffs: reder.decode.frame_candidates) can be reranked: `rerank` "self" (reder.rerank.self_rerank with
+    `rerank_weight`) or "teacher" (by `teacher`, a Transformer for this direction); None means "teacher"
+    when a teacher is given, else "none"."""
     autoregressive = isinstance(model, Transformer)
-    if autoregressive and (decoder != "greedy" or teacher is not None):
-        raise ValueError("a Transformer model decodes with beam search only (no DAG decoder, no teacher)")
+    rerank = rerank or ("teacher" if teacher is not None else "none")
+    if rerank not in RERANKERS:
+        raise ValueError(f"rerank must be one of {RERANKERS}, got {rerank!r}")
+    if (rerank == "teacher") != (teacher is not None):
+        raise ValueError("teacher reranking needs a teacher, and a teacher is only for rerank='teacher'")
+    if autoregressive and (decoder != "greedy" or rerank != "none"):
+        raise ValueError("a Transformer model decodes with beam search only (no DAG decoder, no reranking)")
     if search and not autoregressive:
         raise ValueError(f"search options {sorted(search)} are the autoregressive Transformer's")
-    if teacher is not None and (not model.head.beam_search or beam_size < 2):
-        raise ValueError(f"teacher reranking needs a CTC model and beam_size > 1 (head {model.cfg.head!r}, beam_size {beam_size})")
+    if rerank != "none" and (not model.head.beam_search or beam_size < 2):
+        raise ValueError(f"{rerank} reranking needs a CTC model and beam_size > 1 (head {model.cfg.head!r}, beam_size {beam_size})")
+    cutoffs = {} if autoregressive else {"cutoff_top_n": cutoff_top_n, "cutoff_prob": cutoff_prob}
     detail = f"max_positions {model.cfg.max_positions}"
     if not autoregressive:
         detail += f", {model.head.ratio_name} {getattr(model.cfg, model.head.ratio_name)}"
@@ -73,10 +88,13 @@ def translate_ids(model: REDER | Transformer, sequences: list[list[int]], direct
         tokens, lengths = pad_batch([sequences[i] for i in chunk], device)
         if autoregressive:
             hypotheses = model.translate(tokens, lengths, beam_size=beam_size, **search)
-        elif teacher is not None:
-            hypotheses = rerank(teacher, tokens, lengths, model.candidates(tokens, lengths, direction, beam_size))
+        elif rerank == "teacher":
+            hypotheses = teacher_rerank(teacher, tokens, lengths, model.candidates(tokens, lengths, direction, beam_size, **cutoffs))
+        elif rerank == "self":
+            nbest = model.nbest(tokens, lengths, direction, beam_size, **cutoffs)
+            hypotheses = self_rerank(model, tokens, lengths, direction, nbest, rerank_weight)
         else:
-            hypotheses = model.translate(tokens, lengths, direction, beam_size=beam_size, decoder=decoder)
+            hypotheses = model.translate(tokens, lengths, direction, beam_size=beam_size, decoder=decoder, **cutoffs)
         for index, hypothesis in zip(chunk, hypotheses):
             outputs[index] = hypothesis
     return outputs
@@ -132,15 +150,21 @@ def check_device(device: str) -> None:
 
 def translate_lines(model: REDER | Transformer, sp: sentencepiece.SentencePieceProcessor, lines: list[str], direction: str,
                     beam_size: int = 1, batch_size: int = 64, decoder: str = "greedy",
-                    teacher: Optional[Transformer] = None) -> list[str]:
-    """Plain text in, detokenized text out."""
-    hypotheses = translate_ids(model, encode_lines(sp, lines), direction, beam_size, batch_size, decoder, teacher)
+                    teacher: Optional[Transformer] = None, **options: Any) -> list[str]:
+    """Plain text in, detokenized text out (`options`: translate_ids' rerank, rerank_weight and cutoffs)."""
+    hypotheses = translate_ids(model, encode_lines(sp, lines), direction, beam_size, batch_size, decoder, teacher, **options)
     return [sp.decode(h) for h in hypotheses]
 
 
 def _load(args: argparse.Namespace) -> tuple[REDER | Transformer, Optional[Transformer]]:
     """The model and the optional teacher, checked against the options; ValueError/FileNotFoundError explain."""
     check_device(args.device)
+    args.rerank = args.rerank or ("teacher" if args.teacher else "none")
+    if (args.rerank == "teacher") != bool(args.teacher):
+        raise ValueError("--rerank teacher needs --teacher DIR" if args.teacher is None
+                         else f"--teacher DIR is the reranker of --rerank teacher, not of --rerank {args.rerank}")
+    if args.rerank_weight < 0 or args.cutoff_top_n < 1 or not 0 < args.cutoff_prob <= 1:
+        raise ValueError("need --rerank-weight >= 0, --cutoff-top-n >= 1 and 0 < --cutoff-prob <= 1")
     model, meta = load_model_dir(Path(args.checkpoint), args.device)
     if args.src or args.tgt:
         if not (args.src and args.tgt) or args.direction:
@@ -153,15 +177,15 @@ def _load(args: argparse.Namespace) -> tuple[REDER | Transformer, Optional[Trans
         if meta.get("direction") != args.direction:
             raise ValueError(f"{args.checkpoint} is a Transformer for direction {meta.get('direction')!r}, "
                              f"not {args.direction!r}")
-        if args.decoder not in (None, "greedy") or args.teacher:
-            raise ValueError(f"{args.checkpoint} is a Transformer: it takes --beam, not --decoder or --teacher")
+        if args.decoder not in (None, "greedy") or args.rerank != "none":
+            raise ValueError(f"{args.checkpoint} is a Transformer: it takes --beam, not --decoder, --rerank or --teacher")
         return model, None
     if args.decoder not in (None, *model.head.decoders):
         raise ValueError(f"--decoder {args.decoder} needs a DAG model; this one has a CTC head (use --beam)")
+    if args.rerank != "none" and (not model.head.beam_search or args.beam < 2):
+        raise ValueError(f"--rerank {args.rerank} reranks a CTC model's beam: it needs a CTC model and --beam > 1")
     if not args.teacher:
         return model, None
-    if not model.head.beam_search or args.beam < 2:
-        raise ValueError("--teacher reranks a CTC model's beam: it needs a CTC model and --beam > 1")
     return model, load_teacher_dir(Path(args.teacher), args.direction, model.cfg.vocab_size, args.device)
 
 
@@ -172,7 +196,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tgt", help="target language code")
     parser.add_argument("--direction", choices=DIRECTIONS, help="instead of --src/--tgt")
     parser.add_argument("--beam", type=_positive_int, default=1, help="CTC prefix beam size, or a Transformer's beam size (1 = greedy)")
+    parser.add_argument("--rerank", choices=RERANKERS, help="rerank the CTC beam's n-best (needs --beam > 1): by the "
+                        "model's own reverse direction (self) or by --teacher (teacher); default: teacher with "
+                        "--teacher, else none")
+    parser.add_argument("--rerank-weight", type=float, default=RERANK_WEIGHT,
+                        help="--rerank self: forward score + this weight x reverse score")
     parser.add_argument("--teacher", help="Transformer model directory for --direction: reranks the CTC beam (needs --beam > 1)")
+    parser.add_argument("--cutoff-top-n", type=_positive_int, default=CUTOFF_TOP_N,
+                        help="CTC beam: tokens each frame offers the beam")
+    parser.add_argument("--cutoff-prob", type=float, default=CUTOFF_PROB,
+                        help="CTC beam: of those, only the most likely reaching this cumulative probability")
     parser.add_argument("--decoder", choices=all_decoders(), help="DAG models: greedy, lookahead or viterbi")
     parser.add_argument("--batch-size", type=_positive_int, default=64)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -189,7 +222,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: <stdin> {error}", file=sys.stderr)
         return 2
     try:
-        outputs = translate_lines(model, sp, lines, args.direction, args.beam, args.batch_size, args.decoder or "greedy", teacher)
+        options = {} if isinstance(model, Transformer) else {
+            "rerank": args.rerank, "rerank_weight": args.rerank_weight, "cutoff_top_n": args.cutoff_top_n,
+            "cutoff_prob": args.cutoff_prob}
+        outputs = translate_lines(model, sp, lines, args.direction, args.beam, args.batch_size, args.decoder or "greedy",
+                                  teacher, **options)
     except ValueError as error:
         print(f"error: <stdin> {error}", file=sys.stderr)
         return 2

@@ -278,8 +278,13 @@ FIELD_ERRORS = [
     ("workdir=' '", "workdir", "' '"),
     ("teacher.model.vocab_size=128", "teacher.model.vocab_size", "128"),
     (("model.vocab_size=32", "teacher.model.vocab_size=32"), "model.vocab_size", "32"),
-    (("evaluate.rerank_with_teacher=true", "evaluate.beam_size=1"), "evaluate.rerank_with_teacher",
-     "true with model.head 'ctc' and evaluate.beam_size 1"),
+    (("evaluate.rerank=teacher", "evaluate.beam_size=1"), "evaluate.rerank",
+     "'teacher' with model.head 'ctc' and evaluate.beam_size 1"),
+    (("evaluate.rerank=self", "model.head=dag"), "evaluate.rerank", "'self' with model.head 'dag' and evaluate.beam_size 4"),
+    ("evaluate.rerank=both", "evaluate.rerank", "'both'"),
+    ("evaluate.rerank_weight=-0.5", "evaluate.rerank_weight", "-0.5"),
+    ("evaluate.cutoff_top_n=0", "evaluate.cutoff_top_n", "0"),
+    ("evaluate.cutoff_prob=0", "evaluate.cutoff_prob", "0.0"),
     ("tune.space={model.upsample_ratio: {choice: [1, 2]}}", "tune.space.model.upsample_ratio", "{'choice': [1, 2]}"),
 ]
 

@@ -45,7 +45,7 @@ def _teacher_stage(tmp_path):
 def test_models_are_scored_and_timed_with_their_decoders_against_the_teacher_baseline(tmp_path, head):
     pairs, corpus = _corpus(tmp_path)
     options = ["model.head=dag", "model.graph_upsample_ratio=2"] if head == "dag" else \
-        ["evaluate.beam_size=3", "evaluate.rerank_with_teacher=true"]
+        ["evaluate.beam_size=3", "evaluate.rerank=teacher"]
     cfg = load_config(None, [f"model.vocab_size={VOCAB}", "evaluate.splits=[test]", "evaluate.latency_sentences=2",
                              "evaluate.throughput_batch=4", "evaluate.teacher_beam_size=2", *options])
     model = REDER(ModelConfig(vocab_size=VOCAB, d_model=8, n_heads=2, ffn_dim=16, layers_per_end=1, head=head,
@@ -83,3 +83,15 @@ def test_a_requested_teacher_baseline_without_teachers_is_an_error(tmp_path):
                                tmp_path / "spm.model", "en", "de")
     with pytest.raises(ValueError, match="teacher_baseline"):
         evaluate.evaluate_model(model_dir, corpus, cfg, tmp_path, None)
+
+
+def test_self_reranking_is_its_own_decoder_with_the_configured_weight_and_cutoffs():
+    cfg = load_config(None, [f"model.vocab_size={VOCAB}", "evaluate.beam_size=3", "evaluate.rerank=self",
+                             "evaluate.rerank_weight=2.5", "evaluate.cutoff_top_n=6", "evaluate.teacher_baseline=false"])
+    model = REDER(ModelConfig(vocab_size=VOCAB, d_model=8, n_heads=2, ffn_dim=16, layers_per_end=1)).eval()
+    decoders = evaluate.decoders_for(model, cfg.evaluate, {})
+    assert list(decoders) == ["greedy", "beam3", "beam3_selfrerank"]
+    encoded = [[5, 6, 7, 3], [8, 3], [9, 10, 11, 12, 3]]
+    assert decoders["beam3_selfrerank"](encoded, "src2tgt", 2) == translate_ids(
+        model, encoded, "src2tgt", 3, 2, rerank="self", rerank_weight=2.5, cutoff_top_n=6)
+    assert decoders["beam3"](encoded, "src2tgt", 2) == translate_ids(model, encoded, "src2tgt", 3, 2, cutoff_top_n=6)

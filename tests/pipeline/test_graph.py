@@ -43,6 +43,9 @@ def test_a_change_reaches_exactly_the_stages_downstream_of_it(tmp_path):
     assert [s for s in base if base[s] != changed[s]] == ["spm", "tokenize", "teacher", "distill", "train", "evaluate", "tune"]
     changed = graph.output_dirs(load_config(None, BASE + ["evaluate.beam_size=3"]), tmp_path)
     assert [s for s in base if base[s] != changed[s]] == ["evaluate"]
+    for new in ("evaluate.rerank=self", "evaluate.rerank_weight=0.5", "evaluate.cutoff_top_n=20", "evaluate.cutoff_prob=0.99"):
+        changed = graph.output_dirs(load_config(None, BASE + [new]), tmp_path)  # issue 26's keys: hashed off their defaults
+        assert [s for s in base if base[s] != changed[s]] == ["evaluate"], new
     changed = graph.output_dirs(load_config(None, BASE + ["train.log_every=7", "tokenize.workers=3"]), tmp_path)
     assert [s for s in base if base[s] != changed[s]] == ["tune"]  # only the sweep hashes its whole train section
 
@@ -72,7 +75,7 @@ def test_needed_follows_what_the_targets_consume():
     assert needed("distill.corpus=/data/kd", "evaluate.teacher_baseline=false") == \
         ["ingest", "spm", "tokenize", "distill", "train", "evaluate"]
     assert needed(*off[:1]) == ["ingest", "spm", "tokenize", "teacher", "train", "evaluate"]
-    assert needed(*off, "evaluate.rerank_with_teacher=true") == ["ingest", "spm", "tokenize", "teacher", "train", "evaluate"]
+    assert needed(*off, "evaluate.rerank=teacher") == ["ingest", "spm", "tokenize", "teacher", "train", "evaluate"]
     assert needed(targets=("tune",)) == ["ingest", "spm", "tokenize", "teacher", "distill", "tune"]
     assert needed(*off, targets=("tune",)) == ["ingest", "spm", "tokenize", "tune"]
 

@@ -41,8 +41,8 @@ def test_given_teacher_checkpoints_are_checked_with_clear_errors(tmp_path):
 
 
 def test_given_checkpoints_are_checked_and_change_the_stage_directory(tmp_path):
-    with pytest.raises(ConfigError, match="rerank_with_teacher"):
-        load_config(None, ["evaluate.rerank_with_teacher=true", "evaluate.beam_size=1"])
+    with pytest.raises(ConfigError, match="evaluate.rerank"):
+        load_config(None, ["evaluate.rerank=teacher", "evaluate.beam_size=1"])
     with pytest.raises(ConfigError, match="both"):
         load_config(None, [f"teacher.src2tgt_checkpoint={tmp_path}"])
     given = load_config(None, [f"teacher.src2tgt_checkpoint={tmp_path}/a", f"teacher.tgt2src_checkpoint={tmp_path}/b",

@@ -238,7 +238,17 @@ def test_cli_reranks_with_a_teacher_and_decodes_with_a_transformer(spm_dir, monk
     assert code == 0 and out.splitlines() == translate_lines(model, sp, lines, "src2tgt", 3, teacher=teacher)
     code, out, _ = run("--checkpoint", str(teacher_dir), "--direction", "src2tgt", "--beam", "2")
     assert code == 0 and out.splitlines() == translate_lines(teacher, sp, lines, "src2tgt", 2)
+    code, out, _ = run("--checkpoint", str(reder_dir), "--direction", "src2tgt", "--beam", "3", "--rerank", "self",
+                       "--rerank-weight", "2", "--cutoff-top-n", "5", "--cutoff-prob", "0.99")
+    assert code == 0 and out.splitlines() == translate_lines(model, sp, lines, "src2tgt", 3, rerank="self", rerank_weight=2.0,
+                                                              cutoff_top_n=5, cutoff_prob=0.99)
+    reder_args = ("--checkpoint", str(reder_dir), "--direction", "src2tgt", "--beam", "3")
     for args, message in [
+        ((*reder_args, "--rerank", "teacher"), "error: --rerank teacher needs --teacher DIR\n"),
+        ((*reder_args, "--rerank", "self", "--teacher", str(teacher_dir)), "--teacher DIR is the reranker of --rerank teacher"),
+        ((*reder_args, "--rerank", "self", "--rerank-weight", "-1"), "need --rerank-weight >= 0"),
+        ((*reder_args[:4], "--rerank", "self"), "--rerank self reranks a CTC model's beam"),
+        (("--checkpoint", str(teacher_dir), "--direction", "src2tgt", "--rerank", "self"), "takes --beam, not --decoder, --rerank"),
         (("--checkpoint", str(reder_dir), "--direction", "src2tgt", "--teacher", str(teacher_dir)), "needs a CTC model and --beam > 1"),
         (("--checkpoint", str(reder_dir), "--direction", "tgt2src", "--beam", "3", "--teacher", str(teacher_dir)),
          "the teacher translates 'src2tgt', but 'tgt2src'"),
