@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> dict:
     sp = sentencepiece.SentencePieceProcessor(model_file=str(model_dir / SPM_FILE))
     source, _ = evaluate.read_text_split(stages["ingest"], "test", args.sentences)
     encoded = encode_lines(sp, source)
-    options = SimpleNamespace(beam_size=args.beam, rerank="teacher" if model.head.beam_search and args.beam > 1 else "none",
+    options = SimpleNamespace(beam_size=args.beam, rerank="teacher" if model.head.reranks and args.beam > 1 else "none",
                               cutoff_top_n=CUTOFF_TOP_N, cutoff_prob=CUTOFF_PROB,
                               teacher_baseline=True, teacher_beam_size=4, latency_sentences=len(encoded),
                               throughput_batch=args.batch)

@@ -398,7 +398,7 @@ def check_consistency(cfg: PipelineConfig) -> None:
     if cfg.model.vocab_size < 64:
         raise ConfigError(f"model.vocab_size: must be >= 64 for a joint SentencePiece model, "
                           f"got {cfg.model.vocab_size}")
-    if cfg.evaluate.rerank != "none" and (not head_class(cfg.model.head).beam_search or cfg.evaluate.beam_size < 2):
+    if cfg.evaluate.rerank != "none" and (not head_class(cfg.model.head).reranks or cfg.evaluate.beam_size < 2):
         raise ConfigError(f"evaluate.rerank: reranks the CTC beam, so it needs model.head=ctc and "
                           f"evaluate.beam_size >= 2, got {cfg.evaluate.rerank!r} with model.head {cfg.model.head!r} and "
                           f"evaluate.beam_size {cfg.evaluate.beam_size}")

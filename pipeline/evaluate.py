@@ -71,13 +71,15 @@ def decoders_for(model: Any, evaluation: Any, teachers: dict[str, Any]) -> dict[
     if (evaluation.teacher_baseline or evaluation.rerank == "teacher") and set(teachers) != {"src2tgt", "tgt2src"}:
         raise ValueError("evaluate.teacher_baseline / evaluate.rerank=teacher need both directions' teachers "
                          "(the teacher stage's output)")
-    # the head's own decoders; beam_size (and reranking its n-best) only for a head with beam search (CTC)
+    # the head's own decoders, its beam search (CTC: prefix beam; DAG: over strings) and, for a head whose
+    # n-best can be reranked (CTC), the reranked beam
     systems: dict[str, Decoder] = {name: (lambda enc, d, bs, name=name: translate_ids(model, enc, d, 1, bs, name))
                                    for name in model.head.decoders}
     beam = evaluation.beam_size
-    if model.head.beam_search and beam > 1:
-        cutoffs = {"cutoff_top_n": evaluation.cutoff_top_n, "cutoff_prob": evaluation.cutoff_prob}
+    cutoffs = {"cutoff_top_n": evaluation.cutoff_top_n, "cutoff_prob": evaluation.cutoff_prob} if model.head.reranks else {}
+    if beam > 1:
         systems[f"beam{beam}"] = lambda enc, d, bs: translate_ids(model, enc, d, beam, bs, **cutoffs)
+    if model.head.reranks and beam > 1:
         if evaluation.rerank == "teacher":
             systems[f"beam{beam}_rerank"] = lambda enc, d, bs: translate_ids(model, enc, d, beam, bs, teacher=teachers[d],
                                                                              **cutoffs)

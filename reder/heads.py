@@ -2,8 +2,8 @@
 
 A head owns the upsampling of the reading end's input and `max_input_length`, what it adds to the writing
 end's log-probs (`extra`; DAG: log E from its links), its loss (named `<name>_<direction>`, plus its
-`counters`), FBA's layout of the target, CC's hard decode, its decoders (`beam_search` heads also give an
-n-best for reranking), and the feasibility rule the tokenize stage filters pairs with. A new head
+`counters`), FBA's layout of the target, CC's hard decode, its decoders (with beam_size > 1 both heads
+search a beam; `reranks` heads also give an n-best for reranking), and the feasibility rule the tokenize stage filters pairs with. A new head
 is a class registered in HEADS, with its name added to reder.config.HEADS (config validation).
 """
 from dataclasses import dataclass, field
@@ -16,7 +16,7 @@ from torch import nn
 
 from reder.config import BOS_ID, EOS_ID, PAD_ID, ModelConfig
 from reder.ctc import collapse_frames, pad_batch, smoothed_ctc_loss, valid_mask, viterbi_align
-from reder.dag import DAG_DECODERS, DagLinks, dag_decode, dag_greedy, dag_loss, graph_lengths_for, target_emissions
+from reder.dag import DAG_DECODERS, DagLinks, dag_beam, dag_decode, dag_greedy, dag_loss, graph_lengths_for, target_emissions
 from reder.dag import viterbi_align as dag_viterbi_align
 from reder.decode import CUTOFF_PROB, CUTOFF_TOP_N, ctc_greedy, ctc_nbest, strip_special
 
@@ -42,7 +42,7 @@ class CtcHead(nn.Module):
     ratio_name = "upsample_ratio"
     counters: tuple[str, ...] = ()
     decoders: tuple[str, ...] = ("greedy",)  # with beam_size > 1: prefix beam search
-    beam_search = True
+    reranks = True  # its beam's n-best can be reranked (by the teacher or by the model's reverse direction)
     argmax_greedy = True  # greedy is a per-frame argmax: it can read logits instead of log-probs
 
     def __init__(self, cfg: ModelConfig) -> None:
@@ -119,8 +119,8 @@ class DagHead(nn.Module):
     name = "dag"  # the main loss term is dag_<direction>
     ratio_name = "graph_upsample_ratio"
     counters: tuple[str, ...] = ("dropped",)  # samples left out: graph shorter than the target
-    decoders: tuple[str, ...] = DAG_DECODERS
-    beam_search = False
+    decoders: tuple[str, ...] = DAG_DECODERS  # with beam_size > 1: beam search over strings (dag_beam)
+    reranks = False
     argmax_greedy = False  # greedy weighs emissions against the links: it needs log-probs
 
     def __init__(self, cfg: ModelConfig) -> None:
@@ -182,9 +182,15 @@ class DagHead(nn.Module):
         return pad_batch([strip_special(h, blank)[:limit] + [EOS_ID] for h in hypotheses], output.log_probs.device)
 
     def decode(self, output: HeadOutput, decoder: str, beam_size: int) -> list[list[int]]:
-        """Raw ids (BOS/EOS kept) of one hypothesis per graph: greedy, lookahead or viterbi; no beam."""
-        if beam_size != 1:
-            raise ValueError("beam search is not implemented for the DAG head: use decoder greedy, lookahead or viterbi")
+        """Raw ids (BOS/EOS kept) of one hypothesis per graph: greedy, lookahead or viterbi; with beam_size > 1
+        beam search over strings by their exact probability (`dag_beam`, length penalty 1, the top 5 tokens
+        of each vertex as candidates; never below greedy or lookahead on that score)."""
+        if beam_size > 1:
+            if decoder != "greedy":
+                raise ValueError(f"decoder {decoder!r} with beam_size {beam_size}: a DAG beam search is its own decoder "
+                                 "(give beam_size > 1 alone, or beam_size 1 with greedy, lookahead or viterbi)")
+            return [string for string, _ in dag_beam(output.extra["log_edges"], output.log_probs, output.lengths,
+                                                     beam_size, excluded=(PAD_ID, self.cfg.blank_id))]
         return dag_decode(decoder, output.extra["log_edges"], output.log_probs, output.lengths)
 
     @staticmethod

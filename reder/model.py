@@ -218,7 +218,7 @@ class REDER(nn.Module):
         greedy decoder is a per-position argmax (CTC) gets the logits without the log-softmax."""
         normalise = not (beam_size == 1 and decoder == "greedy" and self.head.argmax_greedy)
         output = self.outputs(tokens, lengths, direction, normalise)
-        cutoffs = {"cutoff_top_n": cutoff_top_n, "cutoff_prob": cutoff_prob} if self.head.beam_search else {}
+        cutoffs = {"cutoff_top_n": cutoff_top_n, "cutoff_prob": cutoff_prob} if self.head.reranks else {}
         hypotheses = self.head.decode(output, decoder, beam_size, **cutoffs)
         return [strip_special(h, self.cfg.blank_id) for h in hypotheses]
 
@@ -227,7 +227,7 @@ class REDER(nn.Module):
               cutoff_top_n: int = CUTOFF_TOP_N, cutoff_prob: float = CUTOFF_PROB) -> list[list[tuple[list[int], float]]]:
         """The CTC beam's n-best per sentence, best first: (ids with specials stripped, the normalised forward
         score log P(y|x)/|y| of the raw labels); of raw labels equal after stripping only the best stays."""
-        if not self.head.beam_search:
+        if not self.head.reranks:
             raise ValueError(f"candidates need a CTC head, this model's head is {self.cfg.head!r}")
         nbest = self.head.nbest(self.outputs(tokens, lengths, direction), beam_size, cutoff_top_n, cutoff_prob)
         results = []

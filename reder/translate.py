@@ -13,7 +13,8 @@ CTC models decode greedily or with prefix beam search (--beam N; each frame offe
 reranked (--rerank): `self` scores each candidate ŷ by its forward score + W · the model's own reverse
 direction's log P(x | ŷ) (--rerank-weight W; no second model), `teacher` by an autoregressive teacher of the
 same direction (--teacher DIR, a Transformer model directory; --teacher alone implies it); DAG models
-(head "dag") decode with --decoder greedy | lookahead | viterbi (default greedy). --checkpoint may also be
+(head "dag") decode with --decoder greedy | lookahead | viterbi (default greedy), or --beam N: beam search
+over output strings by their exact probability (reder.dag.dag_beam). --checkpoint may also be
 a Transformer model directory (the AR baseline): --direction must be the one it was trained for, and
 --beam is its beam size (1 = greedy).
 
@@ -67,7 +68,7 @@ def translate_ids(model: REDER | Transformer, sequences: list[list[int]], direct
         raise ValueError("a Transformer model decodes with beam search only (no DAG decoder, no reranking)")
     if search and not autoregressive:
         raise ValueError(f"search options {sorted(search)} are the autoregressive Transformer's")
-    if rerank != "none" and (not model.head.beam_search or beam_size < 2):
+    if rerank != "none" and (not model.head.reranks or beam_size < 2):
         raise ValueError(f"{rerank} reranking needs a CTC model and beam_size > 1 (head {model.cfg.head!r}, beam_size {beam_size})")
     cutoffs = {} if autoregressive else {"cutoff_top_n": cutoff_top_n, "cutoff_prob": cutoff_prob}
     detail = f"max_positions {model.cfg.max_positions}"
@@ -182,7 +183,7 @@ def _load(args: argparse.Namespace) -> tuple[REDER | Transformer, Optional[Trans
         return model, None
     if args.decoder not in (None, *model.head.decoders):
         raise ValueError(f"--decoder {args.decoder} needs a DAG model; this one has a CTC head (use --beam)")
-    if args.rerank != "none" and (not model.head.beam_search or args.beam < 2):
+    if args.rerank != "none" and (not model.head.reranks or args.beam < 2):
         raise ValueError(f"--rerank {args.rerank} reranks a CTC model's beam: it needs a CTC model and --beam > 1")
     if not args.teacher:
         return model, None
@@ -206,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="CTC beam: tokens each frame offers the beam")
     parser.add_argument("--cutoff-prob", type=float, default=CUTOFF_PROB,
                         help="CTC beam: of those, only the most likely reaching this cumulative probability")
-    parser.add_argument("--decoder", choices=all_decoders(), help="DAG models: greedy, lookahead or viterbi")
+    parser.add_argument("--decoder", choices=all_decoders(), help="DAG models: greedy, lookahead or viterbi (or --beam N alone)")
     parser.add_argument("--batch-size", type=_positive_int, default=64)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args(argv)

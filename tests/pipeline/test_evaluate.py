@@ -55,7 +55,7 @@ def test_models_are_scored_and_timed_with_their_decoders_against_the_teacher_bas
     out.mkdir()
     headline = evaluate.evaluate_model(model_dir, corpus, cfg, out, None, str(_teacher_stage(tmp_path)))
     results = json.loads((out / evaluate.RESULTS_FILE).read_text())
-    ours = ("greedy", "lookahead", "viterbi") if head == "dag" else ("greedy", "beam3", "beam3_rerank")
+    ours = ("greedy", "lookahead", "viterbi", "beam5") if head == "dag" else ("greedy", "beam3", "beam3_rerank")
     decoders = (*ours, "teacher_greedy", "teacher_beam2")
     assert set(results["scores"]) == {f"test.{d}.{decoder}" for d in ("src2tgt", "tgt2src") for decoder in decoders}
     speed = results["speed"]

@@ -8,8 +8,9 @@ import torch.nn.functional as F
 
 from reder import BOS_ID, DIRECTIONS, EOS_ID, PAD_ID, DuplexLoss, LossConfig, ModelConfig
 from reder.config import HEADS as CONFIG_HEADS
-from reder.dag import dag_log_likelihood, edge_mask, masked_log_softmax, target_emissions, viterbi_align
+from reder.dag import dag_beam, dag_log_likelihood, edge_mask, masked_log_softmax, target_emissions, viterbi_align
 from reder.heads import HEADS, CtcHead, DagHead, HeadOutput, all_decoders, feasibility_key, feasibility_rule, head_class, make_head
+from reder.decode import strip_special
 from tests.reder.helpers import padding_mask, random_batch, tiny_config, tiny_model
 
 # The DAG links' entries in every model directory saved before heads were modules (and since).
@@ -28,7 +29,7 @@ def test_every_configurable_head_is_registered_with_its_capabilities():
         assert type(head) is head_class(name) and head.name == name
     assert (CtcHead.decoders, DagHead.decoders) == (("greedy",), ("greedy", "lookahead", "viterbi"))
     assert all_decoders() == ("greedy", "lookahead", "viterbi")
-    assert (CtcHead.beam_search, DagHead.beam_search) == (True, False)
+    assert (CtcHead.reranks, DagHead.reranks) == (True, False)
     with pytest.raises(ValueError, match="unknown head 'crf'"):
         head_class("crf")
 
@@ -216,8 +217,13 @@ def test_translate_with_every_dag_decoder_in_both_directions_and_clear_errors():
             assert len(hypotheses) == 3 and all(4 <= t < 11 or t == 1 for h in hypotheses for t in h)
     with pytest.raises(ValueError, match="DAG decoder must be one of"):
         model.translate(tokens, lengths, "src2tgt", decoder="beam")
-    with pytest.raises(ValueError, match="beam search is not implemented"):
-        model.translate(tokens, lengths, "src2tgt", beam_size=4)
+    for direction in DIRECTIONS:  # beam search over strings: the beam's string, specials stripped
+        output = model.outputs(tokens, lengths, direction)
+        best = dag_beam(output.extra["log_edges"], output.log_probs, output.lengths, 4, excluded=(0, model.cfg.blank_id))
+        assert model.translate(tokens, lengths, direction, beam_size=4) == [strip_special(s, model.cfg.blank_id)
+                                                                          for s, _ in best]
+    with pytest.raises(ValueError, match="a DAG beam search is its own decoder"):
+        model.translate(tokens, lengths, "src2tgt", decoder="viterbi", beam_size=4)
     with pytest.raises(ValueError, match="needs head='dag'"):
         tiny_model().eval().translate(tokens, lengths, "src2tgt", decoder="viterbi")
 
