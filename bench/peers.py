@@ -19,7 +19,8 @@ Inputs: the first `--sentences` lines of Multi30k test-2016 English. Per engine 
     user's path: ids in, ids out (`reder.translate.translate_ids`; CTranslate2's `translate_batch`);
   - `sentences_per_s`: all sentences in one call at batch `--batch` (length-sorted batches).
 Engines and decoders:
-  - `reder`: greedy and CTC prefix beam `--beam` (REDER.translate under inference mode);
+  - `reder`: greedy and CTC prefix beam `--beam` (REDER.translate under inference mode); with `--compile` also
+    greedy with the trunk under `torch.compile(dynamic=True)` (`greedy_compiled`, and the compile time);
   - `teacher`: our Transformer, greedy and beam 4 (`Transformer.translate`);
   - `ct2`: CTranslate2 (optional extra) on the teacher converted by `reder.ct2` (float32), greedy and beam 4,
     one `translate_batch` per length-sorted batch, as one runs it (`ct2_mirror_beam4`: `reder.ct2.translate_ids`,
@@ -68,6 +69,7 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--ffn", type=int, default=1024)
     parser.add_argument("--layers", type=int, default=6, help="AR: encoder and decoder layers each; REDER: per end")
     parser.add_argument("--ar-tokens", type=int, default=16, help="untrained AR outputs: forced length")
+    parser.add_argument("--compile", action="store_true", help="also time REDER greedy with its trunk under torch.compile")
     return parser.parse_args(argv)
 
 
@@ -185,6 +187,13 @@ def work_reder(args: argparse.Namespace, sequences: list[list[int]], vocab: int)
     for name, beam in (("greedy", 1), (f"beam{args.beam}", args.beam)):
         out[name] = _time(lambda batch, size: translate_ids(model, batch, "src2tgt", beam, size), sequences,
                           args.batch, args.device)
+    if args.compile:  # the trunk through torch.compile (dynamic shapes), same path otherwise
+        started = time.perf_counter()
+        model.layers = torch.compile(model.layers, dynamic=True)
+        translate_ids(model, sequences[:1], "src2tgt", 1, 1)
+        out["compile_s"] = round(time.perf_counter() - started, 1)
+        out["greedy_compiled"] = _time(lambda batch, size: translate_ids(model, batch, "src2tgt", 1, size), sequences,
+                                       args.batch, args.device)
     mean_length = round(sum(map(len, sequences)) / len(sequences))
     rate = gemm_rate(model.cfg, mean_length, args.device)
     floor_ms = 1000 * sum(reder_flops(model.cfg, len(s)) for s in sequences) / len(sequences) / rate
