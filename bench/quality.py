@@ -13,11 +13,14 @@ section of the config and the budget of the command line; `configs/multi30k.yaml
   (`teacher` section of configs/multi30k.yaml) trained `--steps` updates, scored on test_2016_flickr and
   test_2017_flickr (sacreBLEU/chrF, greedy and beam 4) and timed (latency at batch 1 over
   `evaluate.latency_sentences`, sentences/s at `evaluate.throughput_batch`, pipeline.evaluate.measure_speed); then the whole training split distilled both ways (beam 4,
-  pipeline.distill.decode and apply_fallbacks; not with `--no-distill`, for a baseline only). Writes spm.model,
+  pipeline.distill.decode and apply_fallbacks; not with `--no-distill`, for a baseline, or to give the reder
+  phase's variants without KD their SentencePiece model and references only). Writes spm.model,
   kd.parquet, teacher-<direction>/ (model directories) and teachers.json into OUT.
 - `reder`: REDER (`model` section of configs/multi30k.yaml) trained `--steps` updates per variant and seed —
   `kd` (KD pairs, FBA + CC from `--aux-from`), `raw` (the references, same), `kd_noaux` (KD pairs, no
-  auxiliary losses), `dag_kd` / `dag_kd_noaux` (the DAG head instead of CTC) — each scored with the
+  auxiliary losses), `dag_kd` / `dag_kd_noaux` (the DAG head instead of CTC), `raw_noaux` (the references, no
+  auxiliary losses), and the simplex baselines `simplex` (KD pairs) / `simplex_raw` (the references): one model per
+  direction (`loss.directions`), each `--steps` updates in its own direction, no FBA/CC — each scored with the
   evaluate stage's decoders (`decoders_for`: CTC greedy, `--beam` and teacher reranking when the teachers
   were saved; DAG greedy, lookahead, Viterbi) on both test sets, both directions, round trip (greedy),
   and timed the same way (with the teachers' greedy and beam 4 alongside when they were saved).
@@ -200,13 +203,20 @@ def teachers_phase(args: argparse.Namespace, cfg, device: str) -> dict:
     return report
 
 
-VARIANTS = {  # name: (trained on the KD pairs, FBA + CC switched on at --aux-from, model overrides)
-    "kd": (True, True, {}),
-    "raw": (False, True, {}),
-    "kd_noaux": (True, False, {}),
-    "dag_kd": (True, True, {"head": "dag"}),
-    "dag_kd_noaux": (True, False, {"head": "dag"}),
+# name: (trained on the KD pairs, FBA + CC switched on at --aux-from, model overrides, simplex). A simplex
+# variant is one model per direction (loss.directions), each trained --steps updates in its direction only, without
+# FBA/CC (they need the other direction); its row's scores are each direction's own model's.
+VARIANTS = {
+    "kd": (True, True, {}, False),
+    "raw": (False, True, {}, False),
+    "kd_noaux": (True, False, {}, False),
+    "dag_kd": (True, True, {"head": "dag"}, False),
+    "dag_kd_noaux": (True, False, {"head": "dag"}, False),
+    "raw_noaux": (False, False, {}, False),
+    "simplex": (True, False, {}, True),
+    "simplex_raw": (False, False, {}, True),
 }
+DIRECTIONS = ("src2tgt", "tgt2src")
 
 
 def _load_teachers(source: Path, vocab_size: int, device: str) -> dict:
@@ -227,29 +237,50 @@ def _reder_inputs(args: argparse.Namespace, cfg, device: str) -> SimpleNamespace
 
     data, source = Path(args.data_dir), Path(args.source)
     sp = sentencepiece.SentencePieceProcessor(model_file=str(source / "spm.model"))
-    kd = pq.read_table(source / "kd.parquet")
     teachers = _load_teachers(source, cfg.model.vocab_size, device)
     evaluation = SimpleNamespace(teacher_baseline=bool(teachers), teacher_beam_size=4, beam_size=args.beam,
                                  rerank="teacher" if teachers and args.beam > 1 else "none",
                                  cutoff_top_n=CUTOFF_TOP_N, cutoff_prob=CUTOFF_PROB, **vars(_speed(cfg)))
+    if (source / "kd.parquet").is_file():
+        kd = pq.read_table(source / "kd.parquet")
+        ids = {name: kd.column(name).to_pylist() for name in ("src_ids", "tgt_ids", "kd_tgt_ids", "kd_src_ids")}
+    else:  # teachers --no-distill: the references only (--train-limit as there), for the variants without KD
+        english, german = (lines[: args.train_limit or None] for lines in _lines(data, "train"))
+        ids = {"src_ids": sp.encode(english), "tgt_ids": sp.encode(german), "kd_tgt_ids": None, "kd_src_ids": None}
     return SimpleNamespace(data=data, sp=sp, teachers=teachers, evaluation=evaluation,
-                           test=encode_lines(sp, _lines(data, TESTS[0])[0]),
-                           **{name: kd.column(name).to_pylist() for name in ("src_ids", "tgt_ids", "kd_tgt_ids", "kd_src_ids")})
+                           test=encode_lines(sp, _lines(data, TESTS[0])[0]), **ids)
 
 
 def _kd_examples(inputs: SimpleNamespace) -> list[tuple[list[int], ...]]:
     """The KD training examples as the distill stage's rows are read by the pipeline: (x, y, teacher(x),
     teacher(y)); src2tgt trains on (x, teacher(x)), tgt2src on (teacher(y), y)."""
+    if inputs.kd_tgt_ids is None:
+        raise FileNotFoundError("the teachers phase's output has no kd.parquet (it ran with --no-distill): "
+                                "only the variants without KD can train on it")
     return list(zip(inputs.src_ids, inputs.tgt_ids, inputs.kd_tgt_ids, inputs.kd_src_ids))
 
 
+def _systems(models: dict, evaluation, teachers: dict) -> dict:
+    """decoders_for a duplex model ({direction: the same model}), or for a simplex pair ({direction: its own
+    model}): each decoder translates a direction with that direction's model."""
+    from pipeline.evaluate import decoders_for
+
+    if models["src2tgt"] is models["tgt2src"]:
+        return decoders_for(models["src2tgt"], evaluation, teachers)
+    own = {d: decoders_for(models[d], evaluation, teachers) for d in DIRECTIONS}
+    return {name: (lambda enc, d, bs, name=name: own[d][name](enc, d, bs)) for name in own["src2tgt"]}
+
+
 def _evaluate(model, inputs: SimpleNamespace, hypotheses: dict | None = None, speed: bool = True) -> dict:
-    """A trained REDER scored with every decoder of the evaluate stage on both test sets both ways, its greedy
-    round trip, and (unless `speed` is false) its speed, with the teachers' alongside when they were saved."""
-    from pipeline.evaluate import decoders_for, measure_speed
+    """A trained REDER (or a simplex pair, {direction: model}) scored with every decoder of the evaluate stage
+    on both test sets both ways, its greedy round trip, and (unless `speed` is false) its speed, with the
+    teachers' alongside when they were saved."""
+    from pipeline.evaluate import measure_speed
 
     entry = {}
-    systems = decoders_for(model, inputs.evaluation, inputs.teachers)
+    models = model if isinstance(model, dict) else {d: model for d in DIRECTIONS}
+    model = models["src2tgt"]  # what measure_speed times (src2tgt)
+    systems = _systems(models, inputs.evaluation, inputs.teachers)
     for decoder, translate in systems.items():
         if not decoder.startswith("teacher_"):  # the teachers are scored by their own phase
             kept = {} if hypotheses is not None else None
@@ -275,10 +306,9 @@ def reder_phase(args: argparse.Namespace, cfg, device: str) -> dict:
               "teachers_loaded": bool(inputs.teachers), "beam": args.beam}
     train = _train_config(args, cfg.train)
     for name in args.variants:
-        use_kd, aux, overrides = VARIANTS[name]
+        use_kd, aux, overrides, simplex = VARIANTS[name]
         model_cfg = replace(cfg.model, memory_efficient=False, **overrides)
-        loss_config = LossConfig(lambda_fba=cfg.loss.lambda_fba, lambda_cc=cfg.loss.lambda_cc, aux_start_step=aux_from) \
-            if aux else LossConfig(0.0, 0.0, 0)
+        loss_config = replace(cfg.loss, aux_start_step=aux_from) if aux else LossConfig(0.0, 0.0, 0)
         if use_kd:
             examples = _kd_examples(inputs)
         else:  # the references, filtered as the tokenize stage would for this head
@@ -287,17 +317,33 @@ def reder_phase(args: argparse.Namespace, cfg, device: str) -> dict:
             report[f"{name}_feasible_reference_pairs"] = len(feasible)
             examples = [(src[i], tgt[i]) for i in feasible]
         for seed in args.seeds:
-            torch.manual_seed(seed)
-            model = REDER(model_cfg, loss_config).to(device)
-            harness = _harness(args, model, DuplexLoss(model), train, device, inputs.sp, inputs.data)
-            entry = {"head": model_cfg.head, "seed": seed,
-                     "train": harness.fit_examples(examples, time_cap_s=args.time_cap_s)}
-            if args.validate_every:
-                entry.update(_average(model, harness, inputs.sp, inputs.data))
-            entry.update(_evaluate(model, inputs, speed=not args.no_speed))
             key = name if len(args.seeds) == 1 else f"{name}_seed{seed}"
-            if args.save_models:
-                save_model_dir(Path(args.out) / f"{MODEL_DIR}{key}", model, Path(args.source) / "spm.model", "en", "de")
+            models, entry = {}, {"head": model_cfg.head, "seed": seed, "simplex": simplex}
+            for directions in [(d,) for d in DIRECTIONS] if simplex else [DIRECTIONS]:
+                torch.manual_seed(seed)
+                model = REDER(model_cfg, replace(loss_config, directions=directions)).to(device)
+                harness = _harness(args, model, DuplexLoss(model), train, device, inputs.sp, inputs.data, directions)
+                fitted = {"train": harness.fit_examples(examples, time_cap_s=args.time_cap_s)}
+                if args.validate_every:
+                    fitted.update(_average(model, harness, inputs.sp, inputs.data, directions))
+                for direction in directions:
+                    models[direction] = model
+                if simplex:
+                    entry[f"train_{directions[0]}"] = fitted
+                else:
+                    entry.update(fitted)
+                if args.save_models:
+                    suffix = f"-{directions[0]}" if simplex else ""
+                    save_model_dir(Path(args.out) / f"{MODEL_DIR}{key}{suffix}", model, Path(args.source) / "spm.model",
+                                   "en", "de")
+            if simplex:  # the row's budget: one model's updates (each direction's model has as many), both models' time
+                parts = [entry[f"train_{d}"]["train"] for d in DIRECTIONS]
+                entry["train"] = {"steps": parts[0]["steps"], "seconds": round(sum(p["seconds"] for p in parts), 1),
+                                  "last_loss": None}
+                if args.validate_every:
+                    entry[LAST_UPDATE] = {cell: score for d in DIRECTIONS
+                                          for cell, score in entry[f"train_{d}"][LAST_UPDATE].items()}
+            entry.update(_evaluate(models, inputs, speed=not args.no_speed))
             report[key] = entry
             print(json.dumps({key: entry}), flush=True)
     return report
@@ -308,7 +354,7 @@ def speed_phase(args: argparse.Namespace, cfg, device: str) -> dict:
     `--no-speed` because several trainings shared the device): every decoder of its report (its `--beam`)
     and the teachers' greedy and beam 4 in the same process, written into --out's reder.json as each entry's
     `speed` (atomically; the report's `speed_measured` says when and where). Returns {key: speed}."""
-    from pipeline.evaluate import decoders_for, measure_speed
+    from pipeline.evaluate import measure_speed
     from pipeline.stage import write_text
     from reder.checkpoint import load_model_dir
 
@@ -317,7 +363,8 @@ def speed_phase(args: argparse.Namespace, cfg, device: str) -> dict:
         raise FileNotFoundError(f"speed: {path} does not exist (run the reder phase with --out {args.out} first)")
     report = json.loads(path.read_text(encoding="utf-8"))
     keys = [key for key, entry in report.items() if isinstance(entry, dict) and "train" in entry]
-    missing = [key for key in keys if not (Path(args.out) / f"{MODEL_DIR}{key}").is_dir()]
+    missing = [key for key in keys if not all((Path(args.out) / f"{MODEL_DIR}{key}{suffix}").is_dir() for suffix in
+                                              ([f"-{d}" for d in DIRECTIONS] if report[key].get("simplex") else [""]))]
     if not keys or missing:
         raise FileNotFoundError(f"speed: {path}: no saved model for {missing or 'any system'} "
                                 f"(run the reder phase with --save-models)")
@@ -326,9 +373,10 @@ def speed_phase(args: argparse.Namespace, cfg, device: str) -> dict:
     inputs.evaluation.rerank = "teacher" if inputs.teachers and inputs.evaluation.beam_size > 1 else "none"
     result = {**_header(args, device), "teachers_loaded": bool(inputs.teachers)}
     for key in keys:
-        model, _ = load_model_dir(Path(args.out) / f"{MODEL_DIR}{key}", device)
-        report[key]["speed"] = result[key] = measure_speed(model, inputs.test, decoders_for(model, inputs.evaluation,
-                                                                                              inputs.teachers),
+        models = {d: load_model_dir(Path(args.out) / f"{MODEL_DIR}{key}" + (f"-{d}" if report[key].get("simplex") else ""),
+                                    device)[0] for d in DIRECTIONS}
+        report[key]["speed"] = result[key] = measure_speed(models["src2tgt"], inputs.test,
+                                                           _systems(models, inputs.evaluation, inputs.teachers),
                                                            inputs.evaluation)
         print(json.dumps({key: result[key]}), flush=True)
     report["speed_measured"] = {"date": result["date"], "device": result["device"], "by": "bench.quality speed"}

@@ -28,7 +28,9 @@ from pipeline.stage import write_json, write_text
 
 CELLS = [(split, direction) for split in TESTS for direction in ("src2tgt", "tgt2src")]
 LABELS = {"kd": "REDER + KD, FBA + CC", "raw": "REDER, no KD, FBA + CC", "kd_noaux": "REDER + KD, no FBA/CC",
-          "dag_kd": "REDER-DAG + KD, FBA + CC", "dag_kd_noaux": "REDER-DAG + KD, no FBA/CC"}  # VARIANTS' names
+          "dag_kd": "REDER-DAG + KD, FBA + CC", "dag_kd_noaux": "REDER-DAG + KD, no FBA/CC",
+          "raw_noaux": "REDER, no KD, no FBA/CC", "simplex": "simplex (one model per direction) + KD, no FBA/CC",
+          "simplex_raw": "simplex (one model per direction), no KD, no FBA/CC"}  # VARIANTS' names
 BASELINE = "teacher_beam4"
 
 

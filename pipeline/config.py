@@ -110,7 +110,11 @@ class TrainConfig:
     use_gpu: bool = False
     cpus_per_worker: float = 1.0
     gpus_per_worker: float = 1.0  # only with use_gpu; a fraction (0.25) packs that many Tune trials on one GPU
-    max_tokens: int = 4096  # per worker and micro-batch: sentences × (longest source + longest target)
+    max_tokens: int = 4096  # per worker and micro-batch, counted as batch_tokens says
+    # How a micro-batch's tokens are counted against max_tokens (EOS included): "sum" = sentences × (longest
+    # source + longest target), this code's convention; "max" = sentences × max(longest source, longest
+    # target), fairseq's (its max_tokens bounds each side), so about twice the sentences at the same max_tokens.
+    batch_tokens: Literal["sum", "max"] = "sum"
     update_freq: int = 1  # micro-batches per update (gradient accumulation)
     max_steps: int = 300_000  # optimizer updates
     lr: float = 5e-4

@@ -13,7 +13,7 @@ finished outputs keep their directories (tests/pipeline/test_graph.py pins them)
 """
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any
 
@@ -26,11 +26,20 @@ from reder import heads
 NEW_EVALUATE_KEYS = ("rerank", "rerank_weight", "cutoff_top_n", "cutoff_prob")
 # Keys of a train section that change neither the data order nor the optimisation: not hashed.
 NOT_HASHED = ("log_every", "max_failures", "storage_path", "fail_at_step", "start_timeout_s", "valid_max_sentences")
+# Keys added to a hashed section after outputs existed (issue 26): hashed only when set away from their
+# default, which is the behaviour from before them, so finished outputs keep their directories.
+ADDED_LATER = {"loss": ("fba_start_step", "cc_start_step", "directions"), "train": ("batch_tokens",)}
+
+
+def section_key(name: str, section: Any) -> dict[str, Any]:
+    """`asdict(section)` less the ADDED_LATER keys of section `name` ("loss", "train") at their defaults."""
+    defaults = {f.name: f.default for f in fields(section)}
+    return {k: v for k, v in asdict(section).items() if k not in ADDED_LATER.get(name, ()) or v != defaults[k]}
 
 
 def train_key(section: TrainConfig) -> dict[str, Any]:
     """The hashed part of a train section (REDER's or the teachers')."""
-    return {k: v for k, v in asdict(section).items() if k not in NOT_HASHED}
+    return {k: v for k, v in section_key("train", section).items() if k not in NOT_HASHED}
 
 
 def training_data(cfg: PipelineConfig) -> str:
@@ -98,14 +107,14 @@ STAGES = (
           inputs=lambda cfg: {"tokenize": "tokenize", **({} if cfg.distill.corpus else {"teacher": "teacher"})},
           reads=lambda cfg: ("spm",)),
     Stage("train", train.build, sections=("model", "loss", "train"), uses_ray=True,
-          key=lambda cfg: {"model": asdict(cfg.model), "loss": asdict(cfg.loss), "train": train_key(cfg.train)},
+          key=lambda cfg: {"model": asdict(cfg.model), "loss": section_key("loss", cfg.loss), "train": train_key(cfg.train)},
           inputs=lambda cfg: {"data": training_data(cfg)}, reads=lambda cfg: ("tokenize", "ingest", "spm")),
     Stage("evaluate", evaluate.build, sections=("evaluate",),
           key=lambda cfg: {"evaluate": _evaluate_key(cfg)},
           inputs=lambda cfg: {"train": "train", "ingest": "ingest", **({"teacher": "teacher"} if uses_teachers(cfg) else {})}),
     Stage("tune", tune.build, sections=("tune",), uses_ray=True,
-          key=lambda cfg: {"tune": _sweep_key(cfg), "model": asdict(cfg.model), "loss": asdict(cfg.loss),
-                           "train": asdict(cfg.train)},
+          key=lambda cfg: {"tune": _sweep_key(cfg), "model": asdict(cfg.model), "loss": section_key("loss", cfg.loss),
+                           "train": section_key("train", cfg.train)},
           inputs=lambda cfg: {"data": training_data(cfg)}, reads=lambda cfg: ("tokenize", "ingest", "spm")),
 )
 PIPELINE = tuple(stage.name for stage in STAGES if stage.name != "tune")  # a pipeline run's stages, in run order

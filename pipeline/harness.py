@@ -48,10 +48,22 @@ def inverse_sqrt(step: int, lr: float, warmup: int, init_lr: float) -> float:
     return lr * math.sqrt(max(warmup, 1) / step)
 
 
-def token_batches(src_lengths: list[int], tgt_lengths: list[int], max_tokens: int, seed: int) -> list[list[int]]:
-    """fairseq-style buckets: indices sorted by length (ties in random order), cut so that
-    sentences × (longest source + longest target, EOS included) ≤ max_tokens, batches shuffled.
+def batch_size_tokens(sentences: int, longest_src: int, longest_tgt: int, count: str = "sum") -> int:
+    """A batch's tokens as `max_tokens` counts them (TrainConfig.batch_tokens): sentences × (longest source +
+    longest target) with count "sum", sentences × max(longest source, longest target) with "max" (fairseq's)."""
+    if count == "sum":
+        return sentences * (longest_src + longest_tgt)
+    if count == "max":
+        return sentences * max(longest_src, longest_tgt)
+    raise ValueError(f"count must be 'sum' or 'max', got {count!r}")
+
+
+def token_batches(src_lengths: list[int], tgt_lengths: list[int], max_tokens: int, seed: int,
+                  count: str = "sum") -> list[list[int]]:
+    """fairseq-style buckets: indices sorted by length (ties in random order), cut so that the batch's tokens
+    (EOS included, counted by `batch_size_tokens(..., count)`) ≤ max_tokens, batches shuffled.
     A pair longer than max_tokens on its own gets a batch of one."""
+    batch_size_tokens(0, 0, 0, count)  # an unknown convention fails here, not at the first full batch
     rng = random.Random(seed)
     order = list(range(len(src_lengths)))
     rng.shuffle(order)
@@ -61,7 +73,7 @@ def token_batches(src_lengths: list[int], tgt_lengths: list[int], max_tokens: in
     longest_src = longest_tgt = 0
     for index in order:
         s, t = src_lengths[index] + 1, tgt_lengths[index] + 1
-        if current and (len(current) + 1) * (max(longest_src, s) + max(longest_tgt, t)) > max_tokens:
+        if current and batch_size_tokens(len(current) + 1, max(longest_src, s), max(longest_tgt, t), count) > max_tokens:
             batches.append(current)
             current, longest_src, longest_tgt = [], 0, 0
         current.append(index)
@@ -73,12 +85,12 @@ def token_batches(src_lengths: list[int], tgt_lengths: list[int], max_tokens: in
 
 
 def epoch_batches(examples: list[Example], max_tokens: int, seed: int, epoch: int,
-                  rank: int = 0) -> list[list[Example]]:
-    """One epoch's micro-batches of `examples` (token_batches, reshuffled per seed, epoch and rank); a KD
-    example is bucketed by its longer variant of each side."""
+                  rank: int = 0, count: str = "sum") -> list[list[Example]]:
+    """One epoch's micro-batches of `examples` (token_batches counting by `count`, reshuffled per seed, epoch
+    and rank); a KD example is bucketed by its longer variant of each side."""
     src_lengths = [max(len(e[0]), len(e[3])) if len(e) == 4 else len(e[0]) for e in examples]
     tgt_lengths = [max(len(e[1]), len(e[2])) if len(e) == 4 else len(e[1]) for e in examples]
-    order = token_batches(src_lengths, tgt_lengths, max_tokens, seed * 100_003 + epoch * 1_009 + rank)
+    order = token_batches(src_lengths, tgt_lengths, max_tokens, seed * 100_003 + epoch * 1_009 + rank, count)
     return [[examples[i] for i in batch] for batch in order]
 
 
@@ -224,7 +236,8 @@ class Harness:
     def fit_examples(self, examples: list[Example], until: Optional[int] = None,
                      time_cap_s: float = math.inf) -> dict[str, float]:
         """`fit` on an in-memory training set: `epoch_batches` of `examples` under the config's seed."""
-        epochs = lambda epoch: epoch_batches(examples, self.cfg.max_tokens, self.cfg.seed, epoch)  # noqa: E731
+        epochs = lambda epoch: epoch_batches(examples, self.cfg.max_tokens, self.cfg.seed, epoch,  # noqa: E731
+                                             count=self.cfg.batch_tokens)
         return self.fit(self.stream(epochs), until, time_cap_s)
 
     @property

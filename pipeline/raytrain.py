@@ -250,14 +250,14 @@ def run_report(fitted: dict[str, Any], run_path: Path) -> dict[str, Any]:
 # Worker side
 
 
-def _epoch(shard: Any, max_tokens: int, seed: int, epoch: int, rank: int) -> list[list[Example]]:
+def _epoch(shard: Any, train: TrainConfig, epoch: int, rank: int) -> list[list[Example]]:
     """This worker's batches of one epoch, cut to the same count on every rank (DDP needs the same number
     of updates everywhere). An example is (src, tgt), or with KD columns (src, tgt, kd_tgt, kd_src)."""
     examples: list[Example] = []
     for batch in shard.iter_batches(batch_size=8192, batch_format="pyarrow"):
         columns = ["src_ids", "tgt_ids"] + [c for c in KD_COLUMNS if c in batch.column_names]
         examples.extend(zip(*(batch[c].to_pylist() for c in columns)))
-    batches = epoch_batches(examples, max_tokens, seed, epoch, rank)
+    batches = epoch_batches(examples, train.max_tokens, train.seed, epoch, rank, train.batch_tokens)
     return batches[: int(all_reduce(len(batches), "min"))]
 
 
@@ -284,7 +284,7 @@ def build_task(config: dict[str, Any]) -> tuple[torch.nn.Module, torch.nn.Module
         model = Transformer(TransformerConfig.from_dict(config["model"]))
         return model, TeacherObjective(model, task["direction"]), (task["direction"],)
     model = REDER(ModelConfig.from_dict(config["model"]), LossConfig.from_dict(config["loss"]))
-    return model, DuplexLoss(model), DIRECTIONS
+    return model, DuplexLoss(model), model.loss_config.directions  # a simplex model: its one direction
 
 
 class Validator:
@@ -384,14 +384,17 @@ def train_loop(config: dict[str, Any]) -> None:
                 and rank == world_size - 1:
             raise RuntimeError(f"fault drill: train.fail_at_step={step} (rank {rank})")
 
-    harness = Harness(model, ray.train.torch.prepare_model(objective), train, device, validate=validate,
-                      on_report=report, on_step=fault_drill)
+    # A simplex REDER (loss.directions: one) leaves the other reading end's positions without a gradient,
+    # which DDP refuses unless told to look for unused parameters.
+    unused = {"find_unused_parameters": True} if isinstance(model, REDER) and len(directions) < len(DIRECTIONS) else {}
+    harness = Harness(model, ray.train.torch.prepare_model(objective, parallel_strategy_kwargs=unused), train, device,
+                      validate=validate, on_report=report, on_step=fault_drill)
     if state is not None:
         harness.load_state_dict(state)
         if mlflow is not None:
             mlflow.log({"resumed_from_step": harness.step}, harness.step)  # one point per restart of the worker group
     shard = ray.train.get_dataset_shard("train")
-    harness.fit(harness.stream(lambda epoch: _epoch(shard, train.max_tokens, train.seed, epoch, rank)))
+    harness.fit(harness.stream(lambda epoch: _epoch(shard, train, epoch, rank)))
 
 
 def _load(checkpoint: Any, device: torch.device) -> Optional[dict[str, Any]]:

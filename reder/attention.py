@@ -24,10 +24,13 @@ class RelativeSelfAttention(nn.Module):
         """x (B, T, D), mask (B, T) bool with True = real token; returns (B, T, D)."""
         batch, length, d_model = x.shape
         q, k, v = self.qkv(x).view(batch, length, 3, self.n_heads, self.d_head).permute(2, 0, 3, 1, 4)  # 3×(B, H, T, dh)
+        # Only distances up to T−1 occur: score against those rows of the table alone, so a large (unclipped)
+        # K costs no more than T−1 (the official code's K=1024 would otherwise score 2049 rows per query).
+        reach, limit = min(self.max_relative_distance, length - 1), self.max_relative_distance
         positions = torch.arange(length, device=x.device)
-        distance = (positions[None, :] - positions[:, None]).clamp(-self.max_relative_distance, self.max_relative_distance)
-        relative = q @ self.relative_keys.weight.t()  # (B, H, T, 2K+1)
-        index = (distance + self.max_relative_distance).expand(batch, self.n_heads, length, length)
+        distance = (positions[None, :] - positions[:, None]).clamp(-reach, reach)  # (T, T)
+        relative = q @ self.relative_keys.weight[limit - reach : limit + reach + 1].t()  # (B, H, T, 2·reach+1)
+        index = (distance + reach).expand(batch, self.n_heads, length, length)
         bias = relative.gather(-1, index) / math.sqrt(self.d_head)  # (B, H, T, T): q_i·r_clip(j−i)/√dh
         bias = bias.masked_fill(~mask[:, None, None, :], float("-inf"))  # padded keys
         dropout = self.attention_dropout if self.training else 0.0

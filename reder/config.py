@@ -4,7 +4,7 @@
 wrong types are errors), which pipeline/config.py uses for the whole pipeline config too.
 """
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
 from reder.configio import FieldError, require, round_trip
 
@@ -32,6 +32,8 @@ class ModelConfig:
     dropout: float = 0.1
     attention_dropout: float = 0.0
     upsample_ratio: int = 2
+    # Relative attention (Shaw et al.) sees distances j−i clipped to ±this many *upsampled* positions (±K/upsample_ratio
+    # source tokens for CTC): 16 is ±8 tokens at ratio 2. The official REDER code's 1024 is effectively unclipped.
     max_relative_distance: int = 16
     max_positions: int = 1024  # positions of the upsampled input sequence
     share_ends: bool = False  # tie the two ends' layers (embeddings and positions are always shared/own)
@@ -91,14 +93,39 @@ class TransformerConfig:
 @round_trip
 @dataclass(frozen=True)
 class LossConfig:
-    """Weights of the auxiliary losses and the step at which they switch on (stage two)."""
+    """What REDER trains on: its directions, the auxiliary losses' weights and the steps at which they switch
+    on (stage two). The paper's text weights FBA and CC 0.1 each (our defaults); the official code uses 0.5.
+
+    Start steps: `aux_start_step` is the shared one; `fba_start_step` / `cc_start_step`, when set, override it
+    for their own loss (the official code has one each). Unset (None, the default) they are aux_start_step,
+    so a config or saved run written before they existed means what it meant.
+
+    `directions`: both (the duplex model, the default) or one (a simplex baseline: the same network trained
+    one way only; the other direction's terms are absent). FBA and CC still run for a trained direction
+    whose weight is > 0, and CC then trains the reverse path through the round trip: a clean simplex
+    baseline switches them off (lambda_fba=0, lambda_cc=0)."""
 
     lambda_fba: float = 0.1
     lambda_cc: float = 0.1
     aux_start_step: int = 0
+    fba_start_step: Optional[int] = None  # None: aux_start_step
+    cc_start_step: Optional[int] = None  # None: aux_start_step
+    directions: tuple[str, ...] = DIRECTIONS  # src2tgt, tgt2src or both
 
     def __post_init__(self) -> None:
         require(self, lambda_fba=">= 0", lambda_cc=">= 0", aux_start_step=">= 0")
+        for key in ("fba_start_step", "cc_start_step"):
+            value = getattr(self, key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+                raise FieldError(key, f"must be an int >= 0 or null (= aux_start_step), got {value!r}")
+        if not self.directions or set(self.directions) - set(DIRECTIONS) or len(set(self.directions)) < len(self.directions):
+            raise FieldError("directions", f"must be one or both of {list(DIRECTIONS)}, each once, "
+                                           f"got {list(self.directions)}")
+
+    def start_step(self, term: str) -> int:
+        """The first step at which auxiliary loss `term` ("fba" or "cc") is on."""
+        own = {"fba": self.fba_start_step, "cc": self.cc_start_step}[term]
+        return self.aux_start_step if own is None else own
 
 
 def _check_transformer(config: Any) -> None:

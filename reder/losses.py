@@ -32,7 +32,8 @@ class DuplexLoss(nn.Module):
 
     `tgt2src_batch` (src, src_lengths, tgt, tgt_lengths) gives tgt2src its own pairs (sequence-level KD:
     src2tgt learns (x, teacher(x)), tgt2src learns (teacher(y), y)); both directions still go through one
-    forward call, so DDP sees every parameter used in every update."""
+    forward call, so DDP sees every parameter used in every update. `directions` default to the model's
+    loss config's (a simplex model trains one; DDP then needs find_unused_parameters, pipeline/raytrain.py)."""
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
@@ -45,11 +46,12 @@ class DuplexLoss(nn.Module):
         tgt_tokens: torch.Tensor,
         tgt_lengths: torch.Tensor,
         step: int,
-        directions: tuple[str, ...] = DIRECTIONS,
+        directions: Optional[tuple[str, ...]] = None,
         tgt2src_batch: Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] = None,
     ) -> dict[str, torch.Tensor]:
+        directions = self.model.loss_config.directions if directions is None else directions
         if tgt2src_batch is None:
             return self.model.loss(src_tokens, src_lengths, tgt_tokens, tgt_lengths, step, directions)
-        terms = self.model.loss(src_tokens, src_lengths, tgt_tokens, tgt_lengths, step, ("src2tgt",))
-        reverse = self.model.loss(*tgt2src_batch, step, ("tgt2src",))
-        return {**terms, **reverse, "total": terms["total"] + reverse["total"]}
+        batches = {"src2tgt": (src_tokens, src_lengths, tgt_tokens, tgt_lengths), "tgt2src": tgt2src_batch}
+        parts = [self.model.loss(*batches[d], step, (d,)) for d in DIRECTIONS if d in directions]
+        return {**{k: v for part in parts for k, v in part.items()}, "total": sum(part["total"] for part in parts)}

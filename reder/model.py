@@ -122,9 +122,10 @@ class REDER(nn.Module):
         tgt_tokens: torch.Tensor,
         tgt_lengths: torch.Tensor,
         step: int,
-        directions: tuple[str, ...] = DIRECTIONS,
+        directions: Optional[tuple[str, ...]] = None,
     ) -> dict[str, torch.Tensor]:
-        """Named loss terms per direction and their weighted `total` (auxiliary terms from aux_start_step).
+        """Named loss terms per direction (default: the loss config's `directions`) and their weighted `total`
+        (FBA from `loss_config.start_step("fba")`, CC from `start_step("cc")`).
 
         The main term is `<head>_<direction>` (`ctc_…`, `dag_…`); a head's counters follow, for the main term
         and for CC (DAG: the samples dropped because the graph was shorter than the target, `dropped_…`,
@@ -134,13 +135,14 @@ class REDER(nn.Module):
         backward, each layer's parameter gradient from one direction waits in autograd's buffers until the
         other direction's backward reaches that layer (one extra copy of the trunk's gradients at peak).
         """
+        directions = self.loss_config.directions if directions is None else directions
         for direction in directions:
             _check_direction(direction)
         if self.training:
             self.initialize(src_tokens, src_lengths, tgt_tokens, tgt_lengths)
         config = self.loss_config
-        aux_on = step >= config.aux_start_step
-        use_fba, use_cc = aux_on and config.lambda_fba > 0, aux_on and config.lambda_cc > 0
+        use_fba = step >= config.start_step("fba") and config.lambda_fba > 0
+        use_cc = step >= config.start_step("cc") and config.lambda_cc > 0
         zero, name = src_tokens.new_zeros((), dtype=torch.float32), self.head.name
         terms: dict[str, torch.Tensor] = {}
         pairs = {"src2tgt": (src_tokens, src_lengths, tgt_tokens, tgt_lengths), "tgt2src": (tgt_tokens, tgt_lengths, src_tokens, src_lengths)}

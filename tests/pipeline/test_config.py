@@ -307,3 +307,30 @@ def test_checks_relating_two_fields_name_both_by_their_path():
         load_config(SMOKE, ["teacher.train.average_best=3"])
     with pytest.raises(ConfigError, match=r"^data\.tgt_lang: must differ from data\.src_lang \('en'\), got 'en'$"):
         load_config(SMOKE, ["data.tgt_lang=en"])
+
+
+def test_the_issue_26_options_load_validate_and_keep_old_configs_meaning(tmp_path):
+    old = tmp_path / "old.yaml"  # a config written before fba/cc_start_step and directions existed
+    old.write_text("loss:\n  lambda_fba: 0.1\n  lambda_cc: 0.1\n  aux_start_step: 168\n", encoding="utf-8")
+    cfg = load_config(old)
+    assert (cfg.loss.start_step("fba"), cfg.loss.start_step("cc"), cfg.loss.directions) == (168, 168, ("src2tgt", "tgt2src"))
+    cfg = load_config(old, ["loss.cc_start_step=200", "loss.directions=[tgt2src]", "train.batch_tokens=max"])
+    assert (cfg.loss.start_step("fba"), cfg.loss.start_step("cc"), cfg.loss.directions) == (168, 200, ("tgt2src",))
+    assert cfg.train.batch_tokens == "max" and cfg.teacher.train.batch_tokens == "sum"
+    for override, message in (("loss.directions=[src2tgt, en2de]", r"^loss\.directions: must be one or both of"),
+                              ("loss.directions=[]", r"^loss\.directions: must be one or both of"),
+                              ("loss.fba_start_step=-3", r"^loss\.fba_start_step: must be an int >= 0 or null"),
+                              ("train.batch_tokens=min", r"^train\.batch_tokens: expected one of \['sum', 'max'\]")):
+        with pytest.raises(ConfigError, match=message):
+            load_config(None, [override])
+
+
+def test_the_new_loss_keys_can_be_swept():
+    cfg = load_config(None, ["tune.space={loss.fba_start_step: {choice: [0, 100]}, loss.cc_start_step: {grid: [50, null]}, "
+                             "loss.directions: {choice: [[src2tgt], [tgt2src]]}, train.batch_tokens: {choice: [sum, max]}}"])
+    from pipeline.tune import trial_config
+
+    trial = trial_config(cfg, {"loss.fba_start_step": 100, "loss.cc_start_step": None, "loss.directions": ["tgt2src"],
+                               "train.batch_tokens": "max"})
+    assert (trial.loss.start_step("fba"), trial.loss.start_step("cc"), trial.loss.directions) == (100, 0, ("tgt2src",))
+    assert trial.train.batch_tokens == "max"

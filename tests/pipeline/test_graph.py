@@ -123,3 +123,20 @@ def test_force_reaches_the_stage_build(tmp_path, monkeypatch):
     graph.run(cfg, tmp_path, "ingest")  # finished: skipped
     graph.run(cfg, tmp_path, "ingest", force=True)
     assert seen == [False, True]
+
+
+def test_keys_added_later_are_hashed_only_away_from_their_defaults(tmp_path):
+    """loss.fba_start_step / cc_start_step / directions and train.batch_tokens (issue 26): set to their defaults
+    (today's behaviour) the names stay those pinned above; set otherwise they reach exactly the stages that
+    hash their section."""
+    base = graph.output_dirs(load_config(None, BASE), tmp_path)
+    explicit = ["loss.fba_start_step=null", "loss.cc_start_step=null", "loss.directions=[src2tgt, tgt2src]",
+                "train.batch_tokens=sum", "teacher.train.batch_tokens=sum"]
+    assert graph.output_dirs(load_config(None, BASE + explicit), tmp_path) == base
+    for override, reached in (("loss.fba_start_step=5", ["train", "evaluate", "tune"]),
+                              ("loss.cc_start_step=0", ["train", "evaluate", "tune"]),
+                              ("loss.directions=[src2tgt]", ["train", "evaluate", "tune"]),
+                              ("train.batch_tokens=max", ["train", "evaluate", "tune"]),
+                              ("teacher.train.batch_tokens=max", ["teacher", "distill", "train", "evaluate", "tune"])):
+        changed = graph.output_dirs(load_config(None, BASE + [override]), tmp_path)
+        assert [s for s in base if base[s] != changed[s]] == reached, override

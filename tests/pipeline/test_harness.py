@@ -239,6 +239,40 @@ def test_token_batches_cover_every_pair_once_within_the_budget():
     assert sizes[-1] >= 3 and sum(sizes) / len(sizes) > 2  # buckets fill up: not one pair per batch
 
 
+@pytest.mark.parametrize("count", ["sum", "max"])
+def test_both_token_counts_cover_every_pair_once_within_the_budget(count):
+    """train.batch_tokens: "sum" counts sentences × (longest source + longest target), "max" (fairseq's)
+    sentences × max(longest source, longest target); each batch fits its count, every pair comes once."""
+    rng = random.Random(4)
+    src = [rng.randint(1, 60) for _ in range(500)]
+    tgt = [rng.randint(1, 60) for _ in range(500)]
+    src[9] = 420  # longer than the budget on its own: a batch of one
+    batches = harness.token_batches(src, tgt, max_tokens=400, seed=5, count=count)
+    assert sorted(i for b in batches for i in b) == list(range(500))
+    combine = (lambda a, b: a + b) if count == "sum" else max
+    for batch in batches:
+        cost = len(batch) * combine(max(src[i] + 1 for i in batch), max(tgt[i] + 1 for i in batch))
+        assert cost <= 400 or len(batch) == 1
+    assert [9] in batches
+    if count == "sum":
+        assert batches == harness.token_batches(src, tgt, 400, seed=5)  # the default: the convention until now
+    else:  # about twice the sentences per batch at the same budget
+        assert len(batches) < 0.7 * len(harness.token_batches(src, tgt, 400, seed=5))
+    with pytest.raises(ValueError, match="count must be 'sum' or 'max', got 'min'"):
+        harness.token_batches(src, tgt, 400, seed=5, count="min")
+
+
+def test_fit_examples_counts_tokens_as_the_config_says():
+    examples = [([4] * 3, [5] * 3) for _ in range(12)]  # 4 + 4 tokens with EOS
+    for count, per_batch in (("sum", 2), ("max", 4)):  # 16 // 8 and 16 // 4
+        run, _ = _run(_config(batch_tokens=count, max_steps=1))
+        seen = []
+        update = run.update
+        run.update = lambda batches: seen.append(batches) or update(batches)
+        run.fit_examples(examples)
+        assert [len(b) for b in seen[0]] == [per_batch]
+
+
 def test_epochs_reshuffle_and_a_stream_starts_where_a_run_stopped():
     examples = _examples()
     epochs = lambda e: harness.epoch_batches(examples, 16, 1, e)  # noqa: E731

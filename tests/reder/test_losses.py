@@ -1,8 +1,10 @@
 import math
 
+import pytest
 import torch
 
-from reder import LossConfig
+from reder import DuplexLoss, LossConfig
+from reder.configio import ConfigError, FieldError
 from reder.losses import forward_backward_agreement
 from reder.reversible import run_trunk
 from tests.reder.helpers import padding_mask, random_batch, tiny_model
@@ -103,3 +105,63 @@ def test_one_direction_at_a_time_gives_the_joint_gradient():
         terms["total"].backward()
     for name, param in model.named_parameters():
         assert torch.allclose(param.grad, expected[name], atol=1e-10), name
+
+
+def test_fba_and_cc_have_their_own_start_steps_and_default_to_aux_start_step():
+    """The rule: fba_start_step / cc_start_step override aux_start_step for their loss; unset they are it, so a
+    config written before them (aux_start_step alone) means what it meant."""
+    old = LossConfig.from_dict({"lambda_fba": 0.3, "lambda_cc": 0.2, "aux_start_step": 10})  # an old saved section
+    assert (old.start_step("fba"), old.start_step("cc")) == (10, 10)
+    assert old == LossConfig(0.3, 0.2, 10) and LossConfig().start_step("fba") == LossConfig().start_step("cc") == 0
+    split = LossConfig(lambda_fba=0.3, lambda_cc=0.2, aux_start_step=10, fba_start_step=5, cc_start_step=20)
+    assert (split.start_step("fba"), split.start_step("cc")) == (5, 20)
+    assert LossConfig(aux_start_step=10, cc_start_step=0).start_step("fba") == 10
+    model = tiny_model(split).train()
+    src, src_lengths = random_batch([5, 4], 12)
+    tgt, tgt_lengths = random_batch([4, 3], 12)
+    for step, fba_on, cc_on in ((4, False, False), (5, True, False), (19, True, False), (20, True, True)):
+        terms = model.loss(src, src_lengths, tgt, tgt_lengths, step=step)
+        for d in ("src2tgt", "tgt2src"):
+            assert (terms[f"fba_{d}"] > 0) == fba_on and (terms[f"cc_{d}"] > 0) == cc_on, (step, d)
+
+
+def test_start_steps_and_directions_are_checked():
+    with pytest.raises(ValueError, match=r"^fba_start_step: must be an int >= 0 or null \(= aux_start_step\), got -1$"):
+        LossConfig(fba_start_step=-1)
+    with pytest.raises(FieldError, match=r"^directions: must be one or both of \['src2tgt', 'tgt2src'\], each once, "
+                                         r"got \['en2de'\]$"):
+        LossConfig(directions=("en2de",))
+    for bad in ((), ("src2tgt", "src2tgt")):
+        with pytest.raises(FieldError, match="^directions: "):
+            LossConfig(directions=bad)
+    with pytest.raises(ConfigError, match=r"^directions: must be one or both"):
+        LossConfig.from_dict({"directions": ["src2tgt", "x"]})
+    assert LossConfig.from_dict({"directions": ["tgt2src"]}).directions == ("tgt2src",)
+
+
+@pytest.mark.parametrize("direction", ["src2tgt", "tgt2src"])
+def test_a_simplex_model_trains_its_one_direction_only(direction):
+    """loss.directions = (d,): the other direction's terms are absent and the positions only its reading end
+    uses get no gradient; the total is d's main term (a clean simplex: no FBA/CC)."""
+    other = "tgt2src" if direction == "src2tgt" else "src2tgt"
+    model = tiny_model(LossConfig(0.0, 0.0, directions=(direction,))).train()
+    src, src_lengths = random_batch([5, 4], 12)
+    tgt, tgt_lengths = random_batch([4, 3], 12)
+    terms = DuplexLoss(model)(src, src_lengths, tgt, tgt_lengths, 0)
+    assert set(terms) == {f"{kind}_{direction}" for kind in ("ctc", "fba", "cc")} | {"total"}
+    assert torch.equal(terms["total"], terms[f"ctc_{direction}"])
+    terms["total"].backward()
+    unread = "positions.tgt.weight" if direction == "src2tgt" else "positions.src.weight"
+    grads = dict(model.named_parameters())
+    assert grads[unread].grad is None
+    assert all(p.grad is not None for n, p in model.named_parameters() if n != unread)
+    # a KD micro-batch (tgt2src on its own pairs) trains the one direction too
+    model.zero_grad()
+    kd = DuplexLoss(model)(src, src_lengths, tgt, tgt_lengths, 0, tgt2src_batch=(tgt, tgt_lengths, src, src_lengths))
+    assert not any(name.endswith(other) for name in kd)
+    # the duplex model gives the same network both directions' terms and a gradient everywhere
+    duplex = tiny_model(LossConfig(0.0, 0.0)).train()
+    both = DuplexLoss(duplex)(src, src_lengths, tgt, tgt_lengths, 0)
+    assert {f"ctc_{direction}", f"ctc_{other}"} <= set(both)
+    both["total"].backward()
+    assert all(p.grad is not None for p in duplex.parameters())
