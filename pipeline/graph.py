@@ -18,21 +18,20 @@ from pathlib import Path
 from typing import Any
 
 from pipeline import distill, evaluate, ingest, spm, teacher, tokenize, train, tune
-from pipeline.config import EvaluateConfig, PipelineConfig, TrainConfig
+from pipeline.config import PipelineConfig, TrainConfig
 from pipeline.stage import Stage, StageError, StageRun, is_done, require_done, run_stage, stage_dir
 from reder import heads
 
-# Keys the evaluate section gained after its hash was pinned (issue 26): hashed only when not at their defaults.
-NEW_EVALUATE_KEYS = ("rerank", "rerank_weight", "cutoff_top_n", "cutoff_prob")
 # Keys of a train section that change neither the data order nor the optimisation: not hashed.
 NOT_HASHED = ("log_every", "max_failures", "storage_path", "fail_at_step", "start_timeout_s", "valid_max_sentences")
 # Keys added to a hashed section after outputs existed (issue 26): hashed only when set away from their
 # default, which is the behaviour from before them, so finished outputs keep their directories.
-ADDED_LATER = {"loss": ("fba_start_step", "cc_start_step", "directions"), "train": ("batch_tokens",)}
+ADDED_LATER = {"loss": ("fba_start_step", "cc_start_step", "directions"), "train": ("batch_tokens",),
+               "evaluate": ("rerank_weight", "cutoff_top_n", "cutoff_prob")}
 
 
 def section_key(name: str, section: Any) -> dict[str, Any]:
-    """`asdict(section)` less the ADDED_LATER keys of section `name` ("loss", "train") at their defaults."""
+    """`asdict(section)` less the ADDED_LATER keys of section `name` at their defaults."""
     defaults = {f.name: f.default for f in fields(section)}
     return {k: v for k, v in asdict(section).items() if k not in ADDED_LATER.get(name, ()) or v != defaults[k]}
 
@@ -54,15 +53,13 @@ def uses_teachers(cfg: PipelineConfig) -> bool:
 
 def _evaluate_key(cfg: PipelineConfig) -> dict[str, Any]:
     """The evaluate section as it was hashed before issue 26, so finished evaluations keep their directories:
-    `rerank` none/teacher as the old `rerank_with_teacher` bool, and the newer keys (self-reranking, the CTC
-    beam's cutoffs) only where they differ from their defaults."""
-    section = asdict(cfg.evaluate)
-    defaults = asdict(EvaluateConfig())
-    key = {k: v for k, v in section.items() if k not in NEW_EVALUATE_KEYS}
-    key["rerank_with_teacher"] = section["rerank"] == "teacher"
-    key.update({k: section[k] for k in NEW_EVALUATE_KEYS if section[k] != defaults[k] and k != "rerank"})
-    if section["rerank"] == "self":
-        key["rerank"] = "self"
+    `rerank` none/teacher as the old `rerank_with_teacher` bool (self as `rerank`), the ADDED_LATER keys
+    (the self-reranking weight, the CTC beam's cutoffs) only where they differ from their defaults."""
+    key = section_key("evaluate", cfg.evaluate)
+    rerank = key.pop("rerank")
+    key["rerank_with_teacher"] = rerank == "teacher"
+    if rerank == "self":
+        key["rerank"] = rerank
     return key
 
 
