@@ -26,7 +26,8 @@ from reder import heads
 NOT_HASHED = ("log_every", "max_failures", "storage_path", "fail_at_step", "start_timeout_s", "valid_max_sentences")
 # Keys added to a hashed section after outputs existed (issue 26): hashed only when set away from their
 # default, which is the behaviour from before them, so finished outputs keep their directories.
-ADDED_LATER = {"loss": ("fba_start_step", "cc_start_step", "directions"), "train": ("batch_tokens",),
+ADDED_LATER = {"loss": ("fba_start_step", "cc_start_step", "directions", "glance_start", "glance_end", "glance_steps"),
+               "train": ("batch_tokens",),
                "evaluate": ("rerank_weight", "cutoff_top_n", "cutoff_prob")}
 
 

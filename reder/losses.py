@@ -8,6 +8,19 @@ from torch import nn
 from reder.config import DIRECTIONS
 
 
+def glance_mask(layout: torch.Tensor, candidates: torch.Tensor, predicted: torch.Tensor, ratio: float,
+                generator: Optional[torch.Generator] = None) -> torch.Tensor:
+    """GLAT's number-random glancing: per sentence, n = ⌊ratio · d + 0.5⌋ of its candidate positions, d the
+    candidates where the first pass's prediction differs from the aligned target (`layout`), drawn uniformly
+    without replacement. layout, predicted (B, T) ids, candidates (B, T) bool → the glanced positions (B, T)."""
+    wrong = (candidates & (predicted != layout)).sum(dim=1)  # (B,)
+    count = torch.floor(ratio * wrong.to(torch.float64) + 0.5).long()
+    draw = torch.rand(layout.shape, generator=generator, device=layout.device if generator is None else "cpu")
+    draw = draw.to(layout.device).masked_fill(~candidates, 2.0)  # non-candidates rank last
+    rank = draw.argsort(dim=1).argsort(dim=1)  # (B, T): each position's place in its sentence's random order
+    return candidates & (rank < count[:, None])
+
+
 def forward_backward_agreement(
     forward_states: list[torch.Tensor], reverse_states: list[torch.Tensor], mask: torch.Tensor
 ) -> torch.Tensor:

@@ -11,7 +11,7 @@ from reder.ctc import valid_mask
 from reder.decode import CUTOFF_PROB, CUTOFF_TOP_N, strip_special
 from reder.heads import HeadOutput, make_head
 from reder.layers import ActNorm, DuplexLayer, LayerRng
-from reder.losses import forward_backward_agreement
+from reder.losses import forward_backward_agreement, glance_mask
 from reder.reversible import Op, invert_ops, run_trunk
 
 ENDS = {"src2tgt": ("src", "tgt"), "tgt2src": ("tgt", "src")}  # direction → (reading end, writing end)
@@ -67,12 +67,16 @@ class REDER(nn.Module):
         return self.head.max_input_length()
 
     def embed_input(
-        self, tokens: torch.Tensor, lengths: torch.Tensor, end: str, upsample: bool = True, dropout: bool = True
+        self, tokens: torch.Tensor, lengths: torch.Tensor, end: str, upsample: bool = True, dropout: bool = True,
+        glance: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """tokens (B, T) ending in EOS → H₀ (B, T', 2D) after ActNorm, its mask and lengths; T' the head's
-        upsampled length, or T without upsampling (FBA's reverse pass reads an already laid-out target)."""
+        upsampled length, or T without upsampling (FBA's reverse pass reads an already laid-out target).
+        `glance` (positions (B, T') bool, tokens (B, T')): those tokens replace the upsampled input there."""
         if upsample:
             tokens, lengths = self.head.upsample(tokens, lengths)
+        if glance is not None:
+            tokens = torch.where(glance[0], glance[1], tokens)
         length = tokens.shape[1]
         if length > self.cfg.max_positions:
             raise ValueError(f"input of {length} positions (after upsampling) exceeds max_positions={self.cfg.max_positions}")
@@ -146,9 +150,11 @@ class REDER(nn.Module):
         zero, name = src_tokens.new_zeros((), dtype=torch.float32), self.head.name
         terms: dict[str, torch.Tensor] = {}
         pairs = {"src2tgt": (src_tokens, src_lengths, tgt_tokens, tgt_lengths), "tgt2src": (tgt_tokens, tgt_lengths, src_tokens, src_lengths)}
+        ratio = config.glance_ratio(step) if self.training else 0.0
         for direction in directions:
             x, x_lengths, y, y_lengths = pairs[direction]
-            main, fba, cc, counts, cc_counts = self._direction_loss(direction, x, x_lengths, y, y_lengths, use_fba, use_cc)
+            main, fba, cc, counts, cc_counts = self._direction_loss(direction, x, x_lengths, y, y_lengths, use_fba, use_cc,
+                                                                    ratio)
             terms[f"{name}_{direction}"], terms[f"fba_{direction}"], terms[f"cc_{direction}"] = main, fba or zero, cc or zero
             for counter in self.head.counters:
                 terms[f"{counter}_{direction}"] = zero + counts[counter]
@@ -159,10 +165,12 @@ class REDER(nn.Module):
         return terms
 
     def _direction_loss(
-        self, direction: str, x: torch.Tensor, x_lengths: torch.Tensor, y: torch.Tensor, y_lengths: torch.Tensor, use_fba: bool, use_cc: bool
+        self, direction: str, x: torch.Tensor, x_lengths: torch.Tensor, y: torch.Tensor, y_lengths: torch.Tensor, use_fba: bool,
+        use_cc: bool, glance_ratio: float = 0.0,
     ) -> tuple[torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor], dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         reading, writing = ENDS[direction]
-        h0, mask, out_lengths = self.embed_input(x, x_lengths, reading)
+        glance = self.glance(direction, x, x_lengths, y, y_lengths, glance_ratio) if glance_ratio > 0 else None
+        h0, mask, out_lengths = self.embed_input(x, x_lengths, reading, glance=glance)
         ops = self.ops(direction)
         states, rngs = run_trunk(h0, mask, ops, self.cfg.memory_efficient, keep_all=use_fba)
         output = self.project(states[-1], out_lengths, writing)  # log-probs (B, T', V), DAG: log E (B, T', T')
@@ -171,6 +179,18 @@ class REDER(nn.Module):
         fba = self._agreement([h0, *states], mask, output, y, y_lengths, ops, rngs, writing) if use_fba else None
         cc, cc_counts = self._cycle(output, x, x_lengths, REVERSE[direction]) if use_cc else (None, {})
         return main, fba, cc, counts, cc_counts
+
+    def glance(self, direction: str, x: torch.Tensor, x_lengths: torch.Tensor, y: torch.Tensor, y_lengths: torch.Tensor,
+               ratio: float, generator: Optional[torch.Generator] = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Glancing's first pass (no gradient): y laid out on the output positions by the head (FBA's layout:
+        CTC its best alignment, DAG its Viterbi path), and the positions whose aligned target token goes into
+        the second pass's input (`glance_mask`: among the aligned target tokens — not blanks, not off-path
+        vertices — of feasible samples). Returns (positions (B, T') bool, layout tokens (B, T'))."""
+        with torch.no_grad():
+            first = self.outputs(x, x_lengths, direction)
+            layout, compared, feasible = self.head.fba_layout(first, y, y_lengths)
+            candidates = compared & feasible[:, None] & (layout != self.cfg.blank_id)
+            return glance_mask(layout, candidates, first.log_probs.argmax(dim=-1), ratio, generator), layout
 
     def _agreement(
         self,

@@ -5,7 +5,7 @@ import torch
 
 from reder import DuplexLoss, LossConfig
 from reder.configio import ConfigError, FieldError
-from reder.losses import forward_backward_agreement
+from reder.losses import forward_backward_agreement, glance_mask
 from reder.reversible import run_trunk
 from tests.reder.helpers import padding_mask, random_batch, tiny_model
 
@@ -165,3 +165,64 @@ def test_a_simplex_model_trains_its_one_direction_only(direction):
     assert {f"ctc_{direction}", f"ctc_{other}"} <= set(both)
     both["total"].backward()
     assert all(p.grad is not None for p in duplex.parameters())
+
+
+def test_glance_mask_draws_the_number_random_count_among_the_candidates():
+    """n = ⌊ratio · (wrong candidates) + 0.5⌋ positions per sentence, only candidates, each candidate drawn."""
+    torch.manual_seed(0)
+    layout = torch.randint(4, 9, (3, 12))
+    predicted = layout.clone()
+    predicted[0, :7] += 1  # 7 wrong; sentence 1 all right; sentence 2: 3 wrong, of which 1 not a candidate
+    predicted[2, [2, 5, 11]] += 1
+    candidates = torch.ones(3, 12, dtype=torch.bool)
+    candidates[2, 11] = candidates[1, 0] = False
+    seen = torch.zeros(3, 12, dtype=torch.long)
+    for seed in range(200):
+        for ratio, counts in ((0.0, [0, 0, 0]), (0.5, [4, 0, 1]), (1.0, [7, 0, 2])):
+            chosen = glance_mask(layout, candidates, predicted, ratio, torch.Generator().manual_seed(seed))
+            assert chosen.sum(dim=1).tolist() == counts and not bool((chosen & ~candidates).any())
+            if ratio == 1.0:
+                seen += chosen
+    assert bool((seen[0] > 0).all()) and bool((seen[2][candidates[2]] > 0).all())  # any candidate can be drawn
+
+
+@pytest.mark.parametrize("head", ["ctc", "dag"])
+def test_glancing_puts_the_aligned_target_tokens_into_the_input_at_the_drawn_positions(head):
+    """The first pass lays y out (the head's FBA layout) and draws positions; the second pass's input holds the
+    laid-out tokens exactly there and the upsampled source elsewhere; ratio 0 is the loss without glancing."""
+    options = {"head": "dag", "graph_upsample_ratio": 3.0, "link_heads": 2} if head == "dag" else {"upsample_ratio": 3}
+    options["attention_dropout"] = 0.0
+    torch.manual_seed(1)
+    model = tiny_model(LossConfig(glance_start=1.0, glance_end=1.0), dropout=0.0, **options)
+    x, x_lengths = random_batch([5, 3, 4], 12)
+    y, y_lengths = random_batch([4, 2, 5], 12)
+    model.train()
+    model.initialize(x, x_lengths, y, y_lengths)
+    chosen, layout = model.glance("src2tgt", x, x_lengths, y, y_lengths, 1.0, torch.Generator().manual_seed(3))
+    assert int(chosen.sum()) > 0 and not bool((layout[chosen] == model.cfg.blank_id).any())
+    upsampled, _ = model.head.upsample(x, x_lengths)
+    seen = []
+    hook = model.embed.register_forward_pre_hook(lambda module, args: seen.append(args[0]))
+    model.embed_input(x, x_lengths, "src", glance=(chosen, layout))
+    hook.remove()
+    assert torch.equal(seen[0], torch.where(chosen, layout, upsampled))
+    assert torch.equal(seen[0] != upsampled, chosen & (layout != upsampled))
+    terms = model.loss(x, x_lengths, y, y_lengths, step=0)  # glancing in training: a finite loss with gradients
+    terms["total"].backward()
+    assert torch.isfinite(terms["total"]) and model.embed.weight.grad is not None
+    plain = tiny_model(LossConfig(), dropout=0.0, **options)
+    plain.load_state_dict(model.state_dict())
+    zero = tiny_model(LossConfig(glance_start=0.0, glance_end=0.0), dropout=0.0, **options)
+    zero.load_state_dict(model.state_dict())
+    assert torch.equal(zero.loss(x, x_lengths, y, y_lengths, step=5)["total"], plain.loss(x, x_lengths, y, y_lengths, step=5)["total"])
+
+
+def test_the_glancing_schedule_is_linear_then_constant_and_checked():
+    config = LossConfig(glance_start=0.5, glance_end=0.1, glance_steps=200)
+    assert [config.glance_ratio(step) for step in (0, 100, 200, 5000)] == pytest.approx([0.5, 0.3, 0.1, 0.1])
+    assert LossConfig().glance_ratio(0) == 0.0 and LossConfig(glance_end=0.2).glance_ratio(0) == 0.2
+    for overrides, message in (({"glance_start": 1.5}, "glance_start: must be a share from 0 to 1, got 1.5"),
+                               ({"glance_end": -0.1}, "glance_end: must be a share"),
+                               ({"glance_steps": -1}, "glance_steps")):
+        with pytest.raises(FieldError, match=message):
+            LossConfig(**overrides)
