@@ -174,10 +174,13 @@ def app(args: dict[str, str]) -> serve.Application:
     if unknown or "model_dir" not in args:
         raise ValueError(f"pipeline.serve:app takes model_dir=DIR and optionally {sorted(known - {'model_dir'})}"
                          + (f"; unknown: {unknown}" if unknown else "; model_dir is missing"))
-    threads = int(args.get("threads", 1))
-    options = {"num_replicas": int(args.get("num_replicas", 1)), "ray_actor_options": {"num_cpus": threads}}
+    threads, max_batch_size = int(args.get("threads", 1)), int(args.get("max_batch_size", 64))
+    # a replica takes as many requests at once as one batch holds, plus one batch waiting (Serve's default, 5,
+    # would cap every batch at 5 requests)
+    options = {"num_replicas": int(args.get("num_replicas", 1)), "ray_actor_options": {"num_cpus": threads},
+               "max_ongoing_requests": 2 * max_batch_size}
     if args.get("device", "cpu").startswith("cuda"):
         options["ray_actor_options"]["num_gpus"] = 1
     return TranslationService.options(**options).bind(
         args["model_dir"], args.get("engine", "torch"), args.get("device", "cpu"), threads,
-        int(args.get("max_batch_size", 64)), float(args.get("batch_wait_timeout_s", 0.01)))
+        max_batch_size, float(args.get("batch_wait_timeout_s", 0.01)))

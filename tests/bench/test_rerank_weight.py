@@ -1,0 +1,45 @@
+"""bench.rerank_weight on a run directory with a tiny model: per w, the BLEU of exactly what evaluate's
+self-reranking decodes with that weight."""
+from __future__ import annotations
+
+import json
+
+import sentencepiece
+import torch
+
+from bench import rerank_weight
+from pipeline.config import load_config
+from pipeline.metrics import corpus_scores
+from reder import REDER, ModelConfig
+from reder.checkpoint import save_model_dir
+from reder.translate import encode_lines, translate_ids
+from tests.pipeline.test_evaluate import VOCAB, _corpus
+
+
+def test_each_weight_scores_what_self_reranking_decodes_with_it(tmp_path, capsys):
+    pairs, corpus = _corpus(tmp_path)
+    (corpus / "test").rename(corpus / "valid")
+    torch.manual_seed(2)
+    model = REDER(ModelConfig(vocab_size=VOCAB, d_model=8, n_heads=2, ffn_dim=16, layers_per_end=1)).eval()
+    train_dir = tmp_path / "train"
+    save_model_dir(train_dir / "model", model, tmp_path / "spm.model", "en", "de")
+    cfg = load_config(None, [f"model.vocab_size={VOCAB}"])
+    (tmp_path / "last_run.json").write_text(json.dumps(
+        {"config": cfg.to_dict(), "stages": {"ingest": {"output": str(corpus)}, "train": {"output": str(train_dir)}}}))
+    report = rerank_weight.main(["--workdir", str(tmp_path), "--weights", "0", "1", "3", "--beam", "4",
+                                 "--batch", "5", "--device", "cpu", "--out", str(tmp_path / "hyp")])
+    assert json.loads(capsys.readouterr().out)["best_weight"] == report["best_weight"]
+    sp = sentencepiece.SentencePieceProcessor(model_file=str(tmp_path / "spm.model"))
+    outputs: dict[str, set] = {}
+    for direction, column in (("src2tgt", 0), ("tgt2src", 1)):
+        inputs, references = [p[column] for p in pairs], [p[1 - column] for p in pairs]
+        for weight in (0.0, 1.0, 3.0):
+            decoded = translate_ids(model, encode_lines(sp, inputs), direction, 4, 64, rerank="self", rerank_weight=weight)
+            texts = [sp.decode(h) for h in decoded]
+            assert (tmp_path / "hyp" / f"valid.{direction}.w{weight}.txt").read_text(encoding="utf-8") == \
+                "".join(t + "\n" for t in texts)
+            assert report["bleu"][direction][str(weight)] == round(corpus_scores(texts, references)["bleu"], 2)
+            outputs.setdefault(direction, set()).add(tuple(texts))
+    assert any(len(variants) > 1 for variants in outputs.values())  # the weight changes some pick
+    assert report["best_weight"] in (0.0, 1.0, 3.0)
+    assert report["mean_bleu"][str(report["best_weight"])] == max(report["mean_bleu"].values())
