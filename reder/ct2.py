@@ -40,13 +40,14 @@ length_penalty 0, CTranslate2 stops once its top beam and num_hypotheses (here K
 from __future__ import annotations
 
 import json
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from reder.autoregressive import Transformer, output_limits, sinusoids
-from reder.checkpoint import SPM_FILE, load_model_dir
+from reder.checkpoint import SPM_FILE, direction_of, load_model_dir, read_meta
 from reder.config import BOS_ID, EOS_ID, PAD_ID
 
 VOCABULARY_FILE = "shared_vocabulary.json"  # CTranslate2's name for a vocabulary shared by source and target
@@ -262,9 +263,6 @@ class TextTranslator:
 
     def __init__(self, teacher_dir: str | Path, device: str = "cpu", threads: int = 1, work: str | Path | None = None) -> None:
         import sentencepiece
-        import tempfile
-
-        from reder.checkpoint import read_meta
 
         self.directory = Path(teacher_dir)
         self.meta = read_meta(self.directory)
@@ -276,8 +274,6 @@ class TextTranslator:
 
     def translate(self, text: str | list[str], src: str, tgt: str, beam: int = 4, decoder: str = "greedy",
                   batch_size: int = 64) -> str | list[str]:
-        from reder.checkpoint import direction_of
-
         if decoder != "greedy":
             raise ValueError(f"decoder {decoder!r}: an autoregressive teacher decodes with beam search only")
         direction_of(self.meta, src, tgt, self.directory)

@@ -98,3 +98,17 @@ def test_a_vocabulary_that_does_not_fit_is_refused(converted, tmp_path):
 def test_a_reder_model_directory_is_refused(tiny_model_dir, tmp_path):
     with pytest.raises(ValueError, match="only teachers convert"):
         ct2.convert(tiny_model_dir, tmp_path / "out")
+
+
+def test_the_text_translator_serves_its_own_direction_through_translate_plain(converted):
+    """reder.ct2.TextTranslator (the Serve endpoint's engine=ct2): text in, detokenized text out, what
+    translate_plain gives for the same ids; the reverse pair is refused as reder.api refuses it."""
+    _, sources, translator, ct2_dir = converted
+    served = ct2.TextTranslator(ct2_dir.parent / "teacher")
+    lines = [served.sp.decode(source[:-1]) for source in sources[:6]]
+    ids = [served.sp.encode(line) + [EOS_ID] for line in lines]
+    expected = [served.sp.decode(h) for h in ct2.translate_plain(translator, ct2_dir, ids, 4)]
+    assert served.translate(lines, "en", "es", beam=4) == expected and any(expected)
+    assert served.translate(lines[0], "en", "es", beam=4) == expected[0]
+    with pytest.raises(ValueError, match="not es->en"):
+        served.translate("hola", "es", "en")
