@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
 from types import SimpleNamespace
@@ -35,7 +36,6 @@ def main(argv: list[str] | None = None) -> dict:
     from pipeline import evaluate, teacher
     from pipeline.config import PipelineConfig, from_dict
     from reder.checkpoint import SPM_FILE, load_model_dir
-    from reder.decode import CUTOFF_PROB, CUTOFF_TOP_N
     from reder.translate import encode_lines
 
     run = json.loads((Path(args.workdir) / "last_run.json").read_text(encoding="utf-8"))
@@ -53,10 +53,9 @@ def main(argv: list[str] | None = None) -> dict:
     sp = sentencepiece.SentencePieceProcessor(model_file=str(model_dir / SPM_FILE))
     source, _ = evaluate.read_text_split(stages["ingest"], "test", args.sentences)
     encoded = encode_lines(sp, source)
-    options = SimpleNamespace(beam_size=args.beam, rerank="teacher" if model.head.reranks and args.beam > 1 else "none",
-                              cutoff_top_n=CUTOFF_TOP_N, cutoff_prob=CUTOFF_PROB,
-                              teacher_baseline=True, teacher_beam_size=4, latency_sentences=len(encoded),
-                              throughput_batch=args.batch)
+    options = SimpleNamespace(**{**asdict(cfg.evaluate), "beam_size": args.beam, "teacher_baseline": True,
+                                 "rerank": "teacher" if model.head.reranks and args.beam > 1 else "none",
+                                 "teacher_beam_size": 4, "latency_sentences": len(encoded), "throughput_batch": args.batch})
     decoders = evaluate.decoders_for(model, options, teachers)
     speed = evaluate.measure_speed(model, encoded, decoders, options)
     report = {"benchmark": "decode_speed", "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),

@@ -42,7 +42,7 @@ import json
 import os
 import platform
 import time
-from dataclasses import replace
+from dataclasses import asdict, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from types import SimpleNamespace
@@ -232,15 +232,14 @@ def _reder_inputs(args: argparse.Namespace, cfg, device: str) -> SimpleNamespace
     token ids of the references and of the KD outputs, the teachers (when saved) and the evaluation settings."""
     import sentencepiece
 
-    from reder.decode import CUTOFF_PROB, CUTOFF_TOP_N
     from reder.translate import encode_lines
 
     data, source = Path(args.data_dir), Path(args.source)
     sp = sentencepiece.SentencePieceProcessor(model_file=str(source / "spm.model"))
     teachers = _load_teachers(source, cfg.model.vocab_size, device)
-    evaluation = SimpleNamespace(teacher_baseline=bool(teachers), teacher_beam_size=4, beam_size=args.beam,
-                                 rerank="teacher" if teachers and args.beam > 1 else "none",
-                                 cutoff_top_n=CUTOFF_TOP_N, cutoff_prob=CUTOFF_PROB, **vars(_speed(cfg)))
+    evaluation = SimpleNamespace(**{**asdict(cfg.evaluate), **vars(_speed(cfg)), "teacher_baseline": bool(teachers),
+                                    "teacher_beam_size": 4, "beam_size": args.beam,
+                                    "rerank": "teacher" if teachers and args.beam > 1 else "none"})
     if (source / "kd.parquet").is_file():
         kd = pq.read_table(source / "kd.parquet")
         ids = {name: kd.column(name).to_pylist() for name in ("src_ids", "tgt_ids", "kd_tgt_ids", "kd_src_ids")}

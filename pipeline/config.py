@@ -178,12 +178,16 @@ class EvaluateConfig:
     rerank_weight: float = RERANK_WEIGHT
     cutoff_top_n: int = CUTOFF_TOP_N  # CTC beam: tokens each frame offers it (reder.decode.frame_candidates)
     cutoff_prob: float = CUTOFF_PROB  # ... of which the most likely reaching this cumulative probability
+    dag_max_transition: int = 0  # DAG decoders: the longest jump between vertices (0: no bound)
+    dag_no_repeat_ngram: int = 0  # DAG greedy/lookahead: block consecutive repeated n-grams up to n (0: off)
+    dag_length_penalty: float = 1.0  # DAG Viterbi and beam: score / length**this
 
     def __post_init__(self) -> None:
         if not self.splits or set(self.splits) - {"train", "valid", "test"}:
             raise FieldError("splits", f"must be a non-empty list of train, valid, test, got {list(self.splits)}")
         require(self, beam_size=">= 1", batch_size=">= 1", max_sentences=">= 0", latency_sentences=">= 0",
-                throughput_batch=">= 1", teacher_beam_size=">= 1", rerank_weight=">= 0", cutoff_top_n=">= 1")
+                throughput_batch=">= 1", teacher_beam_size=">= 1", rerank_weight=">= 0", cutoff_top_n=">= 1",
+                dag_max_transition=">= 0", dag_no_repeat_ngram=">= 0", dag_length_penalty=">= 0")
         if self.rerank not in RERANKERS:
             raise FieldError("rerank", f"must be one of {list(RERANKERS)}, got {self.rerank!r}")
         if not 0 < self.cutoff_prob <= 1:

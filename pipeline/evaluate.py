@@ -73,19 +73,23 @@ def decoders_for(model: Any, evaluation: Any, teachers: dict[str, Any]) -> dict[
                          "(the teacher stage's output)")
     # the head's own decoders, its beam search (CTC: prefix beam; DAG: over strings) and, for a head whose
     # n-best can be reranked (CTC), the reranked beam
-    systems: dict[str, Decoder] = {name: (lambda enc, d, bs, name=name: translate_ids(model, enc, d, 1, bs, name))
-                                   for name in model.head.decoders}
     beam = evaluation.beam_size
-    cutoffs = {"cutoff_top_n": evaluation.cutoff_top_n, "cutoff_prob": evaluation.cutoff_prob} if model.head.reranks else {}
+    # the head's decoding options: CTC the beam's per-frame cutoffs; DAG the transition bound, n-gram blocking
+    # and length penalty
+    options = {"cutoff_top_n": evaluation.cutoff_top_n, "cutoff_prob": evaluation.cutoff_prob} if model.head.reranks else {
+        "max_transition": evaluation.dag_max_transition, "no_repeat_ngram": evaluation.dag_no_repeat_ngram,
+        "dag_length_penalty": evaluation.dag_length_penalty}
+    systems: dict[str, Decoder] = {name: (lambda enc, d, bs, name=name: translate_ids(model, enc, d, 1, bs, name, **options))
+                                   for name in model.head.decoders}
     if beam > 1:
-        systems[f"beam{beam}"] = lambda enc, d, bs: translate_ids(model, enc, d, beam, bs, **cutoffs)
+        systems[f"beam{beam}"] = lambda enc, d, bs: translate_ids(model, enc, d, beam, bs, **options)
     if model.head.reranks and beam > 1:
         if evaluation.rerank == "teacher":
             systems[f"beam{beam}_rerank"] = lambda enc, d, bs: translate_ids(model, enc, d, beam, bs, teacher=teachers[d],
-                                                                             **cutoffs)
+                                                                             **options)
         elif evaluation.rerank == "self":
             systems[f"beam{beam}_selfrerank"] = lambda enc, d, bs: translate_ids(
-                model, enc, d, beam, bs, rerank="self", rerank_weight=evaluation.rerank_weight, **cutoffs)
+                model, enc, d, beam, bs, rerank="self", rerank_weight=evaluation.rerank_weight, **options)
     if evaluation.teacher_baseline:
         for name, size in (("teacher_greedy", 1), (f"teacher_beam{evaluation.teacher_beam_size}", evaluation.teacher_beam_size)):
             systems[name] = lambda enc, d, bs, size=size: translate_ids(teachers[d], enc, d, size, bs)

@@ -28,7 +28,8 @@ NOT_HASHED = ("log_every", "max_failures", "storage_path", "fail_at_step", "star
 # default, which is the behaviour from before them, so finished outputs keep their directories.
 ADDED_LATER = {"loss": ("fba_start_step", "cc_start_step", "directions", "glance_start", "glance_end", "glance_steps"),
                "train": ("batch_tokens",),
-               "evaluate": ("rerank_weight", "cutoff_top_n", "cutoff_prob")}
+               "evaluate": ("rerank_weight", "cutoff_top_n", "cutoff_prob", "dag_max_transition", "dag_no_repeat_ngram",
+                            "dag_length_penalty")}
 
 
 def section_key(name: str, section: Any) -> dict[str, Any]:

@@ -182,30 +182,60 @@ def viterbi_align(
     return torch.where(feasible[:, None], path, -1), feasible, score
 
 
-def _dedup(tokens: list[int]) -> list[int]:
-    return [t for i, t in enumerate(tokens) if i == 0 or t != tokens[i - 1]]
+def limit_transitions(log_edges: torch.Tensor, max_transition: int) -> torch.Tensor:
+    """log E without the edges that jump more than `max_transition` vertices ahead (−inf; 0 = no limit), for
+    decoding (DA-Transformer's max_transition_length). Every vertex keeps the edge to its successor."""
+    if max_transition <= 0 or max_transition >= log_edges.shape[-1]:
+        return log_edges
+    index = torch.arange(log_edges.shape[-1], device=log_edges.device)
+    return log_edges.masked_fill((index[None, :] - index[:, None] > max_transition)[None], NEG_INF)
+
+
+def _repeats(tokens: list[int], longest: int) -> bool:
+    """Whether `tokens` ends in an n-gram repeated right before it, for some 2 ≤ n ≤ longest."""
+    return any(tokens[-n:] == tokens[-2 * n : -n] for n in range(2, longest + 1) if len(tokens) >= 2 * n)
 
 
 @torch.no_grad()
-def dag_greedy(log_edges: torch.Tensor, log_probs: torch.Tensor, graph_lengths: torch.Tensor, lookahead: float = 0.0) -> list[list[int]]:
+def dag_greedy(log_edges: torch.Tensor, log_probs: torch.Tensor, graph_lengths: torch.Tensor, lookahead: float = 0.0,
+               max_transition: int = 0, no_repeat_ngram: int = 0) -> list[list[int]]:
     """Greedy (lookahead=0) or lookahead decoding: from vertex 0 step to argmax_j log E(a, j) + β·max_y
-    log P(y|v_j) until the last vertex, emit each vertex's argmax token, merge repeats (raw ids, BOS/EOS kept)."""
+    log P(y|v_j) until the last vertex, emit each vertex's argmax token, merge repeats (raw ids, BOS/EOS kept).
+    `max_transition` bounds the jumps (`limit_transitions`); with `no_repeat_ngram` N ≥ 2 a step whose token
+    would end the output in a consecutively repeated n-gram (2 ≤ n ≤ N, "a b a b") takes the next best
+    vertex instead (the best one when every vertex would)."""
+    log_edges = limit_transitions(log_edges, max_transition)
     best, tokens = log_probs.max(dim=-1)  # (B, L)
-    following = (log_edges + lookahead * best[:, None, :]).argmax(dim=-1)  # (B, L): next vertex from each vertex
+    scores = log_edges + lookahead * best[:, None, :]  # (B, L, L): next-vertex scores from each vertex
+    following = scores.argmax(dim=-1).tolist()  # (B, L): the best next vertex from each vertex
+    ranked = scores.argsort(dim=-1, descending=True).tolist() if no_repeat_ngram >= 2 else None
+    allowed = (scores > NEG_INF).tolist() if ranked is not None else None
     hypotheses = []
-    for row_next, row_tokens, length in zip(following.tolist(), tokens.tolist(), graph_lengths.tolist()):
-        vertex, path = 0, [0]
+    for b, (row_next, row_tokens, length) in enumerate(zip(following, tokens.tolist(), graph_lengths.tolist())):
+        vertex, out = 0, [row_tokens[0]]
         while vertex < length - 1:
-            vertex = max(row_next[vertex], vertex + 1)  # always forward, even on a degenerate (NaN) row
-            path.append(vertex)
-        hypotheses.append(_dedup([row_tokens[v] for v in path]))
+            choice = max(row_next[vertex], vertex + 1)  # always forward, even on a degenerate (NaN) row
+            if ranked is not None:
+                for j in ranked[b][vertex]:
+                    if vertex < j < length and allowed[b][vertex][j]:
+                        token = row_tokens[j]
+                        if token == out[-1] or not _repeats(out + [token], no_repeat_ngram):
+                            choice = j
+                            break
+            vertex = choice
+            if row_tokens[vertex] != out[-1]:
+                out.append(row_tokens[vertex])
+        hypotheses.append(out)
     return hypotheses
 
 
 @torch.no_grad()
-def dag_viterbi(log_edges: torch.Tensor, log_probs: torch.Tensor, graph_lengths: torch.Tensor, length_penalty: float = 1.0) -> list[list[int]]:
+def dag_viterbi(log_edges: torch.Tensor, log_probs: torch.Tensor, graph_lengths: torch.Tensor, length_penalty: float = 1.0,
+                max_transition: int = 0) -> list[list[int]]:
     """Viterbi decoding (Shao et al. 2022): for every path length m the best path from vertex 0 to L_b − 1
-    scored Σ log E + Σ max_y log P(y|v); pick m by score / m^length_penalty; emit argmax tokens (no merging)."""
+    scored Σ log E + Σ max_y log P(y|v); pick m by score / m^length_penalty; emit argmax tokens (no merging).
+    `max_transition` bounds the jumps (`limit_transitions`)."""
+    log_edges = limit_transitions(log_edges, max_transition)
     best, tokens = log_probs.max(dim=-1)  # (B, L)
     batch, length = best.shape
     rows, ends = torch.arange(batch, device=best.device), graph_lengths.long() - 1
@@ -246,7 +276,8 @@ def string_log_likelihood(log_edges: torch.Tensor, log_probs: torch.Tensor, grap
 
 @torch.no_grad()
 def dag_beam(log_edges: torch.Tensor, log_probs: torch.Tensor, graph_lengths: torch.Tensor, beam_size: int,
-             top_tokens: int = 5, length_penalty: float = 1.0, excluded: tuple[int, ...] = ()) -> list[tuple[list[int], float]]:
+             top_tokens: int = 5, length_penalty: float = 1.0, excluded: tuple[int, ...] = (),
+             max_transition: int = 0) -> list[tuple[list[int], float]]:
     """Beam search over output strings by their exact probability: per graph the string Y = [BOS, y…, EOS]
     maximising log P(Y|x) / |Y|^length_penalty, with log P(Y|x) summed over every path emitting Y (the DP
     of the loss), and its score. Returns raw ids (BOS and EOS kept).
@@ -259,7 +290,9 @@ def dag_beam(log_edges: torch.Tensor, log_probs: torch.Tensor, graph_lengths: to
     vertex finishes a hypothesis with its exact log P(Y|x). A graph stops when no live prefix can still
     beat its best finished string: a prefix's probability only falls, and no string is longer than L_b.
     Greedy and lookahead's strings compete too, scored the same way, so the result never scores below them.
+    `max_transition` bounds the jumps of every path (`limit_transitions`), the scores' too.
     """
+    log_edges = limit_transitions(log_edges, max_transition)
     batch, length, vocab = log_probs.shape
     device, lengths = log_probs.device, graph_lengths.long()
     rows = torch.arange(batch, device=device)
@@ -307,7 +340,7 @@ def dag_beam(log_edges: torch.Tensor, log_probs: torch.Tensor, graph_lengths: to
         if not bool(hopeful.any()):
             break
         alpha = alpha.masked_fill(~hopeful[..., None], NEG_INF)
-    floors = [dag_greedy(log_edges, log_probs, graph_lengths, lookahead) for lookahead in (0.0, 1.0)]
+    floors = [dag_greedy(log_edges, log_probs, graph_lengths, lookahead) for lookahead in (0.0, 1.0)]  # limited above
     floor_scores = [string_log_likelihood(log_edges, log_probs, graph_lengths, strings).tolist() for strings in floors]
     out = []
     for b in range(batch):
@@ -321,14 +354,16 @@ def dag_beam(log_edges: torch.Tensor, log_probs: torch.Tensor, graph_lengths: to
 DAG_DECODERS = ("greedy", "lookahead", "viterbi")
 
 
-def dag_decode(decoder: str, log_edges: torch.Tensor, log_probs: torch.Tensor, graph_lengths: torch.Tensor) -> list[list[int]]:
-    """Raw ids (BOS/EOS kept) of one hypothesis per graph; lookahead uses β = 1, Viterbi length penalty 1."""
+def dag_decode(decoder: str, log_edges: torch.Tensor, log_probs: torch.Tensor, graph_lengths: torch.Tensor,
+               max_transition: int = 0, no_repeat_ngram: int = 0, length_penalty: float = 1.0) -> list[list[int]]:
+    """Raw ids (BOS/EOS kept) of one hypothesis per graph; lookahead uses β = 1. `max_transition` bounds every
+    decoder's jumps, `no_repeat_ngram` applies to greedy and lookahead, `length_penalty` to Viterbi."""
     if decoder == "greedy":
-        return dag_greedy(log_edges, log_probs, graph_lengths)
+        return dag_greedy(log_edges, log_probs, graph_lengths, 0.0, max_transition, no_repeat_ngram)
     if decoder == "lookahead":
-        return dag_greedy(log_edges, log_probs, graph_lengths, lookahead=1.0)
+        return dag_greedy(log_edges, log_probs, graph_lengths, 1.0, max_transition, no_repeat_ngram)
     if decoder == "viterbi":
-        return dag_viterbi(log_edges, log_probs, graph_lengths)
+        return dag_viterbi(log_edges, log_probs, graph_lengths, length_penalty, max_transition)
     raise ValueError(f"DAG decoder must be one of {DAG_DECODERS}, got {decoder!r}")
 
 

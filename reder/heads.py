@@ -43,6 +43,7 @@ class CtcHead(nn.Module):
     counters: tuple[str, ...] = ()
     decoders: tuple[str, ...] = ("greedy",)  # with beam_size > 1: prefix beam search
     reranks = True  # its beam's n-best can be reranked (by the teacher or by the model's reverse direction)
+    decode_options: tuple[str, ...] = ("cutoff_top_n", "cutoff_prob")  # what `decode` takes beyond the beam
     argmax_greedy = True  # greedy is a per-frame argmax: it can read logits instead of log-probs
 
     def __init__(self, cfg: ModelConfig) -> None:
@@ -121,6 +122,7 @@ class DagHead(nn.Module):
     counters: tuple[str, ...] = ("dropped",)  # samples left out: graph shorter than the target
     decoders: tuple[str, ...] = DAG_DECODERS  # with beam_size > 1: beam search over strings (dag_beam)
     reranks = False
+    decode_options: tuple[str, ...] = ("max_transition", "no_repeat_ngram", "dag_length_penalty")
     argmax_greedy = False  # greedy weighs emissions against the links: it needs log-probs
 
     def __init__(self, cfg: ModelConfig) -> None:
@@ -181,17 +183,23 @@ class DagHead(nn.Module):
         hypotheses = dag_greedy(output.extra["log_edges"], output.log_probs, output.lengths)
         return pad_batch([strip_special(h, blank)[:limit] + [EOS_ID] for h in hypotheses], output.log_probs.device)
 
-    def decode(self, output: HeadOutput, decoder: str, beam_size: int) -> list[list[int]]:
+    def decode(self, output: HeadOutput, decoder: str, beam_size: int, max_transition: int = 0, no_repeat_ngram: int = 0,
+               dag_length_penalty: float = 1.0) -> list[list[int]]:
         """Raw ids (BOS/EOS kept) of one hypothesis per graph: greedy, lookahead or viterbi; with beam_size > 1
-        beam search over strings by their exact probability (`dag_beam`, length penalty 1, the top 5 tokens
-        of each vertex as candidates; never below greedy or lookahead on that score)."""
+        beam search over strings by their exact probability (`dag_beam`, the top 5 tokens of each vertex as
+        candidates; never below greedy or lookahead on that score). `max_transition` bounds the jumps (0: no
+        bound), `no_repeat_ngram` N blocks consecutive repeated n-grams up to N in greedy and lookahead,
+        `dag_length_penalty` is Viterbi's and the beam's |Y| exponent."""
+        log_edges = output.extra["log_edges"]
         if beam_size > 1:
             if decoder != "greedy":
                 raise ValueError(f"decoder {decoder!r} with beam_size {beam_size}: a DAG beam search is its own decoder "
                                  "(give beam_size > 1 alone, or beam_size 1 with greedy, lookahead or viterbi)")
-            return [string for string, _ in dag_beam(output.extra["log_edges"], output.log_probs, output.lengths,
-                                                     beam_size, excluded=(PAD_ID, self.cfg.blank_id))]
-        return dag_decode(decoder, output.extra["log_edges"], output.log_probs, output.lengths)
+            return [string for string, _ in dag_beam(log_edges, output.log_probs, output.lengths, beam_size,
+                                                     length_penalty=dag_length_penalty,
+                                                     excluded=(PAD_ID, self.cfg.blank_id), max_transition=max_transition)]
+        return dag_decode(decoder, log_edges, output.log_probs, output.lengths, max_transition, no_repeat_ngram,
+                          dag_length_penalty)
 
     @staticmethod
     def feasible(input_len: int, target: list[int], ratio: float) -> bool:

@@ -9,7 +9,7 @@ from torch import nn
 from reder.config import DIRECTIONS, PAD_ID, LossConfig, ModelConfig
 from reder.ctc import valid_mask
 from reder.decode import CUTOFF_PROB, CUTOFF_TOP_N, strip_special
-from reder.heads import HeadOutput, make_head
+from reder.heads import HEADS, HeadOutput, make_head
 from reder.layers import ActNorm, DuplexLayer, LayerRng
 from reder.losses import forward_backward_agreement, glance_mask
 from reder.reversible import Op, invert_ops, run_trunk
@@ -231,17 +231,22 @@ class REDER(nn.Module):
     @torch.inference_mode()
     def translate(
         self, tokens: torch.Tensor, lengths: torch.Tensor, direction: str, beam_size: int = 1, decoder: str = "greedy",
-        cutoff_top_n: int = CUTOFF_TOP_N, cutoff_prob: float = CUTOFF_PROB,
+        **options: float,
     ) -> list[list[int]]:
         """Token ids (B, T) ending in EOS → one hypothesis per sentence (ids; BOS, EOS and blanks removed).
 
-        The head's decoders: CTC greedy, or prefix beam search with beam_size > 1 (per-frame cutoffs as in
-        reder.decode.frame_candidates); DAG greedy, lookahead or viterbi. Under inference mode; a head whose
-        greedy decoder is a per-position argmax (CTC) gets the logits without the log-softmax."""
+        The head's decoders: CTC greedy, or prefix beam search with beam_size > 1; DAG greedy, lookahead or
+        viterbi, or its beam search with beam_size > 1. `options`: any head's `decode_options` (CTC: the
+        per-frame cutoffs of reder.decode.frame_candidates; DAG: max_transition, no_repeat_ngram,
+        dag_length_penalty); those of the other head are ignored. Under inference mode; a head whose greedy
+        decoder is a per-position argmax (CTC) gets the logits without the log-softmax."""
+        known = {name for head in HEADS.values() for name in head.decode_options}
+        if set(options) - known:
+            raise TypeError(f"unknown decoding options {sorted(set(options) - known)}; known: {sorted(known)}")
         normalise = not (beam_size == 1 and decoder == "greedy" and self.head.argmax_greedy)
         output = self.outputs(tokens, lengths, direction, normalise)
-        cutoffs = {"cutoff_top_n": cutoff_top_n, "cutoff_prob": cutoff_prob} if self.head.reranks else {}
-        hypotheses = self.head.decode(output, decoder, beam_size, **cutoffs)
+        own = {name: value for name, value in options.items() if name in self.head.decode_options}
+        hypotheses = self.head.decode(output, decoder, beam_size, **own)
         return [strip_special(h, self.cfg.blank_id) for h in hypotheses]
 
     @torch.no_grad()

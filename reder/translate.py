@@ -50,14 +50,16 @@ def encode_lines(sp: sentencepiece.SentencePieceProcessor, lines: Iterable[str])
 def translate_ids(model: REDER | Transformer, sequences: list[list[int]], direction: str, beam_size: int = 1,
                   batch_size: int = 64, decoder: str = "greedy", teacher: Optional[Transformer] = None,
                   rerank: Optional[str] = None, rerank_weight: float = RERANK_WEIGHT, cutoff_top_n: int = CUTOFF_TOP_N,
-                  cutoff_prob: float = CUTOFF_PROB, **search: float) -> list[list[int]]:
+                  cutoff_prob: float = CUTOFF_PROB, max_transition: int = 0, no_repeat_ngram: int = 0,
+                  dag_length_penalty: float = 1.0, **search: float) -> list[list[int]]:
     """Translate id sequences (each ending in EOS) in length-sorted batches; results in input order.
 
     A Transformer `model` (the teacher of `direction`) decodes with beam search (beam 1 = greedy; `search`:
     its length_penalty, max_len_a, max_len_b). A CTC REDER's n-best of size beam_size > 1 (per-frame
     cutoffs: reder.decode.frame_candidates) can be reranked: `rerank` "self" (reder.rerank.self_rerank with
     `rerank_weight`) or "teacher" (by `teacher`, a Transformer for this direction); None means "teacher"
-    when a teacher is given, else "none"."""
+    when a teacher is given, else "none". A DAG REDER's decoders take max_transition, no_repeat_ngram and
+    dag_length_penalty (reder.heads.DagHead.decode)."""
     autoregressive = isinstance(model, Transformer)
     rerank = rerank or ("teacher" if teacher is not None else "none")
     if rerank not in RERANKERS:
@@ -95,7 +97,9 @@ def translate_ids(model: REDER | Transformer, sequences: list[list[int]], direct
             nbest = model.nbest(tokens, lengths, direction, beam_size, **cutoffs)
             hypotheses = self_rerank(model, tokens, lengths, direction, nbest, rerank_weight)
         else:
-            hypotheses = model.translate(tokens, lengths, direction, beam_size=beam_size, decoder=decoder, **cutoffs)
+            hypotheses = model.translate(tokens, lengths, direction, beam_size=beam_size, decoder=decoder, **cutoffs,
+                                         max_transition=max_transition, no_repeat_ngram=no_repeat_ngram,
+                                         dag_length_penalty=dag_length_penalty)
         for index, hypothesis in zip(chunk, hypotheses):
             outputs[index] = hypothesis
     return outputs
@@ -133,6 +137,12 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _non_negative_int(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
+    return int(text)
+
+
 def load_sentencepiece(path: Path) -> sentencepiece.SentencePieceProcessor:
     try:
         return sentencepiece.SentencePieceProcessor(model_file=str(path))
@@ -152,7 +162,7 @@ def check_device(device: str) -> None:
 def translate_lines(model: REDER | Transformer, sp: sentencepiece.SentencePieceProcessor, lines: list[str], direction: str,
                     beam_size: int = 1, batch_size: int = 64, decoder: str = "greedy",
                     teacher: Optional[Transformer] = None, **options: Any) -> list[str]:
-    """Plain text in, detokenized text out (`options`: translate_ids' rerank, rerank_weight and cutoffs)."""
+    """Plain text in, detokenized text out (`options`: translate_ids' reranking and decoding options)."""
     hypotheses = translate_ids(model, encode_lines(sp, lines), direction, beam_size, batch_size, decoder, teacher, **options)
     return [sp.decode(h) for h in hypotheses]
 
@@ -208,6 +218,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cutoff-prob", type=float, default=CUTOFF_PROB,
                         help="CTC beam: of those, only the most likely reaching this cumulative probability")
     parser.add_argument("--decoder", choices=all_decoders(), help="DAG models: greedy, lookahead or viterbi (or --beam N alone)")
+    parser.add_argument("--max-transition", type=_non_negative_int, default=0,
+                        help="DAG models: the longest jump between vertices a path may take (0: no bound)")
+    parser.add_argument("--no-repeat-ngram", type=_non_negative_int, default=0,
+                        help="DAG greedy/lookahead: block consecutive repeated n-grams up to this n (0: off)")
+    parser.add_argument("--dag-length-penalty", type=float, default=1.0,
+                        help="DAG Viterbi and beam: score / length**this")
     parser.add_argument("--batch-size", type=_positive_int, default=64)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args(argv)
@@ -225,7 +241,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         options = {} if isinstance(model, Transformer) else {
             "rerank": args.rerank, "rerank_weight": args.rerank_weight, "cutoff_top_n": args.cutoff_top_n,
-            "cutoff_prob": args.cutoff_prob}
+            "cutoff_prob": args.cutoff_prob, "max_transition": args.max_transition,
+            "no_repeat_ngram": args.no_repeat_ngram, "dag_length_penalty": args.dag_length_penalty}
         outputs = translate_lines(model, sp, lines, args.direction, args.beam, args.batch_size, args.decoder or "greedy",
                                   teacher, **options)
     except ValueError as error:

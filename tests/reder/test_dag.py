@@ -8,7 +8,8 @@ import torch
 from reder import DIRECTIONS, LossConfig, ModelConfig, REDER
 from reder.config import BOS_ID, EOS_ID
 from reder.dag import (DagLinks, dag_beam, dag_greedy, dag_log_likelihood, dag_loss, dag_viterbi, edge_mask, masked_log_softmax,
-                       masked_logsumexp, string_log_likelihood, target_emissions, viterbi_align)
+                       limit_transitions, masked_logsumexp, string_log_likelihood, target_emissions,
+                       viterbi_align)
 
 from tests.reder.helpers import MULTI30K, WordPairs, memorise
 
@@ -142,6 +143,43 @@ def test_greedy_and_lookahead_follow_the_argmax_transitions(lookahead):
     hypotheses = dag_greedy(log_edges, log_probs, graph_lengths, lookahead)
     for b, (length, _) in enumerate(CASES):
         assert hypotheses[b] == _walk(log_edges[b], log_probs[b], length, lookahead)
+
+
+def _blocked_walk(log_edges, log_probs, length, lookahead, max_transition, ngram):
+    """One sentence, plainly: greedy/lookahead over the jumps of at most max_transition vertices, skipping a
+    vertex whose token would end the (merged) output in a repeated n-gram, 2 ≤ n ≤ ngram, unless all would."""
+    vertex, out = 0, [int(log_probs[0].argmax())]
+    while vertex < length - 1:
+        options = [j for j in range(vertex + 1, length) if j - vertex <= max_transition]
+        options.sort(key=lambda j: -float(log_edges[vertex, j] + lookahead * log_probs[j].max()))
+        def repeats(tokens):
+            return any(tokens[-n:] == tokens[-2 * n : -n] for n in range(2, ngram + 1) if len(tokens) >= 2 * n)
+        fine = [j for j in options if int(log_probs[j].argmax()) == out[-1] or not repeats(out + [int(log_probs[j].argmax())])]
+        vertex = (fine or options)[0]
+        if int(log_probs[vertex].argmax()) != out[-1]:
+            out.append(int(log_probs[vertex].argmax()))
+    return out
+
+
+@pytest.mark.parametrize("lookahead", [0.0, 1.0])
+def test_transition_limit_and_repeated_ngram_blocking_equal_a_plain_walk(lookahead):
+    torch.manual_seed(7)
+    cases = [(24, 2), (18, 2), (30, 2), (9, 2)] * 3
+    log_edges, log_probs, _, graph_lengths, _ = _graphs(cases, vocab=3)  # 3 tokens: repeats are frequent
+    blocked = dag_greedy(log_edges, log_probs, graph_lengths, lookahead, max_transition=4, no_repeat_ngram=3)
+    plain = dag_greedy(log_edges, log_probs, graph_lengths, lookahead)
+    for b, (length, _) in enumerate(cases):
+        assert blocked[b] == _blocked_walk(log_edges[b], log_probs[b], length, lookahead, 4, 3)
+        assert plain[b] == _blocked_walk(log_edges[b], log_probs[b], length, lookahead, length, 1)
+    assert blocked != plain
+    limited = limit_transitions(log_edges, 4)
+    for b, (length, _) in enumerate(cases):  # Viterbi and beam under the limit: only paths of short jumps
+        for i in range(length):
+            assert bool(torch.isinf(limited[b, i, i + 5 :]).all())
+        assert torch.equal(limited[b, torch.arange(length - 1), torch.arange(1, length)],
+                           log_edges[b, torch.arange(length - 1), torch.arange(1, length)])
+    assert dag_viterbi(log_edges, log_probs, graph_lengths, 1.0, max_transition=4) == \
+        dag_viterbi(limited, log_probs, graph_lengths, 1.0)
 
 
 @pytest.mark.parametrize("length_penalty", [0.0, 1.0, 2.0])

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from reder import BOS_ID, DIRECTIONS, EOS_ID, PAD_ID, DuplexLoss, LossConfig, ModelConfig
 from reder.config import HEADS as CONFIG_HEADS
-from reder.dag import dag_beam, dag_log_likelihood, edge_mask, masked_log_softmax, target_emissions, viterbi_align
+from reder.dag import dag_beam, dag_greedy, dag_log_likelihood, dag_viterbi, edge_mask, masked_log_softmax, target_emissions, viterbi_align
 from reder.heads import HEADS, CtcHead, DagHead, HeadOutput, all_decoders, feasibility_key, feasibility_rule, head_class, make_head
 from reder.decode import strip_special
 from tests.reder.helpers import padding_mask, random_batch, tiny_config, tiny_model
@@ -222,6 +222,20 @@ def test_translate_with_every_dag_decoder_in_both_directions_and_clear_errors():
         best = dag_beam(output.extra["log_edges"], output.log_probs, output.lengths, 4, excluded=(0, model.cfg.blank_id))
         assert model.translate(tokens, lengths, direction, beam_size=4) == [strip_special(s, model.cfg.blank_id)
                                                                           for s, _ in best]
+    output = model.outputs(tokens, lengths, "src2tgt")  # the decoding options reach the DAG decoders
+    edges, log_probs, graph_lengths = output.extra["log_edges"], output.log_probs, output.lengths
+    options = {"max_transition": 2, "no_repeat_ngram": 2, "dag_length_penalty": 0.5}
+    for decoder, lookahead in (("greedy", 0.0), ("lookahead", 1.0)):
+        assert model.translate(tokens, lengths, "src2tgt", decoder=decoder, **options) == [
+            strip_special(h, model.cfg.blank_id) for h in dag_greedy(edges, log_probs, graph_lengths, lookahead, 2, 2)]
+    assert model.translate(tokens, lengths, "src2tgt", decoder="viterbi", **options) == [
+        strip_special(h, model.cfg.blank_id) for h in dag_viterbi(edges, log_probs, graph_lengths, 0.5, 2)]
+    assert model.translate(tokens, lengths, "src2tgt", beam_size=3, **options) == [strip_special(h, model.cfg.blank_id)
+        for h, _ in dag_beam(edges, log_probs, graph_lengths, 3, length_penalty=0.5, excluded=(0, model.cfg.blank_id),
+                             max_transition=2)]
+    assert model.translate(tokens, lengths, "src2tgt", cutoff_top_n=3) == model.translate(tokens, lengths, "src2tgt")
+    with pytest.raises(TypeError, match="unknown decoding options"):
+        model.translate(tokens, lengths, "src2tgt", lookahead_beta=2.0)
     with pytest.raises(ValueError, match="a DAG beam search is its own decoder"):
         model.translate(tokens, lengths, "src2tgt", decoder="viterbi", beam_size=4)
     with pytest.raises(ValueError, match="needs head='dag'"):
