@@ -372,8 +372,8 @@ def speed_phase(args: argparse.Namespace, cfg, device: str) -> dict:
     inputs.evaluation.rerank = "teacher" if inputs.teachers and inputs.evaluation.beam_size > 1 else "none"
     result = {**_header(args, device), "teachers_loaded": bool(inputs.teachers)}
     for key in keys:
-        models = {d: load_model_dir(Path(args.out) / f"{MODEL_DIR}{key}" + (f"-{d}" if report[key].get("simplex") else ""),
-                                    device)[0] for d in DIRECTIONS}
+        suffix = {d: f"-{d}" if report[key].get("simplex") else "" for d in DIRECTIONS}
+        models = {d: load_model_dir(Path(args.out) / f"{MODEL_DIR}{key}{suffix[d]}", device)[0] for d in DIRECTIONS}
         report[key]["speed"] = result[key] = measure_speed(models["src2tgt"], inputs.test,
                                                            _systems(models, inputs.evaluation, inputs.teachers),
                                                            inputs.evaluation)
