@@ -179,14 +179,23 @@ def _actor_groups(job_id: str) -> list[Any]:
 
 def _release_all(job_id: str, timeout_s: float = 30.0) -> None:
     """After the fit: wait for the last trials' Ray Train runs to end (Tune kills their actors as it
-    cleans up) and release what they leave, so the next Ray work in this process finds every CPU free."""
+    cleans up) and release what they leave, so the next Ray work in this process finds every CPU free.
+    A group whose creator still lives after `timeout_s` is removed too: the fit has returned, so no trial of
+    it runs, and such a controller (seen once in CI: a trial interrupted by the time budget while its Ray
+    Train run was starting made its group after the fit returned) would hold its CPUs until the job ends."""
+    import ray
+    from ray.util.placement_group import PlacementGroup, remove_placement_group
+
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         release_stopped_trials(job_id)
         if not _actor_groups(job_id):
             return
         time.sleep(0.5)
-    log.warning("tune: Ray Train placement groups still held %.0f s after the sweep", timeout_s)
+    left = _actor_groups(job_id)
+    for group in left:
+        remove_placement_group(PlacementGroup(ray.PlacementGroupID(group.placement_group_id)))
+    log.warning("tune: removed %d Ray Train placement group(s) still held %.0f s after the sweep", len(left), timeout_s)
 
 
 def _sweep_callback(budget_s: float = 0.0, every_s: float = 2.0) -> Any:

@@ -2,6 +2,7 @@
 import csv
 import math
 import random
+import time
 from pathlib import Path
 
 import pytest
@@ -79,6 +80,9 @@ def test_three_trial_sweep_tracks_every_trial_and_writes_a_trainable_best_yaml(t
     assert run_pipeline.main(args + ["--resume"]) == 0
     out = capsys.readouterr().out
     assert "tune: 3 trials (" in out and "failed" not in out.split("tune: 3 trials")[1].split(")")[0]
+    deadline = time.monotonic() + 10  # a removed group's CPUs come back within moments
+    while ray.available_resources().get("CPU", 0) < ray.cluster_resources()["CPU"] and time.monotonic() < deadline:
+        time.sleep(0.2)
     assert ray.available_resources().get("CPU", 0) == ray.cluster_resources()["CPU"]  # every trial's CPUs back
     tune_dir = next(tmp_path.glob("tune-*"))
     with open(tune_dir / "trials.csv", newline="") as handle:
