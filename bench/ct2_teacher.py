@@ -25,7 +25,6 @@ import platform
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 import torch
 

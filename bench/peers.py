@@ -33,6 +33,7 @@ threads: the time a perfect implementation of these matmuls would need at batch 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import platform
@@ -273,12 +274,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     engines: dict[str, Any] = {}
     forwarded = [a for a in (argv if argv is not None else sys.argv[1:])]
     for engine in args.engines.split(","):
-        if engine == "ct2":
-            try:
-                import ctranslate2  # noqa: F401
-            except ImportError:
-                engines[engine] = {"skipped": "CTranslate2 is not installed (pip install -e '.[ct2]')"}
-                continue
+        if engine == "ct2" and importlib.util.find_spec("ctranslate2") is None:
+            engines[engine] = {"skipped": "CTranslate2 is not installed (pip install -e '.[ct2]')"}
+            continue
         done = subprocess.run([sys.executable, "-m", "bench.peers", *forwarded, "--worker", engine], cwd=REPO,
                               capture_output=True, text=True)
         if done.returncode != 0:

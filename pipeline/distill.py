@@ -26,7 +26,6 @@ import importlib.util
 import logging
 import shutil
 import time
-from dataclasses import asdict
 from functools import partial
 from pathlib import Path
 from typing import Any
