@@ -13,6 +13,7 @@ from torch import nn
 from torch.autograd.function import once_differentiable
 
 from reder.config import BOS_ID, EOS_ID
+from reder.ctc import pad_batch
 
 NEG_INF = float("-inf")
 
@@ -261,10 +262,7 @@ def string_log_likelihood(log_edges: torch.Tensor, log_probs: torch.Tensor, grap
                           strings: list[list[int]]) -> torch.Tensor:
     """Exact log P(Y|x) (B,) of one string per graph (raw ids, BOS first and EOS last), summed over every path
     that emits it (the loss's DP); −inf where the graph has fewer vertices than the string has tokens."""
-    lengths = torch.tensor([len(y) for y in strings], device=log_probs.device)
-    targets = torch.zeros(len(strings), int(lengths.max()), dtype=torch.long, device=log_probs.device)
-    for row, string in enumerate(strings):
-        targets[row, : len(string)] = torch.tensor(string, dtype=torch.long)
+    targets, lengths = pad_batch(strings, log_probs.device)
     feasible = graph_lengths.long() >= lengths
     out = torch.full((len(strings),), NEG_INF, dtype=log_probs.dtype, device=log_probs.device)
     if bool(feasible.any()):
@@ -345,7 +343,7 @@ def dag_beam(log_edges: torch.Tensor, log_probs: torch.Tensor, graph_lengths: to
     out = []
     for b in range(batch):
         pool = [(float(best_score[b]), best[b])] if best[b] else []
-        pool += [(scores[b] / len(strings[b]) ** length_penalty, strings[b]) for strings, scores in zip(floors, floor_scores)]
+        pool += [(own[b] / len(strings[b]) ** length_penalty, strings[b]) for strings, own in zip(floors, floor_scores)]
         score, string = max(pool, key=lambda item: item[0])  # max keeps the first of equals: the beam's
         out.append((string, score))
     return out
