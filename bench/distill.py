@@ -184,7 +184,7 @@ def main(argv: list[str] | None = None) -> dict:
             import ray
 
             started = time.perf_counter()
-            ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False)
+            ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False)
             report["ray_init_s"] = round(time.perf_counter() - started, 2)
             for engine in engines:
                 prefix = "ct2_" if engine == "ctranslate2" else ""

@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> dict:
         import ray
 
         started = time.perf_counter()
-        ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False)
+        ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False)
         ray_init = time.perf_counter() - started
 
         def stage(inputs: list[Path], workers: int) -> None:

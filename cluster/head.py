@@ -101,7 +101,11 @@ def start_mlflow(backend_store_uri: str, artifacts_destination: str, host: str, 
     hosts, origins = allowed(advertise, port)
     command = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", backend_store_uri,
                "--artifacts-destination", artifacts_destination, "--host", host, "--port", str(port),
-               "--workers", "2", "--allowed-hosts", hosts, "--cors-allowed-origins", origins]
+               "--workers", "2", "--allowed-hosts", hosts, "--cors-allowed-origins", origins,
+               # uvicorn restarts a worker that does not answer its supervisor's ping within 5 s: on a busy head
+               # (seen on 2 cores beside two pipeline runs) a worker still importing MLflow misses it, every
+               # time, and the server never becomes ready.
+               "--uvicorn-opts", "--timeout-worker-healthcheck 60"]
     env = dict(os.environ)
     if auth_config is not None:
         command += ["--app-name", "basic-auth"]
@@ -174,7 +178,12 @@ def start(args: argparse.Namespace) -> int:
     auth_config = write_auth_config(shared / "mlflow" / "auth") if args.auth else None
     process = start_mlflow(backend, artifacts, host, args.port, shared / "mlflow" / f"server-{address}.log",
                            auth_config=auth_config, password=password, advertise=address)
-    info = {"ray_address": args.ray_address, "tracking_uri": f"http://{address}:{args.port}",
+    # The head's GCS by address, not "auto": "auto" means whichever Ray instance last ran `ray start` (or
+    # ray.cluster_utils) on this machine — Ray keeps one such address per machine in /tmp/ray — so a second
+    # Ray instance on the head would take this cluster's drivers, and Ray jobs' too (the job supervisor
+    # resolves "auto" the same way for RAY_ADDRESS; the pipeline connects to the file's address instead).
+    gcs = gcs_address(args.ray_address)
+    info = {"ray_address": gcs or args.ray_address, "tracking_uri": f"http://{address}:{args.port}",
             "shared_dir": str(shared), "mlflow_pid": process.pid, "backend_store_uri": backend,
             "artifacts_destination": artifacts, "mlflow_host": host,
             "mlflow_auth": ADMIN_USERNAME if args.auth else ""}  # the user name only, never the password
@@ -183,7 +192,6 @@ def start(args: argparse.Namespace) -> int:
     partial = path.with_name(f".{path.name}.tmp")  # readers never see a half-written file
     partial.write_text(json.dumps(info, indent=2, sort_keys=True), encoding="utf-8")
     os.replace(partial, path)
-    gcs = gcs_address(args.ray_address)
     if gcs:  # the server and the file live as long as the head's Ray (`ray down` runs `ray stop` there)
         with open(shared / "mlflow" / f"watch-{address}.log", "ab") as log:
             subprocess.Popen([sys.executable, "-m", "cluster.head", "watch", "--gcs", gcs], cwd=Path(__file__).parents[1],
@@ -297,7 +305,8 @@ def main(argv: list[str] | None = None) -> int:
     begin.add_argument("--admin-password-file", default="",
                        help="with --auth: a file (mode 600) whose first line is the admin password")
     begin.add_argument("--advertise", default="", help="address workers use (default: this node's Ray address)")
-    begin.add_argument("--ray-address", default="auto", help="what drivers on this node pass to ray.init")
+    begin.add_argument("--ray-address", default="auto", help="the head's Ray (default: the one `ray start` ran on this node); the "
+                       "cluster file records its GCS host:port")
     begin.add_argument("--backend-store-uri", default="", help="default: sqlite:///<shared>/mlflow/mlflow.db")
     begin.add_argument("--artifacts-destination", default="", help="default: <shared>/mlflow/artifacts")
     commands.add_parser("stop", help="stop the MLflow server recorded in the cluster file")

@@ -28,7 +28,20 @@ def no_inherited_mlflow_uri(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
 
 
+# tests/cluster/test_ray_up.py's first test starts a one-machine cluster and leaves the pipeline runs and a
+# sweep on it to a background thread; its second test waits for them. The first runs first (while nothing
+# else holds the head's ports), the second after every other test but the `timed` ones, which learn
+# against a wall-clock limit and so must not share the CPUs with that background work.
+RAY_UP_FIRST = "test_ray_up_starts_the_head_as_the_docs_say"
+RAY_UP_LAST = "test_ray_exec_job_submit_and_a_sweep_are_tracked_then_ray_down_leaves_nothing"
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    def place(item: pytest.Item) -> int:
+        name = getattr(item, "originalname", item.name)
+        return 0 if name == RAY_UP_FIRST else 3 if "timed" in item.keywords else 2 if name == RAY_UP_LAST else 1
+
+    items.sort(key=place)  # stable: the collection order within each group
     if torch.cuda.is_available():
         return
     skip_gpu = pytest.mark.skip(reason="needs CUDA")

@@ -21,7 +21,8 @@ def ray_session():
 
     if not ray.is_initialized():
         # The dashboard serves the State API that Ray Train's placement-group cleaner needs (cluster/connect.py).
-        ray.init(num_cpus=2, object_store_memory=200 * 1024 * 1024, include_dashboard=True, log_to_driver=False)
+        ray.init(address="local", num_cpus=2, object_store_memory=200 * 1024 * 1024, include_dashboard=True,
+                 log_to_driver=False)
     yield ray
     ray.shutdown()
 

@@ -266,6 +266,7 @@ TIME_LIMIT_S = 40  # per direction
 
 
 @pytest.mark.slow
+@pytest.mark.timed
 @pytest.mark.skipif(not MULTI30K.is_dir(), reason=f"{MULTI30K} is absent")
 def test_teachers_memorise_64_multi30k_pairs_in_both_directions():
     data = WordPairs()

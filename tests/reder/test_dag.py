@@ -198,6 +198,7 @@ def test_viterbi_decoding_equals_brute_force_over_paths_of_every_length(length_p
 
 
 @pytest.mark.slow
+@pytest.mark.timed
 @pytest.mark.skipif(not MULTI30K.is_dir(), reason=f"{MULTI30K} is absent")
 def test_dag_model_overfits_64_multi30k_pairs_in_both_directions():
     data = WordPairs()  # the last id is the DAG's skip token

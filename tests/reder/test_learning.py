@@ -9,6 +9,7 @@ AUX_START = 40  # stage two: the auxiliary losses join after the model has start
 
 
 @pytest.mark.slow
+@pytest.mark.timed
 @pytest.mark.skipif(not MULTI30K.is_dir(), reason=f"{MULTI30K} is absent")
 def test_overfits_64_multi30k_pairs_in_both_directions():
     data = WordPairs()
