@@ -91,9 +91,7 @@ def _distill_key(cfg: PipelineConfig) -> dict[str, Any]:
 
 STAGES = (
     Stage("ingest", ingest.build, sections=("data",),
-          key=lambda cfg: {"data": {k: v for k, v in asdict(cfg.data).items()
-                                    if k not in ("download", "cache_dir", "max_input_mb")},
-                           "files": ingest.input_fingerprint(cfg.data)}),
+          key=lambda cfg: ingest.stage_key(cfg.data)),
     Stage("spm", spm.build, sections=("spm",),
           key=lambda cfg: {"spm": {k: v for k, v in asdict(cfg.spm).items() if k != "num_threads"},
                            "vocab_size": cfg.model.vocab_size},

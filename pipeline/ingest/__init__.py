@@ -15,14 +15,14 @@ are only counted (`flagged`), so test sets stay intact. `id` is the 1-based line
 file (for `sword`, the verse's position in canonical order). Each split is written by
 `pipeline.parquet.write_split` (`part-NNNNN.parquet` files of ROWS_PER_FILE rows, in id order).
 
-One module per job: `stage` (the build, input_fingerprint; the stage's hash is in pipeline/graph.py), `readers` (`files`, `tsv`,
-and the split names, RawSplit and CorpusError they share), `filters`, `corpora` (named corpora and their
+One module per job: `stage` (the build, and `stage_key`/`input_fingerprint`, the stage's hash that
+pipeline/graph.py declares), `readers` (`files`, `tsv`, and the split names, RawSplit and CorpusError they share), `filters`, `corpora` (named corpora and their
 downloads), `sword`. This package re-exports what other modules use as `pipeline.ingest.<name>`.
 """
 from pipeline.ingest.corpora import NAMED, Archive, NamedCorpus, SplitSource
 from pipeline.ingest.readers import CorpusError
-from pipeline.ingest.stage import SPLITS, build, input_fingerprint, read_corpus
+from pipeline.ingest.stage import SPLITS, build, input_fingerprint, read_corpus, stage_key
 from pipeline.ingest.sword import clean_osis, read_sword
 
 __all__ = ["NAMED", "SPLITS", "Archive", "CorpusError", "NamedCorpus", "SplitSource", "clean_osis",
-           "build", "input_fingerprint", "read_corpus", "read_sword"]
+           "build", "input_fingerprint", "read_corpus", "read_sword", "stage_key"]

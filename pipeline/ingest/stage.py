@@ -1,13 +1,17 @@
 """The ingest stage itself: how it builds the splits, and the fingerprint of its input files.
 
-Its hash (pipeline/graph.py) covers the data config (less `download`/`cache_dir`, which do not change the
-data) and `input_fingerprint` of the input files. `build` reads the corpus (`read_corpus` picks the reader for
+Its hash (`stage_key`, used by pipeline/graph.py) covers the data config (less what does not change the
+data) and `input_fingerprint` of the input files (their content, not where they lie). `build` reads the corpus (`read_corpus` picks the reader for
 `data.source`), applies `data.limit`, filters each split, writes it with `pipeline.parquet.write_split`
 in id order and writes `report.json`; a split with no pairs left is an error.
 """
 from __future__ import annotations
 
+import functools
+import hashlib
 import logging
+import os
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -56,8 +60,22 @@ def read_corpus(data: DataConfig, workdir: Path) -> tuple[dict[str, RawSplit], d
     return read_named(data, workdir), {}
 
 
+def stage_key(data: DataConfig) -> dict[str, Any]:
+    """The ingest stage's hashed key: the data config (less `download`, `cache_dir` and `max_input_mb`, which
+    do not change the data) and `input_fingerprint`. Where files in `local_dir` fingerprint it, the
+    directory's path stays out of the key: the same corpus gives the same stage directories wherever it
+    lies (another checkout; the working directory `ray job submit` unpacks to a new path every session)."""
+    files = input_fingerprint(data)
+    section = {k: v for k, v in asdict(data).items() if k not in ("download", "cache_dir", "max_input_mb")}
+    if files and data.source != "sword":
+        del section["local_dir"]
+    return {"data": section, "files": files}
+
+
 def input_fingerprint(data: DataConfig) -> dict[str, Any]:
-    """Cheap identity of the input files (name, size, mtime), so edited inputs change the stage hash."""
+    """Identity of the input files, so edited inputs change the stage hash: each file of `local_dir` by
+    name and SHA-256 of its content (computed once per version of a file in a process); the SWORD modules'
+    configuration files by path and digest."""
     if data.source == "sword":
         mods = Path(data.sword_path) / "mods.d"
         confs = [next((p for p in (mods / f"{name}.conf", mods / f"{name.lower()}.conf") if p.is_file()),
@@ -65,5 +83,17 @@ def input_fingerprint(data: DataConfig) -> dict[str, Any]:
         return {str(p): digest(p.read_text(errors="replace")) if p.is_file() else "missing" for p in confs}
     if not data.local_dir or not Path(data.local_dir).is_dir():
         return {}
-    return {p.name: [p.stat().st_size, p.stat().st_mtime_ns]
+    return {p.name: _content_digest(str(p.resolve()), *_identity(p.stat()))
             for p in sorted(Path(data.local_dir).iterdir()) if p.is_file()}
+
+
+def _identity(stat: os.stat_result) -> tuple[int, ...]:
+    """What changes when a file is written (ctime too, which `touch -d`/os.utime cannot set back)."""
+    return stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns
+
+
+@functools.lru_cache(maxsize=256)
+def _content_digest(path: str, *identity: int) -> str:
+    """SHA-256 of a file's bytes; `identity` is only the cache's key (the graph asks often)."""
+    with open(path, "rb") as handle:
+        return hashlib.file_digest(handle, "sha256").hexdigest()

@@ -1,5 +1,6 @@
 import gzip
 import io
+import hashlib
 import json
 import os
 import tarfile
@@ -156,11 +157,23 @@ def test_output_dir_hash_is_stable(overrides, expected):
         Path("/nonexistent/duplex-work") / expected
 
 
-def test_input_fingerprint_is_name_size_and_mtime(tmp_path):
-    (tmp_path / "train.en").write_text("Hello.\n", encoding="utf-8")
-    os.utime(tmp_path / "train.en", ns=(1_700_000_000_123_456_789, 1_700_000_000_123_456_789))
-    (tmp_path / "sub").mkdir()  # directories are not inputs
-    assert ingest.input_fingerprint(files_config(tmp_path).data) == {"train.en": [7, 1_700_000_000_123_456_789]}
+def test_input_files_are_identified_by_content_not_by_where_they_lie_or_their_mtime(tmp_path):
+    first, second = tmp_path / "a", tmp_path / "b"
+    for corpus in (first, second):
+        (corpus / "sub").mkdir(parents=True)  # directories are not inputs
+        (corpus / "train.en").write_text("Hello.\n", encoding="utf-8")
+    os.utime(second / "train.en", ns=(1_700_000_000_123_456_789, 1_700_000_000_123_456_789))
+    sha = hashlib.sha256(b"Hello.\n").hexdigest()
+    assert ingest.input_fingerprint(files_config(first).data) == {"train.en": sha}
+    work = Path("/nonexistent/duplex-work")
+    where = {corpus: graph.output_dir(files_config(corpus), work, "ingest") for corpus in (first, second)}
+    assert where[first] == where[second]  # another checkout, or the directory `ray job submit` unpacks
+    (second / "train.en").write_text("Hallo.\n", encoding="utf-8")  # same size, same mtime, new content
+    os.utime(second / "train.en", ns=(1_700_000_000_123_456_789, 1_700_000_000_123_456_789))
+    assert graph.output_dir(files_config(second), work, "ingest") != where[first]
+    assert "local_dir" not in ingest.stage_key(files_config(first).data)["data"]
+    # No file to fingerprint (a corpus still to download): the directory's name stays in the key.
+    assert ingest.stage_key(files_config(tmp_path / "absent").data)["data"]["local_dir"] == str(tmp_path / "absent")
 
 
 def test_limit_keeps_the_first_lines(tmp_path):
