@@ -92,20 +92,23 @@ def allowed(advertise: str, port: int) -> tuple[str, str]:
 
 def start_mlflow(backend_store_uri: str, artifacts_destination: str, host: str, port: int, log_path: Path,
                  timeout_s: float = 120.0, auth_config: Path | None = None,
-                 password: str = "", advertise: str = "") -> subprocess.Popen:
+                 password: str = "", advertise: str = "", workers: int = 1) -> subprocess.Popen:
     """`mlflow server` in its own session (it outlives the caller), ready when this returns: its /health
     answered a request that names it as workers will (`advertise`, default `host`, in the Host header). With
-    `auth_config`, the basic-auth app, its admin password passed in the server's environment only."""
+    `auth_config`, the basic-auth app, its admin password passed in the server's environment only. One
+    `workers` process serves requests on a thread pool (MLflow's app is WSGI): enough for a head whose clients
+    log metrics; more for a big head's many clients."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     advertise = advertise or ("127.0.0.1" if host in ALL_INTERFACES else host)
     hosts, origins = allowed(advertise, port)
     command = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", backend_store_uri,
                "--artifacts-destination", artifacts_destination, "--host", host, "--port", str(port),
-               "--workers", "2", "--allowed-hosts", hosts, "--cors-allowed-origins", origins,
-               # uvicorn restarts a worker that does not answer its supervisor's ping within 5 s: on a busy head
-               # (seen on 2 cores beside two pipeline runs) a worker still importing MLflow misses it, every
-               # time, and the server never becomes ready.
-               "--uvicorn-opts", "--timeout-worker-healthcheck 60"]
+               "--workers", str(workers), "--allowed-hosts", hosts, "--cors-allowed-origins", origins]
+    if workers > 1:
+        # Several workers run under uvicorn's supervisor, which restarts a worker that does not answer its ping
+        # within 5 s: on a busy head (seen on 2 cores beside two pipeline runs) one still importing MLflow
+        # missed it every time and the server never became ready. One worker has no supervisor at all.
+        command += ["--uvicorn-opts", "--timeout-worker-healthcheck 60"]
     env = dict(os.environ)
     if auth_config is not None:
         command += ["--app-name", "basic-auth"]
@@ -177,7 +180,7 @@ def start(args: argparse.Namespace) -> int:
     password = admin_password(args.admin_password_file) if args.auth else ""
     auth_config = write_auth_config(shared / "mlflow" / "auth") if args.auth else None
     process = start_mlflow(backend, artifacts, host, args.port, shared / "mlflow" / f"server-{address}.log",
-                           auth_config=auth_config, password=password, advertise=address)
+                           auth_config=auth_config, password=password, advertise=address, workers=args.workers)
     # The head's GCS by address, not "auto": "auto" means whichever Ray instance last ran `ray start` (or
     # ray.cluster_utils) on this machine — Ray keeps one such address per machine in /tmp/ray — so a second
     # Ray instance on the head would take this cluster's drivers, and Ray jobs' too (the job supervisor
@@ -298,6 +301,8 @@ def main(argv: list[str] | None = None) -> int:
     begin = commands.add_parser("start", help="start the MLflow server and write the cluster file")
     begin.add_argument("--shared", required=True, help="workdir root on the shared file system")
     begin.add_argument("--port", type=int, default=5000)
+    begin.add_argument("--workers", type=int, default=1,
+                       help="mlflow server worker processes (one serves on threads; more for many clients)")
     begin.add_argument("--host", default="",
                        help="address to bind (default: the advertised private address; 0.0.0.0 warns)")
     begin.add_argument("--auth", action="store_true",
