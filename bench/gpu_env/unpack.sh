@@ -47,7 +47,7 @@ have=$($python -c 'import sys; print("%d.%d" % sys.version_info[:2])') || fail "
 
 path=$dest${PYTHONPATH:+:$PYTHONPATH}
 # The modules the pipeline imports, each tried alone so that a failure names the missing package.
-for module in ray ray.train ray.train.torch ray.tune ray.data ray.dashboard.optional_deps mlflow \
+for module in ray ray.train ray.tune ray.data ray.dashboard.optional_deps mlflow \
         mlflow.store.tracking.sqlalchemy_store mlflow.pyfunc; do
     if ! error=$(PYTHONPATH=$path $python -c "import $module" 2>&1); then
         missing=$(printf '%s\n' "$error" | sed -n "s/.*No module named '\([^'.]*\).*/\1/p" | tail -1)
