@@ -13,6 +13,12 @@ WORDS_TGT = ("der die das rot blau klein groß hund katze mann frau kind ball st
              "springt spielt sitzt schaut an mit bei unter über grün alt jung haus fluss baum").split()
 
 
+# The session's Ray instance (no GPU declared: tests/pipeline/test_gpu.py starts its own, then this one again).
+# The dashboard serves the State API that Ray Train's placement-group cleaner needs (cluster/connect.py).
+RAY_SESSION = {"address": "local", "num_cpus": 2, "object_store_memory": 200 * 1024 * 1024, "include_dashboard": True,
+               "log_to_driver": False}
+
+
 @pytest.fixture(scope="session")
 def ray_session():
     """One local Ray instance shared by every test that needs it (2 CPUs, small object store)."""
@@ -20,9 +26,7 @@ def ray_session():
     import ray
 
     if not ray.is_initialized():
-        # The dashboard serves the State API that Ray Train's placement-group cleaner needs (cluster/connect.py).
-        ray.init(address="local", num_cpus=2, object_store_memory=200 * 1024 * 1024, include_dashboard=True,
-                 log_to_driver=False)
+        ray.init(**RAY_SESSION)
     yield ray
     ray.shutdown()
 
