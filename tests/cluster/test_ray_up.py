@@ -198,6 +198,7 @@ class Scenario:
         self.env = env
         self.commands = doc_commands(DOC.read_text(encoding="utf-8"))
         self.outputs: dict[str, str] = {}
+        self.seconds: dict[str, float] = {}
         self.error = ""
         self.process: subprocess.Popen | None = None
         self.thread: threading.Thread | None = None
@@ -216,7 +217,7 @@ class Scenario:
             self.error = f"{command}: still running after {limit} s\n{output[-4000:]}"
             return
         self.outputs[command] = output
-        print(f"{time.monotonic() - started:6.1f} s  {command}", flush=True)
+        self.seconds[command] = round(time.monotonic() - started, 1)  # no print: other tests' capture would take it
         if self.process.returncode:
             self.error = f"{command}: exit {self.process.returncode}\n{output[-6000:]}"
 
@@ -293,6 +294,8 @@ def test_ray_exec_job_submit_and_a_sweep_are_tracked_then_ray_down_leaves_nothin
     os.killpg(sshd.pid, signal.SIGTERM)
     sshd.wait(timeout=20)
     assert not port_taken(22)
+    for command, seconds in scenario.seconds.items():  # shown with -rA / -s
+        print(f"{seconds:6.1f} s  {command}")
 
 
 def check_mlflow(uri: str, outputs: dict[str, str]) -> None:
