@@ -26,8 +26,8 @@ def test_times_reder_and_teacher_decoders_of_a_run(tmp_path, capsys):
     assert json.loads(capsys.readouterr().out)["sentences"] == 5
     names = [row["decoder"] for row in report["summary"]]
     assert names == ["greedy", "beam3", "beam3_rerank", "teacher_greedy", "teacher_beam4"]
-    speed = report["speed"]
+    speed = report["speed"]  # speed-ups are rounded to 0.01: below 1 (a loaded machine) that is more than 1 %
     assert speed["speedup_greedy_vs_teacher_beam4_batch1"] == pytest.approx(
-        speed["teacher_beam4_latency_ms"] / speed["greedy_latency_ms"], rel=0.01)
+        speed["teacher_beam4_latency_ms"] / speed["greedy_latency_ms"], rel=0.01, abs=0.005)
     assert speed["speedup_beam3_rerank_vs_teacher_greedy_batch4"] == pytest.approx(
-        speed["beam3_rerank_sentences_per_s"] / speed["teacher_greedy_sentences_per_s"], rel=0.01)
+        speed["beam3_rerank_sentences_per_s"] / speed["teacher_greedy_sentences_per_s"], rel=0.01, abs=0.005)
