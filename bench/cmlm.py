@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -59,17 +58,25 @@ def train_phase(args: argparse.Namespace, cfg, device: str) -> dict:
 def eval_phase(args: argparse.Namespace, cfg, device: str) -> dict:
     from pipeline.evaluate import decoders_for, measure_speed
     from reder.checkpoint import load_cmlm_dir, load_model_dir
+    from reder.translate import translate_ids
 
     inputs = _reder_inputs(args, cfg, device)
     if not inputs.teachers:
         raise FileNotFoundError(f"{args.source}: no teacher-<direction>/ model directories (the teachers phase saves them)")
     out = Path(args.out)
     cmlms = {d: load_cmlm_dir(out / f"cmlm-{d}", d, cfg.model.vocab_size, device) for d in DIRECTIONS}
-    reder, _ = load_model_dir(Path(args.reder), device)
     evaluation = replace_namespace(inputs.evaluation, beam_size=1, rerank="none", teacher_beam_size=4,
                                    cmlm_iterations=tuple(args.iterations), cmlm_length_beam=args.length_beam,
-                                   refine_steps=tuple(args.refine_steps))
-    systems = decoders_for(reder, evaluation, inputs.teachers, cmlms)
+                                   refine_steps=tuple(args.refine_steps) if args.reder else ())
+    if args.reder:
+        reder, _ = load_model_dir(Path(args.reder), device)
+        systems = decoders_for(reder, evaluation, inputs.teachers, cmlms)
+    else:  # no REDER: the teachers and the CMLMs alone, as decoders_for would call them
+        reder, teachers = cmlms["src2tgt"], inputs.teachers
+        systems = {f"cmlm_T{t}": (lambda enc, d, bs, t=t: translate_ids(cmlms[d], enc, d, args.length_beam, bs,
+                                                                         iterations=t)) for t in args.iterations}
+        for name, size in (("teacher_greedy", 1), ("teacher_beam4", 4)):
+            systems[name] = lambda enc, d, bs, size=size: translate_ids(teachers[d], enc, d, size, bs)
     report = {**_header(args, device), "benchmark": "cmlm", "reder": str(args.reder), "length_beam": args.length_beam,
               "threads": torch.get_num_threads(), "scores": {}}
     for name, translate in systems.items():
@@ -90,8 +97,9 @@ def replace_namespace(namespace, **values):
 def _training(args: argparse.Namespace) -> dict:
     """Updates and seconds of each system's training, from the reports of its phase (when they are there)."""
     found = {}
-    paths = {"teachers": Path(args.source) / "teachers.json", "reder": Path(args.reder).parent / "reder.json",
-             "cmlm": Path(args.out) / "train.json"}
+    paths = {"teachers": Path(args.source) / "teachers.json", "cmlm": Path(args.out) / "train.json"}
+    if args.reder:
+        paths["reder"] = Path(args.reder).parent / "reder.json"
     for name, path in paths.items():
         if path.is_file():
             report = json.loads(path.read_text(encoding="utf-8"))
@@ -147,7 +155,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--data-dir", default=str(REPO_ROOT.parent / "shared" / "data" / "multi30k"))
     parser.add_argument("--out", required=True, help="output directory (eval: the train phase's)")
     parser.add_argument("--from", dest="source", required=True, help="the bench.quality teachers phase's output")
-    parser.add_argument("--reder", default="", help="eval: REDER's model directory (bench.quality reder --save-models)")
+    parser.add_argument("--reder", default="", help="eval: REDER's model directory (bench.quality reder --save-models); "
+                        "without it, the teachers and the CMLMs alone")
     parser.add_argument("--config", default=str(REPO_ROOT / "configs" / "multi30k.yaml"))
     parser.add_argument("--steps", type=int, default=3000, help="train: updates per CMLM")
     parser.add_argument("--max-tokens", type=int, default=16384)
@@ -166,8 +175,6 @@ def main(argv: list[str] | None = None) -> dict:
     cfg = load_config(args.config, args.overrides)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     Path(args.out).mkdir(parents=True, exist_ok=True)
-    if args.phase == "eval" and not args.reder:
-        parser.error("eval needs --reder DIR")
     report = (train_phase if args.phase == "train" else eval_phase)(args, cfg, device)
     (Path(args.out) / f"{args.phase}.json").write_text(json.dumps(report, indent=2), encoding="utf-8")
     if args.phase == "eval":
