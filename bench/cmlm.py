@@ -13,7 +13,8 @@ output, against the AR teachers, at the same number of updates, on one device wi
   x → teacher(x), tgt2src y → teacher(y), pipeline.raytrain.CmlmObjective), saved as model directories
   C/cmlm-<direction>; writes C/train.json.
 - `eval`: the teachers (greedy, beam 4), REDER's greedy output, REDER's greedy output refined by K mask-predict
-  iterations of the CMLM of its direction (each --refine-steps K), and the CMLMs alone with mask-predict (each
+  iterations of the CMLM of its direction (each --refine-steps K; without --reder, the teachers' greedy output
+  refined instead: `ar_greedy_refine<K>`), and the CMLMs alone with mask-predict (each
   --iterations T, --length-beam candidates), every one the evaluate stage's decoder (pipeline.evaluate.decoders_for)
   scored with sacreBLEU BLEU / chrF on test_2016_flickr and test_2017_flickr both ways and timed in this one
   process (pipeline.evaluate.measure_speed: latency at batch 1 over `evaluate.latency_sentences`, sentences/s
@@ -71,10 +72,14 @@ def eval_phase(args: argparse.Namespace, cfg, device: str) -> dict:
     if args.reder:
         reder, _ = load_model_dir(Path(args.reder), device)
         systems = decoders_for(reder, evaluation, inputs.teachers, cmlms)
-    else:  # no REDER: the teachers and the CMLMs alone, as decoders_for would call them
+    else:  # no REDER: the teachers and the CMLMs alone, as decoders_for would call them, and the refinement
+        # pass over the teachers' greedy output instead of REDER's
         reder, teachers = cmlms["src2tgt"], inputs.teachers
         systems = {f"cmlm_T{t}": (lambda enc, d, bs, t=t: translate_ids(cmlms[d], enc, d, args.length_beam, bs,
                                                                          iterations=t)) for t in args.iterations}
+        for steps in args.refine_steps:
+            systems[f"ar_greedy_refine{steps}"] = lambda enc, d, bs, steps=steps: translate_ids(
+                teachers[d], enc, d, 1, bs, refiner=cmlms[d], refine_steps=steps)
         for name, size in (("teacher_greedy", 1), ("teacher_beam4", 4)):
             systems[name] = lambda enc, d, bs, size=size: translate_ids(teachers[d], enc, d, size, bs)
     report = {**_header(args, device), "benchmark": "cmlm", "reder": str(args.reder), "length_beam": args.length_beam,
@@ -136,13 +141,15 @@ def _label(name: str, length_beam: int) -> str:
         return f"CMLM mask-predict, T = {name.removeprefix('cmlm_T')}, l = {length_beam}"
     if name.startswith("greedy_refine"):
         return f"REDER greedy + {name.removeprefix('greedy_refine')} CMLM refinement step(s)"
+    if name.startswith("ar_greedy_refine"):
+        return f"AR teachers, greedy + {name.removeprefix('ar_greedy_refine')} CMLM refinement step(s)"
     return f"REDER + KD, {name}"
 
 
 def _cost(name: str, training: dict) -> tuple[str, str]:
     """(updates, training seconds) of the models behind a decoder: refinement adds the CMLMs to REDER."""
     parts = ["teachers"] if name.startswith("teacher_") else ["cmlm"] if name.startswith("cmlm_") else \
-        ["reder", "cmlm"] if "refine" in name else ["reder"]
+        ["teachers", "cmlm"] if name.startswith("ar_") else ["reder", "cmlm"] if "refine" in name else ["reder"]
     if not all(part in training for part in parts):
         return "–", "–"
     updates = " + ".join(f"{training[p]['updates']}" + (" ×2" if p != "reder" else "") for p in parts)
