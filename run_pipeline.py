@@ -1,14 +1,15 @@
 """The pipeline CLI: run the stages in order, skipping finished ones, and summarise where outputs are.
 
     python run_pipeline.py [--config configs/X.yaml] [key=value ...]
-                           [--stages ingest,spm,tokenize,teacher,distill,train,evaluate] [--force] [--address auto]
+                           [--stages ingest,spm,tokenize,teacher,distill,train,cmlm,evaluate] [--force] [--address auto]
     python run_pipeline.py tune [--config configs/X.yaml] [key=value ...] [--samples N] [--resume] [--force]
                                 [--address auto]
 
 The stages and what each needs are declared once in pipeline/graph.py; both commands walk that graph. The
 teacher and distill stages run when something needs them: `distill.enabled` (sequence-level KD, the
 paper's setting) needs both unless `distill.corpus` names an already-distilled corpus; the evaluation's
-teacher baseline and reranking need the teachers. Otherwise they are reported as not needed.
+teacher baseline and reranking need the teachers. Otherwise they are reported as not needed. The cmlm stage
+(pipeline/cmlm.py) runs, and is listed, only when the evaluation asks for the CMLMs or --stages names it.
 `tune` sweeps the training stage over the config's `tune.space` with Ray Tune (pipeline/tune.py); see
 `python run_pipeline.py tune --help`.
 Ray is connected once, here, before the first stage that runs on it.
@@ -83,7 +84,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                             "sweep of the train stage (python run_pipeline.py tune --help)")
     parser.add_argument("--config", default=str(DEFAULT_CONFIG), help="YAML config (default: %(default)s)")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. model.vocab_size=4000")
-    parser.add_argument("--stages", default=",".join(STAGES), help="comma-separated stages (default: %(default)s)")
+    parser.add_argument("--stages", default="", help=f"comma-separated stages (default: {','.join(s for s in STAGES if s not in graph.OPTIONAL)}, "
+                        f"and {', '.join(graph.OPTIONAL)} when the evaluation needs it)")
     parser.add_argument("--force", action="store_true", help="redo the selected stages even when finished")
     parser.add_argument("--address", default="", help="Ray cluster address ('auto' for `ray up`/`ray start`)")
     return parser.parse_intermixed_args(argv)  # key=value may come before and after the options
@@ -141,7 +143,7 @@ def run(cfg: PipelineConfig, stages: list[str], force: bool = False) -> dict[str
     """Run `stages` in order; returns {stage: {output, status, counts, seconds}}."""
     workdir = Path(cfg.workdir).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
-    needed = graph.needed(cfg)
+    needed = graph.needed(cfg, ("evaluate", *[name for name in stages if name in graph.OPTIONAL]))  # named: wanted
     dirs = graph.output_dirs(cfg, workdir)
     if cfg.ray.address:  # on a cluster: connect and check the shared storage before anything runs
         connect_ray(cfg)
@@ -153,7 +155,9 @@ def run(cfg: PipelineConfig, stages: list[str], force: bool = False) -> dict[str
                 print(f"[{index}/{len(stages)}] {name}: not needed (distill.enabled={cfg.distill.enabled}, "
                       f"distill.corpus={cfg.distill.corpus or 'unset'}, "
                       f"evaluate.teacher_baseline={cfg.evaluate.teacher_baseline}, "
-                      f"evaluate.rerank={cfg.evaluate.rerank})", flush=True)
+                      f"evaluate.rerank={cfg.evaluate.rerank}, evaluate.cmlm_iterations="
+                      f"{list(cfg.evaluate.cmlm_iterations)}, evaluate.refine_steps={list(cfg.evaluate.refine_steps)})",
+                      flush=True)
                 continue
             expected = dirs[name]
             status = "skipped (finished earlier)" if is_done(expected) and not force else "ran"
@@ -306,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def work() -> tuple[PipelineConfig, dict[str, dict]]:
         cfg = load_run_config(args.config, overrides)
-        return cfg, run(cfg, select_stages(args.stages), force=args.force)
+        return cfg, run(cfg, select_stages(args.stages) if args.stages else graph.pipeline_stages(cfg), force=args.force)
 
     code, (cfg, summary) = guarded(work)
     if code:

@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 import yaml
 
-from reder.config import LossConfig, ModelConfig, TransformerConfig
+from reder.config import CmlmConfig, LossConfig, ModelConfig, TransformerConfig
 from reder.configio import ConfigError, FieldError, from_dict, require, to_dict
 from reder.decode import CUTOFF_PROB, CUTOFF_TOP_N
 from reder.heads import head_class
@@ -181,13 +181,23 @@ class EvaluateConfig:
     dag_max_transition: int = 0  # DAG decoders: the longest jump between vertices (0: no bound)
     dag_no_repeat_ngram: int = 0  # DAG greedy/lookahead: block consecutive repeated n-grams up to n (0: off)
     dag_length_penalty: float = 1.0  # DAG Viterbi and beam: score / length**this
+    # The CMLM of each direction (the cmlm stage, trained when one of these asks for it): mask-predict with T
+    # iterations for each T here (decoder cmlm_T<T>, cmlm_length_beam length candidates) and REDER's greedy
+    # output refined by K mask-predict iterations for each K here (decoder greedy_refine<K>)
+    cmlm_iterations: tuple[int, ...] = ()
+    cmlm_length_beam: int = 5
+    refine_steps: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.splits or set(self.splits) - {"train", "valid", "test"}:
             raise FieldError("splits", f"must be a non-empty list of train, valid, test, got {list(self.splits)}")
         require(self, beam_size=">= 1", batch_size=">= 1", max_sentences=">= 0", latency_sentences=">= 0",
                 throughput_batch=">= 1", teacher_beam_size=">= 1", rerank_weight=">= 0", cutoff_top_n=">= 1",
-                dag_max_transition=">= 0", dag_no_repeat_ngram=">= 0", dag_length_penalty=">= 0")
+                dag_max_transition=">= 0", dag_no_repeat_ngram=">= 0", dag_length_penalty=">= 0", cmlm_length_beam=">= 1")
+        for key in ("cmlm_iterations", "refine_steps"):
+            values = getattr(self, key)
+            if any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in values) or len(set(values)) < len(values):
+                raise FieldError(key, f"must be distinct ints >= 1, got {list(values)}")
         if self.rerank not in RERANKERS:
             raise FieldError("rerank", f"must be one of {list(RERANKERS)}, got {self.rerank!r}")
         if not 0 < self.cutoff_prob <= 1:
@@ -210,6 +220,16 @@ class TeacherConfig:
             if getattr(self, other) and not getattr(self, key):
                 raise FieldError(key, f"must be set when {other} is ({getattr(self, other)!r}): both teachers or "
                                  f"neither, got {getattr(self, key)!r}", (other,))
+
+
+@dataclass(frozen=True)
+class CmlmStageConfig:
+    """The CMLM baseline and refiner, one per direction (pipeline/cmlm.py): its shape and its Ray Train run (the
+    same TrainConfig as REDER's and the teachers'), on REDER's training split (the KD pairs with distill.enabled).
+    Trained when the evaluation asks for it (evaluate.cmlm_iterations, evaluate.refine_steps) or with --stages cmlm."""
+
+    model: CmlmConfig = field(default_factory=CmlmConfig)  # vocab_size: always model.vocab_size
+    train: TrainConfig = field(default_factory=TrainConfig)
 
 
 DISTILL_ENGINES = ("auto", "torch", "ctranslate2")
@@ -334,6 +354,7 @@ class PipelineConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     loss: LossConfig = field(default_factory=LossConfig)
     teacher: TeacherConfig = field(default_factory=TeacherConfig)
+    cmlm: CmlmStageConfig = field(default_factory=CmlmStageConfig)
     distill: DistillConfig = field(default_factory=DistillConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
@@ -399,6 +420,10 @@ def check_consistency(cfg: PipelineConfig) -> None:
     if not cfg.workdir.strip():  # Path("") is the current directory: stage outputs would land there
         raise ConfigError(f"workdir: must not be empty (stage outputs go under it; e.g. workdir=runs/default), "
                           f"got {cfg.workdir!r}")
+    if cfg.cmlm.model.vocab_size != cfg.model.vocab_size:
+        raise ConfigError(f"cmlm.model.vocab_size: must equal model.vocab_size ({cfg.model.vocab_size}), as the "
+                          f"CMLMs and REDER share one SentencePiece vocabulary (leave it unset), got "
+                          f"{cfg.cmlm.model.vocab_size}")
     if cfg.teacher.model.vocab_size != cfg.model.vocab_size:
         raise ConfigError(f"teacher.model.vocab_size: must equal model.vocab_size ({cfg.model.vocab_size}), as "
                           f"teachers and REDER share one SentencePiece vocabulary (leave it unset), got "
@@ -472,14 +497,17 @@ def _parse_scalar(text: str) -> Any:
 
 
 def _teacher_vocabulary(raw: dict[str, Any]) -> dict[str, Any]:
-    """teacher.model.vocab_size follows model.vocab_size (one joint vocabulary) unless set explicitly."""
+    """teacher.model.vocab_size and cmlm.model.vocab_size follow model.vocab_size (one joint vocabulary) unless
+    set explicitly."""
     model = raw.get("model") if isinstance(raw.get("model"), dict) else {}
-    teacher = raw.get("teacher") if isinstance(raw.get("teacher"), dict) else {}
-    teacher_model = teacher.get("model") if isinstance(teacher.get("model"), dict) else {}
-    if "teacher" in raw and not isinstance(raw["teacher"], dict) or "model" in teacher and not isinstance(teacher["model"], dict):
-        return raw  # from_dict reports the bad section
     vocab = model.get("vocab_size", ModelConfig.vocab_size)
-    return {**raw, "teacher": {**teacher, "model": {"vocab_size": vocab, **teacher_model}}}
+    for name in ("teacher", "cmlm"):
+        section = raw.get(name) if isinstance(raw.get(name), dict) else {}
+        section_model = section.get("model") if isinstance(section.get("model"), dict) else {}
+        if name in raw and not isinstance(raw[name], dict) or "model" in section and not isinstance(section["model"], dict):
+            continue  # from_dict reports the bad section
+        raw = {**raw, name: {**section, "model": {"vocab_size": vocab, **section_model}}}
+    return raw
 
 
 def _resolve_local_dir(raw: dict[str, Any], base: Path) -> dict[str, Any]:

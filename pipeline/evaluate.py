@@ -18,6 +18,11 @@ log-prob, all candidates of a batch in one teacher pass), decoder `beamK_rerank`
 `evaluate.rerank_weight` · the model's own reverse-direction log P(x | ŷ) (reder.rerank.self_rerank),
 decoder `beamK_selfrerank`.
 
+The CMLMs (pipeline/cmlm.py, one per direction) give two more kinds of decoder: `cmlm_T<T>`, mask-predict with T
+iterations for each T of `evaluate.cmlm_iterations` (`evaluate.cmlm_length_beam` length candidates), and
+`greedy_refine<K>`, REDER's greedy output refined by K mask-predict iterations of the CMLM of its direction, for
+each K of `evaluate.refine_steps`; they are scored and timed like the others.
+
 `results.json` holds the headline numbers (test split, greedy): `bleu_src2tgt`, `bleu_tgt2src`,
 `chrf_src2tgt`, `chrf_tgt2src`, `roundtrip_bleu_src`, `roundtrip_bleu_tgt`, the signatures, the MLflow
 run id, and every (split, direction, decoder) score under `scores`.
@@ -33,12 +38,12 @@ import pyarrow.parquet as pq
 import torch
 from tqdm import tqdm
 
-from pipeline import teacher, train
+from pipeline import cmlm, teacher, train
 from pipeline.config import PipelineConfig
 from pipeline.metrics import corpus_scores
 from pipeline.stage import StageRun, write_json, write_text
 from reder import DIRECTIONS, EOS_ID
-from reder.checkpoint import SPM_FILE, load_model_dir
+from reder.checkpoint import SPM_FILE, load_cmlm_dir, load_model_dir
 from reder.translate import encode_lines, translate_ids
 
 log = logging.getLogger(__name__)
@@ -48,10 +53,10 @@ RESULTS_FILE = "results.json"
 
 def build(run: StageRun, tmp: Path) -> dict[str, Any]:
     """Evaluate input `train`'s model on `ingest`'s splits (with input `teacher`'s models when the config
-    asks for the baseline or reranking) into `tmp`."""
+    asks for the baseline or reranking, input `cmlm`'s when it asks for the CMLM decoders) into `tmp`."""
     run_id = run.tracker.run_id if run.tracker is not None else None
     return evaluate_model(run.inputs["train"] / train.MODEL_DIR, run.inputs["ingest"], run.cfg, tmp, run_id,
-                          run.inputs.get("teacher"))
+                          run.inputs.get("teacher"), run.inputs.get("cmlm"))
 
 
 def read_text_split(corpus: Path, split: str, limit: int = 0) -> tuple[list[str], list[str]]:
@@ -65,12 +70,19 @@ def read_text_split(corpus: Path, split: str, limit: int = 0) -> tuple[list[str]
 Decoder = Callable[[list[list[int]], str, int], list[list[int]]]  # (encoded inputs, direction, batch size) → ids
 
 
-def decoders_for(model: Any, evaluation: Any, teachers: dict[str, Any]) -> dict[str, Decoder]:
+def decoders_for(model: Any, evaluation: Any, teachers: dict[str, Any], cmlms: dict[str, Any] | None = None) -> dict[str, Decoder]:
     """Every evaluated system by name: REDER's decoders (CTC greedy and beam, reranked by `evaluate.rerank`;
-    or the DAG decoders) and, with `evaluate.teacher_baseline`, the teachers' greedy and beam search."""
+    or the DAG decoders), with `evaluate.teacher_baseline` the teachers' greedy and beam search, and with
+    `cmlms` (direction → CMLM) the CMLMs' mask-predict (`evaluate.cmlm_iterations`) and REDER's greedy output
+    refined by them (`evaluate.refine_steps`)."""
     if (evaluation.teacher_baseline or evaluation.rerank == "teacher") and set(teachers) != {"src2tgt", "tgt2src"}:
         raise ValueError("evaluate.teacher_baseline / evaluate.rerank=teacher need both directions' teachers "
                          "(the teacher stage's output)")
+    cmlms = cmlms or {}
+    iterations, refine_steps = getattr(evaluation, "cmlm_iterations", ()), getattr(evaluation, "refine_steps", ())
+    if (iterations or refine_steps) and set(cmlms) != {"src2tgt", "tgt2src"}:
+        raise ValueError("evaluate.cmlm_iterations / evaluate.refine_steps need both directions' CMLMs (the cmlm "
+                         "stage's output)")
     # the head's own decoders, its beam search (CTC: prefix beam; DAG: over strings) and, for a head whose
     # n-best can be reranked (CTC), the reranked beam
     beam = evaluation.beam_size
@@ -90,6 +102,12 @@ def decoders_for(model: Any, evaluation: Any, teachers: dict[str, Any]) -> dict[
         elif evaluation.rerank == "self":
             systems[f"beam{beam}_selfrerank"] = lambda enc, d, bs: translate_ids(
                 model, enc, d, beam, bs, rerank="self", rerank_weight=evaluation.rerank_weight, **options)
+    for steps in refine_steps:
+        systems[f"greedy_refine{steps}"] = lambda enc, d, bs, steps=steps: translate_ids(
+            model, enc, d, 1, bs, refiner=cmlms[d], refine_steps=steps, **options)
+    for count in iterations:
+        systems[f"cmlm_T{count}"] = lambda enc, d, bs, count=count: translate_ids(
+            cmlms[d], enc, d, evaluation.cmlm_length_beam, bs, iterations=count)
     if evaluation.teacher_baseline:
         for name, size in (("teacher_greedy", 1), (f"teacher_beam{evaluation.teacher_beam_size}", evaluation.teacher_beam_size)):
             systems[name] = lambda enc, d, bs, size=size: translate_ids(teachers[d], enc, d, size, bs)
@@ -97,7 +115,7 @@ def decoders_for(model: Any, evaluation: Any, teachers: dict[str, Any]) -> dict[
 
 
 def evaluate_model(model_dir: Path, corpus: Path, cfg: PipelineConfig, out: Path, mlflow_run_id: str | None,
-                   teacher_dir: Path | None = None) -> dict:
+                   teacher_dir: Path | None = None, cmlm_dir: Path | None = None) -> dict:
     """Decode, score and time (see module doc); writes results.json and the hypotheses into `out`."""
     import sentencepiece
 
@@ -107,7 +125,9 @@ def evaluate_model(model_dir: Path, corpus: Path, cfg: PipelineConfig, out: Path
     sp = sentencepiece.SentencePieceProcessor(model_file=str(model_dir / SPM_FILE))
     teachers = {d: teacher.check_teacher(p, d, cfg, model_dir / SPM_FILE).to(device)
                 for d, p in teacher.model_dirs(Path(teacher_dir)).items()} if teacher_dir else {}
-    decoders = decoders_for(model, evaluation, teachers)
+    cmlms = {d: load_cmlm_dir(p, d, model.cfg.vocab_size, device) for d, p in cmlm.model_dirs(Path(cmlm_dir)).items()} \
+        if cmlm_dir else {}
+    decoders = decoders_for(model, evaluation, teachers, cmlms)
     scores: dict[str, Any] = {}
     signatures: dict[str, str] = {}
     roundtrip: dict[str, Any] = {}

@@ -2,12 +2,14 @@
 from these its output directory and whether a run needs it.
 
     ingest ─► spm ─► tokenize ─► teacher ─► distill ─► train ─► evaluate
-                                    └─────────────────────────────►┘     (tune: a sweep of train)
+                                    │          └─► cmlm ───────►┤     (tune: a sweep of train)
+                                    └──────────────────────────►┘
 
 A stage's directory is `<workdir>/<name>-<hash>`, the hash over `key(cfg)` and the directory names of its
 hashed `inputs` (pipeline/stage.py). A stage is needed when a target (evaluate for a pipeline run, tune
 for a sweep) reaches it through inputs and reads: teacher only for KD without a given corpus, the teacher
-baseline or reranking; distill only with `distill.enabled`. `run_pipeline.py` and the sweep walk this graph;
+baseline or reranking; distill only with `distill.enabled`; cmlm only for the evaluation's CMLM decoders
+(`evaluate.cmlm_iterations`, `evaluate.refine_steps`). `run_pipeline.py` and the sweep walk this graph;
 no stage computes another stage's path. Keys are those the stages had before the graph existed, so
 finished outputs keep their directories (tests/pipeline/test_graph.py pins them).
 """
@@ -17,7 +19,7 @@ from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any
 
-from pipeline import distill, evaluate, ingest, spm, teacher, tokenize, train, tune
+from pipeline import cmlm, distill, evaluate, ingest, spm, teacher, tokenize, train, tune
 from pipeline.config import PipelineConfig, TrainConfig
 from pipeline.stage import Stage, StageError, StageRun, is_done, require_done, run_stage, stage_dir
 from reder import heads
@@ -29,7 +31,10 @@ NOT_HASHED = ("log_every", "max_failures", "storage_path", "fail_at_step", "star
 ADDED_LATER = {"loss": ("fba_start_step", "cc_start_step", "directions", "glance_start", "glance_end", "glance_steps"),
                "train": ("batch_tokens",),
                "evaluate": ("rerank_weight", "cutoff_top_n", "cutoff_prob", "dag_max_transition", "dag_no_repeat_ngram",
-                            "dag_length_penalty")}
+                            "dag_length_penalty", "cmlm_iterations", "cmlm_length_beam", "refine_steps")}
+# Stages a pipeline run lists only when it needs them (added after outputs existed; a run without them reads
+# as it did before them).
+OPTIONAL = ("cmlm",)
 
 
 def section_key(name: str, section: Any) -> dict[str, Any]:
@@ -51,6 +56,11 @@ def training_data(cfg: PipelineConfig) -> str:
 def uses_teachers(cfg: PipelineConfig) -> bool:
     """Whether the evaluation decodes with the teachers (baseline or reranking)."""
     return cfg.evaluate.teacher_baseline or cfg.evaluate.rerank == "teacher"
+
+
+def uses_cmlm(cfg: PipelineConfig) -> bool:
+    """Whether the evaluation decodes with the CMLMs (the baseline's mask-predict or the refinement of REDER)."""
+    return bool(cfg.evaluate.cmlm_iterations or cfg.evaluate.refine_steps)
 
 
 def _evaluate_key(cfg: PipelineConfig) -> dict[str, Any]:
@@ -106,9 +116,13 @@ STAGES = (
     Stage("train", train.build, sections=("model", "loss", "train"), uses_ray=True,
           key=lambda cfg: {"model": asdict(cfg.model), "loss": section_key("loss", cfg.loss), "train": train_key(cfg.train)},
           inputs=lambda cfg: {"data": training_data(cfg)}, reads=lambda cfg: ("tokenize", "ingest", "spm")),
+    Stage("cmlm", cmlm.build, sections=("cmlm",), uses_ray=True,
+          key=lambda cfg: {"model": asdict(cfg.cmlm.model), "train": train_key(cfg.cmlm.train)},
+          inputs=lambda cfg: {"data": training_data(cfg)}, reads=lambda cfg: ("tokenize", "ingest", "spm")),
     Stage("evaluate", evaluate.build, sections=("evaluate",),
           key=lambda cfg: {"evaluate": _evaluate_key(cfg)},
-          inputs=lambda cfg: {"train": "train", "ingest": "ingest", **({"teacher": "teacher"} if uses_teachers(cfg) else {})}),
+          inputs=lambda cfg: {"train": "train", "ingest": "ingest", **({"teacher": "teacher"} if uses_teachers(cfg) else {}),
+                              **({"cmlm": "cmlm"} if uses_cmlm(cfg) else {})}),
     Stage("tune", tune.build, sections=("tune",), uses_ray=True,
           key=lambda cfg: {"tune": _sweep_key(cfg), "model": asdict(cfg.model), "loss": section_key("loss", cfg.loss),
                            "train": section_key("train", cfg.train)},
@@ -116,6 +130,12 @@ STAGES = (
 )
 PIPELINE = tuple(stage.name for stage in STAGES if stage.name != "tune")  # a pipeline run's stages, in run order
 BY_NAME = {stage.name: stage for stage in STAGES}
+
+
+def pipeline_stages(cfg: PipelineConfig) -> list[str]:
+    """A pipeline run's stages by default: PIPELINE less the OPTIONAL stages this config does not need."""
+    needs = needed(cfg)
+    return [name for name in PIPELINE if name not in OPTIONAL or name in needs]
 
 
 def upstream(cfg: PipelineConfig, name: str) -> dict[str, str]:

@@ -1,6 +1,6 @@
 """Ray Train runs of the training core (pipeline/harness.py): REDER for the train stage (pipeline/train.py),
-one autoregressive teacher per direction for the teacher stage (pipeline/teacher.py), the trials of the
-tune stage (pipeline/tune.py). Ray is imported inside the functions that use it.
+one autoregressive teacher per direction for the teacher stage (pipeline/teacher.py), one CMLM per direction
+for the cmlm stage (pipeline/cmlm.py), the trials of the tune stage (pipeline/tune.py). Ray is imported inside the functions that use it.
 
 Driver side: `check_resources` fails fast, with the numbers, when the cluster cannot hold the worker group
 (instead of letting Ray Train wait forever); `make_trainer` builds a `TorchTrainer` over the tokenized
@@ -8,7 +8,7 @@ training split (a Ray Data dataset, split between the workers); `fit_and_average
 best `average_best` checkpoints by validation BLEU (the mean of both directions) into a model.
 
 Worker side (`train_loop`): the TrainConfig rebuilt from its dict, the task's model and objective (the joint
-objective of both directions, `DuplexLoss`, or a teacher's `TeacherObjective`) wrapped for DDP, and a
+objective of both directions, `DuplexLoss`, a teacher's `TeacherObjective` or a CMLM's `CmlmObjective`) wrapped for DDP, and a
 `Harness` fed with token-bucketed batches of the worker's shard. Its reports go to `ray.train.report` (and
 rank 0's to MLflow); every validation (rank 0 decodes the validation split greedily and scores it with
 sacreBLEU; the other ranks report a NaN score) attaches a checkpoint directory. Ray keeps the best
@@ -46,6 +46,8 @@ from pipeline.stage import StageError
 from pipeline.tracking import validation_metric
 from reder import DIRECTIONS, EOS_ID, DuplexLoss, LossConfig, ModelConfig, REDER, TransformerConfig
 from reder.autoregressive import Transformer
+from reder.cmlm import CMLM
+from reder.config import CmlmConfig
 from reder.checkpoint import average_state_dicts, load_tensors
 from reder.ctc import pad_batch
 from reder.translate import translate_ids
@@ -112,15 +114,16 @@ def make_trainer(cfg: PipelineConfig, name: str, storage: Path, train_data: Path
     """The TorchTrainer of one training run (run `name` under `storage`; a run with the same pair
     resumes from its latest checkpoint) on the `train_data` split, validated on `data`/valid.
     `mlflow_target` receives rank 0's per-step metrics. `task` is REDER's (default) or
-    {"kind": "teacher", "direction": d}: the teacher of one direction, with the teacher section's config."""
+    {"kind": "teacher" | "cmlm", "direction": d}: the teacher or the CMLM of one direction, with the config
+    section of that name."""
     import ray.train
     from ray.train.torch import TorchTrainer
 
     task = task or {"kind": "reder"}
-    teacher = task["kind"] == "teacher"
-    train = cfg.teacher.train if teacher else cfg.train
+    section = getattr(cfg, task["kind"]) if task["kind"] in ("teacher", "cmlm") else cfg
+    train = section.train
     loop_config = {
-        "task": task, "model": asdict(cfg.teacher.model if teacher else cfg.model), "loss": asdict(cfg.loss),
+        "task": task, "model": asdict(section.model), "loss": asdict(cfg.loss),
         "train": asdict(train), "spm_proto": (spm_dir / spm.MODEL_FILE).read_bytes(),
         "valid": {"ids": str(data / "valid"), "text": str(corpus / "valid")},
         "mlflow": mlflow_target,
@@ -149,7 +152,8 @@ def fit_and_average(trainer: Any, run_path: Path, average_best: int, model: torc
     Returns {"history": the latest checkpoint's history, "averaged": [(step, valid_bleu)], "fit_seconds"}."""
     started = time.time()
     config = trainer.train_loop_config
-    what = f"teacher {config['task']['direction']}" if config["task"]["kind"] == "teacher" else "train"
+    task = config["task"]
+    what = f"{task['kind']} {task['direction']}" if task["kind"] != "reder" else "train"
     try:
         with progress_bar(Path(config["progress"]), config["train"]["max_steps"], what):
             result = trainer.fit()
@@ -277,19 +281,42 @@ class TeacherObjective(torch.nn.Module):
         return {f"nll_{self.direction}": terms["nll"], "total": terms["total"]}
 
 
+class CmlmObjective(torch.nn.Module):
+    """One direction's CMLM as a DDP-wrappable objective with REDER's call signature. With KD batches it trains
+    on its own direction's pairs: src2tgt on the batch (x, teacher(x)), tgt2src on `tgt2src_batch`
+    (teacher(y), y) read backwards (y → teacher(y)); without KD on the references read in its direction."""
+
+    def __init__(self, model: CMLM, direction: str) -> None:
+        super().__init__()
+        self.model, self.direction = model, direction
+
+    def forward(self, src: torch.Tensor, src_lengths: torch.Tensor, tgt: torch.Tensor, tgt_lengths: torch.Tensor,
+                step: int, tgt2src_batch: Optional[tuple[torch.Tensor, ...]] = None) -> dict[str, torch.Tensor]:
+        if self.direction == "tgt2src":
+            if tgt2src_batch is not None:
+                src, src_lengths, tgt, tgt_lengths = tgt2src_batch
+            src, src_lengths, tgt, tgt_lengths = tgt, tgt_lengths, src, src_lengths
+        terms = self.model.loss(src, src_lengths, tgt, tgt_lengths)
+        return {f"nll_{self.direction}": terms["nll"], f"length_{self.direction}": terms["length"], "total": terms["total"]}
+
+
 def build_task(config: dict[str, Any]) -> tuple[torch.nn.Module, torch.nn.Module, tuple[str, ...]]:
-    """(model, objective, validation directions) of a loop config's task (REDER or one teacher)."""
+    """(model, objective, validation directions) of a loop config's task (REDER, one teacher or one CMLM)."""
     task = config["task"]
     if task["kind"] == "teacher":
         model = Transformer(TransformerConfig.from_dict(config["model"]))
         return model, TeacherObjective(model, task["direction"]), (task["direction"],)
+    if task["kind"] == "cmlm":
+        model = CMLM(CmlmConfig.from_dict(config["model"]))
+        return model, CmlmObjective(model, task["direction"]), (task["direction"],)
     model = REDER(ModelConfig.from_dict(config["model"]), LossConfig.from_dict(config["loss"]))
     return model, DuplexLoss(model), model.loss_config.directions  # a simplex model: its one direction
 
 
 class Validator:
-    """Greedy decoding of the validation split in `directions`, scored with sacreBLEU (rank 0); for a
-    teacher also its validation loss (mean token NLL, `valid_nll_<direction>`)."""
+    """Greedy decoding of the validation split in `directions` (a CMLM: mask-predict, translate_ids' default 10
+    iterations and one length candidate), scored with sacreBLEU (rank 0); for a teacher also its validation loss
+    (mean token NLL, `valid_nll_<direction>`)."""
 
     def __init__(self, paths: dict[str, str], spm_proto: bytes, max_sentences: int,
                  directions: tuple[str, ...] = DIRECTIONS) -> None:

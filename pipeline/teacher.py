@@ -23,7 +23,9 @@ import json
 import logging
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
+
+import torch
 
 from pipeline import raytrain, spm, tracking
 from pipeline.config import PipelineConfig
@@ -46,9 +48,10 @@ def given_checkpoints(cfg: PipelineConfig) -> dict[str, Path]:
             "tgt2src": Path(cfg.teacher.tgt2src_checkpoint).expanduser().resolve()}
 
 
-def model_dirs(out: Path) -> dict[str, Path]:
-    """direction → teacher model directory, from a finished teacher stage's teachers.json."""
-    entries = json.loads((Path(out) / TEACHERS_FILE).read_text(encoding="utf-8"))
+def model_dirs(out: Path, index_file: str = TEACHERS_FILE) -> dict[str, Path]:
+    """direction → model directory, from a finished teacher stage's teachers.json (or another per-direction
+    stage's `index_file`)."""
+    entries = json.loads((Path(out) / index_file).read_text(encoding="utf-8"))
     return {direction: (Path(out) / path).resolve() for direction, path in entries.items()}
 
 
@@ -57,8 +60,9 @@ def build(run: StageRun, tmp: Path) -> dict[str, Any]:
     given = given_checkpoints(run.cfg)
     if given:
         return _check_given(given, run.cfg, run.inputs["spm"], tmp)
-    return _train_both(run.cfg, run.workdir, run.out.name, run.inputs["data"], run.inputs["ingest"], run.inputs["spm"],
-                       tmp, run.tracker, run.force)
+    data = run.inputs["data"]
+    return train_per_direction(run, data / "train", data, tmp, "teacher", lambda: Transformer(
+        TransformerConfig.from_dict(asdict(run.cfg.teacher.model))), TEACHERS_FILE)
 
 
 def check_teacher(directory: Path, direction: str, cfg: PipelineConfig, spm_model: Path) -> Transformer:
@@ -83,23 +87,29 @@ def _check_given(given: dict[str, Path], cfg: PipelineConfig, spm_dir: Path, tmp
     return counts
 
 
-def _train_both(cfg: PipelineConfig, workdir: Path, name: str, data: Path, corpus: Path, spm_dir: Path, tmp: Path,
-                tracker: Any, force: bool = False) -> dict[str, Any]:
-    raytrain.check_resources(cfg.teacher.train, cfg.teacher.train.start_timeout_s)
-    storage = raytrain.storage_path(cfg.teacher.train, workdir)
+def train_per_direction(run: StageRun, train_data: Path, data: Path, tmp: Path, kind: str,
+                        make_model: Callable[[], torch.nn.Module], index_file: str) -> dict[str, Any]:
+    """One Ray Train run per direction of the `kind` task (teacher, cmlm: raytrain.build_task, with the config
+    section of that name) on `train_data`, validated on `data`/valid against input `ingest`'s text; each averaged
+    model saved as `<direction>/model/` in `tmp`, listed in `index_file` (direction → model directory)."""
+    cfg, name, tracker = run.cfg, run.out.name, run.tracker
+    section = getattr(cfg, kind)
+    raytrain.check_resources(section.train, section.train.start_timeout_s)
+    storage = raytrain.storage_path(section.train, run.workdir)
     target = tracker.worker_target() if tracker is not None else None
     for direction in DIRECTIONS:  # with --force, no resume of the finished runs
-        raytrain.run_storage(storage, f"{name}-{direction}", force)
+        raytrain.run_storage(storage, f"{name}-{direction}", run.force)
+    spm_dir = run.inputs["spm"]
     counts, reports = {}, {}
     for direction in DIRECTIONS:
         run_name = f"{name}-{direction}"
         child = child_run(target, tracking.run_name(cfg.tracking, run_name),
-                          {tracking.STAGE_TAG: f"teacher {direction}"})
-        trainer = raytrain.make_trainer(cfg, run_name, storage, data / "train", data, corpus, spm_dir, child,
-                                     task={"kind": "teacher", "direction": direction})
-        model = Transformer(TransformerConfig.from_dict(asdict(cfg.teacher.model)))
+                          {tracking.STAGE_TAG: f"{kind} {direction}"})
+        trainer = raytrain.make_trainer(cfg, run_name, storage, train_data, data, run.inputs["ingest"], spm_dir, child,
+                                        task={"kind": kind, "direction": direction})
+        model = make_model()
         # A failure or interruption leaves `child` open: the tracker closes it with the stage's run.
-        fitted = raytrain.fit_and_average(trainer, storage / run_name, cfg.teacher.train.average_best, model)
+        fitted = raytrain.fit_and_average(trainer, storage / run_name, section.train.average_best, model)
         save_model_dir(tmp / direction / raytrain.MODEL_DIR, model, spm_dir / spm.MODEL_FILE, cfg.data.src_lang,
                        cfg.data.tgt_lang, extra={"direction": direction, "averaged_checkpoints": fitted["averaged"]})
         write_json(tmp / direction / raytrain.HISTORY_FILE, fitted["history"])
@@ -109,8 +119,8 @@ def _train_both(cfg: PipelineConfig, workdir: Path, name: str, data: Path, corpu
         counts[direction] = {"steps": reports[direction]["steps"], "best_valid_bleu": best["valid_bleu"],
                              "restarts": reports[direction]["restarts"]}
         finish_child_run(child, counts[direction])
-        log.info("teacher %s: %d steps, best validation BLEU %.2f", direction, counts[direction]["steps"],
+        log.info("%s %s: %d steps, best validation BLEU %.2f", kind, direction, counts[direction]["steps"],
                  best["valid_bleu"])
     write_json(tmp / "report.json", reports)
-    write_json(tmp / TEACHERS_FILE, {d: f"{d}/{raytrain.MODEL_DIR}" for d in DIRECTIONS})
+    write_json(tmp / index_file, {d: f"{d}/{raytrain.MODEL_DIR}" for d in DIRECTIONS})
     return counts

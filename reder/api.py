@@ -5,25 +5,29 @@
     model.translate(["A man is walking."], src="en", tgt="de", beam=5)   # -> ["Ein Mann geht."]
 
 `load` reads a model directory (what the train stage publishes; `python -m reder.translate` reads the
-same): a REDER translates both ways with the same weights, a Transformer teacher only its own direction.
+same): a REDER translates both ways with the same weights, a Transformer teacher or a CMLM only its own
+direction. A CMLM (another Translator) can refine any model's output: `translate(..., refiner=cmlm, refine_steps=K)`.
 Languages are the codes the directory records (`Translator.languages`). Text in, detokenized text out;
 SentencePiece is applied inside.
 """
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Optional, Sequence
 
 import torch
 
 from reder.checkpoint import SPM_FILE, direction_of, load_model_dir
+from reder.cmlm import CMLM
 from reder.translate import check_device, load_sentencepiece, translate_lines
 
 
 class Translator:
     """A loaded model directory. `translate(text, src, tgt, beam=1, decoder="greedy")`: CTC models decode
     greedily or with prefix beam search (`beam` > 1); DAG models with `decoder` greedy, lookahead or
-    viterbi; a Transformer with beam search of size `beam`."""
+    viterbi; a Transformer with beam search of size `beam`; a CMLM with mask-predict, `iterations` and `beam`
+    length candidates. `refiner` (a Translator of a CMLM for this direction) refines the output with
+    `refine_steps` mask-predict iterations."""
 
     def __init__(self, directory: str | Path, device: str = "cpu") -> None:
         check_device(device)
@@ -33,7 +37,8 @@ class Translator:
         self.languages = (self.meta.get("src_lang"), self.meta.get("tgt_lang"))
 
     def translate(self, text: str | Sequence[str], src: str, tgt: str, beam: int = 1, decoder: str = "greedy",
-                  batch_size: int = 64) -> str | list[str]:
+                  batch_size: int = 64, iterations: int = 10, refiner: Optional[Translator] = None,
+                  refine_steps: int = 0) -> str | list[str]:
         """One sentence (a str) or a list of them, from language `src` into `tgt`."""
         if beam < 1 or batch_size < 1:
             raise ValueError(f"beam and batch_size must be >= 1, got {beam} and {batch_size}")
@@ -42,8 +47,15 @@ class Translator:
             raise ValueError(f"decoder {decoder!r}: this model decodes with {', '.join(decoders)}")
         lines = [text] if isinstance(text, str) else list(text)
         direction = direction_of(self.meta, src, tgt, self.directory)
+        options: dict[str, Any] = {"iterations": iterations} if isinstance(self.model, CMLM) else {}
+        if refiner is not None or refine_steps:
+            if refiner is None or not isinstance(refiner.model, CMLM):
+                raise ValueError("refine_steps needs refiner=<a Translator of a CMLM model directory>")
+            if direction_of(refiner.meta, src, tgt, refiner.directory) != direction:
+                raise ValueError(f"{refiner.directory}: its direction differs from this model's {direction} for {src}->{tgt}")
+            options.update(refiner=refiner.model, refine_steps=refine_steps)
         with torch.inference_mode():
-            out = translate_lines(self.model, self.sp, lines, direction, beam, batch_size, decoder)
+            out = translate_lines(self.model, self.sp, lines, direction, beam, batch_size, decoder, **options)
         return out[0] if isinstance(text, str) else out
 
     def __repr__(self) -> str:

@@ -1,8 +1,8 @@
 """Model directories: everything needed to translate with a trained model, and nothing else.
 
 A model directory holds `model.pt` (the state dict), `config.json` (the model's config, its `architecture`
-"reder" or "transformer" (older directories lack it: they are REDER), the language codes, decoding
-defaults, and for a teacher its `direction`) and `spm.model` (the joint SentencePiece model). Files are
+"reder", "transformer" or "cmlm" (older directories lack it: they are REDER), the language codes, decoding
+defaults, and for a teacher or a CMLM its `direction`) and `spm.model` (the joint SentencePiece model). Files are
 written to temporary names and renamed, so an interrupted save never leaves a half-written model behind.
 
 Every `.pt` file is read with `load_tensors` (`torch.load(weights_only=True)`): tensors and plain containers,
@@ -19,19 +19,20 @@ from typing import Any, Optional
 import torch
 
 from reder.autoregressive import Transformer
-from reder.config import DIRECTIONS, ModelConfig, TransformerConfig
+from reder.cmlm import CMLM
+from reder.config import DIRECTIONS, CmlmConfig, ModelConfig, TransformerConfig
 from reder.model import REDER
 
 MODEL_FILE, CONFIG_FILE, SPM_FILE = "model.pt", "config.json", "spm.model"
-ARCHITECTURES = {"reder": (REDER, ModelConfig), "transformer": (Transformer, TransformerConfig)}
+ARCHITECTURES = {"reder": (REDER, ModelConfig), "transformer": (Transformer, TransformerConfig), "cmlm": (CMLM, CmlmConfig)}
 
 
-def save_model_dir(directory: Path, model: REDER | Transformer, spm_model: Path, src_lang: str, tgt_lang: str,
+def save_model_dir(directory: Path, model: REDER | Transformer | CMLM, spm_model: Path, src_lang: str, tgt_lang: str,
                    extra: Optional[dict[str, Any]] = None) -> Path:
     """Write a self-contained model directory (see module doc); returns it."""
     architecture = next((name for name, (cls, _) in ARCHITECTURES.items() if isinstance(model, cls)), None)
     if architecture is None:
-        raise TypeError(f"save_model_dir: expected a REDER or Transformer model, got {type(model).__name__}")
+        raise TypeError(f"save_model_dir: expected a REDER, Transformer or CMLM model, got {type(model).__name__}")
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     state = {name: tensor.detach().cpu() for name, tensor in model.state_dict().items()}
@@ -89,8 +90,8 @@ def direction_of(meta: dict[str, Any], src: str, tgt: str, where: Path | str = "
     return direction
 
 
-def load_model_dir(directory: Path, device: str | torch.device = "cpu") -> tuple[REDER | Transformer, dict[str, Any]]:
-    """The model (eval mode; REDER or Transformer, by `architecture`) and its config.json contents."""
+def load_model_dir(directory: Path, device: str | torch.device = "cpu") -> tuple[REDER | Transformer | CMLM, dict[str, Any]]:
+    """The model (eval mode; REDER, Transformer or CMLM, by `architecture`) and its config.json contents."""
     meta = read_meta(directory)
     architecture = meta.get("architecture", "reder")
     if architecture not in ARCHITECTURES:
@@ -113,18 +114,29 @@ def load_model_dir(directory: Path, device: str | torch.device = "cpu") -> tuple
 
 def load_teacher_dir(directory: Path, direction: str, vocab_size: int, device: str | torch.device = "cpu") -> Transformer:
     """A teacher Transformer (eval mode) for `direction`, checked against the run's vocabulary size."""
+    return _load_directional(directory, direction, vocab_size, "transformer", "a teacher", device)
+
+
+def load_cmlm_dir(directory: Path, direction: str, vocab_size: int, device: str | torch.device = "cpu") -> CMLM:
+    """A CMLM (eval mode) for `direction`, checked against the run's vocabulary size."""
+    return _load_directional(directory, direction, vocab_size, "cmlm", "a CMLM", device)
+
+
+def _load_directional(directory: Path, direction: str, vocab_size: int, expected: str, what: str,
+                      device: str | torch.device) -> Transformer | CMLM:
+    """A one-direction model directory of architecture `expected`, checked (direction, vocabulary size)."""
     if direction not in DIRECTIONS:
         raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
     if not Path(directory).is_dir():
-        raise FileNotFoundError(f"teacher directory {directory} does not exist")
+        raise FileNotFoundError(f"{what.split()[-1]} directory {directory} does not exist")
     meta = read_meta(directory)
     architecture = meta.get("architecture", "reder")
-    if architecture != "transformer":
-        raise ValueError(f"{directory} is not a teacher: its architecture is {architecture!r}, expected 'transformer'")
+    if architecture != expected:
+        raise ValueError(f"{directory} is not {what}: its architecture is {architecture!r}, expected {expected!r}")
     if meta.get("direction") != direction:
-        raise ValueError(f"{directory}: the teacher translates {meta.get('direction')!r}, but {direction!r} was asked for")
+        raise ValueError(f"{directory}: the {what.split()[-1]} translates {meta.get('direction')!r}, but {direction!r} was asked for")
     if meta["model"]["vocab_size"] != vocab_size:
-        raise ValueError(f"{directory}: vocabulary mismatch: teacher has {meta['model']['vocab_size']} pieces, "
+        raise ValueError(f"{directory}: vocabulary mismatch: {what.split()[-1]} has {meta['model']['vocab_size']} pieces, "
                          f"the run's SentencePiece model has {vocab_size}")
     model, _ = load_model_dir(directory, device)
     return model

@@ -2,7 +2,7 @@
 
     python -m reder.translate --checkpoint DIR (--src LANG --tgt LANG | --direction src2tgt|tgt2src)
         [--beam N [--rerank self [--rerank-weight W] | --teacher DIR] [--cutoff-top-n N] [--cutoff-prob P]
-         | --decoder D] [--batch-size B] < in > out
+         | --decoder D] [--refine-steps K --refine-model CMLM_DIR] [--iterations T] [--batch-size B] < in > out
 
 (installed with `pip install -e .`: `duplex-translate ...`; from Python: `reder.load(DIR).translate(...)`.)
 The direction is named by language codes (those the model directory records, e.g. --src en --tgt de) or
@@ -16,7 +16,9 @@ same direction (--teacher DIR, a Transformer model directory; --teacher alone im
 (head "dag") decode with --decoder greedy | lookahead | viterbi (default greedy), or --beam N: beam search
 over output strings by their exact probability (reder.dag.dag_beam). --checkpoint may also be
 a Transformer model directory (the AR baseline): --direction must be the one it was trained for, and
---beam is its beam size (1 = greedy).
+--beam is its beam size (1 = greedy). --checkpoint may be a CMLM model directory (reder/cmlm.py, one direction):
+mask-predict with --iterations T and --beam l length candidates. --refine-steps K --refine-model DIR refine any
+model's output with K mask-predict iterations of the CMLM in DIR (the same direction).
 
 One sentence per line in, one per line out, in the input order. SentencePiece is applied inside: input is
 plain text, output is detokenized text. Lines end at "\n" only (a CRLF's "\r" is dropped): other Unicode
@@ -32,7 +34,8 @@ import sentencepiece
 import torch
 
 from reder.autoregressive import Transformer
-from reder.checkpoint import SPM_FILE, direction_of, load_model_dir, load_teacher_dir
+from reder.checkpoint import SPM_FILE, direction_of, load_cmlm_dir, load_model_dir, load_teacher_dir
+from reder.cmlm import CMLM
 from reder.config import DIRECTIONS, EOS_ID
 from reder.ctc import pad_batch
 from reder.decode import CUTOFF_PROB, CUTOFF_TOP_N
@@ -47,11 +50,12 @@ def encode_lines(sp: sentencepiece.SentencePieceProcessor, lines: Iterable[str])
     return [sp.encode(line.rstrip("\n")) + [EOS_ID] for line in lines]
 
 
-def translate_ids(model: REDER | Transformer, sequences: list[list[int]], direction: str, beam_size: int = 1,
+def translate_ids(model: REDER | Transformer | CMLM, sequences: list[list[int]], direction: str, beam_size: int = 1,
                   batch_size: int = 64, decoder: str = "greedy", teacher: Optional[Transformer] = None,
                   rerank: Optional[str] = None, rerank_weight: float = RERANK_WEIGHT, cutoff_top_n: int = CUTOFF_TOP_N,
                   cutoff_prob: float = CUTOFF_PROB, max_transition: int = 0, no_repeat_ngram: int = 0,
-                  dag_length_penalty: float = 1.0, **search: float) -> list[list[int]]:
+                  dag_length_penalty: float = 1.0, iterations: int = 10, refiner: Optional[CMLM] = None,
+                  refine_steps: int = 0, **search: float) -> list[list[int]]:
     """Translate id sequences (each ending in EOS) in length-sorted batches; results in input order.
 
     A Transformer `model` (the teacher of `direction`) decodes with beam search (beam 1 = greedy; `search`:
@@ -59,8 +63,19 @@ def translate_ids(model: REDER | Transformer, sequences: list[list[int]], direct
     cutoffs: reder.decode.frame_candidates) can be reranked: `rerank` "self" (reder.rerank.self_rerank with
     `rerank_weight`) or "teacher" (by `teacher`, a Transformer for this direction); None means "teacher"
     when a teacher is given, else "none". A DAG REDER's decoders take max_transition, no_repeat_ngram and
-    dag_length_penalty (reder.heads.DagHead.decode)."""
-    autoregressive = isinstance(model, Transformer)
+    dag_length_penalty (reder.heads.DagHead.decode). A CMLM decodes with mask-predict: `iterations` and
+    beam_size length candidates. With `refiner` (a CMLM of `direction`) and refine_steps K > 0, every
+    hypothesis is then refined by K mask-predict iterations (CMLM.refine)."""
+    if isinstance(model, CMLM):
+        if decoder != "greedy" or rerank not in (None, "none") or teacher is not None or search:
+            raise ValueError("a CMLM decodes with mask-predict only (iterations, beam_size length candidates)")
+        autoregressive = False
+    else:
+        autoregressive = isinstance(model, Transformer)
+    if refine_steps < 0 or iterations < 1:
+        raise ValueError(f"need refine_steps >= 0 and iterations >= 1, got {refine_steps} and {iterations}")
+    if refine_steps and refiner is None:
+        raise ValueError(f"refine_steps {refine_steps} needs a refiner (a CMLM model of direction {direction})")
     rerank = rerank or ("teacher" if teacher is not None else "none")
     if rerank not in RERANKERS:
         raise ValueError(f"rerank must be one of {RERANKERS}, got {rerank!r}")
@@ -74,11 +89,13 @@ def translate_ids(model: REDER | Transformer, sequences: list[list[int]], direct
         raise ValueError(f"{rerank} reranking needs a CTC model and beam_size > 1 (head {model.cfg.head!r}, beam_size {beam_size})")
     cutoffs = {} if autoregressive else {"cutoff_top_n": cutoff_top_n, "cutoff_prob": cutoff_prob}
     detail = f"max_positions {model.cfg.max_positions}"
-    if not autoregressive:
+    if isinstance(model, REDER):
         detail += f", {model.head.ratio_name} {getattr(model.cfg, model.head.ratio_name)}"
     limits = [(model.max_input_length(), f"the model's limit of {model.max_input_length()} ({detail})")]
     if teacher is not None:
         limits.append((teacher.max_input_length(), f"the teacher's limit of {teacher.max_input_length()} (its max_positions)"))
+    if refiner is not None and refine_steps:
+        limits.append((refiner.max_input_length(), f"the refiner's limit of {refiner.max_input_length()} (its max_positions)"))
     for number, sequence in enumerate(sequences, start=1):
         for limit, detail in limits:
             if len(sequence) > limit:
@@ -91,6 +108,8 @@ def translate_ids(model: REDER | Transformer, sequences: list[list[int]], direct
         tokens, lengths = pad_batch([sequences[i] for i in chunk], device)
         if autoregressive:
             hypotheses = model.translate(tokens, lengths, beam_size=beam_size, **search)
+        elif isinstance(model, CMLM):
+            hypotheses = model.translate(tokens, lengths, beam_size=beam_size, iterations=iterations)
         elif rerank == "teacher":
             hypotheses = teacher_rerank(teacher, tokens, lengths, model.candidates(tokens, lengths, direction, beam_size, **cutoffs))
         elif rerank == "self":
@@ -100,6 +119,8 @@ def translate_ids(model: REDER | Transformer, sequences: list[list[int]], direct
             hypotheses = model.translate(tokens, lengths, direction, beam_size=beam_size, decoder=decoder, **cutoffs,
                                          max_transition=max_transition, no_repeat_ngram=no_repeat_ngram,
                                          dag_length_penalty=dag_length_penalty)
+        if refine_steps:
+            hypotheses = refiner.refine(tokens, lengths, hypotheses, refine_steps)
         for index, hypothesis in zip(chunk, hypotheses):
             outputs[index] = hypothesis
     return outputs
@@ -159,7 +180,7 @@ def check_device(device: str) -> None:
         raise ValueError(f"--device {device}: CUDA is not available on this machine (use --device cpu)")
 
 
-def translate_lines(model: REDER | Transformer, sp: sentencepiece.SentencePieceProcessor, lines: list[str], direction: str,
+def translate_lines(model: REDER | Transformer | CMLM, sp: sentencepiece.SentencePieceProcessor, lines: list[str], direction: str,
                     beam_size: int = 1, batch_size: int = 64, decoder: str = "greedy",
                     teacher: Optional[Transformer] = None, **options: Any) -> list[str]:
     """Plain text in, detokenized text out (`options`: translate_ids' reranking and decoding options)."""
@@ -167,8 +188,18 @@ def translate_lines(model: REDER | Transformer, sp: sentencepiece.SentencePieceP
     return [sp.decode(h) for h in hypotheses]
 
 
-def _load(args: argparse.Namespace) -> tuple[REDER | Transformer, Optional[Transformer]]:
-    """The model and the optional teacher, checked against the options; ValueError/FileNotFoundError explain."""
+def _load(args: argparse.Namespace) -> tuple[REDER | Transformer | CMLM, Optional[Transformer], Optional[CMLM]]:
+    """The model, the optional teacher and the optional refiner, checked against the options;
+    ValueError/FileNotFoundError explain."""
+    model, teacher = _load_model(args)
+    if bool(args.refine_steps) != bool(args.refine_model):
+        raise ValueError("--refine-steps K (> 0) and --refine-model DIR (a CMLM of the direction) go together")
+    if not args.refine_model:
+        return model, teacher, None
+    return model, teacher, load_cmlm_dir(Path(args.refine_model), args.direction, model.cfg.vocab_size, args.device)
+
+
+def _load_model(args: argparse.Namespace) -> tuple[REDER | Transformer | CMLM, Optional[Transformer]]:
     check_device(args.device)
     args.rerank = args.rerank or ("teacher" if args.teacher else "none")
     if (args.rerank == "teacher") != bool(args.teacher):
@@ -184,12 +215,13 @@ def _load(args: argparse.Namespace) -> tuple[REDER | Transformer, Optional[Trans
     elif not args.direction:
         raise ValueError(f"name the direction: --src {meta.get('src_lang')} --tgt {meta.get('tgt_lang')} (or the "
                          f"reverse), or --direction src2tgt|tgt2src")
-    if isinstance(model, Transformer):
+    if isinstance(model, (Transformer, CMLM)):
+        kind = type(model).__name__
         if meta.get("direction") != args.direction:
-            raise ValueError(f"{args.checkpoint} is a Transformer for direction {meta.get('direction')!r}, "
+            raise ValueError(f"{args.checkpoint} is a {kind} for direction {meta.get('direction')!r}, "
                              f"not {args.direction!r}")
         if args.decoder not in (None, "greedy") or args.rerank != "none":
-            raise ValueError(f"{args.checkpoint} is a Transformer: it takes --beam, not --decoder, --rerank or --teacher")
+            raise ValueError(f"{args.checkpoint} is a {kind}: it takes --beam, not --decoder, --rerank or --teacher")
         return model, None
     if args.decoder not in (None, *model.head.decoders):
         raise ValueError(f"--decoder {args.decoder} needs a DAG model; this one has a CTC head (use --beam)")
@@ -202,7 +234,7 @@ def _load(args: argparse.Namespace) -> tuple[REDER | Transformer, Optional[Trans
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--checkpoint", required=True, help="model directory (model.pt, config.json, spm.model): REDER or Transformer")
+    parser.add_argument("--checkpoint", required=True, help="model directory (model.pt, config.json, spm.model): REDER, Transformer or CMLM")
     parser.add_argument("--src", help="source language code (as the model directory records it, e.g. en)")
     parser.add_argument("--tgt", help="target language code")
     parser.add_argument("--direction", choices=DIRECTIONS, help="instead of --src/--tgt")
@@ -224,11 +256,16 @@ def main(argv: list[str] | None = None) -> int:
                         help="DAG greedy/lookahead: block consecutive repeated n-grams up to this n (0: off)")
     parser.add_argument("--dag-length-penalty", type=float, default=1.0,
                         help="DAG Viterbi and beam: score / length**this")
+    parser.add_argument("--iterations", type=_positive_int, default=10,
+                        help="a CMLM --checkpoint: mask-predict iterations T (--beam: its length candidates)")
+    parser.add_argument("--refine-steps", type=_non_negative_int, default=0,
+                        help="refine the output with this many mask-predict iterations of --refine-model")
+    parser.add_argument("--refine-model", help="a CMLM model directory of the direction: refines the output (--refine-steps)")
     parser.add_argument("--batch-size", type=_positive_int, default=64)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args(argv)
     try:
-        model, teacher = _load(args)
+        model, teacher, refiner = _load(args)
         sp = load_sentencepiece(Path(args.checkpoint) / SPM_FILE)
     except (FileNotFoundError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
@@ -239,10 +276,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: <stdin> {error}", file=sys.stderr)
         return 2
     try:
-        options = {} if isinstance(model, Transformer) else {
-            "rerank": args.rerank, "rerank_weight": args.rerank_weight, "cutoff_top_n": args.cutoff_top_n,
-            "cutoff_prob": args.cutoff_prob, "max_transition": args.max_transition,
-            "no_repeat_ngram": args.no_repeat_ngram, "dag_length_penalty": args.dag_length_penalty}
+        options: dict[str, Any] = {"refiner": refiner, "refine_steps": args.refine_steps}
+        if isinstance(model, CMLM):
+            options["iterations"] = args.iterations
+        elif isinstance(model, REDER):
+            options.update(rerank=args.rerank, rerank_weight=args.rerank_weight, cutoff_top_n=args.cutoff_top_n,
+                           cutoff_prob=args.cutoff_prob, max_transition=args.max_transition,
+                           no_repeat_ngram=args.no_repeat_ngram, dag_length_penalty=args.dag_length_penalty)
         outputs = translate_lines(model, sp, lines, args.direction, args.beam, args.batch_size, args.decoder or "greedy",
                                   teacher, **options)
     except ValueError as error:

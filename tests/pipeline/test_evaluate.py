@@ -95,3 +95,58 @@ def test_self_reranking_is_its_own_decoder_with_the_configured_weight_and_cutoff
     assert decoders["beam3_selfrerank"](encoded, "src2tgt", 2) == translate_ids(
         model, encoded, "src2tgt", 3, 2, rerank="self", rerank_weight=2.5, cutoff_top_n=6)
     assert decoders["beam3"](encoded, "src2tgt", 2) == translate_ids(model, encoded, "src2tgt", 3, 2, cutoff_top_n=6)
+
+
+def _cmlm_stage(tmp_path):
+    """A cmlm stage's output: cmlms.json naming two tiny random CMLMs (one per direction)."""
+    from pipeline import cmlm
+    from reder import CMLM, CmlmConfig
+
+    stage = tmp_path / "cmlm-stage"
+    for direction in ("src2tgt", "tgt2src"):
+        model = CMLM(CmlmConfig(vocab_size=VOCAB, d_model=8, n_heads=2, ffn_dim=16, encoder_layers=1, decoder_layers=1,
+                                max_positions=128)).eval()
+        save_model_dir(stage / direction, model, tmp_path / "spm.model", "en", "de", extra={"direction": direction})
+    write_json(stage / cmlm.CMLMS_FILE, {"src2tgt": "src2tgt", "tgt2src": "tgt2src"})
+    return stage
+
+
+def test_cmlm_mask_predict_and_refined_greedy_are_decoders_of_their_own(tmp_path):
+    """Issue 29: cmlm_T<T> per evaluate.cmlm_iterations (with cmlm_length_beam candidates) and greedy_refine<K> per
+    evaluate.refine_steps, scored and timed beside REDER's own decoders and the teachers'."""
+    from reder.checkpoint import load_cmlm_dir
+
+    pairs, corpus = _corpus(tmp_path)
+    cfg = load_config(None, [f"model.vocab_size={VOCAB}", "evaluate.splits=[test]", "evaluate.latency_sentences=2",
+                             "evaluate.throughput_batch=4", "evaluate.teacher_beam_size=2", "evaluate.beam_size=1",
+                             "evaluate.cmlm_iterations=[1,3]", "evaluate.cmlm_length_beam=2", "evaluate.refine_steps=[2]"])
+    model = REDER(ModelConfig(vocab_size=VOCAB, d_model=8, n_heads=2, ffn_dim=16, layers_per_end=1, max_positions=128)).eval()
+    model_dir = save_model_dir(tmp_path / "model", model, tmp_path / "spm.model", "en", "de")
+    out = tmp_path / "out"
+    out.mkdir()
+    evaluate.evaluate_model(model_dir, corpus, cfg, out, None, _teacher_stage(tmp_path), _cmlm_stage(tmp_path))
+    results = json.loads((out / evaluate.RESULTS_FILE).read_text())
+    decoders = ("greedy", "greedy_refine2", "cmlm_T1", "cmlm_T3", "teacher_greedy", "teacher_beam2")
+    assert set(results["scores"]) == {f"test.{d}.{decoder}" for d in ("src2tgt", "tgt2src") for decoder in decoders}
+    assert "speedup_cmlm_T3_vs_teacher_beam2_batch1" in results["speed"]
+    sp = sentencepiece.SentencePieceProcessor(model_file=str(tmp_path / "spm.model"))
+    encoded = encode_lines(sp, [t for _, t in pairs])
+    cmlm = load_cmlm_dir(tmp_path / "cmlm-stage" / "tgt2src", "tgt2src", VOCAB)
+    read = lambda name: (out / f"test.tgt2src.{name}.txt").read_text(encoding="utf-8").splitlines()  # noqa: E731
+    assert read("cmlm_T3") == [sp.decode(h) for h in translate_ids(cmlm, encoded, "tgt2src", 2, 64, iterations=3)]
+    assert read("greedy_refine2") == [sp.decode(h) for h in translate_ids(model, encoded, "tgt2src", 1, 64,
+                                                                          refiner=cmlm, refine_steps=2)]
+    with pytest.raises(ValueError, match="need both directions' CMLMs"):
+        evaluate.decoders_for(model, cfg.evaluate, {"src2tgt": None, "tgt2src": None}, {"src2tgt": cmlm})
+
+
+def test_cmlm_decoder_options_are_checked():
+    from pipeline.config import ConfigError
+
+    for bad in ("evaluate.refine_steps=[0]", "evaluate.cmlm_iterations=[2,2]", "evaluate.cmlm_length_beam=0",
+                "evaluate.cmlm_iterations=[true]"):
+        with pytest.raises(ConfigError, match=bad.split("=")[0]):
+            load_config(None, [bad])
+    assert load_config(None, ["model.vocab_size=300"]).cmlm.model.vocab_size == 300
+    with pytest.raises(ConfigError, match="cmlm.model.vocab_size"):
+        load_config(None, ["model.vocab_size=300", "cmlm.model.vocab_size=200"])

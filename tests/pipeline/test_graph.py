@@ -33,14 +33,35 @@ PINNED = [
 def test_output_directories_keep_the_names_they_had_before_the_graph(tmp_path, overrides, names, monkeypatch):
     monkeypatch.setattr(distill, "ctranslate2_installed", lambda: False)  # distill.engine auto = our beam search
     dirs = graph.output_dirs(load_config(None, BASE + overrides), tmp_path)
-    assert {stage: path.name for stage, path in dirs.items()} == names
+    assert {stage: path.name for stage, path in dirs.items() if stage not in graph.OPTIONAL} == names
+    assert set(dirs) - set(names) == set(graph.OPTIONAL)  # stages added later (issue 29's cmlm) come on top
     assert all(path.parent == tmp_path.resolve() for path in dirs.values())
+
+
+def test_the_cmlm_stage_is_off_by_default_and_moves_no_directory(tmp_path, monkeypatch):
+    """Issue 29: the cmlm stage is needed only for the evaluation's CMLM decoders; asking for them changes the
+    evaluate directory alone (and the cmlm stage, downstream of the training data, follows its own sections)."""
+    monkeypatch.setattr(distill, "ctranslate2_installed", lambda: False)
+    base = graph.output_dirs(load_config(None, BASE), tmp_path)
+    assert base["cmlm"].name == "cmlm-518456282459"  # pinned from here on
+    assert "cmlm" not in graph.needed(load_config(None, BASE)) and "cmlm" not in graph.pipeline_stages(load_config(None, BASE))
+    for asked in (["evaluate.refine_steps=[1,2]"], ["evaluate.cmlm_iterations=[1,4,10]", "evaluate.cmlm_length_beam=3"]):
+        cfg = load_config(None, BASE + asked)
+        changed = graph.output_dirs(cfg, tmp_path)
+        assert [s for s in base if base[s] != changed[s]] == ["evaluate"], asked
+        assert "cmlm" in graph.needed(cfg) and graph.pipeline_stages(cfg) == list(graph.PIPELINE)
+        assert graph.upstream(cfg, "cmlm") == {"data": "distill", "tokenize": "tokenize", "ingest": "ingest", "spm": "spm"}
+    changed = graph.output_dirs(load_config(None, BASE + ["cmlm.train.max_steps=7", "cmlm.model.d_model=64"]), tmp_path)
+    assert [s for s in base if base[s] != changed[s]] == ["cmlm"]  # not asked for: evaluate unchanged
+    changed = graph.output_dirs(load_config(None, BASE + ["distill.enabled=false"]), tmp_path)
+    assert changed["cmlm"] != base["cmlm"]  # the references instead of the KD pairs
 
 
 def test_a_change_reaches_exactly_the_stages_downstream_of_it(tmp_path):
     base = graph.output_dirs(load_config(None, BASE), tmp_path)
     changed = graph.output_dirs(load_config(None, BASE + ["spm.model_type=unigram"]), tmp_path)
-    assert [s for s in base if base[s] != changed[s]] == ["spm", "tokenize", "teacher", "distill", "train", "evaluate", "tune"]
+    assert [s for s in base if base[s] != changed[s]] == ["spm", "tokenize", "teacher", "distill", "train", "cmlm", "evaluate",
+                                                          "tune"]
     changed = graph.output_dirs(load_config(None, BASE + ["evaluate.beam_size=3"]), tmp_path)
     assert [s for s in base if base[s] != changed[s]] == ["evaluate"]
     for new in ("evaluate.rerank=self", "evaluate.rerank_weight=0.5", "evaluate.cutoff_top_n=20", "evaluate.cutoff_prob=0.99"):
@@ -59,7 +80,7 @@ def test_the_distill_engine_names_its_output_only_when_it_is_ctranslate2(tmp_pat
     monkeypatch.setattr(distill, "ctranslate2_installed", lambda: True)
     converted = graph.output_dirs(load_config(None, BASE + ["distill.engine=ctranslate2"]), tmp_path)
     assert graph.output_dirs(load_config(None, BASE), tmp_path) == converted  # auto takes the installed extra
-    assert [s for s in ours if ours[s] != converted[s]] == ["distill", "train", "evaluate", "tune"]
+    assert [s for s in ours if ours[s] != converted[s]] == ["distill", "train", "cmlm", "evaluate", "tune"]
     assert graph.output_dirs(load_config(None, BASE + ["distill.engine=torch"]), tmp_path) == ours
 
 
@@ -137,6 +158,6 @@ def test_keys_added_later_are_hashed_only_away_from_their_defaults(tmp_path):
                               ("loss.cc_start_step=0", ["train", "evaluate", "tune"]),
                               ("loss.directions=[src2tgt]", ["train", "evaluate", "tune"]),
                               ("train.batch_tokens=max", ["train", "evaluate", "tune"]),
-                              ("teacher.train.batch_tokens=max", ["teacher", "distill", "train", "evaluate", "tune"])):
+                              ("teacher.train.batch_tokens=max", ["teacher", "distill", "train", "cmlm", "evaluate", "tune"])):
         changed = graph.output_dirs(load_config(None, BASE + [override]), tmp_path)
         assert [s for s in base if base[s] != changed[s]] == reached, override

@@ -128,3 +128,67 @@ def test_a_teacher_translates_only_its_own_pair():
     assert direction_of(meta, "de", "en") == "tgt2src"
     with pytest.raises(ValueError, match=r"^teacher translates de->en, not en->de$"):
         direction_of(meta, "en", "de", "teacher")
+
+
+@pytest.fixture()
+def cmlm_dir(tiny_model_dir, tmp_path):
+    """An untrained CMLM model directory (en->de, src2tgt) sharing the tiny REDER's SentencePiece model."""
+    from reder.checkpoint import save_model_dir
+    from reder.cmlm import CMLM
+    from reder.config import CmlmConfig
+
+    torch.manual_seed(0)
+    model = CMLM(CmlmConfig(vocab_size=30, d_model=16, n_heads=2, ffn_dim=32, encoder_layers=1, decoder_layers=1,
+                            max_positions=64)).eval()
+    return save_model_dir(tmp_path / "cmlm", model, tiny_model_dir / SPM_FILE, "en", "de", extra={"direction": "src2tgt"})
+
+
+def test_a_cmlm_translates_with_mask_predict_and_refines_another_models_output(model_dir, cmlm_dir, monkeypatch, capsys):
+    from reder.checkpoint import load_model_dir
+    from reder.ctc import pad_batch
+    from reder.translate import encode_lines, translate_ids
+
+    lines = ["the cat sat", "a dog ran in the park", "the bird"]
+    stdin = "".join(line + "\n" for line in lines).encode()
+    cmlm, _ = load_model_dir(cmlm_dir)
+    reder_model, _ = load_model_dir(model_dir)
+    sp = sentencepiece.SentencePieceProcessor(model_file=str(model_dir / SPM_FILE))
+    code, out, err = _run(monkeypatch, capsys, ["--checkpoint", str(cmlm_dir), "--src", "en", "--tgt", "de",
+                                                "--iterations", "3", "--beam", "2"], stdin)
+    assert code == 0, err
+    encoded = encode_lines(sp, lines)
+    expected = [sp.decode(h) for h in translate_ids(cmlm, encoded, "src2tgt", 2, iterations=3)]
+    assert out.split("\n")[:-1] == expected
+    greedy = translate_ids(reder_model, encoded, "src2tgt")
+    refined = translate_ids(reder_model, encoded, "src2tgt", refiner=cmlm, refine_steps=2)
+    order = sorted(range(3), key=lambda i: len(encoded[i]))  # translate_ids' one length-sorted batch
+    by_hand = cmlm.refine(*pad_batch([encoded[i] for i in order]), [greedy[i] for i in order], 2)
+    assert [refined[i] for i in order] == by_hand and [len(h) for h in refined] == [len(h) for h in greedy]
+    code, out, err = _run(monkeypatch, capsys, ["--checkpoint", str(model_dir), "--direction", "src2tgt",
+                                                "--refine-steps", "2", "--refine-model", str(cmlm_dir)], stdin)
+    assert code == 0, err
+    assert out.split("\n")[:-1] == [sp.decode(h) for h in refined]
+    assert translate_ids(reder_model, encoded, "src2tgt", refiner=cmlm, refine_steps=0) == greedy
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--refine-steps", "2"], "--refine-steps K (> 0) and --refine-model DIR"),
+    (["--direction", "tgt2src", "--refine-steps", "1", "--refine-model", "CMLM"], "translates 'src2tgt', but 'tgt2src'"),
+])
+def test_refinement_options_are_checked(model_dir, cmlm_dir, monkeypatch, capsys, args, message):
+    args = [str(cmlm_dir) if a == "CMLM" else a for a in args]
+    direction = [] if "--direction" in args else ["--direction", "src2tgt"]
+    code, out, err = _run(monkeypatch, capsys, ["--checkpoint", str(model_dir), *direction, *args])
+    assert code == 2 and out == "" and message in err and err.count("\n") == 1
+
+
+def test_the_api_refines_with_a_cmlm_translator(model_dir, cmlm_dir):
+    import reder
+
+    model, cmlm = reder.load(model_dir), reder.load(cmlm_dir)
+    lines = ["the cat sat", "a dog ran"]
+    assert model.translate(lines, "en", "de", refiner=cmlm, refine_steps=0) == model.translate(lines, "en", "de")
+    assert len(model.translate(lines, "en", "de", refiner=cmlm, refine_steps=3)) == 2
+    assert isinstance(cmlm.translate("the cat", "en", "de", beam=3, iterations=2), str)
+    with pytest.raises(ValueError, match="translates en->de, not de->en"):
+        cmlm.translate("der hund", "de", "en")
