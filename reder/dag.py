@@ -242,11 +242,13 @@ def dag_viterbi(log_edges: torch.Tensor, log_probs: torch.Tensor, graph_lengths:
     rows, ends = torch.arange(batch, device=best.device), graph_lengths.long() - 1
     delta = F.pad(best[:, :1], (0, length - 1), value=NEG_INF)  # (B, L): best paths of m vertices ending at j
     finals, backpointers = [delta[rows, ends]], []
-    for _ in range(1, length):
-        score, pointer = (delta[:, :, None] + log_edges).max(dim=1)  # (B, L)
-        delta = score + best
+    for k in range(1, length):
+        # Edges only go forward: a path of k + 1 vertices from vertex 0 ends at k or later, and the vertex
+        # before its end is at k − 1 or later, so only that corner of the (L, L) step is computed (L³/3 in all).
+        score, pointer = (delta[:, k - 1:, None] + log_edges[:, k - 1:, k:]).max(dim=1)  # (B, L − k)
+        delta = F.pad(score + best[:, k:], (k, 0), value=NEG_INF)
         finals.append(delta[rows, ends])
-        backpointers.append(pointer)
+        backpointers.append(F.pad(pointer + (k - 1), (k, 0)))
     vertices = torch.arange(1, length + 1, dtype=best.dtype, device=best.device)
     chosen = (torch.stack(finals, dim=1) / vertices**length_penalty).argmax(dim=1)  # (B,): m − 1
     hypotheses = []
