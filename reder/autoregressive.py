@@ -9,7 +9,7 @@ beams in one tensor) over a key/value cache; pad, BOS and the CTC blank are neve
 """
 import math
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -57,8 +57,9 @@ class Attention(nn.Module):
         return self.out(out.transpose(1, 2).flatten(2))  # (N, T, D)
 
 
-def _log_softmax(logits: torch.Tensor) -> torch.Tensor:
-    return F.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)  # float32 at least
+def log_softmax_fp32(logits: torch.Tensor) -> torch.Tensor:
+    """log_softmax over the last dimension, in float32 or wider (logits under autocast may be bf16)."""
+    return F.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)
 
 
 def _ffn(cfg: TransformerConfig) -> nn.Module:
@@ -125,17 +126,20 @@ class DecoderCache:
             self.cross, self.src_mask = [pick(kv) for kv in self.cross], self.src_mask.index_select(0, rows)
 
 
-class Transformer(nn.Module):
-    """Encoder–decoder Transformer for one direction (see module doc)."""
+class EncoderDecoder(nn.Module):
+    """What the teacher and the CMLM (reder/cmlm.py) share: a token embedding (tied to the output projection),
+    sinusoidal positions, a pre-norm encoder, a stack of `decoder_layer`s, final norms and fairseq's
+    initialisation; `add_heads` adds a subclass's own modules before the initialisation (the CMLM's length head)."""
 
-    def __init__(self, cfg: TransformerConfig) -> None:
+    def __init__(self, cfg: TransformerConfig, decoder_layer: Callable[[TransformerConfig], nn.Module]) -> None:
         super().__init__()
         self.cfg = cfg
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model, padding_idx=PAD_ID)
         self.register_buffer("positions", sinusoids(cfg.max_positions, cfg.d_model), persistent=False)
         self.encoder = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.encoder_layers))
-        self.decoder = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.decoder_layers))
+        self.decoder = nn.ModuleList(decoder_layer(cfg) for _ in range(cfg.decoder_layers))
         self.encoder_norm, self.decoder_norm = nn.LayerNorm(cfg.d_model), nn.LayerNorm(cfg.d_model)
+        self.add_heads()
         self.dropout = nn.Dropout(cfg.dropout)
         for module in self.modules():  # fairseq's initialisation
             if isinstance(module, nn.Linear):
@@ -144,11 +148,14 @@ class Transformer(nn.Module):
         nn.init.normal_(self.embed.weight, std=cfg.d_model**-0.5)
         nn.init.zeros_(self.embed.weight[PAD_ID])
 
+    def add_heads(self) -> None:
+        """A subclass's modules beyond the shared ones (none here)."""
+
     def max_input_length(self) -> int:
         """The longest source (pieces with EOS) it accepts."""
         return self.cfg.max_positions
 
-    def _embed(self, tokens: torch.Tensor, offset: int) -> torch.Tensor:
+    def _embed(self, tokens: torch.Tensor, offset: int = 0) -> torch.Tensor:
         end = offset + tokens.shape[1]
         if end > self.cfg.max_positions:
             raise ValueError(f"sequence of {end} positions exceeds max_positions={self.cfg.max_positions}")
@@ -157,10 +164,17 @@ class Transformer(nn.Module):
     def encode(self, src_tokens: torch.Tensor, src_lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Source (B, S) → encoder memory (B, S, D) and its padding mask (B, S)."""
         mask = valid_mask(src_lengths, src_tokens.shape[1])
-        x = self._embed(src_tokens, 0)
+        x = self._embed(src_tokens)
         for layer in self.encoder:
             x = layer(x, mask[:, None, None, :])
         return self.encoder_norm(x), mask
+
+
+class Transformer(EncoderDecoder):
+    """Encoder–decoder Transformer for one direction (see module doc)."""
+
+    def __init__(self, cfg: TransformerConfig) -> None:
+        super().__init__(cfg, DecoderLayer)
 
     def start(self, memory: torch.Tensor, src_mask: torch.Tensor) -> DecoderCache:
         """An empty decoder cache over encoder memory (N, S, D) and its mask (N, S)."""
@@ -184,7 +198,7 @@ class Transformer(nn.Module):
 
     def _target_log_probs(self, memory: torch.Tensor, src_mask: torch.Tensor, tgt_tokens: torch.Tensor) -> torch.Tensor:
         prev = torch.cat([torch.full_like(tgt_tokens[:, :1], BOS_ID), tgt_tokens[:, :-1]], dim=1)  # (B, T) shifted right
-        return _log_softmax(self.decoder_logits(memory, src_mask, prev))  # (B, T, V)
+        return log_softmax_fp32(self.decoder_logits(memory, src_mask, prev))  # (B, T, V)
 
     def loss(self, src_tokens: torch.Tensor, src_lengths: torch.Tensor, tgt_tokens: torch.Tensor,
              tgt_lengths: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -215,7 +229,7 @@ class Transformer(nn.Module):
 
     def _next_log_probs(self, last: torch.Tensor, cache: DecoderCache, step: int, limits: torch.Tensor) -> torch.Tensor:
         """Log-probs (N, V) of output token number step+1: specials banned, only EOS where it reaches its limit."""
-        log_probs = _log_softmax(self.step(last, cache))  # (N, V)
+        log_probs = log_softmax_fp32(self.step(last, cache))  # (N, V)
         log_probs[:, [PAD_ID, BOS_ID, self.cfg.blank_id]] = -math.inf
         not_eos = torch.arange(log_probs.shape[1], device=last.device) != EOS_ID
         return log_probs.masked_fill((step + 1 >= limits)[:, None] & not_eos[None, :], -math.inf)

@@ -19,10 +19,10 @@ iterations on the schedule of T = k + 1.
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from reder.autoregressive import Attention, EncoderLayer, KeysValues, sinusoids
+from reder import autoregressive
+from reder.autoregressive import EncoderDecoder, KeysValues, log_softmax_fp32
 from reder.config import BOS_ID, EOS_ID, PAD_ID, CmlmConfig
 from reder.ctc import pad_batch, valid_mask
 
@@ -46,20 +46,9 @@ def remask(scores: torch.Tensor, lengths: torch.Tensor, counts: torch.Tensor) ->
     return ranks < counts[:, None]
 
 
-def _log_softmax(logits: torch.Tensor) -> torch.Tensor:
-    return F.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)
-
-
-class DecoderLayer(nn.Module):
-    """Pre-norm self-attention over every target position (no causal mask), cross-attention and FFN."""
-
-    def __init__(self, cfg: CmlmConfig) -> None:
-        super().__init__()
-        self.self_attention = Attention(cfg.d_model, cfg.n_heads, cfg.attention_dropout)
-        self.cross_attention = Attention(cfg.d_model, cfg.n_heads, cfg.attention_dropout)
-        self.ffn = nn.Sequential(nn.Linear(cfg.d_model, cfg.ffn_dim), nn.ReLU(), nn.Linear(cfg.ffn_dim, cfg.d_model))
-        self.self_norm, self.cross_norm, self.ffn_norm = (nn.LayerNorm(cfg.d_model) for _ in range(3))
-        self.dropout = nn.Dropout(cfg.dropout)
+class DecoderLayer(autoregressive.DecoderLayer):
+    """The teacher's decoder layer (the same modules) with self-attention over every target position (no causal
+    mask, no cache)."""
 
     def forward(self, x: torch.Tensor, tgt_mask: torch.Tensor, cross: KeysValues, src_mask: torch.Tensor) -> torch.Tensor:
         """x (N, T, D), key masks (N, 1, 1, T) and (N, 1, 1, S), cross: the memory's keys/values → (N, T, D)."""
@@ -69,48 +58,20 @@ class DecoderLayer(nn.Module):
         return x + self.dropout(self.ffn(self.ffn_norm(x)))
 
 
-class CMLM(nn.Module):
+class CMLM(EncoderDecoder):
     """Conditional masked language model for one direction (see module doc)."""
 
     def __init__(self, cfg: CmlmConfig) -> None:
-        super().__init__()
-        self.cfg = cfg
-        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model, padding_idx=PAD_ID)
-        self.register_buffer("positions", sinusoids(cfg.max_positions, cfg.d_model), persistent=False)
-        self.encoder = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.encoder_layers))
-        self.decoder = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.decoder_layers))
-        self.encoder_norm, self.decoder_norm = nn.LayerNorm(cfg.d_model), nn.LayerNorm(cfg.d_model)
-        self.length = nn.Linear(cfg.d_model, cfg.max_positions)  # target lengths 0..max_positions−1
-        self.dropout = nn.Dropout(cfg.dropout)
-        for module in self.modules():  # fairseq's initialisation, as the teacher's
-            if isinstance(module, nn.Linear):
-                nn.init.xavier_uniform_(module.weight)
-                nn.init.zeros_(module.bias)
-        nn.init.normal_(self.embed.weight, std=cfg.d_model**-0.5)
-        nn.init.zeros_(self.embed.weight[PAD_ID])
+        super().__init__(cfg, DecoderLayer)
         self.banned = [PAD_ID, BOS_ID, EOS_ID, cfg.mask_id]  # never predicted: targets hold real pieces only
 
-    def max_input_length(self) -> int:
-        """The longest source (pieces with EOS) it accepts."""
-        return self.cfg.max_positions
-
-    def _embed(self, tokens: torch.Tensor) -> torch.Tensor:
-        if tokens.shape[1] > self.cfg.max_positions:
-            raise ValueError(f"sequence of {tokens.shape[1]} positions exceeds max_positions={self.cfg.max_positions}")
-        return self.dropout(math.sqrt(self.cfg.d_model) * self.embed(tokens) + self.positions[: tokens.shape[1]])
-
-    def encode(self, src_tokens: torch.Tensor, src_lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Source (B, S) → encoder memory (B, S, D) and its padding mask (B, S)."""
-        mask = valid_mask(src_lengths, src_tokens.shape[1])
-        x = self._embed(src_tokens)
-        for layer in self.encoder:
-            x = layer(x, mask[:, None, None, :])
-        return self.encoder_norm(x), mask
+    def add_heads(self) -> None:
+        self.length = nn.Linear(self.cfg.d_model, self.cfg.max_positions)  # target lengths 0..max_positions−1
 
     def length_log_probs(self, memory: torch.Tensor, src_mask: torch.Tensor) -> torch.Tensor:
         """Log-probabilities (B, max_positions) of the target length, from the mean of the encoder states."""
         pooled = (memory * src_mask[..., None]).sum(dim=1) / src_mask.sum(dim=1, keepdim=True)  # (B, D)
-        return _log_softmax(self.length(pooled))
+        return log_softmax_fp32(self.length(pooled))
 
     def cross(self, memory: torch.Tensor) -> list[KeysValues]:
         """Every decoder layer's keys/values of encoder memory (N, S, D): computed once per decoding."""
@@ -135,7 +96,7 @@ class CMLM(nn.Module):
         width = max(1, int(lengths.max()))
         target = tgt_tokens[:, :width].masked_fill(~valid_mask(lengths, width), PAD_ID)  # (B, T') without EOS
         masked = uniform_mask(lengths, width)
-        log_probs = _log_softmax(self.decode(self.cross(memory), src_mask, target.masked_fill(masked, self.cfg.mask_id),
+        log_probs = log_softmax_fp32(self.decode(self.cross(memory), src_mask, target.masked_fill(masked, self.cfg.mask_id),
                                              lengths))  # (B, T', V)
         count = masked.sum().clamp(min=1)
         nll = -(log_probs.gather(-1, target[..., None]).squeeze(-1) * masked).sum() / count
@@ -149,7 +110,7 @@ class CMLM(nn.Module):
     def _predict(self, cross: list[KeysValues], src_mask: torch.Tensor, tokens: torch.Tensor,
                  lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Each position's most likely real piece and its log-probability, (N, T) each."""
-        log_probs = _log_softmax(self.decode(cross, src_mask, tokens, lengths))
+        log_probs = log_softmax_fp32(self.decode(cross, src_mask, tokens, lengths))
         log_probs[..., self.banned] = -math.inf
         best, argmax = log_probs.max(dim=-1)
         return best, argmax
@@ -222,7 +183,7 @@ class CMLM(nn.Module):
         tokens, lengths = pad_batch([hypotheses[i] for i in rows], device)  # (N, T), padded with PAD_ID
         cross = self.cross(memory)
         all_masked = tokens.masked_fill(valid_mask(lengths, tokens.shape[1]), self.cfg.mask_id)
-        log_probs = _log_softmax(self.decode(cross, src_mask, all_masked, lengths))
+        log_probs = log_softmax_fp32(self.decode(cross, src_mask, all_masked, lengths))
         scores = log_probs.gather(-1, tokens[..., None]).squeeze(-1)  # (N, T): confidence of the given tokens
         tokens, _ = self.iterate(cross, src_mask, tokens, scores, lengths, steps + 1, start=1)
         for row, sentence, length in zip(rows, tokens.tolist(), lengths.tolist()):

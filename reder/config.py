@@ -92,30 +92,18 @@ class TransformerConfig:
 
 @round_trip
 @dataclass(frozen=True)
-class CmlmConfig:
-    """The conditional masked language model (reder/cmlm.py): an encoder–decoder like the teacher's (same keys),
-    a non-causal decoder and a length head over 0..max_positions−1 target tokens; one model per direction."""
+class CmlmConfig(TransformerConfig):
+    """The conditional masked language model (reder/cmlm.py): the teacher's encoder–decoder keys (its
+    max_positions bounds the source with EOS and the target without), a non-causal decoder, a length head over
+    0..max_positions−1 target tokens and the weight of its loss; one model per direction. The [MASK] token is
+    the vocabulary's last id (the CTC blank)."""
 
-    vocab_size: int = 8000  # the joint SentencePiece vocabulary; its last id (the CTC blank) is the [MASK] token
-    d_model: int = 512
-    n_heads: int = 8
-    ffn_dim: int = 2048
-    encoder_layers: int = 6
-    decoder_layers: int = 6
-    dropout: float = 0.1
-    attention_dropout: float = 0.0
-    label_smoothing: float = 0.1
-    max_positions: int = 1024  # longest source (with EOS) and longest target (without EOS)
     length_loss_factor: float = 0.1  # weight of the length prediction's cross-entropy (fairseq's cmlm)
-    blank_id = property(_blank_id)
     mask_id = property(_blank_id)
 
     def __post_init__(self) -> None:
-        _check_transformer(self)
-        if self.d_model % 2:
-            raise FieldError("d_model", f"must be even (sinusoidal positions), got {self.d_model!r}")
-        require(self, ffn_dim=">= 1", encoder_layers=">= 1", decoder_layers=">= 1", max_positions=">= 2",
-                length_loss_factor=">= 0")
+        super().__post_init__()
+        require(self, length_loss_factor=">= 0")
 
 
 @round_trip

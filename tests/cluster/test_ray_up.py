@@ -190,18 +190,25 @@ def mlflow_runs(uri: str) -> list:
 
 class Scenario:
     """The doc's commands in order, each checked for exit 0. The first test runs them up to `ray up` and
-    leaves the pipeline runs and the sweep to a background thread, so that the rest of the suite runs beside
-    them (tests/conftest.py orders the two tests: first, and last but the wall-clock-limited ones); the
-    second test waits for that thread, checks MLflow and runs `ray down`."""
+    leaves the rest to a background thread, so that the rest of the suite runs beside them (tests/conftest.py
+    orders the two tests: first, and last but the wall-clock-limited ones): the pipeline runs and the sweep,
+    then what the second test asserts is read from the head's MLflow server, then `ray down` and what of the
+    cluster is left on the machine after it. The second test waits for that thread and asserts."""
 
-    def __init__(self, env: dict[str, str]):
-        self.env = env
+    def __init__(self, env: dict[str, str], home: Path):
+        self.env, self.home = env, home
         self.commands = doc_commands(DOC.read_text(encoding="utf-8"))
         self.outputs: dict[str, str] = {}
         self.seconds: dict[str, float] = {}
         self.error = ""
         self.process: subprocess.Popen | None = None
         self.thread: threading.Thread | None = None
+        self.runs: list = []  # the head's MLflow runs before `ray down`
+        self.left: list[str] | None = None  # the SSH user's processes after `ray down`
+        self.cluster_file_left = True
+
+    def fail(self, message: str) -> None:
+        self.error = self.error or message  # the first failure is the one to show
 
     def run(self, command: str) -> None:
         """Run one doc command; its output goes to `outputs`, a failure to `error`."""
@@ -214,18 +221,35 @@ class Scenario:
         except subprocess.TimeoutExpired:
             os.killpg(self.process.pid, signal.SIGKILL)
             output, _ = self.process.communicate()
-            self.error = f"{command}: still running after {limit} s\n{output[-4000:]}"
+            self.fail(f"{command}: still running after {limit} s\n{output[-4000:]}")
             return
         self.outputs[command] = output
         self.seconds[command] = round(time.monotonic() - started, 1)  # no print: other tests' capture would take it
         if self.process.returncode:
-            self.error = f"{command}: exit {self.process.returncode}\n{output[-6000:]}"
+            self.fail(f"{command}: exit {self.process.returncode}\n{output[-6000:]}")
 
     def run_all(self, commands: list[str]) -> None:
         for command in commands:
             if self.error:
                 return
             self.run(command)
+
+    def after_ray_up(self, commands: list[str]) -> None:
+        """The background thread: the commands before `ray down`, the MLflow runs, `ray down` (always: the
+        cluster must not outlive a failure) and what is left after it."""
+        try:
+            self.run_all(commands[:-1])
+            if not self.error:
+                info = json.loads((self.home / ".duplex" / "cluster.json").read_text(encoding="utf-8"))
+                self.runs = mlflow_runs(info["tracking_uri"])
+        except Exception as error:  # reported by the second test
+            self.fail(f"reading the head's MLflow runs: {error!r}")
+        self.run(commands[-1])
+        deadline = time.monotonic() + 60  # Ray, the MLflow server, its watcher and the SSH sessions end
+        while user_processes() and time.monotonic() < deadline:
+            time.sleep(1)
+        self.left = user_processes()
+        self.cluster_file_left = (self.home / ".duplex" / "cluster.json").exists()
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:
@@ -236,19 +260,19 @@ class Scenario:
 
 @pytest.fixture(scope="session")
 def scenario(machine):
-    env, _, _ = machine
-    scenario = Scenario(env)
+    env, home, _ = machine
+    scenario = Scenario(env, home)
     yield scenario
     scenario.stop()
 
 
 def started(scenario: Scenario) -> None:
-    """Up to `ray up` here, then the rest but `ray down` in the background (once)."""
+    """Up to `ray up` here, then the rest in the background (once)."""
     if scenario.thread is not None:
         return
     up = next(i for i, c in enumerate(scenario.commands) if c.startswith("ray up")) + 1
     scenario.run_all(scenario.commands[:up])
-    scenario.thread = threading.Thread(target=scenario.run_all, args=(scenario.commands[up:-1],), daemon=True)
+    scenario.thread = threading.Thread(target=scenario.after_ray_up, args=(scenario.commands[up:],), daemon=True)
     if not scenario.error:
         scenario.thread.start()
 
@@ -267,9 +291,9 @@ def test_ray_up_starts_the_head_as_the_docs_say(scenario, machine):
 def test_ray_exec_job_submit_and_a_sweep_are_tracked_then_ray_down_leaves_nothing(scenario, machine):
     """The pipeline by `ray exec` and by `ray job submit`, the sweep by `ray job submit`, all in the head's
     MLflow server; then `ray down`."""
-    _, home, sshd = machine
+    _, _, sshd = machine
     started(scenario)
-    scenario.thread.join(timeout=sum(TIMEOUT_S.values()))
+    scenario.thread.join(timeout=sum(TIMEOUT_S.values()) + 120)
     assert not scenario.thread.is_alive(), "the background commands did not finish"
     assert not scenario.error, scenario.error
     commands, outputs = scenario.commands, scenario.outputs
@@ -281,16 +305,11 @@ def test_ray_exec_job_submit_and_a_sweep_are_tracked_then_ray_down_leaves_nothin
         assert re.search(rf"^  {stage}\s+skipped \(finished earlier\)", outputs[job], re.MULTILINE), \
             (stage, outputs[job][-3000:])
     assert re.search(r"^  evaluate\s+ran\b", outputs[job], re.MULTILINE)
-    info = json.loads((home / ".duplex" / "cluster.json").read_text(encoding="utf-8"))
-    check_mlflow(info["tracking_uri"], outputs)
-    scenario.run(commands[-1])
-    assert commands[-1].startswith("ray down") and not scenario.error, scenario.error
-    # `ray down`: Ray, the MLflow server, its watcher and the SSH sessions end; the cluster file goes.
-    deadline = time.monotonic() + 60
-    while user_processes() and time.monotonic() < deadline:
-        time.sleep(1)
-    assert user_processes() == [], user_processes()
-    assert not (home / ".duplex" / "cluster.json").exists()
+    check_mlflow(scenario.runs)
+    # `ray down`: Ray, the MLflow server, its watcher and the SSH sessions ended; the cluster file went.
+    assert commands[-1].startswith("ray down") and commands[-1] in outputs
+    assert scenario.left == []
+    assert not scenario.cluster_file_left
     os.killpg(sshd.pid, signal.SIGTERM)
     sshd.wait(timeout=20)
     assert not port_taken(22)
@@ -298,9 +317,8 @@ def test_ray_exec_job_submit_and_a_sweep_are_tracked_then_ray_down_leaves_nothin
         print(f"{seconds:6.1f} s  {command}")
 
 
-def check_mlflow(uri: str, outputs: dict[str, str]) -> None:
-    """Both BLEUs of both pipeline runs and of every trial are in the head's server; nothing is RUNNING."""
-    runs = mlflow_runs(uri)
+def check_mlflow(runs: list) -> None:
+    """Both BLEUs of both pipeline runs and of every trial were in the head's server; nothing was RUNNING."""
     assert [r.info.run_name for r in runs if r.info.status == "RUNNING"] == []
     pipelines = [r for r in runs if re.fullmatch(r"smoke-pipeline-[0-9a-f]+", r.info.run_name or "")]
     assert len(pipelines) == 2, [r.info.run_name for r in runs]
