@@ -29,7 +29,8 @@ from pathlib import Path
 
 import torch
 
-from bench.quality import REPO_ROOT, TESTS, _header, _harness, _kd_examples, _reder_inputs, _scores, _train_config
+from bench import MULTI30K, REPO_ROOT
+from bench.quality import TESTS, _header, _harness, _kd_examples, _reder_inputs, _scores, _train_config
 
 DIRECTIONS = ("src2tgt", "tgt2src")
 BASELINE = "teacher_beam4"
@@ -161,7 +162,7 @@ def _cost(name: str, training: dict) -> tuple[str, str]:
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("phase", choices=("train", "eval"))
-    parser.add_argument("--data-dir", default=str(REPO_ROOT.parent / "shared" / "data" / "multi30k"))
+    parser.add_argument("--data-dir", default=str(MULTI30K))
     parser.add_argument("--out", required=True, help="output directory (eval: the train phase's)")
     parser.add_argument("--from", dest="source", required=True, help="the bench.quality teachers phase's output")
     parser.add_argument("--reder", default="", help="eval: REDER's model directory (bench.quality reder --save-models); "

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-MULTI30K_TEST = Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k" / "test_2016_flickr.en"
+from bench import MULTI30K
 
 
 def _rate(translate, sequences: list[list[int]], batch_size: int) -> float:
@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--spm", required=True, help="a SentencePiece model of the project's layout (blank last)")
     parser.add_argument("--teacher", help="a teacher model directory (default: untrained weights)")
-    parser.add_argument("--source", default=str(MULTI30K_TEST))
+    parser.add_argument("--source", default=str(MULTI30K / "test_2016_flickr.en"))
     parser.add_argument("--sentences", type=int, default=100)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--d-model", type=int, default=512)

@@ -20,10 +20,10 @@ import time
 
 import torch
 
+from bench import MULTI30K
 from reder import REDER, ModelConfig
 from reder.ctc import pad_batch
 from reder.decode import CUTOFF_TOP_N, ctc_greedy, ctc_nbest, ctc_scores
-from tests.conftest import SHARED_DATA
 from tests.reder.test_decode import reference_prefix_search
 
 
@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> dict:
     torch.manual_seed(0)
     cfg = ModelConfig(vocab_size=10000, d_model=512, n_heads=8, ffn_dim=2048, layers_per_end=3, upsample_ratio=2)
     model = REDER(cfg).eval()
-    lines = (SHARED_DATA / "multi30k" / "test_2016_flickr.en").read_text(encoding="utf-8").splitlines()[: args.sentences]
+    lines = (MULTI30K / "test_2016_flickr.en").read_text(encoding="utf-8").splitlines()[: args.sentences]
     sequences = [torch.randint(4, cfg.vocab_size - 1, (len(line.split()),)).tolist() + [3] for line in lines]
     batches = [pad_batch(sequences[i : i + args.batch]) for i in range(0, len(sequences), args.batch)]
     with torch.no_grad():

@@ -34,8 +34,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_DATA = REPO_ROOT.parent / "shared" / "data" / "multi30k"
+from bench import MULTI30K
 
 
 def _spm(lines: list[str], work: Path, vocab_size: int) -> Path:
@@ -83,7 +82,7 @@ def _train(dirs: dict[str, str], english: list[list[int]], german: list[list[int
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data-dir", default=str(DEFAULT_DATA))
+    parser.add_argument("--data-dir", default=str(MULTI30K))
     parser.add_argument("--teachers", default="", help="a finished teacher stage directory (teachers.json)")
     parser.add_argument("--sentences", type=int, default=500)
     parser.add_argument("--beam", type=int, default=4)

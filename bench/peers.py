@@ -46,8 +46,8 @@ from typing import Any, Callable
 
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-MULTI30K = REPO.parent / "shared" / "data" / "multi30k"
+from bench import MULTI30K, REPO_ROOT
+
 ENGINES = ("reder", "teacher", "ct2")
 
 
@@ -277,7 +277,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if engine == "ct2" and importlib.util.find_spec("ctranslate2") is None:
             engines[engine] = {"skipped": "CTranslate2 is not installed (pip install -e '.[ct2]')"}
             continue
-        done = subprocess.run([sys.executable, "-m", "bench.peers", *forwarded, "--worker", engine], cwd=REPO,
+        done = subprocess.run([sys.executable, "-m", "bench.peers", *forwarded, "--worker", engine], cwd=REPO_ROOT,
                               capture_output=True, text=True)
         if done.returncode != 0:
             raise SystemExit(f"bench.peers: the {engine} worker failed:\n{done.stderr[-3000:]}")

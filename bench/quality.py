@@ -51,7 +51,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+from bench import MULTI30K, REPO_ROOT
+
 TESTS = ("test_2016_flickr", "test_2017_flickr")
 VALID = "val"
 LAST_UPDATE = "last_update_greedy"  # an averaged model's last update, scored greedily before averaging
@@ -448,7 +449,7 @@ def aux_phase(args: argparse.Namespace, cfg, device: str) -> dict:
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("phase", choices=("teachers", "reder", "aux", "speed"))
-    parser.add_argument("--data-dir", default=str(REPO_ROOT.parent / "shared" / "data" / "multi30k"))
+    parser.add_argument("--data-dir", default=str(MULTI30K))
     parser.add_argument("--out", required=True, help="output directory")
     parser.add_argument("--from", dest="source", default="", help="reder, aux, speed: the teachers phase's output directory")
     parser.add_argument("--config", default=str(REPO_ROOT / "configs" / "multi30k.yaml"))

@@ -20,9 +20,9 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from bench import REPO_ROOT
 from pipeline.stage import write_json, write_text
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 def _stage(run: dict[str, Any], name: str) -> Path | None:

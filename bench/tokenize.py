@@ -27,8 +27,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import sentencepiece
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_DATA = REPO_ROOT.parent / "shared" / "data" / "multi30k"
+from bench import MULTI30K
 
 
 def _best(function, repeats: int) -> float:
@@ -42,7 +41,7 @@ def _best(function, repeats: int) -> float:
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data-dir", default=str(DEFAULT_DATA), help="Multi30k directory (train.en, train.de, ...)")
+    parser.add_argument("--data-dir", default=str(MULTI30K), help="Multi30k directory (train.en, train.de, ...)")
     parser.add_argument("--scale", type=int, default=1, help="repeat the train split this many times")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--vocab-size", type=int, default=8000)

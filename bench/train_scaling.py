@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+from bench import REPO_ROOT
 
 
 def main(argv: list[str] | None = None) -> dict:

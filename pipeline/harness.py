@@ -199,13 +199,19 @@ class Harness:
                 (terms["total"] / len(batches)).backward()
             for name, value in terms.items():
                 sums[name] = sums.get(name, 0.0) + float(value.detach()) / len(batches)
-            tokens += sum(int(b[1].sum() + b[3].sum()) for b in (batch, reverse) if b is not None)
+            tokens += sum(int(b[1].sum() + b[3].sum()) for b in self._read(batch, reverse))
         clip = self.cfg.clip_norm if self.cfg.clip_norm > 0 else math.inf
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
         self.optimizer.step()
         self.scheduler.step()
         self.step += 1
         return {**sums, "grad_norm": float(norm), "tokens": tokens}
+
+    def _read(self, batch: Batch, reverse: Optional[Batch]) -> tuple[Batch, ...]:
+        """The batches of a micro-batch the objective trains on: both, or the one a one-direction objective's
+        `reads` names (a CMLM with KD reads only its direction's pairs)."""
+        reads = getattr(getattr(self.objective, "module", self.objective), "reads", None)  # DDP wraps it
+        return (reads(batch, reverse),) if reads else tuple(b for b in (batch, reverse) if b is not None)
 
     def fit(self, batches: Iterator[MicroBatch], until: Optional[int] = None,
             time_cap_s: float = math.inf) -> dict[str, float]:

@@ -19,10 +19,9 @@ from mlflow.exceptions import MlflowException
 from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
 from mlflow.pyfunc import PythonModel
 
-from reder.api import load  # from the logged model's own copy of the package (code_paths) when MLflow loads it
+# from the logged model's own copy of the package (code_paths) when MLflow loads it
+from reder.api import load, sentence_problem
 from reder.checkpoint import direction_of
-
-MAX_CHARS = 2000  # per text: a request is for sentences, not books
 
 
 def _bad(message: str) -> MlflowException:
@@ -43,11 +42,12 @@ class DuplexTranslator(PythonModel):
         rows = model_input.to_dict("records") if hasattr(model_input, "to_dict") else list(model_input)
         groups: dict[tuple[str, str], list[int]] = {}
         for index, row in enumerate(rows):
-            missing = [key for key in ("text", "src", "tgt") if not isinstance(row.get(key), str)]
+            missing = [key for key in ("src", "tgt") if not isinstance(row.get(key), str)]
             if missing:
                 raise _bad(f"row {index}: {', '.join(missing)} must be a string")
-            if not row["text"].strip() or len(row["text"]) > MAX_CHARS:
-                raise _bad(f"row {index}: text must be 1 to {MAX_CHARS} characters, got {len(row['text'].strip())}")
+            problem = sentence_problem(row.get("text"))
+            if problem:
+                raise _bad(f"row {index}: text {problem}")
             pair = (row["src"], row["tgt"])
             try:
                 direction_of(self.translator.meta, *pair, "this model")

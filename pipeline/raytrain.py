@@ -40,7 +40,7 @@ import torch
 
 from pipeline import spm
 from pipeline.config import PipelineConfig, TrainConfig, from_dict
-from pipeline.harness import SCORE, Example, Harness, all_reduce, epoch_batches, select_best
+from pipeline.harness import SCORE, Batch, Example, Harness, all_reduce, epoch_batches, select_best
 from pipeline.metrics import corpus_scores
 from pipeline.stage import StageError
 from pipeline.tracking import validation_metric
@@ -290,11 +290,15 @@ class CmlmObjective(torch.nn.Module):
         super().__init__()
         self.model, self.direction = model, direction
 
+    def reads(self, batch: Batch, reverse: Optional[Batch]) -> Batch:
+        """The one batch of a micro-batch this direction trains on (read backwards for tgt2src); the harness
+        counts its tokens only."""
+        return reverse if self.direction == "tgt2src" and reverse is not None else batch
+
     def forward(self, src: torch.Tensor, src_lengths: torch.Tensor, tgt: torch.Tensor, tgt_lengths: torch.Tensor,
-                step: int, tgt2src_batch: Optional[tuple[torch.Tensor, ...]] = None) -> dict[str, torch.Tensor]:
+                step: int, tgt2src_batch: Optional[Batch] = None) -> dict[str, torch.Tensor]:
+        src, src_lengths, tgt, tgt_lengths = self.reads((src, src_lengths, tgt, tgt_lengths), tgt2src_batch)
         if self.direction == "tgt2src":
-            if tgt2src_batch is not None:
-                src, src_lengths, tgt, tgt_lengths = tgt2src_batch
             src, src_lengths, tgt, tgt_lengths = tgt, tgt_lengths, src, src_lengths
         terms = self.model.loss(src, src_lengths, tgt, tgt_lengths)
         return {f"nll_{self.direction}": terms["nll"], f"length_{self.direction}": terms["length"], "total": terms["total"]}

@@ -11,8 +11,8 @@ Then:
          -d '{"text": ["A man is walking."], "src": "en", "tgt": "de"}'
     -> {"translation": ["Ein Mann geht."]}
 
-Request (POST, JSON): `text` (one string or a list of up to MAX_SENTENCES strings, each 1 to MAX_CHARS
-characters), `src` and `tgt` (language codes the model directory records; a REDER model translates both
+Request (POST, JSON): `text` (one string or a list of up to MAX_SENTENCES strings, each 1 to reder.api.MAX_CHARS
+characters, one line), `src` and `tgt` (language codes the model directory records; a REDER model translates both
 ways, a teacher only its own pair), optional `beam` (1 to MAX_BEAM; CTC prefix beam, a teacher's beam size)
 and `decoder` (a DAG model's greedy, lookahead or viterbi). Response: `translation`, a string or a list as
 `text` was. Anything else is a 4xx with `{"error": "<what is wrong>"}`: 405 for a method other than POST,
@@ -35,8 +35,9 @@ from ray import serve
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
+from reder.api import sentence_problem
+
 MAX_SENTENCES = 256  # per request
-MAX_CHARS = 2000  # per sentence, as the MLflow pyfunc
 MAX_BEAM = 64
 MAX_BODY_BYTES = 1 << 20
 
@@ -81,10 +82,9 @@ def parse(body: bytes, languages: tuple[str, ...]) -> Job:
     if not isinstance(lines, list) or not lines or len(lines) > MAX_SENTENCES:
         raise BadRequest(f"text: must be a string or a list of 1 to {MAX_SENTENCES} strings")
     for number, line in enumerate(lines):
-        if not isinstance(line, str):
-            raise BadRequest(f"text[{number}]: must be a string, got {type(line).__name__}")
-        if not line.strip() or len(line) > MAX_CHARS or "\n" in line:
-            raise BadRequest(f"text[{number}]: must be one line of 1 to {MAX_CHARS} characters, got {len(line)}")
+        problem = sentence_problem(line)
+        if problem:
+            raise BadRequest(f"text[{number}]: {problem}")
     for key in ("src", "tgt"):
         if not isinstance(payload.get(key), str):
             raise BadRequest(f"{key}: a language code is required (this model: {', '.join(map(str, languages))})")

@@ -62,6 +62,24 @@ def test_cmlm_objective_trains_its_direction_on_its_own_kd_pairs():
     torch.testing.assert_close(plain["total"], model.loss(kd_y, kd_y_lengths, x, x_lengths)["total"])
 
 
+def test_the_harness_counts_the_tokens_an_objective_trains_on():
+    """With KD examples (x, y, teacher(x), teacher(y)) a CMLM direction trains on one of the two batches, and
+    its tokens/s counts that batch only; REDER's DuplexLoss reads both."""
+    from pipeline.harness import Harness
+    from reder import CMLM, CmlmConfig, DuplexLoss, LossConfig, ModelConfig, REDER
+
+    example = ([4, 5], [6, 7, 8], [9, 10, 11, 12, 13], [14])  # + EOS: x 3, y 4, teacher(x) 6, teacher(y) 2
+    cfg = TrainConfig(lr=1e-3, warmup_steps=2, max_steps=1)
+    cmlm = CMLM(CmlmConfig(vocab_size=16, d_model=8, n_heads=2, ffn_dim=16, encoder_layers=1, decoder_layers=1,
+                           dropout=0.0, max_positions=32))
+    for direction, tokens in (("src2tgt", 3 + 6), ("tgt2src", 2 + 4)):
+        harness = Harness(cmlm, raytrain.CmlmObjective(cmlm, direction), cfg, "cpu")
+        assert harness.update([[example, example]])["tokens"] == 2 * tokens, direction
+    reder = REDER(ModelConfig(vocab_size=16, d_model=8, n_heads=2, ffn_dim=16, layers_per_end=1, dropout=0.0,
+                              max_positions=64), LossConfig())
+    assert Harness(reder, DuplexLoss(reder), cfg, "cpu").update([[example, example]])["tokens"] == 2 * (9 + 6)
+
+
 class _Checkpoint:
     """Ray's Checkpoint as `_load` uses it: a directory to read."""
 
