@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 
 from bench import MULTI30K
+from bench.peers import teacher_model
 
 
 def _rate(translate, sequences: list[list[int]], batch_size: int) -> float:
@@ -58,19 +59,11 @@ def main(argv: list[str] | None = None) -> dict:
     import sentencepiece
 
     from reder import ct2
-    from reder.autoregressive import Transformer
-    from reder.checkpoint import load_model_dir
-    from reder.config import TransformerConfig
     from reder.translate import encode_lines, translate_ids
 
     processor = sentencepiece.SentencePieceProcessor(model_file=args.spm)
-    if args.teacher:
-        model, _ = load_model_dir(args.teacher)
-    else:
-        torch.manual_seed(0)
-        model = Transformer(TransformerConfig(vocab_size=processor.get_piece_size(), d_model=args.d_model, n_heads=args.heads,
-                                              ffn_dim=args.ffn, encoder_layers=args.layers, decoder_layers=args.layers,
-                                              dropout=0.0, attention_dropout=0.0, max_positions=256)).eval()
+    args.device = "cpu"
+    model = teacher_model(args, processor.get_piece_size())  # bench.peers' teacher: the same weights for a seed
     lines = Path(args.source).read_text(encoding="utf-8").splitlines()[: args.sentences]
     sequences = encode_lines(processor, lines)
     with tempfile.TemporaryDirectory() as tmp:
