@@ -26,16 +26,26 @@ decoded again to its own limit (`max_decoding_length = limit − 1`), a greedy p
 hypothesis cut at the limit gets EOS and its log-probability (`score_batch`), as ours. Beam search (K > 1): ours runs a greedy row beside the beams,
 whose hypothesis joins the finished ones; here CTranslate2's greedy result competes likewise (`greedy_floor`).
 
-What still differs, beam search only: the stopping rule. CTranslate2 (with a length penalty) stops a sentence
-once K·patience hypotheses have finished; ours once K have finished *and* the best live beam, ended now, would
-not beat the K-th best. The beams evolve identically until one stops, and ours never stops first at
-patience 1, so ours has finished every hypothesis CTranslate2 has: where the outputs differ, ours finished
-after CTranslate2 stopped and scores higher (CTranslate2's answer is then an earlier beam hypothesis, or the
-greedy one where that beat it). Measured on 250 Multi30k sentences with a small trained teacher:
-greedy 250/250 identical, beam 4 242/250 (every difference of that kind: each of our 8 outputs is among
-CTranslate2's finished hypotheses when it runs on, at patience 8); at patience 2 244/250, but then
-CTranslate2 also finds hypotheses ours never reaches (4 of the 6 differences score higher than ours). With
-length_penalty 0, CTranslate2 stops once its top beam and num_hypotheses (here K) have finished.
+What still differs, beam search only:
+- The banned tokens' mass. `suppress_sequences` takes pad, BOS and the blank out of the logits *before*
+  CTranslate2's softmax, which renormalises the other tokens; ours sets their log-probabilities to −inf after
+  it (as fairseq). A step's scores then differ by log(1 − the banned tokens' probability), which differs from
+  beam to beam, so beams can rank differently (greedy cannot: the argmax is the same). A trained model puts
+  next to nothing on those tokens; the barely trained model of tests/reder/test_ct2.py puts 0.1–2 % per step
+  (CTranslate2's greedy log-probabilities 0.001–0.025 nats above ours), and 10–14 of its 60 beam-4 outputs
+  differ, 0–2 of them scoring lower in ours, by the threads it was trained with.
+- The stopping rule. CTranslate2 (with a length penalty) stops a sentence once K·patience hypotheses have
+  finished; ours once K have finished *and* the best live beam, ended now, would not beat the K-th best.
+  Scored CTranslate2's way (the test runs ours so), the beams evolve identically until one stops, and ours
+  never stops first at patience 1, so ours has finished every hypothesis CTranslate2 has: where the outputs
+  differ, ours finished after CTranslate2 stopped and scores higher (CTranslate2's answer is then an earlier
+  beam hypothesis, or the greedy one where that beat it).
+
+Measured on 250 Multi30k sentences with a small trained teacher, as it is: greedy 250/250 identical, beam 4
+242/250 (every difference of the stopping kind: each of our 8 outputs is among CTranslate2's finished hypotheses
+when it runs on, at patience 8); at patience 2 244/250, but then CTranslate2 also finds hypotheses ours never
+reaches (4 of the 6 differences score higher than ours). With length_penalty 0, CTranslate2 stops once its top
+beam and num_hypotheses (here K) have finished.
 """
 from __future__ import annotations
 

@@ -190,6 +190,9 @@ def test_a_tiny_cmlm_learns_to_reverse_and_refinement_repairs_a_corrupted_hypoth
     generator = torch.Generator().manual_seed(0)
     model = tiny_cmlm(d_model=32, ffn_dim=64, encoder_layers=1, label_smoothing=0.0).train()
     optimizer = torch.optim.Adam(model.parameters(), lr=5e-3, betas=(0.9, 0.98))
+    # lr decays linearly to 0: at a constant lr the result hung on the thread count's rounding (seed 0: 0.975 on
+    # one thread, 0.75 on two; seeds 0-5 on 1 and 2 threads 0.75-1.0); decayed, 0.98-1.0 and repaired 0.985-1.0
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1 - step / 600)
     for _ in range(600):
         sources, targets = reverse_task(32, generator)
         src, src_lengths = pad_batch([s + [EOS_ID] for s in sources])
@@ -198,6 +201,7 @@ def test_a_tiny_cmlm_learns_to_reverse_and_refinement_repairs_a_corrupted_hypoth
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
+        schedule.step()
     model.eval()
     sources, targets = reverse_task(200, torch.Generator().manual_seed(1))
     src, src_lengths = pad_batch([s + [EOS_ID] for s in sources])
@@ -205,8 +209,8 @@ def test_a_tiny_cmlm_learns_to_reverse_and_refinement_repairs_a_corrupted_hypoth
     # the mean log-probability does not rank lengths here (it does rank candidates: test above)
     decoded = model.translate(src, src_lengths, beam_size=1, iterations=4)
     accuracy = sum(h == t for h, t in zip(decoded, targets)) / len(targets)
-    assert accuracy >= 0.85, accuracy
+    assert accuracy >= 0.9, accuracy
     corrupted = [t[:1] + [4 + (t[1] - 3) % (VOCAB - 5)] + t[2:] for t in targets]  # the second token wrong
     refined = model.refine(src, src_lengths, corrupted, 2)
     repaired = sum(h == t for h, t in zip(refined, targets)) / len(targets)
-    assert repaired >= 0.8, repaired
+    assert repaired >= 0.9, repaired
