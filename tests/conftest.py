@@ -22,15 +22,19 @@ def seed_everything() -> None:
     torch.manual_seed(0)
 
 
+SESSION_THREADS = torch.get_num_threads()
+
+
 @pytest.fixture(autouse=True)
 def restore_torch_threads():
-    """Code built to run in its own process (a Ray actor's `torch.set_num_threads`, e.g. distill's
-    TeacherDecoder) leaks that setting into the rest of the session when a test calls it directly: found when
-    every test after tests/pipeline/test_distill.py ran on one thread (the learning tests about 1.9x slower)."""
-    threads = torch.get_num_threads()
+    """Every test starts on the session's torch thread count. Code built to run in its own process leaks its
+    count into the rest of the session when a test or a fixture calls it directly: a Ray actor's
+    `torch.set_num_threads` (distill's TeacherDecoder: every test after tests/pipeline/test_distill.py ran on
+    one thread, the learning tests about 1.9x slower), a CTranslate2 translator's `intra_threads`, which sets
+    OpenMP's count for the whole process (tests/reder/test_ct2.py's module fixture: every later test)."""
+    if torch.get_num_threads() != SESSION_THREADS:
+        torch.set_num_threads(SESSION_THREADS)
     yield
-    if torch.get_num_threads() != threads:
-        torch.set_num_threads(threads)
 
 
 @pytest.fixture(autouse=True)
