@@ -344,6 +344,8 @@ def test_mlflow_with_auth_refuses_anonymous_clients_and_tracks_for_the_admin(tmp
                                password=secret, advertise="203.0.113.7")
     url = f"http://127.0.0.1:{port}"
     try:
+        session = subprocess.run(["ps", "-o", "args=", "-s", str(server.pid)], capture_output=True, text=True).stdout
+        assert "huey" not in session and "_job_runner" not in session, session  # MLflow's job execution is off
         with pytest.raises(urllib.error.HTTPError) as refused:  # any other name still is (never `*`)
             urllib.request.urlopen(urllib.request.Request(f"{url}/api/2.0/mlflow/experiments/search?max_results=1",
                                                           headers={"Host": f"evil.example:{port}"}), timeout=10)
@@ -382,7 +384,11 @@ def test_mlflow_with_auth_refuses_anonymous_clients_and_tracks_for_the_admin(tmp
             MlflowClient(url).search_experiments()
     finally:
         os.killpg(server.pid, signal.SIGTERM)
-        server.wait(timeout=30)
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)  # leave nothing behind, then fail
+            raise
 
 
 def write_cluster_file(tmp_path: Path, pid: int, backend: str = "sqlite:////mnt/shared/duplex/mlflow/mlflow.db") -> Path:
