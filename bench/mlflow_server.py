@@ -14,12 +14,12 @@ import argparse
 import json
 import os
 import signal
-import socket
 import subprocess
 import tempfile
 import time
 from pathlib import Path
 
+from bench import free_port
 from cluster import head
 
 
@@ -34,9 +34,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     if args.job_execution != "default":
         os.environ[head.JOB_EXECUTION_ENV] = args.job_execution
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     with tempfile.TemporaryDirectory() as tmp:
         start = time.perf_counter()
         server = head.start_mlflow(f"sqlite:///{tmp}/mlflow.db", f"{tmp}/artifacts", "127.0.0.1", port,

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import tempfile
 import threading
@@ -28,7 +27,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from bench import peers
+from bench import free_port, peers
 
 SYSTEMS = {"reder": ("reder", "torch", 1), "ct2": ("teacher", "ct2", 4), "teacher": ("teacher", "torch", 4)}
 
@@ -114,9 +113,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="serve-load-") as tmp:
         dirs = _models(model_args, Path(tmp))
         ray.init(address="local", num_cpus=model_args.threads + 1, include_dashboard=False, log_to_driver=False)
-        with socket.socket() as sock:  # a free loopback port
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
+        port = free_port()
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         try:
             for system in args.systems.split(","):

@@ -91,7 +91,7 @@ def test_beam_outputs_equal_ours_or_stopped_earlier(converted, max_len_a, max_le
     search = dict(beam_size=4, max_len_a=max_len_a, max_len_b=max_len_b)
     theirs = ct2.translate_ids(translator, ct2_dir, sources, **search)
     as_is = translate_ids(model, sources, "src2tgt", **search)
-    assert sum(a != b for a, b in zip(as_is, theirs)) <= len(sources) // 4  # 9 of 60 on one thread; 8 of 250 trained longer
+    assert sum(a != b for a, b in zip(as_is, theirs)) <= len(sources) // 4  # 10-14 of 60 by the training threads; 8 of 250 trained longer
     monkeypatch.setattr(autoregressive, "log_softmax_fp32", _banned_before_the_softmax)  # ours and _score
     ours = translate_ids(model, sources, "src2tgt", **search)
     differing = [i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b]
