@@ -4,6 +4,7 @@
                                  [--auth [--admin-password-file PATH]]
                                  [--backend-store-uri URI] [--artifacts-destination URI]
     python -m cluster.head stop
+    python -m cluster.head nodes [--wait N] [--timeout S]
 
 `start` (run by cluster.yaml's head start commands after `ray start --head`) launches `mlflow server`
 detached — runs and metrics in a database (default: sqlite on the shared file system; a
@@ -299,6 +300,33 @@ def stop_server(quiet: bool = False) -> int:
     return 0
 
 
+def nodes(args: argparse.Namespace) -> int:
+    """Wait until the cluster has `--wait` live nodes (`ray up` returns before its workers have joined: the
+    head's autoscaler starts them), then list every live node; exit 1 when they are not there in time."""
+    import ray
+
+    from cluster.connect import read_cluster_file
+
+    info = read_cluster_file()
+    address = args.ray_address or (info or {}).get("ray_address") or "auto"
+    ray.init(address=address, logging_level="WARNING", log_to_driver=False)
+    deadline = time.monotonic() + args.timeout
+    while True:
+        alive = [node for node in ray.nodes() if node["Alive"]]
+        if len(alive) >= args.wait or time.monotonic() > deadline:
+            break
+        time.sleep(2)
+    for node in sorted(alive, key=lambda n: n["NodeManagerAddress"]):
+        resources = node["Resources"]
+        print(f"{node['NodeManagerAddress']:<16} {node['NodeManagerHostname']:<24} {resources.get('CPU', 0):g} CPU "
+              f"{resources.get('GPU', 0):g} GPU{'  (head)' if 'node:__internal_head__' in resources else ''}")
+    if len(alive) < args.wait:
+        print(f"{len(alive)} of {args.wait} nodes after {args.timeout:g} s: see the head's "
+              f"monitor.* logs (`ray monitor CLUSTER.yaml`) for the workers' start", file=sys.stderr)
+        return 1
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m cluster.head", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -324,8 +352,12 @@ def main(argv: list[str] | None = None) -> int:
     watcher.add_argument("--gcs", required=True, help="host:port of the head's Ray GCS")
     watcher.add_argument("--interval", type=float, default=5.0, help="seconds between checks")
     watcher.add_argument("--misses", type=int, default=3, help="failed checks in a row that mean Ray is gone")
+    listing = commands.add_parser("nodes", help="list the cluster's live nodes, after waiting for --wait of them")
+    listing.add_argument("--wait", type=int, default=0, help="live nodes to wait for (head included)")
+    listing.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for them")
+    listing.add_argument("--ray-address", default="", help="default: the cluster file's, else the one on this node")
     args = parser.parse_args(argv)
-    return {"start": start, "stop": stop, "watch": watch}[args.command](args)
+    return {"start": start, "stop": stop, "watch": watch, "nodes": nodes}[args.command](args)
 
 
 if __name__ == "__main__":

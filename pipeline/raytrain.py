@@ -28,6 +28,7 @@ import logging
 import math
 import os
 import shutil
+import socket
 import tempfile
 import threading
 import time
@@ -40,9 +41,10 @@ import torch
 
 from pipeline import spm
 from pipeline.config import PipelineConfig, TrainConfig, from_dict
-from pipeline.harness import SCORE, Batch, Example, Harness, all_reduce, epoch_batches, select_best
+from pipeline.harness import (RANK_TOKENS_PER_S, SCORE, Batch, Example, Harness, all_reduce, epoch_batches,
+                              select_best)
 from pipeline.metrics import corpus_scores
-from pipeline.stage import StageError
+from pipeline.stage import StageError, write_json
 from pipeline.tracking import validation_metric
 from reder import DIRECTIONS, EOS_ID, DuplexLoss, LossConfig, ModelConfig, REDER, TransformerConfig
 from reder.autoregressive import Transformer
@@ -58,6 +60,7 @@ MODEL_DIR = "model"
 HISTORY_FILE = "history.json"
 TRAIN_STATE_FILE = "train_state.pt"
 PROGRESS_FILE = "progress.json"  # rank 0's latest report, in the Ray Train run's directory: the driver's bar
+WORKERS_FILE = "workers.json"  # where the worker group's ranks run (node, host), beside it
 KD_COLUMNS = ("kd_tgt_ids", "kd_src_ids")
 
 
@@ -69,10 +72,16 @@ def check_resources(train: TrainConfig, timeout_s: float) -> None:
     need = {"CPU": train.num_workers * train.cpus_per_worker}
     if train.use_gpu:
         need["GPU"] = train.num_workers * train.gpus_per_worker
+    per_worker = {k: v / train.num_workers for k, v in need.items()}
     deadline = time.monotonic() + timeout_s
     while True:
         have = ray.cluster_resources()
         short = {k: (v, have.get(k, 0.0)) for k, v in need.items() if have.get(k, 0.0) < v}
+        if train.placement_strategy == "STRICT_SPREAD":  # one worker per node: enough nodes that fit one
+            fit = sum(1 for node in ray.nodes() if node["Alive"] and
+                      all(node["Resources"].get(k, 0.0) >= v for k, v in per_worker.items()))
+            if fit < train.num_workers:
+                short["nodes (STRICT_SPREAD)"] = (train.num_workers, fit)
         if not short:
             return
         if time.monotonic() >= deadline:
@@ -219,10 +228,8 @@ def write_progress(path: Path, state: dict[str, Any], metrics: dict[str, Any]) -
     for key, name in (("train_total", "loss"), (SCORE, "valid_bleu")):
         if isinstance(metrics.get(key), (int, float)) and math.isfinite(metrics[key]):
             state[name] = metrics[key]
-    tmp = path.with_name(f".{path.name}.tmp")
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp.write_text(json.dumps(state), encoding="utf-8")
-    os.replace(tmp, path)
+    write_json(path, state)
 
 
 def first_failure(error: BaseException) -> str:
@@ -247,7 +254,16 @@ def run_report(fitted: dict[str, Any], run_path: Path) -> dict[str, Any]:
     return {"steps": last["step"], "averaged_checkpoints": fitted["averaged"], "ray_run": str(run_path),
             "fit_seconds": fitted["fit_seconds"],
             "last_valid": {k: v for k, v in last.items() if k.startswith(("bleu_", "valid_"))},
-            "restarts": sum(1 for h in history if h.get("resumed_from"))}
+            "restarts": sum(1 for h in history if h.get("resumed_from")),
+            "workers": read_placement(run_path)}
+
+
+def read_placement(run_path: Path) -> list[dict[str, Any]]:
+    """The last worker group's placement (`gather_placement`, written by rank 0), [] if none was written."""
+    try:
+        return json.loads((Path(run_path) / WORKERS_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return []
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -397,12 +413,21 @@ def train_loop(config: dict[str, Any]) -> None:
     # Only rank 0 decodes; Ray keeps rank 0's metrics, the others report a NaN score.
     validate = Validator(config["valid"], config["spm_proto"], train.valid_max_sentences, directions) if rank == 0 \
         else (lambda _: {SCORE: math.nan})
-    mlflow = _MlflowLogger(config["mlflow"]) if rank == 0 and config["mlflow"] else None
+    # Every rank logs its own throughput (`tokens_per_s_rank<r>`: a slow host shows); rank 0 everything else.
+    mlflow = _MlflowLogger(config["mlflow"]) if config["mlflow"] else None
     progress: dict[str, Any] = {}
+    placement = gather_placement()
+    if rank == 0 and config.get("progress"):
+        Path(config["progress"]).parent.mkdir(parents=True, exist_ok=True)
+        write_json(Path(config["progress"]).with_name(WORKERS_FILE), placement)
 
     def report(metrics: dict[str, Any], checkpoint: Optional[dict[str, Any]]) -> None:
         if mlflow is not None:
-            mlflow.log(metrics, metrics["step"])
+            logged = {key: value for key, value in metrics.items() if key != RANK_TOKENS_PER_S} if rank == 0 else {}
+            if RANK_TOKENS_PER_S in metrics:
+                logged[f"tokens_per_s_rank{rank}"] = metrics[RANK_TOKENS_PER_S]
+            if logged:
+                mlflow.log(logged, metrics["step"])
         if rank == 0 and config.get("progress"):
             write_progress(Path(config["progress"]), progress, metrics)
         directory = _save(checkpoint) if checkpoint is not None and rank == 0 else None
@@ -426,6 +451,20 @@ def train_loop(config: dict[str, Any]) -> None:
             mlflow.log({"resumed_from_step": harness.step}, harness.step)  # one point per restart of the worker group
     shard = ray.train.get_dataset_shard("train")
     harness.fit(harness.stream(lambda epoch: _epoch(shard, train, epoch, rank)))
+
+
+def gather_placement() -> list[dict[str, Any]]:
+    """Where every rank of the worker group runs (node address, host name, pid), gathered over the process
+    group, so over the same links as DDP's gradients: the list also shows that the ranks reach each other."""
+    import ray.util
+    import torch.distributed as dist
+
+    mine = {"node_ip": ray.util.get_node_ip_address(), "hostname": socket.gethostname(), "pid": os.getpid()}
+    everyone: list[Any] = [mine]
+    if dist.is_available() and dist.is_initialized():
+        everyone = [None] * dist.get_world_size()
+        dist.all_gather_object(everyone, mine)
+    return [{"rank": rank, **where} for rank, where in enumerate(everyone)]
 
 
 def _load(checkpoint: Any, device: torch.device) -> Optional[dict[str, Any]]:

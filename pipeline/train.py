@@ -46,6 +46,9 @@ def _build(cfg: PipelineConfig, workdir: Path, name: str, train_data: Path, data
                           "distilled": cfg.distill.enabled})
     write_json(tmp / HISTORY_FILE, fitted["history"])
     report = run_report(fitted, storage / name)
+    if len(report["workers"]) > 1:
+        log.info("train: %d workers: %s", len(report["workers"]), ", ".join(
+            f"rank {w['rank']} on {w['node_ip']} ({w['hostname']})" for w in report["workers"]))
     write_json(tmp / "report.json", report)
     plot_history(fitted["history"], tmp / "training.png")
     return {"steps": report["steps"], "best_valid_bleu": fitted["averaged"][0]["valid_bleu"], "restarts": report["restarts"]}

@@ -1,12 +1,23 @@
 """Shared pytest fixtures: every test starts from the same seeds; `gpu` tests skip without CUDA."""
 import os
 import random
+import shutil
 import socket
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 import torch
+
+# Every Ray instance the suite starts (ray.init, ray.cluster_utils, pipeline subprocesses, the launcher of the
+# cluster tests) keeps its files in a directory of this session's own, never in Ray's machine-wide /tmp/ray:
+# a test must not depend on what an earlier run, another user or a root launcher left there (a /tmp/ray made
+# 755 by root broke the cluster test on fresh machines only), nor join another cluster's Ray through the
+# address file there (`ray.init()` with no address does). Short: Ray's socket paths live under it (107 bytes).
+RAY_TMPDIR = tempfile.mkdtemp(prefix="dpx-ray-", dir="/tmp" if sys.platform != "win32" else None)
+os.environ["RAY_TMPDIR"] = RAY_TMPDIR
+os.environ.pop("RAY_ADDRESS", None)
 
 # Ray Train's controller polls its workers every 2 s by default, which puts 5-6 s of idle waiting into every
 # fit (a trivial 1-worker fit: 15 s -> 9 s on 2 cores). Tests run dozens of tiny fits; pipeline runs started
@@ -62,7 +73,7 @@ def no_inherited_mlflow_uri(monkeypatch: pytest.MonkeyPatch) -> None:
 # time as bench/ first: the slowdown from the background work only moves. It is kept so that bench/'s timing
 # tests run without that work beside them.
 RAY_UP_FIRST = "test_ray_up_starts_the_head_as_the_docs_say"
-RAY_UP_LAST = "test_ray_exec_job_submit_and_a_sweep_are_tracked_then_ray_down_leaves_nothing"
+RAY_UP_LAST = "test_two_hosts_train_together_and_ray_down_leaves_nothing"
 BESIDE_THE_CLUSTER = ("tests/faults/", "tests/pipeline/", "tests/cluster/")
 
 
@@ -122,3 +133,8 @@ def free_port() -> int:
                 continue
             return port
     raise RuntimeError("no free loopback port between 20000 and the ephemeral range")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """The session's Ray directory goes with the session (Ray's own processes have ended by now)."""
+    shutil.rmtree(RAY_TMPDIR, ignore_errors=True)

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cluster import ClusterError, check, connect, head
+from cluster import ClusterError, check, connect, head, worker
 from tests.conftest import free_port
 import run_pipeline
 from pipeline.config import load_config
@@ -166,7 +166,7 @@ def test_the_cluster_package_imports_without_torch_pipeline_or_reder():
                "        raise ImportError(f'cluster/ imported {name}')\n"
                "    return real(name, *args, **kwargs)\n"
                "builtins.__import__ = guarded\n"
-               "import cluster.head, cluster.connect, cluster.check\n"
+               "import cluster.head, cluster.connect, cluster.check, cluster.worker\n"
                "assert not {'torch', 'pipeline', 'reder'} & {m.split('.')[0] for m in sys.modules}\n")
     done = subprocess.run([sys.executable, "-c", blocker], cwd=REPO_ROOT, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
@@ -454,6 +454,33 @@ def test_the_head_server_and_cluster_file_end_when_the_heads_ray_does(tmp_path, 
     path.write_text(json.dumps({**json.loads(path.read_text()), "mlflow_pid": 1}))
     watcher.join(timeout=10)
     assert result == [0, 0] and path.exists()
+
+
+def test_a_workers_ray_stops_once_the_heads_is_gone(tmp_path, monkeypatch):
+    """`ray down` stops the head's Ray only (the local provider): `cluster.worker watch` runs `ray stop` on its
+    node once the head's GCS has refused connections `--misses` times, not while it answers; a second
+    watcher replaces the first (pid file). `ray stop` is recorded here, not run: it would end every Ray of
+    this user on the machine (the real one runs on the worker host of tests/cluster/test_ray_up.py)."""
+    import threading
+
+    monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))
+    stopped = []
+    monkeypatch.setattr(worker.subprocess, "run", lambda argv, **kwargs: stopped.append(argv) or
+                        subprocess.CompletedProcess(argv, 0, "Stopped all 5 Ray processes.", ""))
+    gcs = socket.socket()
+    gcs.bind(("127.0.0.1", 0))
+    gcs.listen()
+    address = f"127.0.0.1:{gcs.getsockname()[1]}"
+    result = []
+    watcher = threading.Thread(target=lambda: result.append(
+        worker.main(["watch", "--gcs", address, "--interval", "0.2", "--misses", "3"])))
+    watcher.start()
+    time.sleep(1.5)
+    assert watcher.is_alive() and stopped == [] and worker.pid_file().read_text() == str(os.getpid())
+    gcs.close()  # the head's `ray stop`
+    watcher.join(timeout=10)
+    assert result == [0] and [argv[-1] for argv in stopped] == ["stop"] and Path(stopped[0][0]).name == "ray"
+    assert not worker.pid_file().exists()
 
 
 def test_head_stop_recognises_its_server_by_command_line_and_backend_store():

@@ -1,22 +1,21 @@
-"""`ray up`, `ray exec`, `ray job submit` and `ray down` for real, on this machine, as docs/cluster.md tells a
-user to: the block of commands under "On one machine" in that file is read from it and run line by line.
+"""`ray up`, `ray dashboard`, `ray exec`, `ray job submit` and `ray down` for real, across two hosts, as
+docs/cluster.md tells a user to: the block of commands under "A head and a worker" in that file is read
+from it and run line by line, from this machine's own namespaces as from a laptop.
 
-A throwaway user (its home in a fresh /tmp directory) is the cluster's SSH user, reached through an sshd of
-our own on 127.0.0.1:22 that lets in only that user and only with a throwaway key: the head's start
-commands run `ray stop`, which ends every Ray process of the SSH user, so it must not be anyone real. The
-commands' own side (`~/.ray/auth_token`, `~/.ssh/id_ed25519`) gets a throwaway HOME. Root is needed
-(useradd, sshd, ACLs): CI is root; elsewhere the test skips saying why, but under CI=true it fails.
+The two hosts are built on this machine (tests/cluster/hosts.py): each its own network namespace on a
+private bridge (10.213.0.1 the head, 10.213.0.2 the worker, no route out), PID namespace, /tmp (holding a
+/tmp/ray made 755 by root, as a root launcher leaves it on a fresh machine), home directory and host name,
+with an sshd that lets in only a throwaway user (`duplex-rayup`) with a throwaway key. The commands' own
+side (`~/.ray/auth_token`, `~/.ssh/id_ed25519`, the launcher's Ray directory) gets a throwaway HOME and
+RAY_TMPDIR. Root is needed (namespaces, useradd, ACLs): CI is root; elsewhere the test skips saying why,
+but under CI=true it fails.
 """
 from __future__ import annotations
 
 import json
 import os
-import pwd
 import re
-import shutil
 import signal
-import socket
-import stat
 import subprocess
 import sys
 import tempfile
@@ -26,14 +25,16 @@ from pathlib import Path
 
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from pipeline.tracking import STAGE_TAG
+from tests.cluster.hosts import OPERATOR_IP, REPO_ROOT, Hosts, answers, remove_leftovers, unavailable
+
 DOC = REPO_ROOT / "docs" / "cluster.md"
-MARKER = "<!-- ray-up-one-machine:"
+MARKER = "<!-- ray-up-two-hosts:"
 USER = "duplex-rayup"
-PACKAGES = {"/usr/sbin/sshd": "openssh-server", "/usr/bin/rsync": "rsync", "/usr/bin/setfacl": "acl"}
-PORTS = (22, 5000, 6379, 8265, 10001)  # sshd, MLflow, GCS, dashboard, Ray client (all the head's defaults)
-TIMEOUT_S = {"get-auth-token": 60, "cluster.onprem": 60, "ray up": 300, "ray exec": 420, "ray job submit": 480,
-             "ray down": 120}
+DASHBOARD = 8265  # `ray dashboard`'s local end, on this machine's loopback
+# Seconds per command, by the first name that occurs in it.
+TIMEOUT_S = {"get-auth-token": 60, "cluster.onprem": 60, "ray up": 300, "nodes --wait": 360, "ray exec": 480,
+             "ray job submit": 480, "ray down": 120}
 
 pytestmark = pytest.mark.slow
 
@@ -46,137 +47,57 @@ def doc_commands(text: str) -> list[str]:
     return [line for line in block.group(1).splitlines() if line.strip() and not line.lstrip().startswith("#")]
 
 
+def verb(command: str) -> str:
+    words = command.split()
+    return words[1] if words[0] == "ray" else words[2] if words[0].startswith("RAY_AUTH_MODE") else words[2]
+
+
 def test_the_doc_block_is_the_documented_path():
-    """What the real test below runs: the one-machine path, from the token to `ray down`."""
+    """What the real test below runs: the two-host path, from the token to `ray down`."""
     commands = doc_commands(DOC.read_text(encoding="utf-8"))
     assert commands[0].startswith("RAY_AUTH_MODE=token ray get-auth-token --generate")
-    assert [c.split()[1] if c.startswith("ray ") else c.split()[2] for c in commands[2:]] == \
-        ["up", "exec", "job", "job", "down"]
+    assert "--worker" in commands[1] and "cluster.onprem" in commands[1]
+    assert [verb(c) for c in commands[2:]] == ["up", "dashboard", "exec", "exec", "job", "job", "down"]
+    assert commands[3].endswith("&") and "nodes --wait 2" in commands[4]
+    assert "STRICT_SPREAD" in commands[5] and "STRICT_SPREAD" in commands[6]
     assert "run_pipeline.py tune" in commands[-2] and "--working-dir ." in commands[-2]
-
-
-def unavailable() -> str:
-    """Why this machine cannot run the test ("" when it can), after installing missing packages if root."""
-    if sys.platform != "linux" or os.geteuid() != 0:
-        return "needs root on Linux (a throwaway user, an sshd of our own)"
-    missing = [package for path, package in PACKAGES.items() if not Path(path).exists()]
-    if missing and shutil.which("apt-get"):
-        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        subprocess.run(["apt-get", "update", "-qq"], env=env, capture_output=True, timeout=300)
-        subprocess.run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", *missing], env=env,
-                       capture_output=True, timeout=600)
-        missing = [package for path, package in PACKAGES.items() if not Path(path).exists()]
-    if missing:
-        return f"missing {missing} (apt-get install {' '.join(missing)})"
-    taken = [port for port in PORTS if port_taken(port)]
-    return f"ports {taken} of 127.0.0.1 are taken (another sshd, Ray head or MLflow server)" if taken else ""
-
-
-def port_taken(port: int) -> bool:
-    with socket.socket() as probe:
-        probe.settimeout(1)
-        return probe.connect_ex(("127.0.0.1", port)) == 0
-
-
-def run(command: list[str] | str, timeout: float = 60, **kwargs) -> subprocess.CompletedProcess:
-    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=True, **kwargs)
-
-
-def user_processes() -> list[str]:
-    found = subprocess.run(["ps", "-u", USER, "-o", "pid=,args="], capture_output=True, text=True)
-    return [line.strip() for line in found.stdout.splitlines() if line.strip()]
-
-
-def remove_user() -> None:
-    """The throwaway user, its processes, files and ACLs (also what a killed earlier run left)."""
-    try:
-        record = pwd.getpwnam(USER)
-    except KeyError:
-        return
-    subprocess.run(["pkill", "-KILL", "-u", USER], capture_output=True)
-    time.sleep(0.5)
-    for directory in acl_directories():
-        subprocess.run(["setfacl", "-x", f"u:{USER}", str(directory)], capture_output=True)
-    subprocess.run(["userdel", "--force", USER], capture_output=True)
-    home = Path(record.pw_dir)
-    if home.parent.name.startswith("duplex-rayup-") and home.parent.parent == Path(tempfile.gettempdir()):
-        shutil.rmtree(home.parent, ignore_errors=True)
-    for leftover in [*Path(tempfile.gettempdir()).glob("*"), *Path(tempfile.gettempdir(), "ray").glob("*")]:
-        try:
-            if leftover.lstat().st_uid == record.pw_uid:
-                shutil.rmtree(leftover, ignore_errors=True) if leftover.is_dir() else leftover.unlink()
-        except OSError:
-            pass
-
-
-def acl_directories() -> list[Path]:
-    """Directories above the interpreter and this checkout that other users cannot enter (e.g. /root)."""
-    needed = {Path(sys.base_prefix).resolve(), (REPO_ROOT / ".venv").resolve(), REPO_ROOT}
-    closed = set()
-    for path in needed:
-        for directory in [path, *path.parents]:
-            if directory.is_dir() and not directory.stat().st_mode & stat.S_IXOTH:
-                closed.add(directory)
-    return sorted(closed)
 
 
 @pytest.fixture(scope="session")
 def machine():
-    """The throwaway user, its sshd and HOMEs; yields (env for the doc's commands, the user's home)."""
-    reason = unavailable()
+    """The two hosts and the operator's side; yields (env for the doc's commands, Hosts, operator dir)."""
+    reason = unavailable() or (f"port {DASHBOARD} of 127.0.0.1 is taken (`ray dashboard` forwards it)"
+                               if answers("127.0.0.1", DASHBOARD) else "")
     if reason:
         if os.environ.get("CI"):
             pytest.fail(f"CI must run the ray up test: {reason}")
         pytest.skip(reason)
-    remove_user()
+    remove_leftovers(USER)
+    subprocess.run(["userdel", "--force", USER], capture_output=True)
     base = Path(tempfile.mkdtemp(prefix="duplex-rayup-"))
     base.chmod(0o755)
-    home, operator, sshd_dir = base / "home", base / "operator", base / "sshd"
-    sshd = None
+    hosts = Hosts(base, USER)
+    operator = base / "operator"
     previous_term = signal.getsignal(signal.SIGTERM)
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # a CI timeout still runs the clean-up below
     try:
-        run(["useradd", "--create-home", "--home-dir", str(home), "--shell", "/bin/bash", USER])
-        run(["usermod", "--password", "*", USER])  # no password, but not locked: sshd lets a key in
-        for directory in acl_directories():
-            run(["setfacl", "-m", f"u:{USER}:x", str(directory)])
-        for directory in (operator / ".ssh", sshd_dir):
-            directory.mkdir(parents=True, mode=0o700)
-        run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(sshd_dir / "host_ed25519")])
-        run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "duplex-rayup-test", "-f",
-             str(operator / ".ssh" / "id_ed25519")])
-        ssh = home / ".ssh"
-        ssh.mkdir(mode=0o700)
-        shutil.copy(operator / ".ssh" / "id_ed25519.pub", ssh / "authorized_keys")
-        (home / "duplex").mkdir()
-        (home / "duplex" / ".venv").symlink_to((REPO_ROOT / ".venv").resolve())  # setup_commands find it
-        run(["chown", "-R", f"{USER}:{USER}", str(home)])
-        (ssh / "authorized_keys").chmod(0o600)
-        config = sshd_dir / "sshd_config"
-        config.write_text("\n".join([
-            "ListenAddress 127.0.0.1", "Port 22", f"HostKey {sshd_dir / 'host_ed25519'}",
-            f"PidFile {sshd_dir / 'sshd.pid'}", f"AllowUsers {USER}", "PermitRootLogin no",
-            "PasswordAuthentication no", "KbdInteractiveAuthentication no", "PubkeyAuthentication yes",
-            "UsePAM no", "StrictModes yes", ""]), encoding="utf-8")
-        Path("/run/sshd").mkdir(exist_ok=True)  # sshd's privilege-separation directory
-        sshd = subprocess.Popen(["/usr/sbin/sshd", "-D", "-e", "-f", str(config)], stdout=subprocess.DEVNULL,
-                                stderr=open(sshd_dir / "log", "wb"), start_new_session=True)
-        deadline = time.monotonic() + 20
-        while not port_taken(22):
-            assert sshd.poll() is None and time.monotonic() < deadline, (sshd_dir / "log").read_text()
-            time.sleep(0.2)
-        env = {key: value for key, value in os.environ.items()
-               if not key.startswith(("RAY_", "MLFLOW_", "DUPLEX_", "PYTEST_"))}
+        (operator / ".ssh").mkdir(parents=True, mode=0o700)
+        (operator / "ray-tmp").mkdir()
+        key = operator / ".ssh" / "id_ed25519"
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "duplex-rayup-test", "-f", str(key)],
+                       check=True, capture_output=True)
+        hosts.create(key.with_suffix(".pub"))
+        for host in hosts.hosts.values():
+            hosts.start(host)
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "MLFLOW_", "DUPLEX_", "PYTEST_"))}
         env.update(HOME=str(operator), PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}",
-                   SSH_USER=USER, SHARED=str(home / "shared"), CLUSTER_YAML=str(base / "onprem.yaml"),
-                   PYTHONUNBUFFERED="1")
-        yield env, home, sshd
+                   SSH_USER=USER, HEAD_IP=hosts.hosts["head"].address, WORKER_IP=hosts.hosts["worker"].address,
+                   SHARED=str(hosts.shared), CLUSTER_YAML=str(base / "onprem.yaml"), PYTHONUNBUFFERED="1",
+                   RAY_TMPDIR=str(operator / "ray-tmp"))  # the launcher's lock and state files
+        yield env, hosts, operator
     finally:
-        if sshd is not None and sshd.poll() is None:
-            os.killpg(sshd.pid, signal.SIGTERM)
-            sshd.wait(timeout=20)
-        remove_user()
-        shutil.rmtree(base, ignore_errors=True)
+        hosts.close()
+        subprocess.run(["rm", "-rf", str(base)], capture_output=True)
         signal.signal(signal.SIGTERM, previous_term)
 
 
@@ -189,29 +110,44 @@ def mlflow_runs(uri: str) -> list:
 
 
 class Scenario:
-    """The doc's commands in order, each checked for exit 0. The first test runs them up to `ray up` and
-    leaves the rest to a background thread, so that the rest of the suite runs beside them (tests/conftest.py
-    orders the two tests: first, and last but the wall-clock-limited ones): the pipeline runs and the sweep,
-    then what the second test asserts is read from the head's MLflow server, then `ray down` and what of the
-    cluster is left on the machine after it. The second test waits for that thread and asserts."""
+    """The doc's commands in order, each checked for exit 0. The first test runs them up to the dashboard
+    tunnel and leaves the rest to a background thread, so that the rest of the suite runs beside them
+    (tests/conftest.py orders the two tests: first, and last but the wall-clock-limited ones): a join with a
+    wrong token, the pipeline runs and the sweep, then what the second test asserts is read from the head's
+    MLflow server and the shared storage, then `ray down` and what of either host is left after it. The
+    second test waits for that thread and asserts."""
 
-    def __init__(self, env: dict[str, str], home: Path):
-        self.env, self.home = env, home
+    def __init__(self, env: dict[str, str], hosts: Hosts, operator: Path):
+        self.env, self.hosts, self.operator = env, hosts, operator
         self.commands = doc_commands(DOC.read_text(encoding="utf-8"))
         self.outputs: dict[str, str] = {}
         self.seconds: dict[str, float] = {}
         self.error = ""
         self.process: subprocess.Popen | None = None
+        self.tunnel: subprocess.Popen | None = None
         self.thread: threading.Thread | None = None
+        self.rogue = ""  # what a `ray start` with a wrong token printed on the worker host
         self.runs: list = []  # the head's MLflow runs before `ray down`
-        self.left: list[str] | None = None  # the SSH user's processes after `ray down`
+        self.reports: dict[str, dict] = {}  # the train stage's report.json, by stage directory
+        self.left: dict[str, list[str]] | None = None  # each host's processes after `ray down`
         self.cluster_file_left = True
 
     def fail(self, message: str) -> None:
         self.error = self.error or message  # the first failure is the one to show
 
     def run(self, command: str) -> None:
-        """Run one doc command; its output goes to `outputs`, a failure to `error`."""
+        """Run one doc command; its output goes to `outputs`, a failure to `error`. A command ending in `&`
+        (the dashboard tunnel) stays in the background once its local port answers."""
+        if command.endswith("&"):
+            self.tunnel = subprocess.Popen(["bash", "-c", command[:-1]], cwd=REPO_ROOT, env=self.env, text=True,
+                                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                           start_new_session=True)
+            deadline = time.monotonic() + 60
+            while not answers("127.0.0.1", DASHBOARD):
+                if self.tunnel.poll() is not None or time.monotonic() > deadline:
+                    return self.fail(f"{command}: the tunnel did not open 127.0.0.1:{DASHBOARD}")
+                time.sleep(0.5)
+            return
         limit = next(seconds for name, seconds in TIMEOUT_S.items() if name in command)
         started = time.monotonic()
         self.process = subprocess.Popen(["bash", "-c", command], cwd=REPO_ROOT, env=self.env, text=True,
@@ -226,78 +162,136 @@ class Scenario:
         self.outputs[command] = output
         self.seconds[command] = round(time.monotonic() - started, 1)  # no print: other tests' capture would take it
         if self.process.returncode:
-            self.fail(f"{command}: exit {self.process.returncode}\n{output[-6000:]}")
+            self.fail(f"{command}: exit {self.process.returncode}\n{output[-6000:]}{self.head_logs()}")
+
+    def head_logs(self) -> str:
+        """The tails of the head's autoscaler logs (they say why a worker did not join), read through the
+        head's own view of its /tmp."""
+        init = self.hosts.hosts["head"].init_pid()
+        if init is None:
+            return ""
+        logs = sorted(Path(f"/proc/{init}/root/tmp").glob("duplex-*/ray/session_2*/logs/monitor.*"))
+        return "".join(f"\n--- {log.name}\n{log.read_text(errors='replace')[-3000:]}" for log in logs)
 
     def run_all(self, commands: list[str]) -> None:
         for command in commands:
             if self.error:
                 return
             self.run(command)
+            if "nodes --wait" in command and not self.error:
+                self.join_with_a_wrong_token()
 
-    def after_ray_up(self, commands: list[str]) -> None:
-        """The background thread: the commands before `ray down`, the MLflow runs, `ray down` (always: the
-        cluster must not outlive a failure) and what is left after it."""
+    def join_with_a_wrong_token(self) -> None:
+        """A machine of the cluster's network without the token tries to join: `ray start` on the worker
+        host with a made-up token, a Ray directory of its own; the head must refuse it."""
+        worker, head = self.hosts.hosts["worker"], self.hosts.hosts["head"]
+        command = (f"RAY_AUTH_MODE=token RAY_AUTH_TOKEN={'0' * 64} timeout 90 ~/duplex/.venv/bin/ray start "
+                   f"--address={head.address}:6379 --temp-dir=/tmp/duplex-rogue/ray --num-cpus=1")
+        done = subprocess.run(["ssh", "-i", str(self.operator / ".ssh" / "id_ed25519"), "-o", "BatchMode=yes",
+                               "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
+                               f"{USER}@{worker.address}", command], capture_output=True, text=True, timeout=150)
+        self.rogue = f"exit {done.returncode}\n{done.stdout}{done.stderr}"
+
+    def after_tunnel(self, commands: list[str]) -> None:
+        """The background thread: the commands before `ray down`, the MLflow runs and the train report,
+        `ray down` (always: the cluster must not outlive a failure) and what is left after it."""
         try:
             self.run_all(commands[:-1])
             if not self.error:
-                info = json.loads((self.home / ".duplex" / "cluster.json").read_text(encoding="utf-8"))
+                info = json.loads((self.hosts.hosts["head"].home / ".duplex" / "cluster.json").read_text())
                 self.runs = mlflow_runs(info["tracking_uri"])
+                for report in (self.hosts.shared / "duplex" / "runs" / "smoke").glob("train-*/report.json"):
+                    self.reports[report.parent.name] = json.loads(report.read_text(encoding="utf-8"))
         except Exception as error:  # reported by the second test
-            self.fail(f"reading the head's MLflow runs: {error!r}")
-        self.run(commands[-1])
+            self.fail(f"reading the head's MLflow runs and the train report: {error!r}")
+        self.down(commands[-1])
+
+    def down(self, command: str) -> None:
+        """`ray down`, the tunnel stopped, and what is left on either host (their sshd aside)."""
+        self.run(command)
+        self.stop_tunnel()
         deadline = time.monotonic() + 60  # Ray, the MLflow server, its watcher and the SSH sessions end
-        while user_processes() and time.monotonic() < deadline:
+        while any(h.processes() for h in self.hosts.hosts.values()) and time.monotonic() < deadline:
             time.sleep(1)
-        self.left = user_processes()
-        self.cluster_file_left = (self.home / ".duplex" / "cluster.json").exists()
+        self.left = {name: host.processes() for name, host in self.hosts.hosts.items()}
+        self.cluster_file_left = (self.hosts.hosts["head"].home / ".duplex" / "cluster.json").exists()
+
+    def stop_tunnel(self) -> None:
+        if self.tunnel is not None and self.tunnel.poll() is None:
+            os.killpg(self.tunnel.pid, signal.SIGTERM)
+            self.tunnel.wait(timeout=20)
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:
             os.killpg(self.process.pid, signal.SIGKILL)
-        if self.thread is not None:
+        if self.thread is not None and self.thread.is_alive():
             self.thread.join(timeout=30)
+        self.stop_tunnel()
 
 
 @pytest.fixture(scope="session")
 def scenario(machine):
-    env, home, _ = machine
-    scenario = Scenario(env, home)
+    scenario = Scenario(*machine)
     yield scenario
     scenario.stop()
 
 
 def started(scenario: Scenario) -> None:
-    """Up to `ray up` here, then the rest in the background (once)."""
+    """Up to the dashboard tunnel here, then the rest in the background (once)."""
     if scenario.thread is not None:
         return
-    up = next(i for i, c in enumerate(scenario.commands) if c.startswith("ray up")) + 1
-    scenario.run_all(scenario.commands[:up])
-    scenario.thread = threading.Thread(target=scenario.after_ray_up, args=(scenario.commands[up:],), daemon=True)
+    tunnel = next(i for i, c in enumerate(scenario.commands) if c.endswith("&")) + 1
+    scenario.run_all(scenario.commands[:tunnel])
+    scenario.thread = threading.Thread(target=scenario.after_tunnel, args=(scenario.commands[tunnel:],), daemon=True)
     if not scenario.error:
         scenario.thread.start()
+    else:  # `ray down` all the same: a half-started cluster must not outlive the test
+        scenario.down(scenario.commands[-1])
 
 
 def test_ray_up_starts_the_head_as_the_docs_say(scenario, machine):
-    """The token, the filled YAML, `ray up`: the head's Ray, its MLflow server and the cluster file."""
-    _, home, _ = machine
+    """The token, the filled YAML, `ray up`, the tunnel: the head's Ray (in the SSH user's own directory,
+    not /tmp/ray), its MLflow server and the cluster file; no route out of either host."""
+    _, hosts, _ = machine
     started(scenario)
     assert not scenario.error, scenario.error
-    info = json.loads((home / ".duplex" / "cluster.json").read_text(encoding="utf-8"))
-    assert info["tracking_uri"] == "http://127.0.0.1:5000" and info["shared_dir"] == f"{home}/shared/duplex"
-    assert info["ray_address"].endswith(":6379")  # the head's GCS by address, never "auto"
-    assert stat.S_IMODE(Path(scenario.env["HOME"], ".ray", "auth_token").stat().st_mode) == 0o600
+    head = hosts.hosts["head"]
+    info = json.loads((head.home / ".duplex" / "cluster.json").read_text(encoding="utf-8"))
+    assert info["tracking_uri"] == f"http://{head.address}:5000"
+    assert info["shared_dir"] == f"{hosts.shared}/duplex" and info["ray_address"] == f"{head.address}:6379"
+    assert oct(Path(scenario.env["HOME"], ".ray", "auth_token").stat().st_mode & 0o777) == oct(0o600)
+    root = Path(f"/proc/{head.init_pid()}/root")  # the head's own view of the file system (its /tmp)
+    uid = hosts.uid()
+    sessions = [d for d in (root / f"tmp/duplex-{uid}/ray").glob("session_2*") if (d / "logs").is_dir()]
+    assert sessions, list((root / "tmp").rglob("*"))[:20]
+    assert list((root / "tmp" / "ray").iterdir()) == []  # the 755 root-owned /tmp/ray: nothing of Ray's in it
+    for host in hosts.hosts.values():
+        routes = subprocess.run(["ip", "-n", host.netns, "route"], capture_output=True, text=True).stdout
+        assert "default" not in routes and OPERATOR_IP not in routes.replace(f"{host.address}", ""), routes
 
 
-def test_ray_exec_job_submit_and_a_sweep_are_tracked_then_ray_down_leaves_nothing(scenario, machine):
-    """The pipeline by `ray exec` and by `ray job submit`, the sweep by `ray job submit`, all in the head's
-    MLflow server; then `ray down`."""
-    _, _, sshd = machine
+def test_two_hosts_train_together_and_ray_down_leaves_nothing(scenario, machine):
+    """The worker joined with the token (a wrong one is refused); the shared-storage probe ran on both nodes;
+    the smoke training ran one worker per host with DDP between them and both ranks' metrics reached the
+    head's MLflow server; the Ray job skipped the first run's stages; the sweep was tracked; `ray down`
+    left no process on either host."""
+    _, hosts, _ = machine
     started(scenario)
-    scenario.thread.join(timeout=sum(TIMEOUT_S.values()) + 120)
+    assert not scenario.error, f"the first test's commands failed: {scenario.error}"
+    scenario.thread.join(timeout=sum(TIMEOUT_S.values()) + 300)
     assert not scenario.thread.is_alive(), "the background commands did not finish"
     assert not scenario.error, scenario.error
     commands, outputs = scenario.commands, scenario.outputs
+    head, worker = hosts.hosts["head"].address, hosts.hosts["worker"].address
+    listing = outputs[next(c for c in commands if "nodes --wait" in c)]
+    assert re.search(rf"^{re.escape(head)}\s+duplex-head\s.*\(head\)$", listing, re.MULTILINE), listing
+    assert re.search(rf"^{re.escape(worker)}\s+duplex-worker\s", listing, re.MULTILINE), listing
+    assert not scenario.rogue.startswith("exit 0") and "InvalidAuthToken" in scenario.rogue, scenario.rogue
+
+    pipeline = next(c for c in commands if c.startswith("ray exec") and "run_pipeline.py" in c)
     job, tune = [c for c in commands if c.startswith("RAY_AUTH_MODE=token ray job submit")]
+    for command in (pipeline, job):
+        assert "cluster: 2 nodes see the workdir" in outputs[command], outputs[command][-3000:]
     for command in (job, tune):
         assert "succeeded" in outputs[command], outputs[command][-3000:]
     # The job's --working-dir is unpacked to a new directory: the first run's stages are found all the same.
@@ -305,25 +299,32 @@ def test_ray_exec_job_submit_and_a_sweep_are_tracked_then_ray_down_leaves_nothin
         assert re.search(rf"^  {stage}\s+skipped \(finished earlier\)", outputs[job], re.MULTILINE), \
             (stage, outputs[job][-3000:])
     assert re.search(r"^  evaluate\s+ran\b", outputs[job], re.MULTILINE)
-    check_mlflow(scenario.runs)
-    # `ray down`: Ray, the MLflow server, its watcher and the SSH sessions ended; the cluster file went.
+
+    # One training worker per host, the ranks reaching each other (the placement went over the process group).
+    (report,) = scenario.reports.values()
+    placed = {w["node_ip"]: w for w in report["workers"]}
+    assert sorted(placed) == sorted([head, worker]), report["workers"]
+    assert {placed[head]["hostname"], placed[worker]["hostname"]} == {"duplex-head", "duplex-worker"}
+    check_mlflow(scenario.runs, rank_on_worker=placed[worker]["rank"])
+
+    # `ray down`: Ray, the MLflow server, its watcher and the SSH sessions ended on both hosts.
     assert commands[-1].startswith("ray down") and commands[-1] in outputs
-    assert scenario.left == []
+    assert scenario.left == {"head": [], "worker": []}, scenario.left
     assert not scenario.cluster_file_left
-    os.killpg(sshd.pid, signal.SIGTERM)
-    sshd.wait(timeout=20)
-    assert not port_taken(22)
     for command, seconds in scenario.seconds.items():  # shown with -rA / -s
         print(f"{seconds:6.1f} s  {command}")
 
 
-def check_mlflow(runs: list) -> None:
-    """Both BLEUs of both pipeline runs and of every trial were in the head's server; nothing was RUNNING."""
+def check_mlflow(runs: list, rank_on_worker: int) -> None:
+    """Both BLEUs of both pipeline runs and of every trial were in the head's server, with the throughput of
+    the rank on the worker host; nothing was RUNNING."""
     assert [r.info.run_name for r in runs if r.info.status == "RUNNING"] == []
     pipelines = [r for r in runs if re.fullmatch(r"smoke-pipeline-[0-9a-f]+", r.info.run_name or "")]
     assert len(pipelines) == 2, [r.info.run_name for r in runs]
     for run_ in pipelines:
         assert {"test_bleu_src2tgt", "test_bleu_tgt2src"} <= set(run_.data.metrics), run_.data.metrics
+    (train,) = [r for r in runs if r.data.tags.get(STAGE_TAG) == "train"]  # the job skipped its train stage
+    assert {"tokens_per_s_rank0", f"tokens_per_s_rank{rank_on_worker}"} <= set(train.data.metrics), train.data.metrics
     sweeps = [r for r in runs if re.fullmatch(r"smoke-tune-[0-9a-f]+", r.info.run_name or "")]
     assert len(sweeps) == 1
     trials = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == sweeps[0].info.run_id]

@@ -24,6 +24,9 @@ def test_an_unsatisfiable_request_fails_fast_with_the_numbers(ray_session):
     with pytest.raises(StageError, match=r"CPU: need 12, cluster has 2"):
         raytrain.check_resources(TrainConfig(num_workers=3, cpus_per_worker=4), timeout_s=0.5)
     raytrain.check_resources(TrainConfig(num_workers=2), timeout_s=0.5)  # fits: returns
+    # One node of 2 CPUs: two workers fit, but not one per node (Ray Train would wait for a second node forever).
+    with pytest.raises(StageError, match=r"nodes \(STRICT_SPREAD\): need 2, cluster has 1"):
+        raytrain.check_resources(TrainConfig(num_workers=2, placement_strategy="STRICT_SPREAD"), timeout_s=0.5)
 
 
 def test_teacher_objective_reads_the_batch_in_its_direction():
