@@ -147,8 +147,34 @@ def flat_dot(a: list, b: list) -> float:
     return float(sum((x.double() * y.double()).sum() for x, y in zip(a, b)))
 
 
+def offset_bleu(model: REDER, validator: Validator, offsets: list[float]) -> dict[str, dict[str, float]]:
+    """Validation greedy BLEU per direction with the blank's logit lowered by each offset at decoding (the
+    model's `project` wrapped on this instance only): how far a constant shift of the blank restores BLEU."""
+    if not offsets:
+        return {}
+    project, blank, scores = model.project, model.cfg.blank_id, {}
+
+    def shifted(offset: float):
+        def wrapper(*args, **kwargs):
+            output = project(*args, **kwargs)
+            output.log_probs[..., blank] -= offset  # greedy is a per-frame argmax: log-probs or logits alike
+            return output
+        return wrapper
+
+    try:
+        for offset in offsets:
+            model.project = shifted(offset)
+            got = validator(model)
+            scores[str(offset)] = {d: got[f"bleu_{d}"] for d in DIRECTIONS}
+            print(f"  blank offset {offset}: valid BLEU {scores[str(offset)]}", flush=True)
+    finally:
+        del model.project  # the class's method again
+    return scores
+
+
 def continue_variant(state: dict, cfg, examples, name: str, spec: dict, updates: int, probe: Probe,
-                     validator: Validator, first_stage: int, valid_every: int = 0) -> dict:
+                     validator: Validator, first_stage: int, valid_every: int = 0,
+                     blank_offsets: tuple[float, ...] = ()) -> dict:
     base = cfg.loss
     loss_config = replace(base, lambda_fba=base.lambda_fba if spec["fba"] else 0.0,
                           lambda_cc=base.lambda_cc if spec["cc"] else 0.0, aux_start_step=first_stage,
@@ -207,7 +233,8 @@ def continue_variant(state: dict, cfg, examples, name: str, spec: dict, updates:
     scores = validator(model)
     rows[-1]["valid_bleu"] = {d: scores[f"bleu_{d}"] for d in DIRECTIONS}
     return {"variant": name, "loss_config": loss_config.to_dict(), "updates": rows,
-            "valid_bleu_after": {d: scores[f"bleu_{d}"] for d in DIRECTIONS}}
+            "valid_bleu_after": {d: scores[f"bleu_{d}"] for d in DIRECTIONS},
+            "blank_offset_bleu_after": offset_bleu(model, validator, list(blank_offsets))}
 
 
 def print_row(name: str, row: dict) -> None:
@@ -278,6 +305,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--updates", type=int, default=14)
     parser.add_argument("--variants", default="none,fba,cc,both")
     parser.add_argument("--valid-every", type=int, default=0, help="also validate every N continuation updates")
+    parser.add_argument("--blank-offsets", default="", help="also validate with the blank's logit lowered by each "
+                                                                "of these (comma-separated) at the first stage and after each variant")
     parser.add_argument("--probe", type=int, default=100, help="validation sentences of the per-update probe")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--state", default="", help="save the first stage's state here, or load it if it exists")
@@ -315,7 +344,9 @@ def main(argv: list[str] | None = None) -> int:
     model = REDER(cfg.model, cfg.loss)
     model.load_state_dict(state["model"])
     scores = validator(model)
+    offsets = tuple(float(x) for x in args.blank_offsets.split(",") if x)
     first = {"steps": first_stage, "valid_bleu": {d: scores[f"bleu_{d}"] for d in DIRECTIONS}, "probe": probe(model),
+             "blank_offset_bleu": offset_bleu(model, validator, list(offsets)),
              "blank_row_norm": float(model.embed.weight[model.cfg.blank_id].detach().norm())}
     print(f"first stage: valid BLEU {first['valid_bleu']}, probe {first['probe']}", flush=True)
     result = {"what": "bench/stage2_diag.py: stage two's first updates, term by term (issue 41)",
@@ -325,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
               "valid_sentences": cfg.train.valid_max_sentences, "first_stage": first, "variants": []}
     for name in args.variants.split(","):
         result["variants"].append(continue_variant(state, cfg, examples, name, VARIANTS[name], args.updates, probe,
-                                                   validator, first_stage, args.valid_every))
+                                                   validator, first_stage, args.valid_every, offsets))
         print(f"{name}: valid BLEU after {result['variants'][-1]['valid_bleu_after']}", flush=True)
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(result, indent=1))
