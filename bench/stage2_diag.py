@@ -255,8 +255,8 @@ def table(result: dict) -> str:
     lines = ["| variant | BLEU src2tgt before → after | BLEU tgt2src before → after | argmax-blank src2tgt min–max (last) "
              "| argmax-blank tgt2src min–max (last) | greedy len src2tgt min–max | greedy len tgt2src min–max "
              "| mean share of the clipped gradient (aux terms; CTC the rest) | largest drop between consecutive validations "
-             "src2tgt / tgt2src |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "src2tgt / tgt2src | mean BLEU of the continuation's validations src2tgt / tgt2src (count) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     before = result["first_stage"]
     for v in result["variants"]:
         probes = [row["probe"] for row in v["updates"]]
@@ -273,20 +273,55 @@ def table(result: dict) -> str:
             values = [p[d]["out_len"] for p in probes]
             cells.append(f"{min(values):.1f}–{max(values):.1f} (ref {probes[0][d]['ref_len']:.1f})")
         cells.append(aux or "-")
-        drops = []
+        drops, means = [], []
         for d in DIRECTIONS:
             series = [before["valid_bleu"][d]] + [row["valid_bleu"][d] for row in v["updates"] if "valid_bleu" in row]
             if "valid_bleu" not in v["updates"][-1]:  # a report written before rows carried their validation
                 series.append(v["valid_bleu_after"][d])
             drops.append(max([a - b for a, b in zip(series, series[1:])] + [0.0]))
+            means.append(sum(series[1:]) / len(series[1:]))
         cells.append(f"{drops[0]:.2f} / {drops[1]:.2f}")
+        cells.append(f"{means[0]:.2f} / {means[1]:.2f} ({len(series) - 1})")
         lines.append("| " + " | ".join(cells) + " |")
+    offsets = before.get("blank_offset_bleu") or {}
+    if offsets:  # validation BLEU with the blank's logit lowered at decoding, first stage and after each variant
+        lines += ["", "| blank logit lowered by | " + " | ".join(
+            [f"first stage (step {before['steps']}) src2tgt / tgt2src"]
+            + [f"{v['variant']} (step {v['updates'][-1]['step']}) src2tgt / tgt2src" for v in result["variants"]]) + " |",
+            "|---|" + "---|" * (1 + len(result["variants"]))]
+        for offset, scores in offsets.items():
+            cells = [offset, f"{scores['src2tgt']:.2f} / {scores['tgt2src']:.2f}"]
+            for v in result["variants"]:
+                after = v.get("blank_offset_bleu_after", {}).get(offset)
+                cells.append(f"{after['src2tgt']:.2f} / {after['tgt2src']:.2f}" if after else "-")
+            lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def summary(result: dict) -> dict:
+    """Ranges over each variant's updates: total and per-term gradient norms, the blank row's step and norm,
+    the largest per-update change of the blank's mean logit per direction, and the aux terms' first values."""
+    out = {}
+    for v in result["variants"]:
+        rows = v["updates"]
+        terms = sorted(rows[0]["grad"])
+        entry = {"grad_norm": [min(r["grad_norm"] for r in rows), max(r["grad_norm"] for r in rows)],
+                 "term_grad_norm": {k: [min(r["grad"][k]["norm"] for r in rows), max(r["grad"][k]["norm"] for r in rows)]
+                                    for k in terms},
+                 "blank_row_step": [min(r["blank_row_step"] for r in rows), max(r["blank_row_step"] for r in rows)],
+                 "blank_row_norm_first_last": [rows[0]["blank_row_norm"], rows[-1]["blank_row_norm"]],
+                 "first_values": {k: [r["terms"][k] for r in rows[:2]] for k in rows[0]["terms"] if k.startswith(("fba", "cc"))}}
+        logits = {d: [result["first_stage"]["probe"][d]["blank_logit"]] + [r["probe"][d]["blank_logit"] for r in rows]
+                  for d in DIRECTIONS}
+        entry["blank_logit_max_step_change"] = {d: max(abs(a - b) for a, b in zip(x, x[1:])) for d, x in logits.items()}
+        out[v["variant"]] = entry
+    return out
 
 
 def write_report(result: dict, out: Path) -> None:
     """The JSON with its table, and the table alone as Markdown beside it (same name, .md)."""
     result["table"] = table(result)
+    result["summary"] = summary(result)
     out.write_text(json.dumps(result, indent=1))
     command = "python -m bench.stage2_diag " + " ".join(["--config", result["config"], *result["overrides"]])
     out.with_suffix(".md").write_text(f"{result['what']}, {result['date']}, {result['threads']} thread(s), "
@@ -315,6 +350,7 @@ def main(argv: list[str] | None = None) -> int:
         result = json.loads(Path(args.out).read_text())
         write_report(result, Path(args.out))
         print(result["table"])
+        print(json.dumps(result["summary"], indent=1))
         return 0
     if not args.workdir:
         parser.error("--workdir is required")
