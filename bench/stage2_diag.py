@@ -120,8 +120,9 @@ class Probe:
 
 
 def term_gradients(model: REDER, terms: dict[str, torch.Tensor], loss_config: LossConfig,
-                   zero_cc_blank_row: bool) -> dict[str, list]:
-    """The gradient of every weighted term (autograd.grad, graph retained), named as the term."""
+                   zero_cc_blank_row: bool) -> tuple[dict[str, list], list, int]:
+    """The gradient of every weighted term (autograd.grad, graph retained), named as the term; the parameters
+    (in that order) and the index of the embedding among them."""
     params = [p for p in model.parameters() if p.requires_grad]
     name = model.head.name
     weighted = {}
