@@ -32,6 +32,7 @@ DOC = REPO_ROOT / "docs" / "cluster.md"
 MARKER = "<!-- ray-up-two-hosts:"
 USER = "duplex-rayup"
 DASHBOARD = 8265  # `ray dashboard`'s local end, on this machine's loopback
+DRILL_STEPS = 50  # the host-loss drill's training run (the doc's smoke run has 30: a train stage of its own)
 # Seconds per command, by the first name that occurs in it.
 TIMEOUT_S = {"get-auth-token": 60, "cluster.onprem": 60, "ray up": 300, "nodes --wait": 360, "ray exec": 480,
              "ray job submit": 480, "ray down": 120}
@@ -101,6 +102,17 @@ def machine():
         signal.signal(signal.SIGTERM, previous_term)
 
 
+def registered_checkpoints(snapshot: Path) -> list[Path]:
+    """The checkpoints Ray Train's controller has registered for the run of `snapshot` (its
+    checkpoint_manager_snapshot.json); a directory alone is not enough (one reported as a worker dies is
+    never registered)."""
+    try:
+        results = json.loads(snapshot.read_text(encoding="utf-8"))["checkpoint_results"]
+    except (OSError, ValueError, KeyError):  # being rewritten
+        return []
+    return [snapshot.parent / r["checkpoint_dir_name"] for r in results]
+
+
 def mlflow_runs(uri: str) -> list:
     from mlflow.tracking import MlflowClient
 
@@ -129,6 +141,7 @@ class Scenario:
         self.rogue = ""  # what a `ray start` with a wrong token printed on the worker host
         self.runs: list = []  # the head's MLflow runs before `ray down`
         self.reports: dict[str, dict] = {}  # the train stage's report.json, by stage directory
+        self.drill: dict = {}  # the host-loss drill (`lose_the_worker`)
         self.left: dict[str, list[str]] | None = None  # each host's processes after `ray down`
         self.cluster_file_left = True
 
@@ -202,9 +215,58 @@ class Scenario:
                 self.runs = mlflow_runs(info["tracking_uri"])
                 for report in (self.hosts.shared / "duplex" / "runs" / "smoke").glob("train-*/report.json"):
                     self.reports[report.parent.name] = json.loads(report.read_text(encoding="utf-8"))
+            if not self.error:
+                self.lose_the_worker()
         except Exception as error:  # reported by the second test
-            self.fail(f"reading the head's MLflow runs and the train report: {error!r}")
+            self.fail(f"reading the head's MLflow runs and the train report, or the host-loss drill: {error!r}")
         self.down(commands[-1])
+
+    def lose_the_worker(self) -> None:
+        """A machine fails mid-training: a training run across both hosts (more steps than the doc's, so a
+        new train stage) loses the worker host after its first registered checkpoint (every process of the
+        host SIGKILLed at once); the host comes back at once (its sshd: the machine rebooted, its /tmp empty)
+        and the head's autoscaler starts its Ray again over SSH; Ray Train's restarted worker group resumes
+        from the checkpoint. What the run and MLflow then hold is asserted by the second test."""
+        command = ('ray exec "$CLUSTER_YAML" \'cd ~/duplex && python run_pipeline.py --config configs/smoke.yaml '
+                   f'--stages train train.placement_strategy=STRICT_SPREAD train.max_steps={DRILL_STEPS} '
+                   'train.max_failures=2\'')
+        runs = self.hosts.shared / "duplex" / "runs" / "smoke" / "ray_results"
+        before = set(runs.glob("*/checkpoint_manager_snapshot.json"))
+        started = time.monotonic()
+        driver = subprocess.Popen(["bash", "-c", command], cwd=REPO_ROOT, env=self.env, text=True,
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+        self.process = driver
+        output = ""
+        try:
+            while driver.poll() is None and time.monotonic() - started < 400:
+                snapshots = set(runs.glob("*/checkpoint_manager_snapshot.json")) - before
+                checkpoints = registered_checkpoints(next(iter(snapshots))) if snapshots else []
+                if checkpoints:
+                    self.drill["checkpoint_step"] = int(json.loads(
+                        (checkpoints[0] / "history.json").read_text(encoding="utf-8"))[-1]["step"])
+                    self.drill["run"] = str(next(iter(snapshots)).parent)
+                    worker = self.hosts.hosts["worker"]
+                    worker.lose()
+                    self.drill["lost_after_s"] = round(time.monotonic() - started, 1)
+                    self.hosts.start(worker)
+                    break
+                time.sleep(0.5)
+            output, _ = driver.communicate(timeout=600)
+        except subprocess.TimeoutExpired:
+            os.killpg(driver.pid, signal.SIGKILL)
+            output, _ = driver.communicate()
+        self.drill.update(seconds=round(time.monotonic() - started, 1), output=output, exit=driver.returncode)
+        self.outputs[command] = output
+        if driver.returncode:
+            self.fail(f"the host-loss drill: exit {driver.returncode}\n{output[-6000:]}{self.head_logs()}")
+            return
+        if "checkpoint_step" not in self.drill:
+            self.fail(f"the host-loss drill: the run ended before its first checkpoint\n{output[-3000:]}")
+            return
+        info = json.loads((self.hosts.hosts["head"].home / ".duplex" / "cluster.json").read_text())
+        self.runs = mlflow_runs(info["tracking_uri"])
+        for report in (self.hosts.shared / "duplex" / "runs" / "smoke").glob("train-*/report.json"):
+            self.reports.setdefault(report.parent.name, json.loads(report.read_text(encoding="utf-8")))
 
     def down(self, command: str) -> None:
         """`ray down`, the tunnel stopped, and what is left on either host (their sshd aside)."""
@@ -273,8 +335,9 @@ def test_ray_up_starts_the_head_as_the_docs_say(scenario, machine):
 def test_two_hosts_train_together_and_ray_down_leaves_nothing(scenario, machine):
     """The worker joined with the token (a wrong one is refused); the shared-storage probe ran on both nodes;
     the smoke training ran one worker per host with DDP between them and both ranks' metrics reached the
-    head's MLflow server; the Ray job skipped the first run's stages; the sweep was tracked; `ray down`
-    left no process on either host."""
+    head's MLflow server; the Ray job skipped the first run's stages; the sweep was tracked; a training run
+    that lost the worker host resumed from its checkpoint once the host was back, lost no step and left no
+    RUNNING run; `ray down` left no process on either host."""
     _, hosts, _ = machine
     started(scenario)
     assert not scenario.error, f"the first test's commands failed: {scenario.error}"
@@ -301,11 +364,22 @@ def test_two_hosts_train_together_and_ray_down_leaves_nothing(scenario, machine)
     assert re.search(r"^  evaluate\s+ran\b", outputs[job], re.MULTILINE)
 
     # One training worker per host, the ranks reaching each other (the placement went over the process group).
-    (report,) = scenario.reports.values()
+    (report,) = [r for name, r in scenario.reports.items() if r["steps"] != DRILL_STEPS]
     placed = {w["node_ip"]: w for w in report["workers"]}
     assert sorted(placed) == sorted([head, worker]), report["workers"]
     assert {placed[head]["hostname"], placed[worker]["hostname"]} == {"duplex-head", "duplex-worker"}
     check_mlflow(scenario.runs, rank_on_worker=placed[worker]["rank"])
+
+    # The worker host lost mid-training and back: the run resumed from its checkpoint, lost no step.
+    drill = scenario.drill
+    (name,) = [name for name, r in scenario.reports.items() if r["steps"] == DRILL_STEPS]
+    resumed = scenario.reports[name]
+    assert resumed["restarts"] >= 1 and sorted(w["node_ip"] for w in resumed["workers"]) == sorted([head, worker])
+    history = json.loads((hosts.shared / "duplex" / "runs" / "smoke" / name / "history.json").read_text())
+    assert [h["resumed_from"] for h in history if "resumed_from" in h][0] >= drill["checkpoint_step"]
+    assert [h["step"] for h in history if "valid_bleu" in h] == list(range(10, DRILL_STEPS + 1, 10))
+    print(f"host lost {drill['lost_after_s']} s into the drill, after the checkpoint of step "
+          f"{drill['checkpoint_step']}; the run finished {drill['seconds']} s after it started")
 
     # `ray down`: Ray, the MLflow server, its watcher and the SSH sessions ended on both hosts.
     assert commands[-1].startswith("ray down") and commands[-1] in outputs
@@ -320,15 +394,17 @@ def check_mlflow(runs: list, rank_on_worker: int) -> None:
     the rank on the worker host; nothing was RUNNING."""
     assert [r.info.run_name for r in runs if r.info.status == "RUNNING"] == []
     pipelines = [r for r in runs if re.fullmatch(r"smoke-pipeline-[0-9a-f]+", r.info.run_name or "")]
-    assert len(pipelines) == 2, [r.info.run_name for r in runs]
-    for run_ in pipelines:
-        assert {"test_bleu_src2tgt", "test_bleu_tgt2src"} <= set(run_.data.metrics), run_.data.metrics
-    (train,) = [r for r in runs if r.data.tags.get(STAGE_TAG) == "train"]  # the job skipped its train stage
+    evaluated = [r for r in pipelines if {"test_bleu_src2tgt", "test_bleu_tgt2src"} <= set(r.data.metrics)]
+    assert len(pipelines) == 3 and len(evaluated) == 2, [(r.info.run_name, r.data.metrics) for r in pipelines]
+    trains = [r for r in runs if r.data.tags.get(STAGE_TAG) == "train"]  # the job skipped its train stage
+    (train,) = [r for r in trains if "resumed_from_step" not in r.data.metrics]
     assert {"tokens_per_s_rank0", f"tokens_per_s_rank{rank_on_worker}"} <= set(train.data.metrics), train.data.metrics
+    (drill,) = [r for r in trains if "resumed_from_step" in r.data.metrics]  # the host-loss drill's
+    assert drill.info.status == "FINISHED"
     sweeps = [r for r in runs if re.fullmatch(r"smoke-tune-[0-9a-f]+", r.info.run_name or "")]
     assert len(sweeps) == 1
     trials = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == sweeps[0].info.run_id]
     assert len(trials) == 3
     for trial in trials:
         assert {"valid_bleu_src2tgt", "valid_bleu_tgt2src"} <= set(trial.data.metrics), trial.data.metrics
-    assert all(r.info.status == "FINISHED" for r in [*pipelines, *sweeps, *trials])
+    assert all(r.info.status == "FINISHED" for r in [*pipelines, *trains, *sweeps, *trials])
