@@ -39,6 +39,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Callable
 
 from cluster.connect import CLUSTER_FILE_ENV, cluster_file_path
 
@@ -220,6 +221,25 @@ def reachable(address: str, timeout_s: float = 2.0) -> bool:
         return False
 
 
+def gone(gcs: str, interval: float, misses: int, wanted: Callable[[], bool] = lambda: True) -> bool:
+    """Wait until the Ray GCS at `gcs` has refused connections `misses` checks in a row, `interval` s apart
+    (True), or until `wanted()` says the wait is no longer needed (False)."""
+    missed = 0
+    while missed < misses:
+        time.sleep(interval)
+        if not wanted():
+            return False
+        missed = 0 if reachable(gcs) else missed + 1
+    return True
+
+
+def add_watch_arguments(parser: argparse.ArgumentParser) -> None:
+    """`--gcs`, `--interval`, `--misses`: what a watcher of the head's Ray (`gone`) is told."""
+    parser.add_argument("--gcs", required=True, help="host:port of the head's Ray GCS")
+    parser.add_argument("--interval", type=float, default=5.0, help="seconds between checks")
+    parser.add_argument("--misses", type=int, default=3, help="failed checks in a row that mean Ray is gone")
+
+
 def watch(args: argparse.Namespace) -> int:
     """Run beside the MLflow server `start` launched: once the head's Ray GCS (`--gcs`) has refused
     connections `--misses` times in a row (`ray stop`, `ray down`), stop the server and remove the cluster
@@ -229,15 +249,15 @@ def watch(args: argparse.Namespace) -> int:
         pid = json.loads(path.read_text(encoding="utf-8"))["mlflow_pid"]
     except (OSError, ValueError, KeyError):
         return 1
-    misses = 0
-    while misses < args.misses:
-        time.sleep(args.interval)
+
+    def ours() -> bool:  # not stopped by hand, no newer `start` took over
         try:
-            if json.loads(path.read_text(encoding="utf-8"))["mlflow_pid"] != pid:
-                return 0  # a newer `start` took over
+            return json.loads(path.read_text(encoding="utf-8"))["mlflow_pid"] == pid
         except (OSError, ValueError, KeyError):
-            return 0  # stopped by hand
-        misses = 0 if reachable(args.gcs) else misses + 1
+            return False
+
+    if not gone(args.gcs, args.interval, args.misses, ours):
+        return 0
     print(f"{time.strftime('%FT%T')} Ray at {args.gcs} is gone: stopping the mlflow server", flush=True)
     return stop_server()
 
@@ -348,10 +368,7 @@ def main(argv: list[str] | None = None) -> int:
     begin.add_argument("--backend-store-uri", default="", help="default: sqlite:///<shared>/mlflow/mlflow.db")
     begin.add_argument("--artifacts-destination", default="", help="default: <shared>/mlflow/artifacts")
     commands.add_parser("stop", help="stop the MLflow server recorded in the cluster file")
-    watcher = commands.add_parser("watch", help="(started by `start`) stop the server when the head's Ray is gone")
-    watcher.add_argument("--gcs", required=True, help="host:port of the head's Ray GCS")
-    watcher.add_argument("--interval", type=float, default=5.0, help="seconds between checks")
-    watcher.add_argument("--misses", type=int, default=3, help="failed checks in a row that mean Ray is gone")
+    add_watch_arguments(commands.add_parser("watch", help="(started by `start`) stop the server when the head's Ray is gone"))
     listing = commands.add_parser("nodes", help="list the cluster's live nodes, after waiting for --wait of them")
     listing.add_argument("--wait", type=int, default=0, help="live nodes to wait for (head included)")
     listing.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for them")

@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from cluster.head import reachable
+from cluster.head import add_watch_arguments, gone
 
 
 def pid_file() -> Path:
@@ -60,10 +60,7 @@ def watch(args: argparse.Namespace) -> int:
     if args.detach:
         return detach(args)
     replace_older()
-    misses = 0
-    while misses < args.misses:
-        time.sleep(args.interval)
-        misses = 0 if reachable(args.gcs) else misses + 1
+    gone(args.gcs, args.interval, args.misses)
     print(f"{time.strftime('%FT%T')} the head's Ray at {args.gcs} is gone: ray stop", flush=True)
     ray = Path(sys.executable).with_name("ray")
     done = subprocess.run([str(ray), "stop"], capture_output=True, text=True)
@@ -77,9 +74,7 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
     watcher = commands.add_parser("watch", help="run `ray stop` here once the head's Ray is gone")
-    watcher.add_argument("--gcs", required=True, help="host:port of the head's Ray GCS")
-    watcher.add_argument("--interval", type=float, default=5.0, help="seconds between checks")
-    watcher.add_argument("--misses", type=int, default=3, help="failed checks in a row that mean the head is gone")
+    add_watch_arguments(watcher)
     watcher.add_argument("--detach", action="store_true", help="start the watcher in its own session and return")
     args = parser.parse_args(argv)
     return watch(args)
