@@ -229,6 +229,8 @@ def continue_variant(state: dict, cfg, examples, name: str, spec: dict, updates:
         if valid_every and number % valid_every == 0 and number < updates:
             scores = validator(model)
             row["valid_bleu"] = {d: scores[f"bleu_{d}"] for d in DIRECTIONS}
+            if blank_offsets:
+                row["blank_offset_bleu"] = offset_bleu(model, validator, list(blank_offsets))
         rows.append(row)
         print_row(name, row)
     scores = validator(model)
@@ -296,6 +298,22 @@ def table(result: dict) -> str:
                 after = v.get("blank_offset_bleu_after", {}).get(offset)
                 cells.append(f"{after['src2tgt']:.2f} / {after['tgt2src']:.2f}" if after else "-")
             lines.append("| " + " | ".join(cells) + " |")
+    series_rows = []  # validations along a continuation, with each blank offset (--valid-every with --blank-offsets)
+    for v in result["variants"]:
+        for offset in offsets:
+            points = [(before["steps"], offsets[offset])] + [
+                (row["step"], row["blank_offset_bleu"][offset]) for row in v["updates"] if "blank_offset_bleu" in row]
+            if "blank_offset_bleu" not in v["updates"][-1] and offset in v.get("blank_offset_bleu_after", {}):
+                points.append((v["updates"][-1]["step"], v["blank_offset_bleu_after"][offset]))
+            if len(points) > 2:
+                series_rows.append((v["variant"], offset, points))
+    if series_rows:
+        lines += ["", "| variant | blank offset | validation BLEU src2tgt / tgt2src by step | largest drop src2tgt / tgt2src |",
+                  "|---|---|---|---|"]
+        for name, offset, points in series_rows:
+            drops = [max([a[1][d] - b[1][d] for a, b in zip(points, points[1:])] + [0.0]) for d in DIRECTIONS]
+            lines.append(f"| {name} | {offset} | " + ", ".join(f"{step}: {b['src2tgt']:.2f} / {b['tgt2src']:.2f}" for step, b in points)
+                         + f" | {drops[0]:.2f} / {drops[1]:.2f} |")
     return "\n".join(lines)
 
 
