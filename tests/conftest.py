@@ -15,8 +15,13 @@ import torch
 # a test must not depend on what an earlier run, another user or a root launcher left there (a /tmp/ray made
 # 755 by root broke the cluster test on fresh machines only), nor join another cluster's Ray through the
 # address file there (`ray.init()` with no address does). Short: Ray's socket paths live under it (107 bytes).
-RAY_TMPDIR = tempfile.mkdtemp(prefix="dpx-ray-", dir="/tmp" if sys.platform != "win32" else None)
-os.environ["RAY_TMPDIR"] = RAY_TMPDIR
+# A process of the session that imports this file again (a Ray worker unpickling a function of a test
+# module) keeps the session's directory instead of making one that nobody removes.
+SESSION_RAY_TMPDIR = "DUPLEX_TEST_RAY_TMPDIR"
+OWN_RAY_TMPDIR = not os.environ.get(SESSION_RAY_TMPDIR)
+RAY_TMPDIR = os.environ.get(SESSION_RAY_TMPDIR) or tempfile.mkdtemp(prefix="dpx-ray-",
+                                                                    dir="/tmp" if sys.platform != "win32" else None)
+os.environ["RAY_TMPDIR"] = os.environ[SESSION_RAY_TMPDIR] = RAY_TMPDIR
 os.environ.pop("RAY_ADDRESS", None)
 
 # Ray Train's controller polls its workers every 2 s by default, which puts 5-6 s of idle waiting into every
@@ -137,4 +142,5 @@ def free_port() -> int:
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     """The session's Ray directory goes with the session (Ray's own processes have ended by now)."""
-    shutil.rmtree(RAY_TMPDIR, ignore_errors=True)
+    if OWN_RAY_TMPDIR:
+        shutil.rmtree(RAY_TMPDIR, ignore_errors=True)
