@@ -34,8 +34,8 @@ USER = "duplex-rayup"
 DASHBOARD = 8265  # `ray dashboard`'s local end, on this machine's loopback
 DRILL_STEPS = 50  # the host-loss drill's training run (the doc's smoke run has 30: a train stage of its own)
 # Seconds per command, by the first name that occurs in it.
-TIMEOUT_S = {"get-auth-token": 60, "cluster.onprem": 60, "ray up": 300, "nodes --wait": 360, "ray exec": 480,
-             "ray job submit": 480, "ray down": 120}
+TIMEOUT_S = {"get-auth-token": 60, "cluster.onprem": 60, "ray up": 300, "nodes --wait": 360, "ray exec": 900,
+             "ray job submit": 900, "ray down": 120}  # the hosts run at a lower priority than the suite beside them
 
 pytestmark = pytest.mark.slow
 
@@ -239,7 +239,7 @@ class Scenario:
         self.process = driver
         output = ""
         try:
-            while driver.poll() is None and time.monotonic() - started < 400:
+            while driver.poll() is None and time.monotonic() - started < 900:
                 snapshots = set(runs.glob("*/checkpoint_manager_snapshot.json")) - before
                 checkpoints = registered_checkpoints(next(iter(snapshots))) if snapshots else []
                 if checkpoints:
@@ -252,7 +252,7 @@ class Scenario:
                     self.hosts.start(worker)
                     break
                 time.sleep(0.5)
-            output, _ = driver.communicate(timeout=600)
+            output, _ = driver.communicate(timeout=900)
         except subprocess.TimeoutExpired:
             os.killpg(driver.pid, signal.SIGKILL)
             output, _ = driver.communicate()
