@@ -64,15 +64,18 @@ WORKERS_FILE = "workers.json"  # where the worker group's ranks run (node, host)
 KD_COLUMNS = ("kd_tgt_ids", "kd_src_ids")
 
 
+def worker_resources(train: TrainConfig) -> dict[str, float]:
+    """What one training worker asks Ray for."""
+    return {"CPU": train.cpus_per_worker, **({"GPU": train.gpus_per_worker} if train.use_gpu else {})}
+
+
 def check_resources(train: TrainConfig, timeout_s: float) -> None:
     """Fail fast, with the numbers, when the cluster cannot hold the worker group (Ray Train would retry
     forever). Waits up to `timeout_s` for an autoscaling cluster to add the nodes."""
     import ray
 
-    need = {"CPU": train.num_workers * train.cpus_per_worker}
-    if train.use_gpu:
-        need["GPU"] = train.num_workers * train.gpus_per_worker
-    per_worker = {k: v / train.num_workers for k, v in need.items()}
+    per_worker = worker_resources(train)
+    need = {k: train.num_workers * v for k, v in per_worker.items()}
     deadline = time.monotonic() + timeout_s
     while True:
         have = ray.cluster_resources()
@@ -138,7 +141,7 @@ def make_trainer(cfg: PipelineConfig, name: str, storage: Path, train_data: Path
         "mlflow": mlflow_target,
         "progress": str(Path(storage) / name / PROGRESS_FILE),
     }
-    resources = {"CPU": train.cpus_per_worker, **({"GPU": train.gpus_per_worker} if train.use_gpu else {})}
+    resources = worker_resources(train)
     return TorchTrainer(
         train_loop, train_loop_config=loop_config,
         scaling_config=ray.train.ScalingConfig(num_workers=train.num_workers, use_gpu=train.use_gpu,
