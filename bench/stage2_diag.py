@@ -128,9 +128,9 @@ def term_gradients(model: REDER, terms: dict[str, torch.Tensor], loss_config: Lo
     weighted = {}
     for d in DIRECTIONS:
         weighted[f"{name}_{d}"] = terms[f"{name}_{d}"]
-        if terms[f"fba_{d}"].requires_grad:
+        if f"fba_{d}" in terms:  # present only while on (REDER.loss)
             weighted[f"fba_{d}"] = loss_config.lambda_fba * terms[f"fba_{d}"]
-        if terms[f"cc_{d}"].requires_grad:
+        if f"cc_{d}" in terms:
             weighted[f"cc_{d}"] = loss_config.lambda_cc * terms[f"cc_{d}"]
     grads = {}
     embed_index = next(i for i, p in enumerate(params) if p is model.embed.weight)

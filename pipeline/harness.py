@@ -141,25 +141,28 @@ RANK_TOKENS_PER_S = "rank_tokens_per_s"
 
 
 class _Window:
-    """One reporting window: sums of the loss terms and grad norms per update, tokens, wall time."""
+    """One reporting window: sums of the loss terms and grad norms per update, tokens, wall time. Each term is
+    averaged over the updates that computed it: an auxiliary term that switched on inside the window (absent
+    from the updates before, REDER.loss) is its mean while on, not diluted by the updates without it."""
 
     def __init__(self) -> None:
         self.restart()
 
     def restart(self) -> None:
         self.sums: dict[str, float] = {}
-        self.updates, self.tokens, self.started = 0, 0, time.perf_counter()
+        self.counts: dict[str, int] = {}
+        self.tokens, self.started = 0, time.perf_counter()
 
     def add(self, update: dict[str, float]) -> None:
         for name, value in update.items():
             if name != "tokens":
                 self.sums[name] = self.sums.get(name, 0.0) + value
+                self.counts[name] = self.counts.get(name, 0) + 1
         self.tokens += int(update["tokens"])
-        self.updates += 1
 
     def metrics(self) -> dict[str, float]:
         seconds = time.perf_counter() - self.started
-        means = {name if name == "grad_norm" else f"train_{name}": value / max(self.updates, 1)
+        means = {name if name == "grad_norm" else f"train_{name}": value / self.counts[name]
                  for name, value in self.sums.items()}
         return {**means, "tokens_per_s": all_reduce(self.tokens, "sum") / max(seconds, 1e-9),
                 RANK_TOKENS_PER_S: self.tokens / max(seconds, 1e-9)}  # this rank's own: a slow host shows

@@ -131,9 +131,11 @@ class REDER(nn.Module):
         """Named loss terms per direction (default: the loss config's `directions`) and their weighted `total`
         (FBA from `loss_config.start_step("fba")`, CC from `start_step("cc")`).
 
-        The main term is `<head>_<direction>` (`ctc_…`, `dag_…`); a head's counters follow, for the main term
-        and for CC (DAG: the samples dropped because the graph was shorter than the target, `dropped_…`,
-        `dropped_cc_…`); counters are logged, never added to `total`.
+        The main term is `<head>_<direction>` (`ctc_…`, `dag_…`); `fba_…` and `cc_…` only while that term is on
+        (step past its start, weight > 0): a term that was not computed is absent, not a zero, so a trainer's
+        mean over updates averages it over the updates that computed it. A head's counters follow, for the main
+        term and for CC (DAG: the samples dropped because the graph was shorter than the target, `dropped_…`,
+        `dropped_cc_…` while CC is on); counters are logged, never added to `total`.
 
         Passing one direction at a time and calling backward on each total bounds memory: with one joint
         backward, each layer's parameter gradient from one direction waits in autograd's buffers until the
@@ -151,17 +153,24 @@ class REDER(nn.Module):
         terms: dict[str, torch.Tensor] = {}
         pairs = {"src2tgt": (src_tokens, src_lengths, tgt_tokens, tgt_lengths), "tgt2src": (tgt_tokens, tgt_lengths, src_tokens, src_lengths)}
         ratio = config.glance_ratio(step) if self.training else 0.0
+        total = zero
         for direction in directions:
             x, x_lengths, y, y_lengths = pairs[direction]
             main, fba, cc, counts, cc_counts = self._direction_loss(direction, x, x_lengths, y, y_lengths, use_fba, use_cc,
                                                                     ratio)
-            terms[f"{name}_{direction}"], terms[f"fba_{direction}"], terms[f"cc_{direction}"] = main, fba or zero, cc or zero
+            terms[f"{name}_{direction}"] = main
+            total = total + main
+            if fba is not None:
+                terms[f"fba_{direction}"] = fba
+                total = total + config.lambda_fba * fba
+            if cc is not None:
+                terms[f"cc_{direction}"] = cc
+                total = total + config.lambda_cc * cc
             for counter in self.head.counters:
                 terms[f"{counter}_{direction}"] = zero + counts[counter]
-                terms[f"{counter}_cc_{direction}"] = zero + cc_counts[counter] if counter in cc_counts else zero
-        terms["total"] = sum(
-            terms[f"{name}_{d}"] + config.lambda_fba * terms[f"fba_{d}"] + config.lambda_cc * terms[f"cc_{d}"] for d in directions
-        )
+                if counter in cc_counts:
+                    terms[f"{counter}_cc_{direction}"] = zero + cc_counts[counter]
+        terms["total"] = total
         return terms
 
     def _direction_loss(

@@ -146,6 +146,36 @@ def test_the_last_update_is_scored_before_averaging_when_it_falls_between_valida
         _run(_config(average_best=1), validate=lambda m: {"valid_bleu": 1.0}, keep_best=True)[0].average()
 
 
+class SwitchedOn(Regression):
+    """Regression plus an auxiliary term that exists only from step `start` on (as REDER's FBA and CC: absent
+    before their start step), of value 2 + step, so its mean over a window is known exactly."""
+
+    def __init__(self, start: int) -> None:
+        super().__init__()
+        self.start = start
+
+    def forward(self, src, src_lengths, tgt, tgt_lengths, step, tgt2src_batch=None):
+        terms = super().forward(src, src_lengths, tgt, tgt_lengths, step)
+        if step >= self.start:
+            terms["aux"] = torch.tensor(2.0 + step)
+        return terms
+
+
+def test_a_term_that_switches_on_inside_a_window_is_averaged_over_the_updates_that_computed_it():
+    """Issue 41: the window of steps 1-5 has the term from its 4th update (steps 3 and 4 of the objective,
+    values 5 and 6): its mean is 5.5, not (5 + 6) / 5 = 2.2, which read as "the auxiliary losses grow" once
+    the next window showed their full value. Terms every update has are averaged over all of them."""
+    torch.manual_seed(0)
+    model = SwitchedOn(start=3)
+    reports = []
+    run = Harness(model, model, _config(max_steps=10, log_every=5), "cpu", on_report=lambda m, _: reports.append(m))
+    run.fit_examples(_examples())
+    assert [r["step"] for r in reports] == [5, 10]
+    assert reports[0]["train_aux"] == pytest.approx(5.5)
+    assert reports[1]["train_aux"] == pytest.approx(sum(2.0 + step for step in range(5, 10)) / 5)
+    assert reports[0]["train_total"] == pytest.approx(reports[0]["train_mse"])  # every update: the plain mean
+
+
 def test_validating_leaves_the_run_unchanged():
     plain, plain_model = _run(_config())
     plain.fit_examples(_examples())

@@ -47,15 +47,16 @@ def test_reverse_states_line_up_with_forward_states():
     assert forward_backward_agreement(forward, reverse, mask).abs() < 1e-12
 
 
-def test_aux_terms_are_off_before_aux_start_step_and_on_after():
+def test_aux_terms_are_absent_before_aux_start_step_and_on_after():
+    """A term not computed is absent, not a zero (issue 41: a trainer's window means then average it over the
+    updates that computed it)."""
     model = tiny_model(LossConfig(lambda_fba=0.3, lambda_cc=0.2, aux_start_step=10)).train()
     src, src_lengths = random_batch([5, 4], 12)
     tgt, tgt_lengths = random_batch([4, 3], 12)
     before = model.loss(src, src_lengths, tgt, tgt_lengths, step=9)
     after = model.loss(src, src_lengths, tgt, tgt_lengths, step=10)
-    assert set(before) == set(after) == TERMS
+    assert set(before) == {"ctc_src2tgt", "ctc_tgt2src", "total"} and set(after) == TERMS
     for name in TERMS - {"total"}:
-        assert (before[name] == 0) == name.startswith(("fba", "cc")), name
         assert after[name] > 0, name
     ctc = sum(after[f"ctc_{d}"] for d in ("src2tgt", "tgt2src"))
     fba = sum(after[f"fba_{d}"] for d in ("src2tgt", "tgt2src"))
@@ -69,7 +70,7 @@ def test_cycle_consistency_gives_gradient_through_the_reverse_pass():
     src, src_lengths = random_batch([5, 4], 12)
     tgt, tgt_lengths = random_batch([4, 3], 12)
     terms = model.loss(src, src_lengths, tgt, tgt_lengths, step=0)
-    assert terms["fba_src2tgt"] == 0
+    assert "fba_src2tgt" not in terms  # weight 0: not computed
     terms["cc_src2tgt"].backward()  # x → ȳ (hard, no gradient) → x̂: only the tgt2src pass carries gradient
     grads = {name: p.grad for name, p in model.named_parameters()}
     assert grads["positions.tgt.weight"].abs().sum() > 0  # ȳ is read by the tgt end
@@ -122,7 +123,8 @@ def test_fba_and_cc_have_their_own_start_steps_and_default_to_aux_start_step():
     for step, fba_on, cc_on in ((4, False, False), (5, True, False), (19, True, False), (20, True, True)):
         terms = model.loss(src, src_lengths, tgt, tgt_lengths, step=step)
         for d in ("src2tgt", "tgt2src"):
-            assert (terms[f"fba_{d}"] > 0) == fba_on and (terms[f"cc_{d}"] > 0) == cc_on, (step, d)
+            assert (f"fba_{d}" in terms) == fba_on and (f"cc_{d}" in terms) == cc_on, (step, d)
+            assert all(terms[name] > 0 for name in (f"fba_{d}", f"cc_{d}") if name in terms)
 
 
 def test_start_steps_and_directions_are_checked():
@@ -148,7 +150,7 @@ def test_a_simplex_model_trains_its_one_direction_only(direction):
     src, src_lengths = random_batch([5, 4], 12)
     tgt, tgt_lengths = random_batch([4, 3], 12)
     terms = DuplexLoss(model)(src, src_lengths, tgt, tgt_lengths, 0)
-    assert set(terms) == {f"{kind}_{direction}" for kind in ("ctc", "fba", "cc")} | {"total"}
+    assert set(terms) == {f"ctc_{direction}", "total"}  # FBA and CC at weight 0: not computed
     assert torch.equal(terms["total"], terms[f"ctc_{direction}"])
     terms["total"].backward()
     unread = "positions.tgt.weight" if direction == "src2tgt" else "positions.src.weight"
