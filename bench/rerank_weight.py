@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> dict:
     import sentencepiece
 
     from pipeline.evaluate import read_text_split
-    from pipeline.metrics import corpus_scores
+    from pipeline.metrics import best_setting, corpus_scores
     from reder.checkpoint import SPM_FILE, load_model_dir
     from reder.ctc import pad_batch
     from reder.rerank import pick, reconstruction_scores
@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> dict:
                 (Path(args.out) / f"{args.split}.{direction}.w{w}.txt").write_text("".join(t + "\n" for t in lines),
                                                                                 encoding="utf-8")
     mean = {str(w): round(sum(bleu[d][str(w)] for d in bleu) / len(bleu), 2) for w in args.weights}
-    best = max(args.weights, key=lambda w: (mean[str(w)], -w))
+    best = best_setting({w: mean[str(w)] for w in args.weights})
     report = {"benchmark": "rerank_weight", "workdir": str(Path(args.workdir).resolve()), "split": args.split,
               "sentences": len(source), "beam": args.beam, "bleu": bleu, "mean_bleu": mean, "best_weight": best,
               "config": f"evaluate.rerank=self evaluate.rerank_weight={best}"}

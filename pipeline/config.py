@@ -159,6 +159,11 @@ class TrainConfig:
                              f"got {self.placement_strategy!r}")
 
 
+# The grid of evaluate.blank_penalties: the diagnosis's best offsets were 2-4 (docs/results/stage2_diag.md).
+BLANK_PENALTIES = (0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0)
+NO_BLANK_PENALTY = (0.0,)
+
+
 @dataclass(frozen=True)
 class EvaluateConfig:
     """Evaluation (pipeline/evaluate.py): decoders, splits and the speed measurements."""
@@ -178,6 +183,12 @@ class EvaluateConfig:
     rerank_weight: float = RERANK_WEIGHT
     cutoff_top_n: int = CUTOFF_TOP_N  # CTC beam: tokens each frame offers it (reder.decode.frame_candidates)
     cutoff_prob: float = CUTOFF_PROB  # ... of which the most likely reaching this cumulative probability
+    # CTC: the blank penalties c tried on the validation split, each direction's best (greedy BLEU; of equals
+    # the nearest 0) lowering the blank's logit by c wherever the model decodes: in the train stage's
+    # validations (so checkpoints are ranked by calibrated output) and for the published model (its config.json,
+    # read by reder.translate, reder.load, the Serve app and the MLflow pyfunc; so in this stage too). [0]: off,
+    # the paper's decoding. The CTC blank is over-predicted by a thin, oscillating margin (docs/RESULTS.md, issue 41).
+    blank_penalties: tuple[float, ...] = BLANK_PENALTIES
     dag_max_transition: int = 0  # DAG decoders: the longest jump between vertices (0: no bound)
     dag_no_repeat_ngram: int = 0  # DAG greedy/lookahead: block consecutive repeated n-grams up to n (0: off)
     dag_length_penalty: float = 1.0  # DAG Viterbi and beam: score / length**this
@@ -202,6 +213,9 @@ class EvaluateConfig:
             raise FieldError("rerank", f"must be one of {list(RERANKERS)}, got {self.rerank!r}")
         if not 0 < self.cutoff_prob <= 1:
             raise FieldError("cutoff_prob", f"must be in (0, 1], got {self.cutoff_prob}")
+        if not self.blank_penalties or len(set(self.blank_penalties)) < len(self.blank_penalties):
+            raise FieldError("blank_penalties", f"must be a non-empty list of distinct numbers ([0]: no penalty), "
+                                                f"got {list(self.blank_penalties)}")
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,11 @@ iterations for each T of `evaluate.cmlm_iterations` (`evaluate.cmlm_length_beam`
 `greedy_refine<K>`, REDER's greedy output refined by K mask-predict iterations of the CMLM of its direction, for
 each K of `evaluate.refine_steps`; they are scored and timed like the others.
 
-`results.json` holds the headline numbers (test split, greedy): `bleu_src2tgt`, `bleu_tgt2src`,
+A CTC model decodes with the blank penalty its model directory records (tuned on the validation split by the
+train stage, `evaluate.blank_penalties`) in every decoder; with a penalty other than 0, `greedy_unpenalised` is
+the greedy decoder without it, for comparison.
+
+`results.json` holds the headline numbers (test split, greedy), the blank penalty (`blank_penalty`): `bleu_src2tgt`, `bleu_tgt2src`,
 `chrf_src2tgt`, `chrf_tgt2src`, `roundtrip_bleu_src`, `roundtrip_bleu_tgt`, the signatures, the MLflow
 run id, and every (split, direction, decoder) score under `scores`.
 """
@@ -93,6 +97,8 @@ def decoders_for(model: Any, evaluation: Any, teachers: dict[str, Any], cmlms: d
         "dag_length_penalty": evaluation.dag_length_penalty}
     systems: dict[str, Decoder] = {name: (lambda enc, d, bs, name=name: translate_ids(model, enc, d, 1, bs, name, **options))
                                    for name in model.head.decoders}
+    if any(getattr(model, "blank_penalty", {}).values()):
+        systems["greedy_unpenalised"] = lambda enc, d, bs: translate_ids(model, enc, d, 1, bs, blank_penalty=0.0, **options)
     if beam > 1:
         systems[f"beam{beam}"] = lambda enc, d, bs: translate_ids(model, enc, d, beam, bs, **options)
     if model.head.reranks and beam > 1:
@@ -170,7 +176,8 @@ def evaluate_model(model_dir: Path, corpus: Path, cfg: PipelineConfig, out: Path
         results[f"bleu_{direction}"], results[f"chrf_{direction}"] = entry["bleu"], entry["chrf"]
     results.update(roundtrip_bleu_src=roundtrip[f"{headline_split}.src"], roundtrip_bleu_tgt=roundtrip[f"{headline_split}.tgt"],
                    bleu_signature=signatures["bleu"], chrf_signature=signatures["chrf"], mlflow_run_id=mlflow_run_id,
-                   model_dir=str(model_dir), src_lang=meta["src_lang"], tgt_lang=meta["tgt_lang"], scores=scores,
+                   model_dir=str(model_dir), src_lang=meta["src_lang"], tgt_lang=meta["tgt_lang"],
+                   blank_penalty=dict(model.blank_penalty), scores=scores,
                    roundtrip=roundtrip)
     if evaluation.measure_speed:
         src_text, _ = read_text_split(corpus, headline_split, evaluation.max_sentences)

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline import cmlm, distill, evaluate, ingest, spm, teacher, tokenize, train, tune
-from pipeline.config import PipelineConfig, TrainConfig
+from pipeline.config import NO_BLANK_PENALTY, PipelineConfig, TrainConfig
 from pipeline.stage import Stage, StageError, StageRun, is_done, require_done, run_stage, stage_dir
 from reder import heads
 
@@ -68,11 +68,22 @@ def _evaluate_key(cfg: PipelineConfig) -> dict[str, Any]:
     `rerank` none/teacher as the old `rerank_with_teacher` bool (self as `rerank`), the ADDED_LATER keys
     (the self-reranking weight, the CTC beam's cutoffs) only where they differ from their defaults."""
     key = section_key("evaluate", cfg.evaluate)
+    key.pop("blank_penalties")  # the train stage tunes it into the model directory: its key (and name) has it
     rerank = key.pop("rerank")
     key["rerank_with_teacher"] = rerank == "teacher"
     if rerank == "self":
         key["rerank"] = rerank
     return key
+
+
+def _decoding_key(cfg: PipelineConfig) -> dict[str, Any]:
+    """What the train stage (and a sweep's trials) decode validation with beyond the defaults of before issue 41:
+    the grid of blank penalties it tunes (`evaluate.blank_penalties`), named unless it is [0], the behaviour
+    from before it (so a run that asks for no penalty keeps its directory; the default grid trains anew)."""
+    penalties = cfg.evaluate.blank_penalties
+    if penalties == NO_BLANK_PENALTY or not heads.head_class(cfg.model.head).emits_blank:  # DAG: no penalty
+        return {}
+    return {"blank_penalties": list(penalties)}
 
 
 def _teacher_key(cfg: PipelineConfig) -> dict[str, Any]:
@@ -114,7 +125,8 @@ STAGES = (
           inputs=lambda cfg: {"tokenize": "tokenize", **({} if cfg.distill.corpus else {"teacher": "teacher"})},
           reads=lambda cfg: ("spm",)),
     Stage("train", train.build, sections=("model", "loss", "train"), uses_ray=True,
-          key=lambda cfg: {"model": asdict(cfg.model), "loss": section_key("loss", cfg.loss), "train": train_key(cfg.train)},
+          key=lambda cfg: {"model": asdict(cfg.model), "loss": section_key("loss", cfg.loss), "train": train_key(cfg.train),
+                           **_decoding_key(cfg)},
           inputs=lambda cfg: {"data": training_data(cfg)}, reads=lambda cfg: ("tokenize", "ingest", "spm")),
     Stage("cmlm", cmlm.build, sections=("cmlm",), uses_ray=True,
           key=lambda cfg: {"model": asdict(cfg.cmlm.model), "train": train_key(cfg.cmlm.train)},
@@ -125,7 +137,7 @@ STAGES = (
                               **({"cmlm": "cmlm"} if uses_cmlm(cfg) else {})}),
     Stage("tune", tune.build, sections=("tune",), uses_ray=True,
           key=lambda cfg: {"tune": _sweep_key(cfg), "model": asdict(cfg.model), "loss": section_key("loss", cfg.loss),
-                           "train": section_key("train", cfg.train)},
+                           "train": section_key("train", cfg.train), **_decoding_key(cfg)},
           inputs=lambda cfg: {"data": training_data(cfg)}, reads=lambda cfg: ("tokenize", "ingest", "spm")),
 )
 PIPELINE = tuple(stage.name for stage in STAGES if stage.name != "tune")  # a pipeline run's stages, in run order

@@ -40,10 +40,10 @@ import pyarrow.parquet as pq
 import torch
 
 from pipeline import spm
-from pipeline.config import PipelineConfig, TrainConfig, from_dict
+from pipeline.config import NO_BLANK_PENALTY, PipelineConfig, TrainConfig, from_dict
 from pipeline.harness import (RANK_TOKENS_PER_S, SCORE, Batch, Example, Harness, all_reduce, epoch_batches,
                               select_best)
-from pipeline.metrics import corpus_scores
+from pipeline.metrics import best_setting, corpus_bleu, corpus_scores
 from pipeline.stage import StageError, write_json
 from pipeline.tracking import validation_metric
 from reder import DIRECTIONS, EOS_ID, DuplexLoss, LossConfig, ModelConfig, REDER, TransformerConfig
@@ -52,7 +52,7 @@ from reder.cmlm import CMLM
 from reder.config import CmlmConfig
 from reder.checkpoint import average_state_dicts, load_tensors
 from reder.ctc import pad_batch
-from reder.translate import translate_ids
+from reder.translate import greedy_by_penalty, translate_ids
 
 log = logging.getLogger(__name__)
 
@@ -138,6 +138,8 @@ def make_trainer(cfg: PipelineConfig, name: str, storage: Path, train_data: Path
         "task": task, "model": asdict(section.model), "loss": asdict(cfg.loss),
         "train": asdict(train), "spm_proto": (spm_dir / spm.MODEL_FILE).read_bytes(),
         "valid": {"ids": str(data / "valid"), "text": str(corpus / "valid")},
+        # REDER's validations tune the CTC blank penalty (evaluate.blank_penalties); the teachers' and CMLMs' have none
+        "blank_penalties": list(cfg.evaluate.blank_penalties if task["kind"] == "reder" else NO_BLANK_PENALTY),
         "mlflow": mlflow_target,
         "progress": str(Path(storage) / name / PROGRESS_FILE),
     }
@@ -339,10 +341,13 @@ def build_task(config: dict[str, Any]) -> tuple[torch.nn.Module, torch.nn.Module
 class Validator:
     """Greedy decoding of the validation split in `directions` (a CMLM: mask-predict, translate_ids' default 10
     iterations and one length candidate), scored with sacreBLEU (rank 0); for a teacher also its validation loss
-    (mean token NLL, `valid_nll_<direction>`)."""
+    (mean token NLL, `valid_nll_<direction>`). A CTC REDER with `blank_penalties` other than [0] is decoded once
+    per direction under each penalty (`greedy_by_penalty`): `bleu_<direction>` is the best penalty's BLEU (of
+    equals the penalty nearest 0), `blank_penalty_<direction>` that penalty and `bleu_<direction>_unpenalised`
+    the BLEU without one (when 0 is in the grid)."""
 
     def __init__(self, paths: dict[str, str], spm_proto: bytes, max_sentences: int,
-                 directions: tuple[str, ...] = DIRECTIONS) -> None:
+                 directions: tuple[str, ...] = DIRECTIONS, blank_penalties: tuple[float, ...] = NO_BLANK_PENALTY) -> None:
         import sentencepiece
 
         ids = pq.read_table(paths["ids"]).sort_by("id")
@@ -356,13 +361,18 @@ class Validator:
                        "tgt2src": [t + [EOS_ID] for t in ids.column("tgt_ids").to_pylist()]}
         self.references = {"src2tgt": [by_id[i][1] for i in kept], "tgt2src": [by_id[i][0] for i in kept]}
         self.sp = sentencepiece.SentencePieceProcessor(model_proto=spm_proto)
+        self.blank_penalties = tuple(float(p) for p in blank_penalties)
 
     def __call__(self, model: torch.nn.Module) -> dict[str, float]:
         was_training = model.training
         model.eval()
         scores = {}
+        tunes = isinstance(model, REDER) and model.head.emits_blank and self.blank_penalties != NO_BLANK_PENALTY
         try:
             for direction in self.directions:
+                if tunes:
+                    scores.update(self._penalised(model, direction))
+                    continue
                 hypotheses = [self.sp.decode(h) for h in translate_ids(model, self.inputs[direction], direction)]
                 scores[f"bleu_{direction}"] = corpus_scores(hypotheses, self.references[direction])["bleu"]
                 if isinstance(model, Transformer):
@@ -370,6 +380,17 @@ class Validator:
         finally:
             model.train(was_training)
         scores[SCORE] = sum(scores[f"bleu_{d}"] for d in self.directions) / len(self.directions)
+        return scores
+
+    def _penalised(self, model: REDER, direction: str) -> dict[str, float]:
+        """Greedy BLEU of `direction` under each blank penalty: the best's, which penalty, the unpenalised."""
+        outputs = greedy_by_penalty(model, self.inputs[direction], direction, self.blank_penalties)
+        bleu = {penalty: corpus_bleu([self.sp.decode(h) for h in ids], self.references[direction])
+                for penalty, ids in outputs.items()}
+        best = best_setting(bleu)
+        scores = {f"bleu_{direction}": bleu[best], f"blank_penalty_{direction}": best}
+        if 0.0 in bleu:
+            scores[f"bleu_{direction}_unpenalised"] = bleu[0.0]
         return scores
 
     @torch.no_grad()
@@ -414,7 +435,8 @@ def train_loop(config: dict[str, Any]) -> None:
     model.to(device)
     state = _load(ray.train.get_checkpoint(), device)
     # Only rank 0 decodes; Ray keeps rank 0's metrics, the others report a NaN score.
-    validate = Validator(config["valid"], config["spm_proto"], train.valid_max_sentences, directions) if rank == 0 \
+    validate = Validator(config["valid"], config["spm_proto"], train.valid_max_sentences, directions,
+                         tuple(config["blank_penalties"])) if rank == 0 \
         else (lambda _: {SCORE: math.nan})
     # Every rank logs its own throughput (`tokens_per_s_rank<r>`: a slow host shows); rank 0 everything else.
     mlflow = _MlflowLogger(config["mlflow"]) if config["mlflow"] else None

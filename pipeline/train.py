@@ -3,21 +3,24 @@
 `build` checks that the requested resources exist, fits a `TorchTrainer` over the training split (the
 distill stage's KD pairs with `distill.enabled`, else the tokenized references) and publishes the average of
 the best `train.average_best` checkpoints (by validation BLEU, the mean of both directions) as the stage's
-`model/` directory, with `history.json`, `report.json` and `training.png`. The Ray Train driver and worker
+`model/` directory, with `history.json`, `report.json` and `training.png`. A CTC model's blank penalty per
+direction (`evaluate.blank_penalties`, the grid every validation tuned checkpoints by) is tuned once more on
+the published weights, on the same validation sentences, and saved in the model directory's config.json. The Ray Train driver and worker
 code live in pipeline/raytrain.py, the training loop itself in pipeline/harness.py (the same one trains the
 teachers, pipeline/teacher.py, and the tune stage's trials).
 """
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from pipeline import spm
-from pipeline.config import PipelineConfig
-from pipeline.raytrain import (HISTORY_FILE, MODEL_DIR, check_resources, fit_and_average, make_trainer, run_report,
-                               run_storage, storage_path)
+from pipeline.config import NO_BLANK_PENALTY, PipelineConfig
+from pipeline.raytrain import (HISTORY_FILE, MODEL_DIR, Validator, check_resources, fit_and_average, make_trainer,
+                               run_report, run_storage, storage_path)
 from pipeline.stage import StageRun, write_json
 from pipeline.tracking import plot_history
 from reder import REDER, ModelConfig
@@ -39,8 +42,9 @@ def _build(cfg: PipelineConfig, workdir: Path, name: str, train_data: Path, data
     run_storage(storage, name, force)  # with --force, no resume of the finished run
     trainer = make_trainer(cfg, name, storage, train_data, data, corpus, spm_dir,
                            tracker.worker_target() if tracker is not None else None)
-    model = REDER(ModelConfig.from_dict(asdict(cfg.model)))
+    model = REDER(ModelConfig.from_dict(asdict(cfg.model)), cfg.loss)
     fitted = fit_and_average(trainer, storage / name, cfg.train.average_best, model)
+    tuned = tune_blank_penalty(model, cfg, data, corpus, spm_dir)
     save_model_dir(tmp / MODEL_DIR, model, spm_dir / spm.MODEL_FILE, cfg.data.src_lang, cfg.data.tgt_lang,
                    extra={"averaged_checkpoints": fitted["averaged"],
                           "distilled": cfg.distill.enabled})
@@ -49,6 +53,25 @@ def _build(cfg: PipelineConfig, workdir: Path, name: str, train_data: Path, data
     if len(report["workers"]) > 1:
         log.info("train: %d workers: %s", len(report["workers"]), ", ".join(
             f"rank {w['rank']} on {w['node_ip']} ({w['hostname']})" for w in report["workers"]))
-    write_json(tmp / "report.json", report)
+    write_json(tmp / "report.json", {**report, "published_valid": tuned})
     plot_history(fitted["history"], tmp / "training.png")
-    return {"steps": report["steps"], "best_valid_bleu": fitted["averaged"][0]["valid_bleu"], "restarts": report["restarts"]}
+    return {"steps": report["steps"], "best_valid_bleu": fitted["averaged"][0]["valid_bleu"], "restarts": report["restarts"],
+            **{key: value for key, value in tuned.items() if key.startswith("blank_penalty_")}}
+
+
+def tune_blank_penalty(model: REDER, cfg: PipelineConfig, data: Path, corpus: Path, spm_dir: Path) -> dict[str, float]:
+    """Set `model.blank_penalty` to each trained direction's best of `evaluate.blank_penalties` on the validation
+    split (the train stage's Validator, its sentences); returns that validation's scores ({} when there is
+    nothing to tune: a DAG model, or the grid [0])."""
+    if not model.head.emits_blank or cfg.evaluate.blank_penalties == NO_BLANK_PENALTY:
+        return {}
+    validator = Validator({"ids": str(data / "valid"), "text": str(corpus / "valid")},
+                          (spm_dir / spm.MODEL_FILE).read_bytes(), cfg.train.valid_max_sentences,
+                          model.loss_config.directions, cfg.evaluate.blank_penalties)
+    scores = validator(model)
+    for direction in model.loss_config.directions:
+        model.blank_penalty[direction] = scores[f"blank_penalty_{direction}"]
+    log.info("train: blank penalty %s (validation greedy BLEU %s, without it %s)", model.blank_penalty,
+             {d: round(scores[f"bleu_{d}"], 2) for d in model.loss_config.directions},
+             {d: round(scores.get(f"bleu_{d}_unpenalised", math.nan), 2) for d in model.loss_config.directions})
+    return scores

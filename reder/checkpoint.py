@@ -2,7 +2,8 @@
 
 A model directory holds `model.pt` (the state dict), `config.json` (the model's config, its `architecture`
 "reder", "transformer" or "cmlm" (older directories lack it: they are REDER), the language codes, decoding
-defaults, and for a teacher or a CMLM its `direction`) and `spm.model` (the joint SentencePiece model). Files are
+defaults — a REDER's `blank_penalty` per direction (REDER.blank_penalty; absent in older directories: 0) —
+and for a teacher or a CMLM its `direction`) and `spm.model` (the joint SentencePiece model). Files are
 written to temporary names and renamed, so an interrupted save never leaves a half-written model behind.
 
 Every `.pt` file is read with `load_tensors` (`torch.load(weights_only=True)`): tensors and plain containers,
@@ -10,6 +11,7 @@ numbers and strings only, so a pickle planted in a checkpoint cannot run code; a
 that way (corrupt, truncated, or holding other objects) is a ValueError naming it.
 """
 import json
+import math
 import os
 import pickle
 import shutil
@@ -38,6 +40,8 @@ def save_model_dir(directory: Path, model: REDER | Transformer | CMLM, spm_model
     state = {name: tensor.detach().cpu() for name, tensor in model.state_dict().items()}
     _atomic(directory / MODEL_FILE, lambda path: torch.save(state, path))
     meta = {"model": model.cfg.to_dict(), "src_lang": src_lang, "tgt_lang": tgt_lang, **(extra or {}), "architecture": architecture}
+    if isinstance(model, REDER):
+        meta["blank_penalty"] = dict(model.blank_penalty)
     _atomic(directory / CONFIG_FILE, lambda path: path.write_text(json.dumps(meta, indent=2), encoding="utf-8"))
     if Path(spm_model).resolve() != (directory / SPM_FILE).resolve():
         _atomic(directory / SPM_FILE, lambda path: shutil.copyfile(spm_model, path))
@@ -109,7 +113,19 @@ def load_model_dir(directory: Path, device: str | torch.device = "cpu") -> tuple
         model.load_state_dict(state)
     except RuntimeError as error:  # missing/unexpected keys or shapes that do not match config.json
         raise ValueError(f"{path}: does not fit {CONFIG_FILE} ({str(error).splitlines()[0]})") from None
+    if isinstance(model, REDER):
+        model.blank_penalty = _blank_penalty(meta, Path(directory) / CONFIG_FILE)
     return model.to(device).eval(), meta
+
+
+def _blank_penalty(meta: dict[str, Any], path: Path) -> dict[str, float]:
+    """config.json's `blank_penalty` (direction → finite number; absent: 0 both ways), ValueError naming it."""
+    given = meta.get("blank_penalty", {})
+    numbers = isinstance(given, dict) and set(given) <= set(DIRECTIONS) and all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in given.values())
+    if not numbers:
+        raise ValueError(f"{path}: blank_penalty must map src2tgt/tgt2src to finite numbers, got {given!r}")
+    return {direction: float(given.get(direction, 0.0)) for direction in DIRECTIONS}
 
 
 def load_teacher_dir(directory: Path, direction: str, vocab_size: int, device: str | torch.device = "cpu") -> Transformer:

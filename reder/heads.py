@@ -45,6 +45,7 @@ class CtcHead(nn.Module):
     reranks = True  # its beam's n-best can be reranked (by the teacher or by the model's reverse direction)
     decode_options: tuple[str, ...] = ("cutoff_top_n", "cutoff_prob")  # what `decode` takes beyond the beam
     argmax_greedy = True  # greedy is a per-frame argmax: it can read logits instead of log-probs
+    emits_blank = True  # decoders drop blanks from the output: a blank penalty (REDER.blank_penalty) applies
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -124,6 +125,7 @@ class DagHead(nn.Module):
     reranks = False
     decode_options: tuple[str, ...] = ("max_transition", "no_repeat_ngram", "dag_length_penalty")
     argmax_greedy = False  # greedy weighs emissions against the links: it needs log-probs
+    emits_blank = False  # the blank id is only FBA's skip token: no blank penalty
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()

@@ -32,6 +32,9 @@ class REDER(nn.Module):
     the same for all.
     The head's parameters are saved under their own names at the top level (`links.*`, as before heads
     were modules), not under `head.`: model directories stay the same whatever the code's layout.
+    `blank_penalty` (direction → c) is subtracted from the CTC blank's logit whenever the model decodes (greedy,
+    beam, n-best), not in training: tuned on the validation split by the train stage, it is no parameter but
+    travels in the model directory's config.json (reder/checkpoint.py); 0 = the model's own calibration.
     """
 
     def __init__(self, cfg: ModelConfig, loss_config: Optional[LossConfig] = None) -> None:
@@ -47,6 +50,7 @@ class REDER(nn.Module):
         self.actnorm = nn.ModuleDict({end: ActNorm(2 * cfg.d_model) for end in ("src", "tgt")})
         self.dropout = nn.Dropout(cfg.dropout)
         self.head = make_head(cfg)  # last: parameter order and initialisation are those of the model before heads
+        self.blank_penalty: dict[str, float] = dict.fromkeys(DIRECTIONS, 0.0)
         self.register_state_dict_post_hook(_flatten_head_keys)
         self.register_load_state_dict_pre_hook(_nest_head_keys)
         self.register_load_state_dict_post_hook(_flatten_incompatible_keys)
@@ -89,23 +93,37 @@ class REDER(nn.Module):
             self.actnorm[end].initialize(h, mask)
         return self.actnorm[end](h), mask, lengths
 
-    def project(self, h: torch.Tensor, lengths: torch.Tensor, end: str, normalise: bool = True) -> HeadOutput:
+    def project(self, h: torch.Tensor, lengths: torch.Tensor, end: str, normalise: bool = True,
+                blank_penalty: float = 0.0) -> HeadOutput:
         """Writing end: inverse ActNorm, average the halves into output states o (B, T, D), tied logits →
         log-probs (B, T, V) in the head's dtype (float32 or wider), plus what the head adds over o. With
-        normalise=False the log_probs field holds the logits themselves (for an argmax, which they share)."""
+        normalise=False the log_probs field holds the logits themselves (for an argmax, which they share).
+        `blank_penalty` c is subtracted from the blank's logit before normalising: P(blank) lowered by e^c
+        relative to every other token, a proper distribution still (decoding only)."""
         first, second = self.actnorm[end].inverse(h).chunk(2, dim=-1)
         states = (first + second) / 2  # (B, T, D)
         logits = states @ self.embed.weight.t()  # (B, T, V)
+        if blank_penalty:
+            logits = logits.clone()
+            logits[..., self.cfg.blank_id] -= blank_penalty
         log_probs = F.log_softmax(logits.to(self.head.log_prob_dtype(logits.dtype)), dim=-1) if normalise else logits
         return HeadOutput(log_probs, lengths, self.head.extra(states, lengths, end))
 
-    def outputs(self, tokens: torch.Tensor, lengths: torch.Tensor, direction: str, normalise: bool = True) -> HeadOutput:
-        """tokens (B, T) → the writing end's output: log-probabilities (B, T', V) (logits with normalise=False),
-        lengths (B,), the head's extras."""
+    def outputs(self, tokens: torch.Tensor, lengths: torch.Tensor, direction: str, normalise: bool = True,
+                blank_penalty: float = 0.0) -> HeadOutput:
+        """tokens (B, T) → the writing end's output: log-probabilities (B, T', V) (logits with normalise=False;
+        the blank's lowered by `blank_penalty`), lengths (B,), the head's extras."""
         _check_direction(direction)
         reading, writing = ENDS[direction]
         h, mask, out_lengths = self.embed_input(tokens, lengths, reading)
-        return self.project(self.layers(h, mask, direction), out_lengths, writing, normalise)
+        return self.project(self.layers(h, mask, direction), out_lengths, writing, normalise, blank_penalty)
+
+    def decoding_penalty(self, direction: str, blank_penalty: Optional[float] = None) -> float:
+        """The blank penalty decoding `direction` applies: `blank_penalty` if given, else the model's own."""
+        penalty = self.blank_penalty[direction] if blank_penalty is None else float(blank_penalty)
+        if penalty and not self.head.emits_blank:
+            raise ValueError(f"a blank penalty ({penalty}) needs a CTC model; this model's head is {self.cfg.head!r}")
+        return penalty
 
     def forward(self, tokens: torch.Tensor, lengths: torch.Tensor, direction: str) -> tuple[torch.Tensor, torch.Tensor]:
         """tokens (B, T) → log-probabilities (B, T', V) and output lengths (B,); T' the head's upsampled length."""
@@ -240,7 +258,7 @@ class REDER(nn.Module):
     @torch.inference_mode()
     def translate(
         self, tokens: torch.Tensor, lengths: torch.Tensor, direction: str, beam_size: int = 1, decoder: str = "greedy",
-        **options: float,
+        blank_penalty: Optional[float] = None, **options: float,
     ) -> list[list[int]]:
         """Token ids (B, T) ending in EOS → one hypothesis per sentence (ids; BOS, EOS and blanks removed).
 
@@ -248,24 +266,28 @@ class REDER(nn.Module):
         viterbi, or its beam search with beam_size > 1. `options`: any head's `decode_options` (CTC: the
         per-frame cutoffs of reder.decode.frame_candidates; DAG: max_transition, no_repeat_ngram,
         dag_length_penalty); those of the other head are ignored. Under inference mode; a head whose greedy
-        decoder is a per-position argmax (CTC) gets the logits without the log-softmax."""
+        decoder is a per-position argmax (CTC) gets the logits without the log-softmax. CTC: the blank's logit
+        is lowered by `blank_penalty` (None: the model's own `blank_penalty` of the direction)."""
         known = {name for head in HEADS.values() for name in head.decode_options}
         if set(options) - known:
             raise TypeError(f"unknown decoding options {sorted(set(options) - known)}; known: {sorted(known)}")
         normalise = not (beam_size == 1 and decoder == "greedy" and self.head.argmax_greedy)
-        output = self.outputs(tokens, lengths, direction, normalise)
+        output = self.outputs(tokens, lengths, direction, normalise, self.decoding_penalty(direction, blank_penalty))
         own = {name: value for name, value in options.items() if name in self.head.decode_options}
         hypotheses = self.head.decode(output, decoder, beam_size, **own)
         return [strip_special(h, self.cfg.blank_id) for h in hypotheses]
 
     @torch.no_grad()
     def nbest(self, tokens: torch.Tensor, lengths: torch.Tensor, direction: str, beam_size: int,
-              cutoff_top_n: int = CUTOFF_TOP_N, cutoff_prob: float = CUTOFF_PROB) -> list[list[tuple[list[int], float]]]:
+              cutoff_top_n: int = CUTOFF_TOP_N, cutoff_prob: float = CUTOFF_PROB,
+              blank_penalty: Optional[float] = None) -> list[list[tuple[list[int], float]]]:
         """The CTC beam's n-best per sentence, best first: (ids with specials stripped, the normalised forward
-        score log P(y|x)/|y| of the raw labels); of raw labels equal after stripping only the best stays."""
+        score log P(y|x)/|y| of the raw labels, under the blank penalty as `translate` applies it); of raw
+        labels equal after stripping only the best stays."""
         if not self.head.reranks:
             raise ValueError(f"candidates need a CTC head, this model's head is {self.cfg.head!r}")
-        nbest = self.head.nbest(self.outputs(tokens, lengths, direction), beam_size, cutoff_top_n, cutoff_prob)
+        output = self.outputs(tokens, lengths, direction, blank_penalty=self.decoding_penalty(direction, blank_penalty))
+        nbest = self.head.nbest(output, beam_size, cutoff_top_n, cutoff_prob)
         results = []
         for entries in nbest:
             seen: dict[tuple[int, ...], float] = {}
@@ -275,9 +297,11 @@ class REDER(nn.Module):
         return results
 
     def candidates(self, tokens: torch.Tensor, lengths: torch.Tensor, direction: str, beam_size: int,
-                   cutoff_top_n: int = CUTOFF_TOP_N, cutoff_prob: float = CUTOFF_PROB) -> list[list[list[int]]]:
+                   cutoff_top_n: int = CUTOFF_TOP_N, cutoff_prob: float = CUTOFF_PROB,
+                   blank_penalty: Optional[float] = None) -> list[list[list[int]]]:
         """The ids of `nbest` alone (best first, specials stripped, duplicates merged): for reranking."""
-        return [[ids for ids, _ in entries] for entries in self.nbest(tokens, lengths, direction, beam_size, cutoff_top_n, cutoff_prob)]
+        return [[ids for ids, _ in entries]
+                for entries in self.nbest(tokens, lengths, direction, beam_size, cutoff_top_n, cutoff_prob, blank_penalty)]
 
 
 def _flatten_head_keys(module: nn.Module, state: dict[str, Any], prefix: str, local_metadata: dict[str, Any]) -> None:

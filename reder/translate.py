@@ -1,7 +1,7 @@
 """Translate text with a model directory, in either direction.
 
     python -m reder.translate --checkpoint DIR (--src LANG --tgt LANG | --direction src2tgt|tgt2src)
-        [--beam N [--rerank self [--rerank-weight W] | --teacher DIR] [--cutoff-top-n N] [--cutoff-prob P]
+        [--blank-penalty C] [--beam N [--rerank self [--rerank-weight W] | --teacher DIR] [--cutoff-top-n N] [--cutoff-prob P]
          | --decoder D] [--refine-steps K --refine-model CMLM_DIR] [--iterations T] [--batch-size B] < in > out
 
 (installed with `pip install -e .`: `duplex-translate ...`; from Python: `reder.load(DIR).translate(...)`.)
@@ -9,7 +9,8 @@ The direction is named by language codes (those the model directory records, e.g
 as src2tgt/tgt2src.
 
 CTC models decode greedily or with prefix beam search (--beam N; each frame offers the beam its top
---cutoff-top-n tokens, of which those within cumulative probability --cutoff-prob), whose n-best can be
+--cutoff-top-n tokens, of which those within cumulative probability --cutoff-prob), the blank's logit lowered
+by the penalty the model directory records (tuned on the validation split; --blank-penalty C instead), whose n-best can be
 reranked (--rerank): `self` scores each candidate ŷ by its forward score + W · the model's own reverse
 direction's log P(x | ŷ) (--rerank-weight W; no second model), `teacher` by an autoregressive teacher of the
 same direction (--teacher DIR, a Transformer model directory; --teacher alone implies it); DAG models
@@ -26,6 +27,7 @@ line separators inside a line stay in it, so there are always as many output lin
 must be UTF-8; bad options, input or model files are a one-line error and exit status 2.
 """
 import argparse
+import math
 import sys
 from pathlib import Path
 from typing import Any, Iterable, Optional
@@ -38,7 +40,7 @@ from reder.checkpoint import SPM_FILE, direction_of, load_cmlm_dir, load_model_d
 from reder.cmlm import CMLM
 from reder.config import DIRECTIONS, EOS_ID
 from reder.ctc import pad_batch
-from reder.decode import CUTOFF_PROB, CUTOFF_TOP_N
+from reder.decode import CUTOFF_PROB, CUTOFF_TOP_N, ctc_greedy, strip_special
 from reder.heads import all_decoders
 from reder.model import REDER
 from reder.rerank import RERANK_WEIGHT, RERANKERS, self_rerank
@@ -55,7 +57,7 @@ def translate_ids(model: REDER | Transformer | CMLM, sequences: list[list[int]],
                   rerank: Optional[str] = None, rerank_weight: float = RERANK_WEIGHT, cutoff_top_n: int = CUTOFF_TOP_N,
                   cutoff_prob: float = CUTOFF_PROB, max_transition: int = 0, no_repeat_ngram: int = 0,
                   dag_length_penalty: float = 1.0, iterations: int = 10, refiner: Optional[CMLM] = None,
-                  refine_steps: int = 0, **search: float) -> list[list[int]]:
+                  refine_steps: int = 0, blank_penalty: Optional[float] = None, **search: float) -> list[list[int]]:
     """Translate id sequences (each ending in EOS) in length-sorted batches; results in input order.
 
     A Transformer `model` (the teacher of `direction`) decodes with beam search (beam 1 = greedy; `search`:
@@ -65,7 +67,8 @@ def translate_ids(model: REDER | Transformer | CMLM, sequences: list[list[int]],
     when a teacher is given, else "none". A DAG REDER's decoders take max_transition, no_repeat_ngram and
     dag_length_penalty (reder.heads.DagHead.decode). A CMLM decodes with mask-predict: `iterations` and
     beam_size length candidates. With `refiner` (a CMLM of `direction`) and refine_steps K > 0, every
-    hypothesis is then refined by K mask-predict iterations (CMLM.refine)."""
+    hypothesis is then refined by K mask-predict iterations (CMLM.refine). A CTC REDER lowers the blank's logit by
+    `blank_penalty` in every decoder (None: the model's own, REDER.blank_penalty, from its model directory)."""
     if isinstance(model, CMLM):
         if decoder != "greedy" or rerank not in (None, "none") or teacher is not None or search:
             raise ValueError("a CMLM decodes with mask-predict only (iterations, beam_size length candidates)")
@@ -85,6 +88,8 @@ def translate_ids(model: REDER | Transformer | CMLM, sequences: list[list[int]],
         raise ValueError("a Transformer model decodes with beam search only (no DAG decoder, no reranking)")
     if search and not autoregressive:
         raise ValueError(f"search options {sorted(search)} are the autoregressive Transformer's")
+    if blank_penalty is not None and not isinstance(model, REDER):
+        raise ValueError("a blank penalty is for a CTC REDER model")
     if rerank != "none" and (not model.head.reranks or beam_size < 2):
         raise ValueError(f"{rerank} reranking needs a CTC model and beam_size > 1 (head {model.cfg.head!r}, beam_size {beam_size})")
     cutoffs = {} if autoregressive else {"cutoff_top_n": cutoff_top_n, "cutoff_prob": cutoff_prob}
@@ -111,18 +116,42 @@ def translate_ids(model: REDER | Transformer | CMLM, sequences: list[list[int]],
         elif isinstance(model, CMLM):
             hypotheses = model.translate(tokens, lengths, beam_size=beam_size, iterations=iterations)
         elif rerank == "teacher":
-            hypotheses = teacher_rerank(teacher, tokens, lengths, model.candidates(tokens, lengths, direction, beam_size, **cutoffs))
+            hypotheses = teacher_rerank(teacher, tokens, lengths, model.candidates(tokens, lengths, direction, beam_size,
+                                                                                   **cutoffs, blank_penalty=blank_penalty))
         elif rerank == "self":
-            nbest = model.nbest(tokens, lengths, direction, beam_size, **cutoffs)
+            nbest = model.nbest(tokens, lengths, direction, beam_size, **cutoffs, blank_penalty=blank_penalty)
             hypotheses = self_rerank(model, tokens, lengths, direction, nbest, rerank_weight)
         else:
             hypotheses = model.translate(tokens, lengths, direction, beam_size=beam_size, decoder=decoder, **cutoffs,
                                          max_transition=max_transition, no_repeat_ngram=no_repeat_ngram,
-                                         dag_length_penalty=dag_length_penalty)
+                                         dag_length_penalty=dag_length_penalty, blank_penalty=blank_penalty)
         if refine_steps:
             hypotheses = refiner.refine(tokens, lengths, hypotheses, refine_steps)
         for index, hypothesis in zip(chunk, hypotheses):
             outputs[index] = hypothesis
+    return outputs
+
+
+@torch.inference_mode()
+def greedy_by_penalty(model: REDER, sequences: list[list[int]], direction: str, penalties: Iterable[float],
+                      batch_size: int = 64) -> dict[float, list[list[int]]]:
+    """CTC greedy output (ids, specials stripped, input order) of `sequences` for each blank penalty, the model
+    run once per batch: equal to `translate_ids(..., blank_penalty=p)` for each p, at the cost of one."""
+    if not model.head.emits_blank:
+        raise ValueError(f"blank penalties need a CTC model; this model's head is {model.cfg.head!r}")
+    penalties = list(dict.fromkeys(float(p) for p in penalties))
+    device, blank = next(model.parameters()).device, model.cfg.blank_id
+    order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
+    outputs = {penalty: [[] for _ in sequences] for penalty in penalties}
+    for start in range(0, len(order), batch_size):
+        chunk = order[start : start + batch_size]
+        tokens, lengths = pad_batch([sequences[i] for i in chunk], device)
+        output = model.outputs(tokens, lengths, direction, normalise=False)  # logits (B, T', V)
+        for penalty in penalties:
+            logits = output.log_probs.clone()
+            logits[..., blank] -= penalty
+            for index, hypothesis in zip(chunk, ctc_greedy(logits, output.lengths, blank)):
+                outputs[penalty][index] = strip_special(hypothesis, blank)
     return outputs
 
 
@@ -220,9 +249,13 @@ def _load_model(args: argparse.Namespace) -> tuple[REDER | Transformer | CMLM, O
         if meta.get("direction") != args.direction:
             raise ValueError(f"{args.checkpoint} is a {kind} for direction {meta.get('direction')!r}, "
                              f"not {args.direction!r}")
-        if args.decoder not in (None, "greedy") or args.rerank != "none":
-            raise ValueError(f"{args.checkpoint} is a {kind}: it takes --beam, not --decoder, --rerank or --teacher")
+        if args.decoder not in (None, "greedy") or args.rerank != "none" or args.blank_penalty is not None:
+            raise ValueError(f"{args.checkpoint} is a {kind}: it takes --beam, not --decoder, --rerank, --teacher or "
+                             f"--blank-penalty")
         return model, None
+    if args.blank_penalty is not None and not (model.head.emits_blank and math.isfinite(args.blank_penalty)):
+        raise ValueError(f"--blank-penalty needs a CTC model and a finite number (head {model.cfg.head!r}, "
+                         f"--blank-penalty {args.blank_penalty})")
     if args.decoder not in (None, *model.head.decoders):
         raise ValueError(f"--decoder {args.decoder} needs a DAG model; this one has a CTC head (use --beam)")
     if args.rerank != "none" and (not model.head.reranks or args.beam < 2):
@@ -249,6 +282,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="CTC beam: tokens each frame offers the beam")
     parser.add_argument("--cutoff-prob", type=float, default=CUTOFF_PROB,
                         help="CTC beam: of those, only the most likely reaching this cumulative probability")
+    parser.add_argument("--blank-penalty", type=float, default=None,
+                        help="CTC models: lower the blank's logit by this at decoding (default: the model "
+                             "directory's, tuned on the validation split by the train stage)")
     parser.add_argument("--decoder", choices=all_decoders(), help="DAG models: greedy, lookahead or viterbi (or --beam N alone)")
     parser.add_argument("--max-transition", type=_non_negative_int, default=0,
                         help="DAG models: the longest jump between vertices a path may take (0: no bound)")
@@ -282,7 +318,8 @@ def main(argv: list[str] | None = None) -> int:
         elif isinstance(model, REDER):
             options.update(rerank=args.rerank, rerank_weight=args.rerank_weight, cutoff_top_n=args.cutoff_top_n,
                            cutoff_prob=args.cutoff_prob, max_transition=args.max_transition,
-                           no_repeat_ngram=args.no_repeat_ngram, dag_length_penalty=args.dag_length_penalty)
+                           no_repeat_ngram=args.no_repeat_ngram, dag_length_penalty=args.dag_length_penalty,
+                           blank_penalty=args.blank_penalty)
         outputs = translate_lines(model, sp, lines, args.direction, args.beam, args.batch_size, args.decoder or "greedy",
                                   teacher, **options)
     except ValueError as error:

@@ -285,6 +285,9 @@ FIELD_ERRORS = [
     ("evaluate.rerank_weight=-0.5", "evaluate.rerank_weight", "-0.5"),
     ("evaluate.cutoff_top_n=0", "evaluate.cutoff_top_n", "0"),
     ("evaluate.cutoff_prob=0", "evaluate.cutoff_prob", "0.0"),
+    ("evaluate.blank_penalties=[]", "evaluate.blank_penalties", "[]"),
+    ("evaluate.blank_penalties=[0, 2, 2]", "evaluate.blank_penalties", "[0.0, 2.0, 2.0]"),
+    ("evaluate.blank_penalties=[0, .inf]", "evaluate.blank_penalties[1]", "inf"),
     ("tune.space={model.upsample_ratio: {choice: [1, 2]}}", "tune.space.model.upsample_ratio", "{'choice': [1, 2]}"),
 ]
 

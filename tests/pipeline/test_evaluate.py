@@ -97,6 +97,29 @@ def test_self_reranking_is_its_own_decoder_with_the_configured_weight_and_cutoff
     assert decoders["beam3"](encoded, "src2tgt", 2) == translate_ids(model, encoded, "src2tgt", 3, 2, cutoff_top_n=6)
 
 
+def test_a_model_directorys_blank_penalty_decodes_every_decoder_and_greedy_unpenalised_is_kept_beside(tmp_path):
+    """Issue 41: the evaluation decodes with the penalty the train stage tuned into config.json (greedy and beam
+    alike), records it in results.json, and scores the greedy decoder without it as `greedy_unpenalised`."""
+    pairs, corpus = _corpus(tmp_path)
+    cfg = load_config(None, [f"model.vocab_size={VOCAB}", "evaluate.splits=[test]", "evaluate.beam_size=3",
+                             "evaluate.measure_speed=false", "evaluate.teacher_baseline=false"])
+    model = REDER(ModelConfig(vocab_size=VOCAB, d_model=8, n_heads=2, ffn_dim=16, layers_per_end=1, max_positions=128)).eval()
+    model.blank_penalty = {"src2tgt": -3.0, "tgt2src": 2.0}
+    model_dir = save_model_dir(tmp_path / "model", model, tmp_path / "spm.model", "en", "de")
+    out = tmp_path / "out"
+    out.mkdir()
+    evaluate.evaluate_model(model_dir, corpus, cfg, out, None)
+    results = json.loads((out / evaluate.RESULTS_FILE).read_text())
+    assert results["blank_penalty"] == {"src2tgt": -3.0, "tgt2src": 2.0}
+    sp = sentencepiece.SentencePieceProcessor(model_file=str(tmp_path / "spm.model"))
+    encoded = encode_lines(sp, [s for s, _ in pairs])
+    written = {decoder: (out / f"test.src2tgt.{decoder}.txt").read_text(encoding="utf-8").splitlines()
+               for decoder in ("greedy", "beam3", "greedy_unpenalised")}
+    for decoder, beam, penalty in (("greedy", 1, -3.0), ("beam3", 3, -3.0), ("greedy_unpenalised", 1, 0.0)):
+        assert written[decoder] == [sp.decode(h) for h in translate_ids(model, encoded, "src2tgt", beam, blank_penalty=penalty)]
+    assert written["greedy"] != written["greedy_unpenalised"]
+
+
 def _cmlm_stage(tmp_path):
     """A cmlm stage's output: cmlms.json naming two tiny random CMLMs (one per direction)."""
     from pipeline import cmlm

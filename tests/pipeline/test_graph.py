@@ -15,6 +15,7 @@ PIPELINE_DIR = Path(graph.__file__).resolve().parent
 # same on every machine. The names are those the per-stage output_dir functions computed before the graph,
 # but evaluate's: `evaluate.measure_speed` (issue 24) joined its key, so earlier evaluate outputs are redone.
 BASE = ["data.source=files", "data.local_dir=/nonexistent/corpus"]
+UNPENALISED = ["evaluate.blank_penalties=[0]"]  # the decoding of before issue 41, which the pinned names were made with
 PINNED = [
     ([],
      {'ingest': 'ingest-19b97460c2e8', 'spm': 'spm-329019bbf169', 'tokenize': 'tokenize-0d52ee35e7d7', 'teacher': 'teacher-a62fcb7db399', 'distill': 'distill-4d277afbad2a', 'train': 'train-7dcfd8086cf1', 'evaluate': 'evaluate-4e6dcf6ef5c4', 'tune': 'tune-cd1b47120cc3'}),
@@ -32,10 +33,24 @@ PINNED = [
 @pytest.mark.parametrize("overrides, names", PINNED)
 def test_output_directories_keep_the_names_they_had_before_the_graph(tmp_path, overrides, names, monkeypatch):
     monkeypatch.setattr(distill, "ctranslate2_installed", lambda: False)  # distill.engine auto = our beam search
-    dirs = graph.output_dirs(load_config(None, BASE + overrides), tmp_path)
+    dirs = graph.output_dirs(load_config(None, BASE + UNPENALISED + overrides), tmp_path)
     assert {stage: path.name for stage, path in dirs.items() if stage not in graph.OPTIONAL} == names
     assert set(dirs) - set(names) == set(graph.OPTIONAL)  # stages added later (issue 29's cmlm) come on top
     assert all(path.parent == tmp_path.resolve() for path in dirs.values())
+
+
+def test_the_blank_penalty_grid_names_the_ctc_training_and_what_follows_it(tmp_path, monkeypatch):
+    """Issue 41: the default grid of evaluate.blank_penalties changes what the train stage publishes (a tuned
+    penalty) and which checkpoints it keeps, so it moves train, evaluate and tune — and nothing for a DAG model,
+    which has no blank to penalise; [0] keeps the names of before."""
+    monkeypatch.setattr(distill, "ctranslate2_installed", lambda: False)
+    for head in ([], ["model.head=dag", "model.graph_upsample_ratio=4"]):
+        before = graph.output_dirs(load_config(None, BASE + UNPENALISED + head), tmp_path)
+        for grid in ([], ["evaluate.blank_penalties=[0, 2]"]):
+            changed = graph.output_dirs(load_config(None, BASE + head + grid), tmp_path)
+            assert [s for s in before if before[s] != changed[s]] == (["train", "evaluate", "tune"] if not head else []), grid
+    assert graph.output_dirs(load_config(None, BASE), tmp_path) != graph.output_dirs(
+        load_config(None, BASE + ["evaluate.blank_penalties=[0, 2]"]), tmp_path)
 
 
 def test_the_cmlm_stage_is_off_by_default_and_moves_no_directory(tmp_path, monkeypatch):

@@ -11,6 +11,7 @@ import torch
 
 from pipeline import raytrain
 from pipeline.config import TrainConfig
+from pipeline.metrics import best_setting
 from pipeline.stage import StageError
 from reder import TransformerConfig
 from reder.autoregressive import Transformer
@@ -178,3 +179,81 @@ def test_the_progress_bar_follows_rank_0s_progress_file_on_a_terminal_only(tmp_p
             assert "loss=2, valid_bleu=7" in screen.getvalue()
         else:
             assert screen.getvalue() == ""
+
+
+def test_best_setting_is_the_highest_score_and_of_equals_the_one_nearest_zero():
+    assert best_setting({0.0: 5.0, 1.0: 7.0, 2.0: 6.0}) == 1.0
+    assert best_setting({-1.0: 7.0, 0.0: 5.0, 1.0: 7.0, 3.0: 7.0}) == -1.0  # |−1| = |1|: then the smaller
+    assert best_setting({0.0: 7.0, 0.5: 7.0}) == 0.0
+    assert best_setting({2.0: 1.0}) == 2.0
+
+
+def _valid_split(root: Path, model_dir: Path, src: list[str], tgt: list[str], src_text: list[str],
+                 tgt_text: list[str]) -> tuple[Path, Path, Path]:
+    """A tokenize-like directory (valid/: the ids of src and tgt), an ingest-like one (valid/: the text that
+    scores them, src_text for tgt2src and tgt_text for src2tgt) and an spm directory."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import sentencepiece
+
+    sp = sentencepiece.SentencePieceProcessor(model_file=str(model_dir / "spm.model"))
+    data, corpus, spm_dir = root / "tokenize", root / "ingest", root / "spm"
+    for directory in (data / "valid", corpus / "valid", spm_dir):
+        directory.mkdir(parents=True)
+    ids = list(range(len(src)))[::-1]  # not in id order on disk: the Validator sorts by id
+    pq.write_table(pa.table({"id": ids, "src_ids": [sp.encode(s) for s in src], "tgt_ids": [sp.encode(t) for t in tgt]}),
+                   data / "valid" / "part-0.parquet")
+    pq.write_table(pa.table({"id": ids, "src": src_text, "tgt": tgt_text}), corpus / "valid" / "part-0.parquet")
+    shutil.copyfile(model_dir / "spm.model", spm_dir / "spm.model")
+    return data, corpus, spm_dir
+
+
+def test_validation_picks_each_directions_best_blank_penalty_and_the_train_stage_publishes_it(tiny_model_dir, tmp_path):
+    """Issue 41: the Validator's BLEU per direction is the best of the grid's, each penalty scored as translate_ids
+    with that penalty and sacreBLEU would (brute force); on a constructed case — references that are the model's
+    own output under penalty −4 (src2tgt) and 0.5 (tgt2src) — it picks exactly those; the train stage's
+    tune_blank_penalty sets them on the model it publishes. [0] validates as before (no penalty keys)."""
+    import sentencepiece
+
+    from pipeline.config import load_config
+    from pipeline.metrics import corpus_scores
+    from pipeline.train import tune_blank_penalty
+    from reder.checkpoint import load_model_dir
+    from reder.translate import encode_lines, translate_ids
+
+    model, _ = load_model_dir(tiny_model_dir)
+    sp = sentencepiece.SentencePieceProcessor(model_file=str(tiny_model_dir / "spm.model"))
+    src = ["the cat sat on the mat", "a dog ran in the park", "the bird sang a song", "dogs and cats are friends",
+           "the dog sat", "a cat sang"]
+    tgt = ["the bird ran", "cats are friends", "a song in the park", "the mat sat on a dog", "the cat", "dogs ran"]
+    grid = (0.0, 0.5, -4.0, 3.0)
+
+    def decode(lines: list[str], direction: str, penalty: float) -> list[str]:
+        return [sp.decode(h) for h in translate_ids(model, encode_lines(sp, lines), direction, blank_penalty=penalty)]
+
+    made = {"src2tgt": -4.0, "tgt2src": 0.5}
+    references = {"src2tgt": decode(src, "src2tgt", -4.0), "tgt2src": decode(tgt, "tgt2src", 0.5)}
+    data, corpus, spm_dir = _valid_split(tmp_path, tiny_model_dir, src, tgt, references["tgt2src"], references["src2tgt"])
+    validator = raytrain.Validator({"ids": str(data / "valid"), "text": str(corpus / "valid")},
+                                   (spm_dir / "spm.model").read_bytes(), 0, blank_penalties=grid)
+    scores = validator(model)
+    for direction, inputs in (("src2tgt", src), ("tgt2src", tgt)):
+        brute = {p: corpus_scores(decode(inputs, direction, p), references[direction])["bleu"] for p in grid}
+        assert len(set(brute.values())) > 1, brute  # the grid's penalties score differently: the pick can be wrong
+        best = max(grid, key=lambda p: (brute[p], -abs(p), -p))
+        assert best == made[direction]
+        assert scores[f"blank_penalty_{direction}"] == best
+        assert scores[f"bleu_{direction}"] == pytest.approx(brute[best])
+        assert scores[f"bleu_{direction}_unpenalised"] == pytest.approx(brute[0.0])
+    assert scores["valid_bleu"] == pytest.approx((scores["bleu_src2tgt"] + scores["bleu_tgt2src"]) / 2)
+    plain = raytrain.Validator({"ids": str(data / "valid"), "text": str(corpus / "valid")},
+                               (spm_dir / "spm.model").read_bytes(), 0)(model)
+    assert set(plain) == {"bleu_src2tgt", "bleu_tgt2src", "valid_bleu"}
+    assert plain["bleu_src2tgt"] == pytest.approx(scores["bleu_src2tgt_unpenalised"])
+
+    cfg = load_config(None, [f"evaluate.blank_penalties=[{', '.join(map(str, grid))}]", "train.valid_max_sentences=0"])
+    assert tune_blank_penalty(model, cfg, data, corpus, spm_dir) == scores
+    assert model.blank_penalty == made
+    model.blank_penalty = {"src2tgt": 0.0, "tgt2src": 0.0}
+    assert tune_blank_penalty(model, load_config(None, ["evaluate.blank_penalties=[0]"]), data, corpus, spm_dir) == {}
+    assert model.blank_penalty == {"src2tgt": 0.0, "tgt2src": 0.0}

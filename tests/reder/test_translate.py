@@ -1,14 +1,19 @@
 """reder.translate's command line: line splitting (output lines = input lines), and one-line errors with exit
 status 2 for bad options, bad input and broken model directories. In process, with stdin replaced."""
 import io
+import json
 import shutil
 
 import pytest
 import sentencepiece
 import torch
 
+from reder import TransformerConfig
+from reder.autoregressive import Transformer
 from reder.checkpoint import CONFIG_FILE, MODEL_FILE, SPM_FILE
-from reder.translate import main, split_lines, translate_lines
+from reder.decode import ctc_beam_search, strip_special
+from reder.translate import greedy_by_penalty, main, split_lines, translate_ids, translate_lines
+from tests.reder.helpers import random_batch, tiny_model
 
 SEPARATORS = ["\x0b", "\x0c", "\x1c", "\x1d", "\x1e", "\x85", "\u2028", "\u2029"]
 
@@ -192,3 +197,86 @@ def test_the_api_refines_with_a_cmlm_translator(model_dir, cmlm_dir):
     assert isinstance(cmlm.translate("the cat", "en", "de", beam=3, iterations=2), str)
     with pytest.raises(ValueError, match="translates en->de, not de->en"):
         cmlm.translate("der hund", "de", "en")
+
+
+def _brute_greedy(log_probs: torch.Tensor, length: int, blank: int, penalty: float) -> list[int]:
+    """Frame by frame: the argmax of the log-probs with the blank's lowered by `penalty`, repeats merged,
+    blanks dropped, then cut at EOS and specials dropped (the reference of a penalised greedy decoder)."""
+    out, previous = [], None
+    for frame in log_probs[:length].tolist():
+        frame[blank] -= penalty
+        best = max(range(len(frame)), key=frame.__getitem__)
+        if best != previous and best != blank:
+            out.append(best)
+        previous = best
+    return strip_special(out, blank)
+
+
+PENALTIES = (-6.0, -1.0, 0.0, 0.5, 2.0, 6.0)
+
+
+@pytest.mark.parametrize("direction", ["src2tgt", "tgt2src"])
+def test_a_blank_penalty_decodes_greedily_the_argmax_of_the_shifted_log_probs_and_beams_over_their_renormalisation(direction):
+    """Issue 41: greedy with blank penalty c is the per-frame argmax of log P with c subtracted from the
+    blank's (whether c is passed, the model's own, or one of greedy_by_penalty's grid); the beam searches the
+    same shift renormalised, log softmax(log P − c·[blank])."""
+    model = tiny_model(dropout=0.0, attention_dropout=0.0).eval()
+    blank = model.cfg.blank_id
+    tokens, lengths = random_batch([6, 4, 5, 3], model.cfg.vocab_size)
+    sequences = [row[:n].tolist() for row, n in zip(tokens, lengths.tolist())]
+    with torch.no_grad():
+        log_probs, out_lengths = model(tokens, lengths, direction)  # (B, T', V), unpenalised
+    grid = greedy_by_penalty(model, sequences, direction, PENALTIES, batch_size=3)
+    seen = set()
+    for penalty in PENALTIES:
+        expected = [_brute_greedy(log_probs[b], int(out_lengths[b]), blank, penalty) for b in range(len(sequences))]
+        seen.add(str(expected))
+        assert model.translate(tokens, lengths, direction, blank_penalty=penalty) == expected, penalty
+        assert grid[penalty] == expected, penalty
+        assert translate_ids(model, sequences, direction, blank_penalty=penalty, batch_size=2) == expected, penalty
+        model.blank_penalty[direction] = penalty  # the model's own: what a model directory sets
+        assert model.translate(tokens, lengths, direction) == expected, penalty
+        model.blank_penalty[direction] = 0.0
+        shifted = log_probs.clone()
+        shifted[..., blank] -= penalty
+        beam = [strip_special(labels, blank) for labels, _ in ctc_beam_search(shifted.log_softmax(-1), out_lengths, blank, 4)]
+        assert model.translate(tokens, lengths, direction, beam_size=4, blank_penalty=penalty) == beam, penalty
+    assert len(seen) >= 2  # the penalties change the output: the comparisons above can fail
+    with pytest.raises(ValueError, match="a blank penalty is for a CTC REDER model"):
+        translate_ids(Transformer(TransformerConfig(vocab_size=12, d_model=8, n_heads=2, ffn_dim=16, encoder_layers=1,
+                                                    decoder_layers=1)), sequences, direction, blank_penalty=1.0)
+
+
+def test_the_model_directory_carries_the_blank_penalty_to_the_cli_and_the_python_api(model_dir, monkeypatch, capsys):
+    """Issue 41: config.json's blank_penalty (per direction) is what reder.load, the CLI (and so the Serve app
+    and the MLflow pyfunc, which translate through reder.load) decode with; --blank-penalty overrides it;
+    save_model_dir writes the model's own; a directory without it decodes unpenalised; a bad value is a
+    one-line error naming the file."""
+    import reder
+    from reder.checkpoint import load_model_dir, save_model_dir
+
+    lines = ["the cat sat on the mat", "a dog ran in the park", "dogs and cats"]
+    text = "".join(line + "\n" for line in lines).encode()
+    model, _ = load_model_dir(model_dir)
+    assert model.blank_penalty == {"src2tgt": 0.0, "tgt2src": 0.0}
+    sp = sentencepiece.SentencePieceProcessor(model_file=str(model_dir / SPM_FILE))
+    penalised = {d: translate_lines(model, sp, lines, d, blank_penalty=p) for d, p in (("src2tgt", -4.0), ("tgt2src", 3.0))}
+    plain = {d: translate_lines(model, sp, lines, d) for d in ("src2tgt", "tgt2src")}
+    assert penalised != plain
+    model.blank_penalty = {"src2tgt": -4.0, "tgt2src": 3.0}
+    save_model_dir(model_dir, model, model_dir / SPM_FILE, "en", "de")
+    assert json.loads((model_dir / CONFIG_FILE).read_text())["blank_penalty"] == {"src2tgt": -4.0, "tgt2src": 3.0}
+    loaded = reder.load(model_dir)
+    assert loaded.model.blank_penalty == {"src2tgt": -4.0, "tgt2src": 3.0}
+    assert loaded.translate(lines, src="en", tgt="de") == penalised["src2tgt"]
+    assert loaded.translate(lines, src="de", tgt="en") == penalised["tgt2src"]
+    for direction in ("src2tgt", "tgt2src"):
+        code, out, _ = _run(monkeypatch, capsys, ["--checkpoint", str(model_dir), "--direction", direction], text)
+        assert code == 0 and out.splitlines() == penalised[direction]
+        code, out, _ = _run(monkeypatch, capsys, ["--checkpoint", str(model_dir), "--direction", direction,
+                                                  "--blank-penalty", "0"], text)
+        assert code == 0 and out.splitlines() == plain[direction]
+    meta = json.loads((model_dir / CONFIG_FILE).read_text())
+    (model_dir / CONFIG_FILE).write_text(json.dumps({**meta, "blank_penalty": {"src2tgt": "high"}}))
+    code, _, err = _run(monkeypatch, capsys, ["--checkpoint", str(model_dir), "--direction", "src2tgt"], text)
+    assert code == 2 and err.startswith(f"error: {model_dir / CONFIG_FILE}: blank_penalty must map") and err.count("\n") == 1
