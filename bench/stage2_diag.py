@@ -43,7 +43,7 @@ import pyarrow.parquet as pq
 import torch
 
 from pipeline import spm
-from pipeline.config import load_config
+from pipeline.config import NO_BLANK_PENALTY, load_config
 from pipeline.harness import Harness, epoch_batches, micro_batches, passes
 from pipeline.raytrain import Validator
 from reder import DIRECTIONS, EOS_ID, DuplexLoss, LossConfig, REDER
@@ -173,9 +173,35 @@ def offset_bleu(model: REDER, validator: Validator, offsets: list[float]) -> dic
     return scores
 
 
+class Averages:
+    """Exponential moving averages of a model's weights, one per decay d (ema ← d·ema + (1 − d)·w after every
+    update, from the weights it starts from), and their validation: is the oscillation one of the weights?"""
+
+    def __init__(self, model: REDER, decays: tuple[float, ...]) -> None:
+        self.model = model
+        self.shadows = {d: {k: v.detach().clone() for k, v in model.state_dict().items()} for d in decays}
+
+    def update(self) -> None:
+        with torch.no_grad():
+            for decay, shadow in self.shadows.items():
+                for key, value in self.model.state_dict().items():
+                    if value.is_floating_point():
+                        shadow[key].mul_(decay).add_(value.detach(), alpha=1 - decay)
+                    else:
+                        shadow[key].copy_(value)
+
+    def validate(self, validator: Validator) -> dict[str, dict[str, float]]:
+        scores = {}
+        for decay, shadow in self.shadows.items():
+            twin = REDER(self.model.cfg, self.model.loss_config)
+            twin.load_state_dict(shadow)
+            scores[str(decay)] = validator(twin)
+        return scores
+
+
 def continue_variant(state: dict, cfg, examples, name: str, spec: dict, updates: int, probe: Probe,
                      validator: Validator, first_stage: int, valid_every: int = 0,
-                     blank_offsets: tuple[float, ...] = ()) -> dict:
+                     blank_offsets: tuple[float, ...] = (), ema: tuple[float, ...] = ()) -> dict:
     base = cfg.loss
     loss_config = replace(base, lambda_fba=base.lambda_fba if spec["fba"] else 0.0,
                           lambda_cc=base.lambda_cc if spec["cc"] else 0.0, aux_start_step=first_stage,
@@ -194,6 +220,7 @@ def continue_variant(state: dict, cfg, examples, name: str, spec: dict, updates:
     epochs = lambda epoch: epoch_batches(examples, cfg.train.max_tokens, cfg.train.seed, epoch,  # noqa: E731
                                          count=cfg.train.batch_tokens)
     stream = micro_batches(epochs, *harness.position)
+    averages = Averages(model, ema)
     rows = []
     for number in range(1, updates + 1):
         epoch, index, batch_examples = next(stream)
@@ -215,6 +242,7 @@ def continue_variant(state: dict, cfg, examples, name: str, spec: dict, updates:
         harness.optimizer.step()
         harness.scheduler.step()
         harness.step += 1
+        averages.update()
         row = {"step": harness.step, "lr": lr, "seconds": round(time.perf_counter() - started, 2),
                "terms": {k: float(v.detach()) for k, v in terms.items()}, "grad_norm": total_norm, "clip_scale": scale,
                "grad": {}}
@@ -229,12 +257,14 @@ def continue_variant(state: dict, cfg, examples, name: str, spec: dict, updates:
         if valid_every and number % valid_every == 0 and number < updates:
             scores = validator(model)
             row["valid_bleu"] = {d: scores[f"bleu_{d}"] for d in DIRECTIONS}
+            row["valid_scores"], row["ema_scores"] = scores, averages.validate(validator)
             if blank_offsets:
                 row["blank_offset_bleu"] = offset_bleu(model, validator, list(blank_offsets))
         rows.append(row)
         print_row(name, row)
     scores = validator(model)
     rows[-1]["valid_bleu"] = {d: scores[f"bleu_{d}"] for d in DIRECTIONS}
+    rows[-1]["valid_scores"], rows[-1]["ema_scores"] = scores, averages.validate(validator)
     return {"variant": name, "loss_config": loss_config.to_dict(), "updates": rows,
             "valid_bleu_after": {d: scores[f"bleu_{d}"] for d in DIRECTIONS},
             "blank_offset_bleu_after": offset_bleu(model, validator, list(blank_offsets))}
@@ -317,6 +347,41 @@ def table(result: dict) -> str:
     return "\n".join(lines)
 
 
+def validation_series(result: dict) -> str:
+    """Per variant, the weights as trained and each EMA of them: validation BLEU src2tgt / tgt2src at every
+    validation (with the blank penalty each picked, when the validator tunes one) and the largest drop between
+    consecutive validations; '' for a report without these validations."""
+    first = result["first_stage"]
+    lines = []
+    for v in result["variants"]:
+        rows = [row for row in v["updates"] if "valid_scores" in row]
+        if not rows:
+            continue
+        weights = {"as trained": [row["valid_scores"] for row in rows]}
+        for decay in rows[0]["ema_scores"]:
+            weights[f"EMA {decay}"] = [row["ema_scores"][decay] for row in rows]
+        if not lines:
+            lines = ["| variant | weights | " + " | ".join(str(row["step"]) for row in rows)
+                     + " | largest drop src2tgt / tgt2src | mean src2tgt / tgt2src |", "|---|---|" + "---|" * (len(rows) + 2)]
+        for label, series in weights.items():
+            points = [first.get("valid_scores", {f"bleu_{d}": first["valid_bleu"][d] for d in DIRECTIONS})] + series
+            cells = []
+            for scores in series:
+                cell = " / ".join(f"{scores[f'bleu_{d}']:.2f}" for d in DIRECTIONS)
+                if "blank_penalty_src2tgt" in scores:
+                    cell += " (c " + " / ".join(f"{scores[f'blank_penalty_{d}']:g}" for d in DIRECTIONS) + ")"
+                cells.append(cell)
+            drops = [max([a[f"bleu_{d}"] - b[f"bleu_{d}"] for a, b in zip(points, points[1:])] + [0.0]) for d in DIRECTIONS]
+            means = [sum(s[f"bleu_{d}"] for s in series) / len(series) for d in DIRECTIONS]
+            lines.append(f"| {v['variant']} | {label} | " + " | ".join(cells)
+                         + f" | {drops[0]:.2f} / {drops[1]:.2f} | {means[0]:.2f} / {means[1]:.2f} |")
+    if lines:
+        start = " / ".join(f"{first['valid_bleu'][d]:.2f}" for d in DIRECTIONS)
+        lines.insert(0, f"Validation BLEU src2tgt / tgt2src at each step of the continuation (step {first['steps']}: "
+                        f"{start}; drops counted from it):\n")
+    return "\n".join(lines)
+
+
 def summary(result: dict) -> dict:
     """Ranges over each variant's updates: total and per-term gradient norms, the blank row's step and norm,
     the largest per-update change of the blank's mean logit per direction, and the aux terms' first values."""
@@ -340,6 +405,9 @@ def summary(result: dict) -> dict:
 def write_report(result: dict, out: Path) -> None:
     """The JSON with its table, and the table alone as Markdown beside it (same name, .md)."""
     result["table"] = table(result)
+    series = validation_series(result)
+    if series:
+        result["table"] += "\n\n" + series
     result["summary"] = summary(result)
     out.write_text(json.dumps(result, indent=1))
     command = "python -m bench.stage2_diag " + " ".join(["--config", result["config"], *result["overrides"]])
@@ -361,6 +429,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--valid-every", type=int, default=0, help="also validate every N continuation updates")
     parser.add_argument("--blank-offsets", default="", help="also validate with the blank's logit lowered by each "
                                                                 "of these (comma-separated) at the first stage and after each variant")
+    parser.add_argument("--blank-penalties", default="", help="validate with the train stage's tuned blank penalty: "
+                        "each direction's best of these (comma-separated; evaluate.blank_penalties)")
+    parser.add_argument("--ema", default="", help="also validate exponential moving averages of the weights with "
+                        "these decays (comma-separated), started at the first stage's weights")
     parser.add_argument("--probe", type=int, default=100, help="validation sentences of the per-update probe")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--state", default="", help="save the first stage's state here, or load it if it exists")
@@ -379,8 +451,10 @@ def main(argv: list[str] | None = None) -> int:
     first_stage = cfg.loss.aux_start_step if args.first_stage is None else args.first_stage
     tokenized, corpus, spm_dir = (_stage_dir(workdir, s) for s in ("tokenize", "ingest", "spm"))
     examples = load_examples(tokenized / "train")
+    penalties = tuple(float(x) for x in args.blank_penalties.split(",") if x) or NO_BLANK_PENALTY
     validator = Validator({"ids": str(tokenized / "valid"), "text": str(corpus / "valid")},
-                          (spm_dir / spm.MODEL_FILE).read_bytes(), cfg.train.valid_max_sentences)
+                          (spm_dir / spm.MODEL_FILE).read_bytes(), cfg.train.valid_max_sentences,
+                          blank_penalties=penalties)
     probe = Probe(tokenized / "valid", args.probe)
     started = time.perf_counter()
     state_path = Path(args.state) if args.state else None
@@ -400,7 +474,8 @@ def main(argv: list[str] | None = None) -> int:
     model.load_state_dict(state["model"])
     scores = validator(model)
     offsets = tuple(float(x) for x in args.blank_offsets.split(",") if x)
-    first = {"steps": first_stage, "valid_bleu": {d: scores[f"bleu_{d}"] for d in DIRECTIONS}, "probe": probe(model),
+    first = {"steps": first_stage, "valid_bleu": {d: scores[f"bleu_{d}"] for d in DIRECTIONS}, "valid_scores": scores,
+             "probe": probe(model),
              "blank_offset_bleu": offset_bleu(model, validator, list(offsets)),
              "blank_row_norm": float(model.embed.weight[model.cfg.blank_id].detach().norm())}
     print(f"first stage: valid BLEU {first['valid_bleu']}, probe {first['probe']}", flush=True)
@@ -411,7 +486,8 @@ def main(argv: list[str] | None = None) -> int:
               "valid_sentences": cfg.train.valid_max_sentences, "first_stage": first, "variants": []}
     for name in args.variants.split(","):
         result["variants"].append(continue_variant(state, cfg, examples, name, VARIANTS[name], args.updates, probe,
-                                                   validator, first_stage, args.valid_every, offsets))
+                                                   validator, first_stage, args.valid_every, offsets,
+                                                   tuple(float(x) for x in args.ema.split(",") if x)))
         print(f"{name}: valid BLEU after {result['variants'][-1]['valid_bleu_after']}", flush=True)
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(result, indent=1))

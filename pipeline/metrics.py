@@ -8,19 +8,27 @@ import sacrebleu
 
 
 def corpus_scores(hypotheses: list[str], references: list[str]) -> dict[str, Any]:
-    """sacreBLEU BLEU and chrF of detokenized hypotheses against one reference each, with signatures."""
+    """sacreBLEU BLEU and chrF of detokenized hypotheses against one reference each, with signatures, and the
+    hypotheses' length over the references' in BLEU's tokens (`length_ratio`: below 1 the brevity penalty)."""
     if len(hypotheses) != len(references):
         raise ValueError(f"{len(hypotheses)} hypotheses for {len(references)} references")
     bleu, chrf = sacrebleu.metrics.BLEU(), sacrebleu.metrics.CHRF()
-    return {"bleu": bleu.corpus_score(hypotheses, [references]).score, "bleu_signature": str(bleu.get_signature()),
+    score = bleu.corpus_score(hypotheses, [references])
+    return {"bleu": score.score, "bleu_signature": str(bleu.get_signature()), "length_ratio": _ratio(score),
             "chrf": chrf.corpus_score(hypotheses, [references]).score, "chrf_signature": str(chrf.get_signature())}
 
 
-def corpus_bleu(hypotheses: list[str], references: list[str]) -> float:
-    """sacreBLEU BLEU alone (what `corpus_scores` gives as "bleu"), for scoring many settings of one decoder."""
+def corpus_bleu(hypotheses: list[str], references: list[str]) -> tuple[float, float]:
+    """sacreBLEU BLEU and the length ratio alone (`corpus_scores`' "bleu" and "length_ratio"), for scoring many
+    settings of one decoder."""
     if len(hypotheses) != len(references):
         raise ValueError(f"{len(hypotheses)} hypotheses for {len(references)} references")
-    return sacrebleu.metrics.BLEU().corpus_score(hypotheses, [references]).score
+    score = sacrebleu.metrics.BLEU().corpus_score(hypotheses, [references])
+    return score.score, _ratio(score)
+
+
+def _ratio(score: Any) -> float:
+    return score.sys_len / max(score.ref_len, 1)
 
 
 def best_setting(scores: dict[float, float]) -> float:

@@ -341,10 +341,11 @@ def build_task(config: dict[str, Any]) -> tuple[torch.nn.Module, torch.nn.Module
 class Validator:
     """Greedy decoding of the validation split in `directions` (a CMLM: mask-predict, translate_ids' default 10
     iterations and one length candidate), scored with sacreBLEU (rank 0); for a teacher also its validation loss
-    (mean token NLL, `valid_nll_<direction>`). A CTC REDER with `blank_penalties` other than [0] is decoded once
-    per direction under each penalty (`greedy_by_penalty`): `bleu_<direction>` is the best penalty's BLEU (of
-    equals the penalty nearest 0), `blank_penalty_<direction>` that penalty and `bleu_<direction>_unpenalised`
-    the BLEU without one (when 0 is in the grid)."""
+    (mean token NLL, `valid_nll_<direction>`), and the output's length over the references' (`valid_length_ratio_
+    <direction>`, in BLEU's tokens: a CTC model that over-predicts the blank writes short). A CTC REDER with
+    `blank_penalties` other than [0] is decoded once per direction under each penalty (`greedy_by_penalty`):
+    `bleu_<direction>` is the best penalty's BLEU (of equals the penalty nearest 0), `blank_penalty_<direction>`
+    that penalty and `bleu_<direction>_unpenalised` the BLEU without one (when 0 is in the grid)."""
 
     def __init__(self, paths: dict[str, str], spm_proto: bytes, max_sentences: int,
                  directions: tuple[str, ...] = DIRECTIONS, blank_penalties: tuple[float, ...] = NO_BLANK_PENALTY) -> None:
@@ -374,7 +375,8 @@ class Validator:
                     scores.update(self._penalised(model, direction))
                     continue
                 hypotheses = [self.sp.decode(h) for h in translate_ids(model, self.inputs[direction], direction)]
-                scores[f"bleu_{direction}"] = corpus_scores(hypotheses, self.references[direction])["bleu"]
+                result = corpus_scores(hypotheses, self.references[direction])
+                scores[f"bleu_{direction}"], scores[f"valid_length_ratio_{direction}"] = result["bleu"], result["length_ratio"]
                 if isinstance(model, Transformer):
                     scores[f"valid_nll_{direction}"] = self._nll(model, direction)
         finally:
@@ -385,12 +387,13 @@ class Validator:
     def _penalised(self, model: REDER, direction: str) -> dict[str, float]:
         """Greedy BLEU of `direction` under each blank penalty: the best's, which penalty, the unpenalised."""
         outputs = greedy_by_penalty(model, self.inputs[direction], direction, self.blank_penalties)
-        bleu = {penalty: corpus_bleu([self.sp.decode(h) for h in ids], self.references[direction])
-                for penalty, ids in outputs.items()}
-        best = best_setting(bleu)
-        scores = {f"bleu_{direction}": bleu[best], f"blank_penalty_{direction}": best}
-        if 0.0 in bleu:
-            scores[f"bleu_{direction}_unpenalised"] = bleu[0.0]
+        scored = {penalty: corpus_bleu([self.sp.decode(h) for h in ids], self.references[direction])
+                  for penalty, ids in outputs.items()}  # penalty → (BLEU, length ratio)
+        best = best_setting({penalty: bleu for penalty, (bleu, _) in scored.items()})
+        scores = {f"bleu_{direction}": scored[best][0], f"blank_penalty_{direction}": best,
+                  f"valid_length_ratio_{direction}": scored[best][1]}
+        if 0.0 in scored:
+            scores[f"bleu_{direction}_unpenalised"] = scored[0.0][0]
         return scores
 
     @torch.no_grad()

@@ -248,7 +248,8 @@ def test_validation_picks_each_directions_best_blank_penalty_and_the_train_stage
     assert scores["valid_bleu"] == pytest.approx((scores["bleu_src2tgt"] + scores["bleu_tgt2src"]) / 2)
     plain = raytrain.Validator({"ids": str(data / "valid"), "text": str(corpus / "valid")},
                                (spm_dir / "spm.model").read_bytes(), 0)(model)
-    assert set(plain) == {"bleu_src2tgt", "bleu_tgt2src", "valid_bleu"}
+    assert set(plain) == {"bleu_src2tgt", "bleu_tgt2src", "valid_length_ratio_src2tgt", "valid_length_ratio_tgt2src",
+                          "valid_bleu"}
     assert plain["bleu_src2tgt"] == pytest.approx(scores["bleu_src2tgt_unpenalised"])
 
     cfg = load_config(None, [f"evaluate.blank_penalties=[{', '.join(map(str, grid))}]", "train.valid_max_sentences=0"])
@@ -257,3 +258,58 @@ def test_validation_picks_each_directions_best_blank_penalty_and_the_train_stage
     model.blank_penalty = {"src2tgt": 0.0, "tgt2src": 0.0}
     assert tune_blank_penalty(model, load_config(None, ["evaluate.blank_penalties=[0]"]), data, corpus, spm_dir) == {}
     assert model.blank_penalty == {"src2tgt": 0.0, "tgt2src": 0.0}
+
+
+BIBLE = Path(__file__).resolve().parents[1] / "data" / "bible_en_es"
+
+
+@pytest.mark.slow
+def test_stage_two_keeps_both_directions_greedy_output_at_the_reference_length_and_their_validation_bleu_rising(tmp_path):
+    """Issue 41, item 3: a small REDER, 60 updates on 48 short Bible pairs (validated on the same pairs: what is
+    measured is the calibration of the output, not generalisation), stage two (FBA + CC, λ 0.1) on from update
+    31, validated every 10 updates as the train stage does (the Validator with the default blank penalties).
+    Once stage two is on, in both directions: the greedy output is 0.85-1.2 times the reference length, the
+    validation BLEU never drops by more than 1.0 from one validation to the next and ends at >= 12, and CC falls.
+    Today's decoding (evaluate.blank_penalties=[0], the code before issue 41) fails it: its greedy output is
+    0.50-0.65 of the reference length once stage two is on (the CTC blank over-predicted) and its BLEU ends at
+    11.41 / 11.01 (docs/RESULTS.md, issue 41)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import sentencepiece
+
+    from pipeline import spm
+    from pipeline.config import EvaluateConfig
+    from pipeline.harness import Harness
+    from reder import DuplexLoss, LossConfig, ModelConfig, REDER
+
+    torch.set_num_threads(1)  # tiny matrices: a second thread only waits (20x slower on a loaded 2-core box)
+    lines = {lang: (BIBLE / f"train.{lang}").read_text(encoding="utf-8").splitlines() for lang in ("en", "es")}
+    pairs = [(en, es) for en, es in zip(lines["en"], lines["es"]) if max(len(en), len(es)) <= 80][:48]
+    (tmp_path / "spm.model").write_bytes(spm.train([s for pair in pairs for s in pair], 256))
+    sp = sentencepiece.SentencePieceProcessor(model_file=str(tmp_path / "spm.model"))
+    ids = [(sp.encode(en), sp.encode(es)) for en, es in pairs]
+    for name, table in (("ids", {"src_ids": [s for s, _ in ids], "tgt_ids": [t for _, t in ids]}),
+                        ("text", {"src": [en for en, _ in pairs], "tgt": [es for _, es in pairs]})):
+        (tmp_path / name).mkdir()
+        pq.write_table(pa.table({"id": list(range(len(pairs))), **table}), tmp_path / name / "part-0.parquet")
+    validator = raytrain.Validator({"ids": str(tmp_path / "ids"), "text": str(tmp_path / "text")},
+                                   (tmp_path / "spm.model").read_bytes(), 0, blank_penalties=EvaluateConfig().blank_penalties)
+    aux_start = 30
+    model = REDER(ModelConfig(vocab_size=256, d_model=64, n_heads=4, ffn_dim=128, layers_per_end=2, dropout=0.0,
+                              max_positions=512, memory_efficient=False),
+                  LossConfig(lambda_fba=0.1, lambda_cc=0.1, aux_start_step=aux_start))
+    reports = []
+    cfg = TrainConfig(lr=0.003, warmup_steps=10, max_tokens=100_000, max_steps=60, validate_every=10, log_every=10,
+                      bf16=False)
+    Harness(model, DuplexLoss(model), cfg, "cpu", validate=validator,
+            on_report=lambda metrics, _: reports.append(metrics)).fit_examples(ids)
+    on = [r for r in reports if r["step"] >= aux_start]  # the switch-on's validation, then those with stage two
+    assert [r["step"] for r in on] == [30, 40, 50, 60]
+    assert all("train_fba_src2tgt" in r and "train_cc_tgt2src" in r for r in on[1:])  # stage two ran
+    for direction in ("src2tgt", "tgt2src"):
+        ratios = [r[f"valid_length_ratio_{direction}"] for r in on[1:]]
+        bleu = [r[f"bleu_{direction}"] for r in on]
+        assert all(0.85 <= ratio <= 1.2 for ratio in ratios), (direction, ratios)
+        assert all(later >= earlier - 1.0 for earlier, later in zip(bleu, bleu[1:])), (direction, bleu)
+        assert bleu[-1] >= 12, (direction, bleu)
+        assert on[-1][f"train_cc_{direction}"] < on[1][f"train_cc_{direction}"], direction
