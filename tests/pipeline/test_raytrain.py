@@ -270,9 +270,9 @@ def test_stage_two_keeps_both_directions_greedy_output_at_the_reference_length_a
     31, validated every 10 updates as the train stage does (the Validator with the default blank penalties).
     Once stage two is on, in both directions: the greedy output is 0.85-1.2 times the reference length, the
     validation BLEU never drops by more than 1.0 from one validation to the next and ends at >= 12, and CC falls.
-    Today's decoding (evaluate.blank_penalties=[0], the code before issue 41) fails it: its greedy output is
-    0.50-0.65 of the reference length once stage two is on (the CTC blank over-predicted) and its BLEU ends at
-    11.41 / 11.01 (docs/RESULTS.md, issue 41)."""
+    The decoding before issue 41 (blank_penalties=(0.0,) here) fails it: its src2tgt greedy output is 0.71,
+    0.59 and 0.64 of the reference length at the validations with stage two on (the CTC blank over-predicted;
+    docs/RESULTS.md, issue 41)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
     import sentencepiece
