@@ -34,7 +34,7 @@ import threading
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import pyarrow.parquet as pq
 import torch
@@ -168,7 +168,7 @@ def fit_and_average(trainer: Any, run_path: Path, average_best: int, model: torc
     what = f"{task['kind']} {task['direction']}" if task["kind"] != "reder" else "train"
     try:
         with progress_bar(Path(config["progress"]), config["train"]["max_steps"], what):
-            result = trainer.fit()
+            result = off_main_thread(trainer.fit)
     except Exception as error:  # TrainingFailedError wraps the worker's exception
         raise StageError(f"train: Ray Train failed: {first_failure(error)}") from error
     scored = [(m[SCORE], m["step"], c) for c, m in result.best_checkpoints if SCORE in m]
@@ -184,6 +184,30 @@ def fit_and_average(trainer: Any, run_path: Path, average_best: int, model: torc
     model.load_state_dict(average_state_dicts(states))
     return {"history": history, "averaged": [{"step": step, SCORE: score} for score, step, _ in best],
             "fit_seconds": round(time.time() - started, 1)}
+
+
+def off_main_thread(work: Callable[[], Any]) -> Any:
+    """`work()` run in a thread while the main thread waits for it, so that the driver's own Ctrl-C and
+    SIGTERM handlers stay in place and answer at once. Ray Train's fit, called on the main thread, installs a
+    SIGINT handler of its own that it never removes (Ctrl-C then aborts its controller and calls sys.exit(0),
+    even after the fit); off it, fit leaves the handlers alone, as under Tune. An interruption leaves the
+    thread waiting on a controller that ends with the driver's Ray session (run_pipeline shuts it down; on a
+    cluster, the actors of a departed driver are killed): its checkpoints are kept for the next run."""
+    outcome: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            outcome["value"] = work()
+        except BaseException as error:  # handed to the main thread
+            outcome["error"] = error
+
+    thread = threading.Thread(target=target, name="ray-train-fit", daemon=True)
+    thread.start()
+    while thread.is_alive():
+        thread.join(0.2)  # a timed wait: a signal's handler runs within it
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
 
 
 @contextlib.contextmanager
