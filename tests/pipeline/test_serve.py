@@ -67,6 +67,24 @@ def test_a_dynamic_batch_is_translated_by_group_and_a_refused_job_answered_alone
     assert isinstance(out[5], BadRequest) and "decoder 'lookahead'" in str(out[5])
 
 
+def test_a_refused_job_spoils_none_of_the_good_jobs_in_its_own_group(tiny_model_dir):
+    """Good jobs and jobs the model refuses (an input over its length limit) in one (pair, beam, decoder) group:
+    the group's one call fails, and every good job still gets what the translator gives it alone."""
+    server = service.TranslationService.func_or_class(str(tiny_model_dir))
+    translator = load(tiny_model_dir)
+    too_long = ("cat " * 400).strip()
+    jobs = [_job(["the cat sat", "a dog"]), _job(too_long), _job("the mat"), _job(["a dog ran", too_long]),
+            _job(["the bird", "dogs and cats"])]
+    assert len({(job.src, job.tgt, job.beam, job.decoder) for job in jobs}) == 1  # one group
+    with pytest.raises(ValueError, match="exceed"):  # so the group's one call fails
+        translator.translate([line for job in jobs for line in job.lines], "en", "de")
+    out = server.translate_jobs(jobs)
+    for index in (0, 2, 4):
+        assert out[index] == translator.translate(list(jobs[index].lines), "en", "de")
+    for index in (1, 3):
+        assert isinstance(out[index], BadRequest) and "exceed" in str(out[index]) and out[index].status == 400
+
+
 def _post(url: str, payload: object, method: str = "POST") -> tuple[int, dict]:
     data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
     request = urllib.request.Request(url, data=data if method == "POST" else None, method=method,
