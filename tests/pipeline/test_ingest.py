@@ -177,9 +177,14 @@ def test_input_files_are_identified_by_content_not_by_where_they_lie_or_their_mt
 
 
 def test_limit_keeps_the_first_lines(tmp_path):
-    corpus = write_files_corpus(tmp_path / "corpus")
+    """data.limit=25 keeps exactly the first 25 lines of every split (ids 1-25, the files' own text), no other."""
+    corpus = write_files_corpus(tmp_path / "corpus")  # 300/40/40 pairs, none that a filter drops
     out = graph.run(files_config(corpus, "data.limit=25", "data.dedupe=false"), tmp_path / "w", "ingest")
-    assert pq.read_table(out / "train").column("id").to_pylist()[-1] <= 25
+    for split in ("train", "valid", "test"):
+        table = pq.read_table(out / split)
+        assert table.column("id").to_pylist() == list(range(1, 26)), split
+        for column, lang in (("src", "en"), ("tgt", "de")):
+            assert table.column(column).to_pylist() == (corpus / f"{split}.{lang}").read_text(encoding="utf-8").splitlines()[:25]
 
 
 def test_named_corpus_download_path(tmp_path, monkeypatch):

@@ -1,5 +1,6 @@
-import json
 import gzip
+import importlib.util
+import json
 import math
 import re
 import subprocess
@@ -13,9 +14,50 @@ import run_pipeline
 from pipeline import evaluate
 from pipeline.config import ConfigError
 from pipeline.tracking import STAGE_TAG
-from tests.pipeline.conftest import write_files_corpus
+from tests.pipeline.conftest import DecoderClock, write_files_corpus
 
 SMOKE = Path(run_pipeline.__file__).resolve().parent / "configs" / "smoke.yaml"
+SMOKE_CORPUS = SMOKE.parents[1] / "tests" / "data" / "bible_en_es"  # its data.local_dir: <split>.en, <split>.es
+
+
+def sacrebleu_cli(reference: Path, hypotheses: Path) -> dict[str, dict]:
+    """sacreBLEU's own command line, default options (what pipeline.metrics uses), on a hypothesis file and a
+    reference file: {metric name: its JSON entry (score to 10 decimals, signature)} for BLEU and chrF."""
+    out = subprocess.run([sys.executable, "-m", "sacrebleu", str(reference), "-i", str(hypotheses), "-m", "bleu", "chrf",
+                          "-w", "10"], capture_output=True, text=True, check=True)
+    return {entry["name"]: entry for entry in json.loads(out.stdout)}
+
+
+def assert_results_are_sacrebleu_clis(results: dict, evaluate_dir: Path, sentences: int, tmp: Path) -> None:
+    """Every BLEU and chrF in the evaluate stage's results.json (each split, direction and decoder, the teachers'
+    rows, both round trips, the headline) is what sacreBLEU's command line gives for the hypothesis file the stage
+    wrote against the original references: the first `sentences` lines of the smoke corpus's files as shipped
+    (not the ingested Parquet, not anything evaluate wrote)."""
+    tmp.mkdir()
+    for path in SMOKE_CORPUS.glob("*.e[ns]"):  # <split>.<lang>, cut to the lines evaluate scored
+        lines = path.read_text(encoding="utf-8").splitlines()[:sentences]
+        (tmp / path.name).write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    language = {"src": "en", "tgt": "es"}
+    roundtrips = {f"{key.split('.')[0]}.roundtrip_{key.split('.')[1]}.greedy": key for key in results["roundtrip"]}
+    assert {path.stem for path in evaluate_dir.glob("*.txt")} == set(results["scores"]) | set(roundtrips)
+    assert len(results["scores"]) == 16 and len(roundtrips) == 4  # 2 splits x 2 directions x 4 decoders; 2 x 2
+    cli = {}
+    for key, entry in results["scores"].items():
+        split, direction, _ = key.split(".")
+        cli[key] = sacrebleu_cli(tmp / f"{split}.{language['tgt' if direction == 'src2tgt' else 'src']}",
+                                 evaluate_dir / f"{key}.txt")
+        assert (round(entry["bleu"], 10), round(entry["chrf"], 10), entry["sentences"]) == \
+            (cli[key]["BLEU"]["score"], cli[key]["chrF2"]["score"], sentences), key
+        assert (cli[key]["BLEU"]["signature"], cli[key]["chrF2"]["signature"]) == \
+            (results["bleu_signature"], results["chrf_signature"]), key
+    for name, key in roundtrips.items():  # x -> y^ -> x^, scored against x
+        split, side = key.split(".")
+        cli[key] = sacrebleu_cli(tmp / f"{split}.{language[side]}", evaluate_dir / f"{name}.txt")
+        assert round(results["roundtrip"][key], 10) == cli[key]["BLEU"]["score"], key
+    headline = {"bleu_src2tgt": cli["test.src2tgt.greedy"]["BLEU"], "bleu_tgt2src": cli["test.tgt2src.greedy"]["BLEU"],
+                "chrf_src2tgt": cli["test.src2tgt.greedy"]["chrF2"], "chrf_tgt2src": cli["test.tgt2src.greedy"]["chrF2"],
+                "roundtrip_bleu_src": cli["test.src"]["BLEU"], "roundtrip_bleu_tgt": cli["test.tgt"]["BLEU"]}
+    assert {name: round(results[name], 10) for name in headline} == {name: e["score"] for name, e in headline.items()}
 
 
 def by_stage(runs: list) -> dict:
@@ -82,13 +124,18 @@ def test_bad_input_is_one_error_line_and_exit_code_2(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_smoke_config_end_to_end_with_tracking_then_skips(tmp_path, capsys, ray_session):
-    """All seven stages through Ray (AR teachers on Ray Train, KD on Ray Data, REDER with 2 training workers
-    and gloo DDP on the distilled pairs), tracked in MLflow; then the translate CLI reproduces the evaluate
-    stage's hypotheses (REDER's and the teacher's), a second run skips everything, a GPU request on this
-    CPU-only cluster fails fast, and an incompatible teacher checkpoint is a clear error."""
+def test_smoke_config_end_to_end_with_tracking_then_skips(tmp_path, capsys, ray_session, monkeypatch):
+    """All seven stages through Ray (AR teachers on Ray Train, KD on Ray Data with the default engine, REDER with
+    2 training workers and gloo DDP on the distilled pairs), tracked in MLflow; every score in results.json is
+    sacreBLEU's command line on the hypothesis files, every speed-up the one the (fake) clock's times give; then
+    the translate CLI reproduces the evaluate stage's hypotheses (REDER's and the teacher's), a second run skips
+    everything, a GPU request on this CPU-only cluster fails fast, and an incompatible teacher checkpoint is a
+    clear error."""
     workdir = tmp_path / "work"
     args = ["--config", str(SMOKE), f"workdir={workdir}", "evaluate.measure_speed=true"]
+    # evaluate's timings by a fake clock: (seconds per sentence at batch 1, seconds of a larger batch's call)
+    clock = DecoderClock({"greedy": (0.002, 0.05), "beam4": (0.005, 0.1), "teacher_greedy": (0.01, 0.25),
+                          "teacher_beam4": (0.04, 0.5)}).install(monkeypatch)
     assert run_pipeline.main(args) == 0
     out = capsys.readouterr().out
     assert "[7/7] evaluate: running" in out and "vocab_size 256 (blank id 255)" in out
@@ -97,6 +144,8 @@ def test_smoke_config_end_to_end_with_tracking_then_skips(tmp_path, capsys, ray_
     teacher_counts, distill_counts = last["stages"]["teacher"]["counts"], last["stages"]["distill"]["counts"]
     assert teacher_counts["src2tgt"]["steps"] == teacher_counts["tgt2src"]["steps"] == 20
     assert distill_counts["rows"] == last["stages"]["tokenize"]["counts"]["train"]["kept"]
+    # distill.engine auto: CTranslate2 where the extra is installed (CI installs it: .ci/run), else our search
+    assert distill_counts["engine"] == ("ctranslate2" if importlib.util.find_spec("ctranslate2") else "torch")
     for direction in ("src2tgt", "tgt2src"):
         assert 0 <= distill_counts[f"fallback_{direction}"] <= distill_counts["rows"]
         assert distill_counts[f"length_ratio_{direction}"] > 0 and f"teacher_bleu_{direction}" in distill_counts
@@ -116,10 +165,11 @@ def test_smoke_config_end_to_end_with_tracking_then_skips(tmp_path, capsys, ray_
     assert set(results["scores"]) == {f"{split}.{d}.{decoder}" for split in ("test", "valid")
                                       for d in ("src2tgt", "tgt2src")
                                       for decoder in ("greedy", "beam4", "teacher_greedy", "teacher_beam4")}
-    speed = results["speed"]
-    assert speed["greedy_latency_ms"] > 0 and speed["beam4_sentences_per_s"] > 0
-    assert speed["speedup_greedy_vs_teacher_beam4_batch1"] == pytest.approx(
-        speed["teacher_beam4_latency_ms"] / speed["greedy_latency_ms"], rel=0.01)
+    expected = clock.expected_speed(50, 16)
+    assert {name: results["speed"][name] for name in expected} == expected
+    assert results["speed"]["speedup_greedy_vs_teacher_beam4_batch1"] == 20.0
+    assert results["speed"]["speedup_beam4_vs_teacher_greedy_batch16"] == 2.5
+    assert_results_are_sacrebleu_clis(results, evaluate_dir, 50, tmp_path / "references")
     hypotheses = (evaluate_dir / "test.src2tgt.greedy.txt").read_text(encoding="utf-8").splitlines()
     assert len(hypotheses) == 50
 

@@ -183,12 +183,27 @@ def test_refinement_options_are_checked(model_dir, cmlm_dir, monkeypatch, capsys
 
 
 def test_the_api_refines_with_a_cmlm_translator(model_dir, cmlm_dir):
+    """Translator.translate with a refiner gives what the CMLM's refine does by hand to REDER's greedy output."""
     import reder
+    from reder.ctc import pad_batch
+    from reder.translate import encode_lines
 
     model, cmlm = reder.load(model_dir), reder.load(cmlm_dir)
-    lines = ["the cat sat", "a dog ran"]
-    assert model.translate(lines, "en", "de", refiner=cmlm, refine_steps=0) == model.translate(lines, "en", "de")
-    assert len(model.translate(lines, "en", "de", refiner=cmlm, refine_steps=3)) == 2
+    lines = ["a dog ran in the park", "the cat sat", "dogs and cats are friends", "the bird"]
+    greedy_text = model.translate(lines, "en", "de")
+    assert model.translate(lines, "en", "de", refiner=cmlm, refine_steps=0) == greedy_text
+    encoded = encode_lines(model.sp, lines)
+    order = sorted(range(len(lines)), key=lambda i: len(encoded[i]))  # the API's one length-sorted batch
+    tokens, lengths = pad_batch([encoded[i] for i in order])
+    with torch.inference_mode():
+        greedy = model.model.translate(tokens, lengths, "src2tgt")
+        refined = cmlm.model.refine(tokens, lengths, greedy, 3)
+    by_hand = [""] * len(lines)
+    for index, hypothesis in zip(order, refined):
+        by_hand[index] = model.sp.decode(hypothesis)
+    assert [model.sp.decode(h) for h in greedy] == [greedy_text[i] for i in order]
+    assert model.translate(lines, "en", "de", refiner=cmlm, refine_steps=3) == by_hand
+    assert by_hand != greedy_text  # refinement changes the output here: a translate that ignored it would fail
     assert isinstance(cmlm.translate("the cat", "en", "de", beam=3, iterations=2), str)
     with pytest.raises(ValueError, match="translates en->de, not de->en"):
         cmlm.translate("der hund", "de", "en")
