@@ -51,6 +51,10 @@ class DataConfig:
     max_length_ratio: float = 3.0  # max(len)/min(len) in characters, both sides
     dedupe: bool = True  # drop repeated (src, tgt) pairs within train
     lenient: bool = False  # invalid UTF-8: drop and count the pair instead of failing
+    # A line terminator other than \n / \r\n (lone CR, U+2028, U+2029, NEL, VT, FF) or a control character but
+    # TAB inside a line (reder.text): "error" names file, line and character; "replace" makes each a space,
+    # counted per character in report.json. Hashed only when set to replace (added after outputs existed).
+    bad_characters: Literal["error", "replace"] = "error"
     # SWORD (the embedded default): two Bible modules, verse-aligned.
     sword_path: str = "/usr/share/sword"
     sword_src_module: str = "engWEB2015eb"
@@ -60,8 +64,8 @@ class DataConfig:
     test_size: int = 1000
     split_seed: int = 1
     # Bytes read from one corpus file, after decompression, in MB (10^6 bytes): a guard against a
-    # decompression bomb or a wrong file. The largest shipped corpus (wmt14_ende) has sides of ~0.7 GB;
-    # ingest holds a whole split in memory, so raise this only with the memory for it.
+    # decompression bomb or a wrong file. The largest shipped corpus (wmt14_ende) has sides of ~0.7 GB; ingest
+    # streams local files (its memory does not grow with them), a download is assembled in memory once.
     max_input_mb: int = 4000
 
     def __post_init__(self) -> None:
