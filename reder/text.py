@@ -15,6 +15,7 @@ from typing import Optional
 
 BOM = "\ufeff"
 BAD = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029]")
+BAD_BUT_LF = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029]")  # for many lines joined by "\n" at once
 _NAMES = {"\x00": "NUL", "\x0a": "LINE FEED", "\x0b": "VERTICAL TAB", "\x0c": "FORM FEED", "\x0d": "CARRIAGE RETURN",
           "\x1b": "ESCAPE", "\x7f": "DELETE", "\x85": "NEXT LINE", "\u2028": "LINE SEPARATOR",
           "\u2029": "PARAGRAPH SEPARATOR"}

@@ -12,12 +12,13 @@ bomb stops at the cap) are errors naming the file (and line); `id` is the 1-base
 from __future__ import annotations
 
 import gzip
+import itertools
 import os
 import zlib
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO, Iterable, Iterator, Optional
+from typing import Any, BinaryIO, Iterable, Iterator, Optional
 
 from pipeline.config import DataConfig
 from pipeline.stage import StageError
@@ -28,7 +29,6 @@ MB = 10**6  # data.max_input_mb counts these
 CHUNK = 1 << 20  # bytes read (decompressed) at a time
 
 Row = tuple[int, Optional[str], Optional[str]]  # line id, src, tgt (None: undecodable, lenient mode)
-_END = object()
 
 
 class CorpusError(StageError):
@@ -89,18 +89,12 @@ def read_parallel(src_path: Path, tgt_path: Path, rules: TextRules = TextRules()
     counts: Counter[str] = Counter()
 
     def rows() -> Iterator[Row]:
-        src_lines, tgt_lines = read_text(src_path, rules, counts), read_text(tgt_path, rules, counts)
-        number = 0
-        while True:
-            src, tgt = next(src_lines, _END), next(tgt_lines, _END)
-            if src is _END or tgt is _END:
-                break
-            number += 1
-            yield number, src, tgt
-        if src is not _END or tgt is not _END:
-            src_total = number + (src is not _END) + _count(src_lines)
-            tgt_total = number + (tgt is not _END) + _count(tgt_lines)
-            raise CorpusError(f"misaligned corpus: {src_path} has {src_total} lines but {tgt_path} has {tgt_total}; "
+        src, tgt = TextFile(src_path, rules, counts), TextFile(tgt_path, rules, counts)
+        yield from zip(itertools.count(1), src.lines(), tgt.lines())  # C-level: no Python frame per row
+        for side in (src, tgt):  # zip stops at the shorter side: read both to the end to compare
+            side.drain()
+        if src.count != tgt.count:
+            raise CorpusError(f"misaligned corpus: {src_path} has {src.count} lines but {tgt_path} has {tgt.count}; "
                               f"the two sides must have one sentence per line, aligned")
 
     return RawSplit(rows(), f"{src_path} + {tgt_path}", (Path(src_path), Path(tgt_path)), counts)
@@ -111,13 +105,14 @@ def read_tsv(path: Path, rules: TextRules = TextRules()) -> RawSplit:
     counts: Counter[str] = Counter()
 
     def rows() -> Iterator[Row]:
-        for number, line in enumerate(raw_lines(path, rules.max_input_mb), start=1):
-            fields = line.count(b"\t") + 1
-            if fields != 2:
-                raise CorpusError(f"{path}:{number}: expected 2 tab-separated fields (src, tgt), got {fields}")
-            decoded = to_text(line, path, number, rules, counts)
-            src, tgt = decoded.split("\t") if decoded is not None else (None, None)
-            yield number, src, tgt
+        for number, line in enumerate(TextFile(path, rules, counts).lines(), start=1):
+            if line is None:  # undecodable (lenient): dropped and counted as such
+                yield number, None, None
+                continue
+            fields = line.split("\t")
+            if len(fields) != 2:
+                raise CorpusError(f"{path}:{number}: expected 2 tab-separated fields (src, tgt), got {len(fields)}")
+            yield number, fields[0], fields[1]
 
     return RawSplit(rows(), str(path), (Path(path),), counts)
 
@@ -147,10 +142,44 @@ def find_file(directory: Path, name: str, rivals: tuple[str, ...] = (), required
     raise CorpusError(f"corpus file not found: {Path(directory) / name} (nor {name}.gz) in {directory}")
 
 
-def read_text(path: Path, rules: TextRules, counts: Counter[str]) -> Iterator[Optional[str]]:
-    """The lines of a (possibly gzipped) file as text by `rules`, one at a time (`to_text`)."""
-    for number, line in enumerate(raw_lines(path, rules.max_input_mb), start=1):
-        yield to_text(line, path, number, rules, counts)
+class TextFile:
+    """The lines of a (possibly gzipped) file as text by `rules`, block by block: a block of whole lines is
+    decoded and checked at once, and only a block with something to report goes line by line (`to_text`).
+    `count` is the number of lines read so far."""
+
+    def __init__(self, path: Path, rules: TextRules, counts: Counter[str]) -> None:
+        self.path, self.rules, self.counts, self.count = path, rules, counts, 0
+        self.blocks = self._blocks()
+
+    def lines(self) -> Iterator[Optional[str]]:
+        return itertools.chain.from_iterable(self.blocks)
+
+    def drain(self) -> None:
+        for _ in self.blocks:
+            pass
+
+    def _blocks(self) -> Iterator[list[Optional[str]]]:
+        for block in raw_blocks(self.path, self.rules.max_input_mb):
+            lines = self._fast(block)
+            if lines is None:
+                lines = [to_text(line, self.path, self.count + i, self.rules, self.counts)
+                         for i, line in enumerate(_split(block), start=1)]
+            self.count += len(lines)
+            yield lines
+
+    def _fast(self, block: bytes) -> Optional[list[str]]:
+        """The block's lines when it is valid UTF-8 and holds no bad character (the usual case), else None."""
+        try:
+            whole = block.decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+        if text.BAD_BUT_LF.search(whole.replace("\r\n", "\n")):
+            return None  # a lone CR, a BOM's line, ... : line by line, which names or replaces it
+        bom = self.count == 0 and whole.startswith(text.BOM)
+        lines = _split(whole[1:] if bom else whole)
+        if bom:
+            self.counts["bom_removed"] += 1
+        return [line[:-1] if line.endswith("\r") else line for line in lines]
 
 
 def to_text(line: bytes, path: Path, number: int, rules: TextRules, counts: Counter[str]) -> Optional[str]:
@@ -180,9 +209,9 @@ def to_text(line: bytes, path: Path, number: int, rules: TextRules, counts: Coun
     return decoded
 
 
-def raw_lines(path: Path, max_input_mb: int) -> Iterator[bytes]:
-    """Raw lines of a (possibly gzipped) file without their "\n", read chunk by chunk; at most `max_input_mb`
-    MB are read (after decompression)."""
+def raw_blocks(path: Path, max_input_mb: int) -> Iterator[bytes]:
+    """A (possibly gzipped) file in blocks of whole lines (each ending in "\n", but a last line without one),
+    read chunk by chunk; at most `max_input_mb` MB are read (after decompression)."""
     if not Path(path).is_file():
         raise CorpusError(f"corpus file not found: {path}")
     with open(path, "rb") as handle:
@@ -202,16 +231,23 @@ def raw_lines(path: Path, max_input_mb: int) -> Iterator[bytes]:
             size += len(chunk)
             if size > max_input_mb * MB:
                 raise too_big(str(path), max_input_mb, gzipped)
-            lines = (rest + chunk).split(b"\n")
-            rest = lines.pop()
-            reached += len(lines)
-            yield from lines
+            cut = chunk.rfind(b"\n") + 1
+            if cut:
+                block, rest = rest + chunk[:cut], chunk[cut:]
+                reached += block.count(b"\n")
+                yield block
+            else:
+                rest += chunk
     if rest:
         yield rest
 
 
-def _count(lines: Iterator[object]) -> int:
-    return sum(1 for _ in lines)
+def _split(block: Any) -> list:
+    """A block's lines without their "\n" (bytes or str)."""
+    lines = block.split(b"\n" if isinstance(block, bytes) else "\n")
+    if not lines[-1]:
+        lines.pop()
+    return lines
 
 
 def too_big(what: str, max_input_mb: int, decompressed: bool) -> CorpusError:
