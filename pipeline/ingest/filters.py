@@ -23,7 +23,7 @@ from pipeline.ingest.readers import Row
 from pipeline.parquet import SplitWriter
 
 SCHEMA = pa.schema([("id", pa.int64()), ("src", pa.string()), ("tgt", pa.string())])
-BATCH = 1 << 16  # rows filtered at a time
+BATCH = 8192  # rows filtered at a time (65536 peaked ~90 MB higher at 10x, no faster)
 
 
 class SeenPairs:
