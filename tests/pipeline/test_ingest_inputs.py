@@ -114,10 +114,6 @@ def test_seen_pairs_is_a_set_in_order():
     assert len(seen.runs) <= 12 and sum(map(len, seen.runs)) == len(reference)
 
 
-def _side(corpus: Path, name: str) -> Path:
-    return corpus / name
-
-
 # --- line endings and invisible characters: an error naming file, line and character, or replaced and counted
 
 BAD_TEXT = {
