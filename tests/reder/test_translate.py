@@ -26,29 +26,45 @@ def _run(monkeypatch, capsys, args, stdin: bytes = b"the cat\n") -> tuple[int, s
     return code, out, err
 
 
-@pytest.mark.parametrize("separator", SEPARATORS)
-def test_split_lines_splits_at_newlines_only(separator):
-    assert split_lines(f"a{separator}b\nc\n") == [f"a{separator}b", "c"]
-    assert split_lines(f"a{separator}b\r\nc\r\n".encode()) == [f"a{separator}b", "c"]
+@pytest.mark.parametrize("separator", SEPARATORS + ["\r", "\x00", "\x1b", "\x7f"])
+def test_split_lines_refuses_other_line_terminators_and_control_characters(separator):
+    """reder.text's one definition of a line: a character that would end a line elsewhere, or any control
+    character but TAB, is an error naming the line and the character, in text and in bytes."""
+    for data in (f"ok\na{separator}b\nc\n", f"ok\r\na{separator}b\r\nc\r\n".encode()):
+        with pytest.raises(ValueError, match=rf"^line 2: U\+{ord(separator):04X} \(.+\) at character 2: "):
+            split_lines(data)
 
 
 def test_split_lines_edges():
     assert split_lines("") == [] and split_lines("\n") == [""] and split_lines("a\n\nb") == ["a", "", "b"]
+    assert split_lines("a\tb\r\n") == ["a\tb"]  # TAB is text; a CRLF is one ending
+    assert split_lines("\ufeffa\n\ufeffb\n".encode()) == ["a", "\ufeffb"]  # a BOM only at the start
     with pytest.raises(ValueError, match=r"line 2: not UTF-8"):
         split_lines(b"ok\nab\xffc\n")
 
 
 def test_every_input_line_gives_one_output_line(model_dir, monkeypatch, capsys):
-    lines = [f"the cat{separator}sat" for separator in SEPARATORS] + ["a dog\r", "", "the bird"]
+    lines = ["\ufeffthe cat", "the cat\tsat", "a dog\r", "", "the bird", "\u00a0the \u200bcat\ufeff"]
     code, out, err = _run(monkeypatch, capsys, ["--checkpoint", str(model_dir), "--direction", "src2tgt"],
                           "\n".join(lines).encode() + b"\n")
     assert code == 0, err
     assert out.endswith("\n") and len(out.split("\n")) - 1 == len(lines)
-    model_lines = [line.removesuffix("\r") for line in lines]
+    model_lines = [line.removesuffix("\r").removeprefix("\ufeff") if i < 3 else line for i, line in enumerate(lines)]
     from reder.checkpoint import load_model_dir
     model, _ = load_model_dir(model_dir)
     sp = sentencepiece.SentencePieceProcessor(model_file=str(model_dir / SPM_FILE))
     assert out.split("\n")[:-1] == translate_lines(model, sp, model_lines, "src2tgt")
+
+
+@pytest.mark.parametrize("stdin, message", [
+    (b"the cat\rthe dog\r", "line 1: U+000D (CARRIAGE RETURN) at character 8"),
+    (b"the cat\nthe \x00dog\n", "line 2: U+0000 (NUL) at character 5"),
+    ("the cat\nthe\u2028dog\n".encode(), "line 2: U+2028 (LINE SEPARATOR) at character 4"),
+])
+def test_a_line_terminator_or_control_character_is_a_one_line_error(model_dir, monkeypatch, capsys, stdin, message):
+    code, out, err = _run(monkeypatch, capsys, ["--checkpoint", str(model_dir), "--direction", "src2tgt"], stdin)
+    assert code == 2 and out == ""
+    assert err.startswith(f"error: <stdin> {message}") and err.count("\n") == 1
 
 
 def test_binary_stdin_is_a_one_line_error_naming_the_line(model_dir, monkeypatch, capsys):
