@@ -99,6 +99,15 @@ def _beta(log_edges: torch.Tensor, emissions: torch.Tensor, graph_lengths: torch
     return beta
 
 
+def save_likelihood(ctx, log_edges: torch.Tensor, emissions: torch.Tensor, alpha: torch.Tensor, graph_lengths: torch.Tensor,
+                    target_lengths: torch.Tensor) -> torch.Tensor:
+    """log P (B,) = α_{M_b−1}[L_b − 1], saving for backward what the DPs' backward passes read: log E, the
+    emissions, α, log P and the lengths."""
+    log_likelihood = alpha[torch.arange(alpha.shape[0], device=alpha.device), target_lengths - 1, graph_lengths - 1]
+    ctx.save_for_backward(log_edges, emissions, alpha, log_likelihood, graph_lengths, target_lengths)
+    return log_likelihood
+
+
 class _DagLikelihood(torch.autograd.Function):
     """log P(Y|X) with a hand-written backward: keeps only log E, the emissions, α and log P; β is built in
     backward. dZ/d emit_ij = exp(α_i[j] + β_i[j] − Z); dZ/d log E_kj = Σ_i exp(α_{i−1}[k] + log E_kj +
@@ -106,11 +115,7 @@ class _DagLikelihood(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, log_edges, emissions, graph_lengths, target_lengths):
-        alpha = _alpha(log_edges, emissions)
-        batch = torch.arange(emissions.shape[0], device=emissions.device)
-        log_likelihood = alpha[batch, target_lengths - 1, graph_lengths - 1]  # (B,)
-        ctx.save_for_backward(log_edges, emissions, alpha, log_likelihood, graph_lengths, target_lengths)
-        return log_likelihood
+        return save_likelihood(ctx, log_edges, emissions, _alpha(log_edges, emissions), graph_lengths, target_lengths)
 
     @staticmethod
     @once_differentiable

@@ -16,6 +16,8 @@ import triton
 import triton.language as tl
 from torch.autograd.function import once_differentiable
 
+from reder.dag import save_likelihood
+
 MAX_BLOCK = 64  # a 64 × 64 float32 tile over 4 warps: 32 registers a thread
 
 
@@ -184,9 +186,7 @@ class TritonDagLikelihood(torch.autograd.Function):
         alpha = torch.full((batch, steps, length), float("-inf"), dtype=emissions.dtype, device=emissions.device)
         _alpha_kernel[(batch,)](log_edges, emissions, alpha, graph_lengths, target_lengths, *log_edges.stride(),
                                 *emissions.stride(), *alpha.stride(), **_blocks(length))
-        log_likelihood = alpha[torch.arange(batch, device=alpha.device), target_lengths - 1, graph_lengths - 1]
-        ctx.save_for_backward(log_edges, emissions, alpha, log_likelihood, graph_lengths, target_lengths)
-        return log_likelihood
+        return save_likelihood(ctx, log_edges, emissions, alpha, graph_lengths, target_lengths)
 
     @staticmethod
     @once_differentiable
