@@ -336,6 +336,14 @@ def test_the_new_loss_keys_can_be_swept():
     assert trial.train.batch_tokens == "max"
 
 
+def _refused(tmp_path, text: str, message: str) -> None:
+    """A config file of `text` is refused with an error that starts with its path and then `message` (a regex)."""
+    path = tmp_path / "config.yaml"
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(ConfigError, match=rf"^{path}{message}"):
+        load_config(path)
+
+
 # Issue 43: a config file says what it means. Each family has several members; the message names the key (its
 # whole path) and both lines, or the line of the construct.
 @pytest.mark.parametrize("text, message", [
@@ -350,10 +358,7 @@ def test_the_new_loss_keys_can_be_swept():
 ], ids=["top-level", "second section", "in a section", "nested section", "flow-equal values", "tune.space",
         "flow mapping"])
 def test_a_key_given_twice_is_an_error_naming_the_key_and_both_lines(tmp_path, text, message):
-    path = tmp_path / "config.yaml"
-    path.write_text(text, encoding="utf-8")
-    with pytest.raises(ConfigError, match=rf"^{path}{message}; the second would silently replace the first"):
-        load_config(path)
+    _refused(tmp_path, text, message + "; the second would silently replace the first")
 
 
 @pytest.mark.parametrize("text, message", [
@@ -366,10 +371,7 @@ def test_a_key_given_twice_is_an_error_naming_the_key_and_both_lines(tmp_path, t
     ("workdir: x\ndata.max_chars: 6\n", r":2: dotted key 'data\.max_chars' in a file; dotted keys are command-line"),
 ], ids=["section first", "dotted first", "nested", "dotted alone"])
 def test_a_dotted_key_in_a_file_is_an_error_naming_both_lines(tmp_path, text, message):
-    path = tmp_path / "config.yaml"
-    path.write_text(text, encoding="utf-8")
-    with pytest.raises(ConfigError, match=rf"^{path}{message}"):
-        load_config(path)
+    _refused(tmp_path, text, message)
 
 
 @pytest.mark.parametrize("text, message", [
@@ -381,10 +383,7 @@ def test_a_dotted_key_in_a_file_is_an_error_naming_both_lines(tmp_path, text, me
     ("workdir: !custom runs\n", r":1: a tag \(!custom\) is not plain data"),
 ], ids=["anchor", "alias", "merge key", "str tag", "set tag", "local tag"])
 def test_yaml_beyond_plain_data_is_an_error_naming_the_line(tmp_path, text, message):
-    path = tmp_path / "config.yaml"
-    path.write_text(text, encoding="utf-8")
-    with pytest.raises(ConfigError, match=rf"^{path}{message}"):
-        load_config(path)
+    _refused(tmp_path, text, message)
 
 
 def test_overrides_follow_the_same_rules_and_dotted_keys_stay_legal_where_they_name_keys():
