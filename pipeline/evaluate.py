@@ -36,11 +36,11 @@ from typing import Any, Callable
 
 import pyarrow.parquet as pq
 import torch
-from tqdm import tqdm
 
 from pipeline import cmlm, teacher, train
 from pipeline.config import PipelineConfig
 from pipeline.metrics import corpus_scores
+from pipeline.progress import Progress
 from pipeline.stage import StageRun, write_json, write_text
 from reder import DIRECTIONS, EOS_ID
 from reder.checkpoint import SPM_FILE, load_cmlm_dir, load_model_dir
@@ -134,8 +134,7 @@ def evaluate_model(model_dir: Path, corpus: Path, cfg: PipelineConfig, out: Path
     scores: dict[str, Any] = {}
     signatures: dict[str, str] = {}
     roundtrip: dict[str, Any] = {}
-    bar = tqdm(total=len(evaluation.splits) * len(DIRECTIONS) * len(decoders), desc="evaluate", unit="decode",
-               disable=None)  # a terminal only; the log lines below say the same in files
+    progress = Progress("evaluate", len(evaluation.splits) * len(DIRECTIONS) * len(decoders), "decode")
     for split in evaluation.splits:
         src_text, tgt_text = read_text_split(corpus, split, evaluation.max_sentences)
         sides = {"src2tgt": (src_text, tgt_text), "tgt2src": (tgt_text, src_text)}
@@ -144,7 +143,7 @@ def evaluate_model(model_dir: Path, corpus: Path, cfg: PipelineConfig, out: Path
             encoded = encode_lines(sp, inputs)
             line = []
             for decoder, translate in decoders.items():
-                bar.set_postfix_str(f"{split} {direction} {decoder}")
+                progress.doing(f"{split} {direction} {decoder}")
                 started = clock()
                 ids = translate(encoded, direction, evaluation.batch_size)
                 seconds = clock() - started
@@ -154,7 +153,7 @@ def evaluate_model(model_dir: Path, corpus: Path, cfg: PipelineConfig, out: Path
                 signatures.update(bleu=result.pop("bleu_signature"), chrf=result.pop("chrf_signature"))
                 scores[f"{split}.{direction}.{decoder}"] = {**result, "sentences": len(ids), "seconds": round(seconds, 3)}
                 line.append(f"{decoder} {result['bleu']:.2f}/{result['chrf']:.1f} ({seconds:.1f} s)")
-                bar.update()
+                progress.update(progress.done + 1, f"last {split} {direction} {decoder}: BLEU {result['bleu']:.2f}")
                 if decoder == "greedy":
                     greedy_ids[direction] = ids
             log.info("evaluate %s %s (%d sentences), BLEU/chrF: %s", split, direction, len(inputs), ", ".join(line))
@@ -165,7 +164,7 @@ def evaluate_model(model_dir: Path, corpus: Path, cfg: PipelineConfig, out: Path
             text = [sp.decode(h) for h in restored]
             write_text(out / f"{split}.roundtrip_{side}.greedy.txt", "".join(h + "\n" for h in text))
             roundtrip[f"{split}.{side}"] = corpus_scores(text, inputs)["bleu"]
-    bar.close()
+    progress.close()
     headline_split = "test" if "test" in evaluation.splits else evaluation.splits[0]
     results: dict[str, Any] = {"split": headline_split, "decoder": "greedy"}
     for direction in DIRECTIONS:

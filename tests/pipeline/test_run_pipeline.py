@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import run_pipeline
-from pipeline import evaluate
+from pipeline import evaluate, progress
 from pipeline.config import ConfigError
 from pipeline.tracking import STAGE_TAG
 from tests.pipeline.conftest import DecoderClock, write_files_corpus
@@ -136,10 +136,22 @@ def test_smoke_config_end_to_end_with_tracking_then_skips(tmp_path, capsys, ray_
     # evaluate's timings by a fake clock: (seconds per sentence at batch 1, seconds of a larger batch's call)
     clock = DecoderClock({"greedy": (0.002, 0.05), "beam4": (0.005, 0.1), "teacher_greedy": (0.01, 0.25),
                           "teacher_beam4": (0.04, 0.5)}).install(monkeypatch)
+    monkeypatch.setattr(progress, "LINE_EVERY_S", 0.0)  # a progress line per report: the run is under a minute a stage
     assert run_pipeline.main(args) == 0
-    out = capsys.readouterr().out
+    out, err = capsys.readouterr()
     assert "[7/7] evaluate: running" in out and "vocab_size 256 (blank id 255)" in out
     last = json.loads((workdir / "last_run.json").read_text())
+    # Issue 42: progress lines off a terminal (stderr is pytest's capture here, not a terminal, as a log file is)
+    rows = last["stages"]["distill"]["counts"]["rows"]
+    for pattern in (r"train: 30/30 steps \(100%\), [\d.]+ steps/s, elapsed \d+:\d\d, ETA 0:00; loss [\d.]+ "
+                    r"\(ctc_src2tgt [\d.]+, ctc_tgt2src [\d.]+, fba_src2tgt .*\), [\d,]+ tokens/s, "
+                    r"valid BLEU src2tgt [\d.]+, tgt2src [\d.]+",
+                    r"train: (5|10|15|20|25)/30 steps \(\d+%\), .*, ETA \d+:\d\d; loss [\d.]+ \(ctc_src2tgt.*",  # one before the end
+                    *(rf"teacher {d}: 20/20 steps \(100%\), .*; loss [\d.]+ \(nll_{d} [\d.]+\), [\d,]+ tokens/s, "
+                      rf"valid BLEU {d} [\d.]+" for d in ("src2tgt", "tgt2src")),
+                    rf"distill: {2 * rows}/{2 * rows} sentences \(100%\), [\d.]+ sentences/s, elapsed \d+:\d\d, ETA 0:00",
+                    r"evaluate: 16/16 decodes \(100%\), .*; last valid tgt2src teacher_beam4: BLEU [\d.]+"):
+        assert re.search(f"^{pattern}$", err, re.MULTILINE), (pattern, err)
     assert [entry["status"] for entry in last["stages"].values()] == ["ran"] * 7
     teacher_counts, distill_counts = last["stages"]["teacher"]["counts"], last["stages"]["distill"]["counts"]
     assert teacher_counts["src2tgt"]["steps"] == teacher_counts["tgt2src"]["steps"] == 20
