@@ -223,3 +223,18 @@ def test_the_api_refines_with_a_cmlm_translator(model_dir, cmlm_dir):
     assert isinstance(cmlm.translate("the cat", "en", "de", beam=3, iterations=2), str)
     with pytest.raises(ValueError, match="translates en->de, not de->en"):
         cmlm.translate("der hund", "de", "en")
+
+
+def test_python_m_reder_translate_runs_without_the_runpy_warning(model_dir):
+    """Issue 42: `import reder` no longer imports reder.translate (reder/__init__.py's lazy `load`), so running
+    it as __main__ no longer warns "'reder.translate' found in sys.modules after import of package 'reder'"."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import reder
+
+    done = subprocess.run([sys.executable, "-W", "error::RuntimeWarning", "-m", "reder.translate", "--checkpoint",
+                           str(model_dir), "--direction", "src2tgt"], input="the cat\n", capture_output=True,
+                          text=True, cwd=Path(reder.__file__).parents[1])
+    assert done.returncode == 0 and done.stderr == "" and len(done.stdout.splitlines()) == 1, done.stderr
