@@ -1,8 +1,8 @@
 """Tokenize stage: ingested text -> SentencePiece ids, sharded over a Ray Data actor pool.
 
 All splits in one Ray Data pass: `read_parquet` -> `map_batches(Tokenizer)` (a callable class holding
-the SentencePiece model, read from a file in the stage's temporary directory: the workdir, shared on a
-cluster) -> `write_parquet` into a staging directory. The driver then sorts the staged rows by `id`, counts and applies the CTC feasibility filter, and writes
+the SentencePiece model, shipped as bytes, so no shared filesystem is needed) -> `write_parquet` into a
+staging directory. The driver then sorts the staged rows by `id`, counts and applies the CTC feasibility filter, and writes
 `part-NNNNN.parquet` files with a fixed layout, so the output is byte-identical whatever the number of
 workers (Ray's own file names and block boundaries vary between runs). Output columns: `id` int64,
 `src_ids`/`tgt_ids` list<int32> (pieces only: no BOS, no EOS), `src_len`/`tgt_len` int32.
@@ -78,12 +78,9 @@ def tokenize_files(files: list[Path], out: Path, model_proto: bytes, upsample_ra
 class Tokenizer:
     """Ray Data UDF: text batch -> id lists, lengths and feasibility flags (one model per actor)."""
 
-    def __init__(self, model_proto: bytes | str, upsample_ratio: float, head: str = "ctc") -> None:
-        """`model_proto`: the SentencePiece model, or the path of its file (tokenize_on_ray)."""
+    def __init__(self, model_proto: bytes, upsample_ratio: float, head: str = "ctc") -> None:
         import sentencepiece
 
-        if isinstance(model_proto, str):
-            model_proto = Path(model_proto).read_bytes()
         self.processor = sentencepiece.SentencePieceProcessor(model_proto=model_proto)
         self.upsample_ratio = upsample_ratio  # r for CTC, λ (graph_upsample_ratio) for DAG
         self.feasible = heads.head_class(head).feasible  # feasible(input_len, target, ratio)
@@ -167,22 +164,11 @@ def tokenize_on_ray(files: list[str], staging: Path, model_proto: bytes, upsampl
         dataset = ray.data.read_parquet(files, include_paths=True, num_cpus=io_cpus, override_num_blocks=blocks)
     finally:
         context.use_datasource_v2 = previous
-    # The actors read the model from a file beside the staging directory (the stage's own temporary directory:
-    # on a cluster, the shared workdir). Passed as bytes (~240 kB, over Ray's 100 kB inline limit) it is an
-    # actor constructor argument in the object store, and creating each actor logs an error line
-    # (core_worker.cc: "constructor arguments in the object store and max_restarts > 0"), a nested object
-    # reference too.
-    model_file = staging.with_name(staging.name + ".spm.model")
-    model_file.parent.mkdir(parents=True, exist_ok=True)
-    model_file.write_bytes(model_proto)
     dataset = dataset.map_batches(
-        Tokenizer, fn_constructor_kwargs={"model_proto": str(model_file), "upsample_ratio": upsample_ratio, "head": head},
+        Tokenizer, fn_constructor_kwargs={"model_proto": model_proto, "upsample_ratio": upsample_ratio, "head": head},
         batch_format="pyarrow", batch_size=batch_size, compute=ray.data.ActorPoolStrategy(size=actors),
         num_cpus=actor_cpus)
-    try:
-        dataset.write_parquet(str(staging), ray_remote_args={"num_cpus": io_cpus})
-    finally:
-        model_file.unlink(missing_ok=True)
+    dataset.write_parquet(str(staging), ray_remote_args={"num_cpus": io_cpus})
     return actors
 
 
