@@ -399,3 +399,21 @@ def test_a_resolved_config_with_repeated_values_has_no_aliases():
     """to_yaml writes what load_config reads: a value object seen twice is written out twice, never as an alias."""
     cfg = load_config(None, ["tune.space={train.lr: {grid: [0.001]}}"])
     assert "&" not in to_yaml(cfg) and "*" not in to_yaml(cfg)
+
+
+def test_docs_config_md_is_the_reference_generated_from_the_dataclasses():
+    """Issue 42: docs/CONFIG.md cannot drift: it is `python -m pipeline.configdoc`'s output, every key of every
+    section there with its default."""
+    from pipeline import configdoc
+    from pipeline.config import PipelineConfig
+
+    text = configdoc.reference()
+    assert (Path(__file__).resolve().parents[2] / "docs" / "CONFIG.md").read_text(encoding="utf-8") == text, \
+        "docs/CONFIG.md is stale: python -m pipeline.configdoc > docs/CONFIG.md"
+    flat = configdoc._flatten(PipelineConfig().to_dict())
+    for section, values in flat.items():
+        if section and not section.endswith(("teacher.train", "cmlm.train")):
+            for key, value in values.items():
+                if not isinstance(value, dict):
+                    assert f"| `{section}.{key}` |" in text, (section, key)
+    assert "| `train.log_every` | int | `10` |" in text
