@@ -20,6 +20,9 @@ SMOKE = Path(run_pipeline.__file__).resolve().parent / "configs" / "smoke.yaml"
 SMOKE_CORPUS = SMOKE.parents[1] / "tests" / "data" / "bible_en_es"  # its data.local_dir: <split>.en, <split>.es
 
 
+SMOKE_RUN: dict[str, Path] = {}  # the smoke run's workdir, for the browser test after it
+
+
 def sacrebleu_cli(reference: Path, hypotheses: Path) -> dict[str, dict]:
     """sacreBLEU's own command line, default options (what pipeline.metrics uses), on a hypothesis file and a
     reference file: {metric name: its JSON entry (score to 10 decimals, signature)} for BLEU and chrF."""
@@ -259,6 +262,7 @@ def test_smoke_config_end_to_end_with_tracking_then_skips(tmp_path, capsys, ray_
     assert translated.stdout.splitlines() == (evaluate_dir / "test.tgt2src.teacher_beam4.txt").read_text(
         encoding="utf-8").splitlines()
 
+    SMOKE_RUN["workdir"] = workdir  # its MLflow store, for the browser test
     assert run_pipeline.main(args) == 0  # second run: everything finished already
     assert capsys.readouterr().out.count("skipped (finished earlier)") == 14  # progress lines + summary
     assert len(mlflow.search_runs(experiment_names=["duplex"], output_format="list")) == 10  # no run opened
@@ -279,3 +283,34 @@ def test_smoke_config_end_to_end_with_tracking_then_skips(tmp_path, capsys, ray_
     assert run_pipeline.main(missing) == 2
     err = capsys.readouterr().err
     assert "nowhere" in err and "teacher.src2tgt_checkpoint" in err
+
+
+@pytest.mark.slow
+def test_the_mlflow_ui_in_headless_chromium_shows_the_runs_the_plot_and_the_model(tmp_path, request):
+    """Issue 42, item 4: `mlflow ui` on the smoke run's store, read by headless Chromium (bench/mlflow_ui.py): the
+    experiment's runs table (the "Model training" view, sorted by test BLEU, so nested runs are listed flat) names
+    the pipeline run and every stage run; the pipeline run's page lists its stage runs and shows test_bleu_src2tgt
+    and test_bleu_tgt2src with their values; the train run's page shows training.png as an image; the registered
+    model's page lists version 1. Run alone, it makes the smoke run first."""
+    from bench import mlflow_ui
+
+    if mlflow_ui.chromium() is None:
+        reason = "chromium is not installed (Debian: apt-get install -y chromium; ~87 s, so .ci/run leaves it out)"
+        print(f"skipped: {reason}")
+        pytest.skip(reason)
+    workdir = SMOKE_RUN.get("workdir")
+    if workdir is None:
+        request.getfixturevalue("ray_session")
+        workdir = tmp_path / "work"
+        assert run_pipeline.main(["--config", str(SMOKE), f"workdir={workdir}"]) == 0
+    import mlflow
+
+    store = f"sqlite:///{workdir}/mlflow.db"
+    mlflow.set_tracking_uri(store)
+    links, expected = mlflow_ui.expected_texts(mlflow.search_runs(experiment_names=["duplex"], output_format="list"))
+    assert set(links) == {"runs", "pipeline", "run", "model"}
+    assert len(expected["pipeline"]) == 1 + 7 + 2  # the pipeline run, its seven stage runs, two test BLEUs
+    with mlflow_ui.mlflow_ui(store) as base:
+        for page, fragment in links.items():
+            dom = mlflow_ui.browse(base + fragment)
+            assert mlflow_ui.missing_texts(dom, expected[page]) == [], (page, base + fragment)
