@@ -38,7 +38,7 @@ class CorpusError(StageError):
 @dataclass
 class RawSplit:
     """One split as read: `rows` yields (line id, src, tgt) once, reading as it goes; `files` are the files it
-    reads; `text` counts what the text rules changed (`bom_removed`, `replaced U+XXXX`), filled while reading."""
+    reads; `text` counts what the text rules changed (`bom_removed`, `replaced U+<hex code point>`), filled while reading."""
 
     rows: Iterable[Row]
     origin: str

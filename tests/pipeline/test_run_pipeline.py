@@ -264,6 +264,16 @@ def test_smoke_config_end_to_end_with_tracking_then_skips(tmp_path, capsys, ray_
         encoding="utf-8").splitlines()
 
     SMOKE_RUN["workdir"] = workdir  # its MLflow store, for the browser test
+    # bench/ray_overhead.py: the same training budget through the harness alone, against this train stage.
+    overhead = subprocess.run([sys.executable, "-m", "bench.ray_overhead", "--workdir", str(workdir), "--config",
+                               str(SMOKE), f"workdir={workdir}"], capture_output=True, text=True, check=True,
+                              cwd=Path(run_pipeline.__file__).parent)
+    measured = json.loads(overhead.stdout)
+    assert measured["steps"] == measured["stage_steps"] == 30 and measured["stage_workers"] == 2
+    assert measured["stage_seconds"] == train_manifest["seconds"] and measured["harness_seconds"] > 0
+    assert measured["overhead"] == round(measured["stage_seconds"] / measured["harness_seconds"] - 1, 4)
+    assert [entry["step"] for entry in measured["harness_valid_bleu"]] == [10, 20, 30]
+
     assert run_pipeline.main(args) == 0  # second run: everything finished already
     assert capsys.readouterr().out.count("skipped (finished earlier)") == 14  # progress lines + summary
     assert len(mlflow.search_runs(experiment_names=["duplex"], output_format="list")) == 10  # no run opened
