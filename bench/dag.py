@@ -18,6 +18,21 @@ reports:
   hand-written passes, which allocate per step, far more than autograd).
 Decoding: ms per sentence of greedy, lookahead and Viterbi on random graphs of each length (batch
 `--decode-batch`, vocabulary 1000).
+
+    python -m bench.dag --triton [--device cpu|cuda] [--ratios 2 4 8] [--token-grid 64,24 ...]
+                        [--max-blocks 64] [--update-grid 128,24] [--repeats 5]
+
+issue 44's Triton DP (reder/dag_triton.py) instead, at the same token batch as a CTC update: B sentences of
+S input tokens (BOS and EOS included) and S target tokens, vocabulary 1000; the DAG graph has int(λ·S)
+vertices, CTC (r = 2) 2·S frames. Per λ, batch and tile bound (`--max-blocks`, the kernels' MAX_BLOCK):
+forward + backward of the DAG loss (`dag_loss`: the emissions' gather and the DP) with model.dag_dp=torch
+and =triton, and of the CTC loss (`smoothed_ctc_loss`) on the CTC head's log-probs; the largest differences
+between the two DAG losses and their gradients; median seconds (`step_s`; `first_s`, the first call,
+includes Triton's compilation) and on CUDA the peak memory above the inputs (`peak_mb`). With
+`--update-grid`: whole REDER updates (both directions, AdamW; multi30k.yaml's model, no FBA/CC) with the CTC
+head and with the DAG head under each DP, and the DAG/CTC ratios — issue 27's target is ≤ 1.5 at λ = 4 on
+the H100. On CPU the kernels run in Triton's interpreter (TRITON_INTERPRET=1, set here): their differences
+are checked, their times are NumPy's, and no speed claim is made (`speed_claim`: false).
 """
 import argparse
 import json
@@ -115,6 +130,132 @@ def _run_child(batch: int, steps: int, length: int, hand_written: bool, args: ar
     return {**rows[0], "step_s": rows[1]["step_s"]}
 
 
+def _token_batch(batch: int, source: int, ratio: float, device: str):
+    """One token batch as each head's loss sees it: DAG log E (B, L, L) and log-probs (B, L, V) over
+    L = int(λ·S) vertices, CTC log-probs (B, 2S, V), targets (B, S) and the lengths."""
+    import torch
+
+    from reder.dag import edge_mask, graph_lengths_for, masked_log_softmax
+
+    graph_lengths = graph_lengths_for(torch.full((batch,), source), ratio).to(device)
+    length = int(graph_lengths.max())
+    log_edges = masked_log_softmax(torch.randn(batch, length, length, device=device), edge_mask(graph_lengths, length), dim=-1)
+    dag_log_probs = torch.randn(batch, length, VOCAB, device=device).log_softmax(-1)
+    ctc_log_probs = torch.randn(batch, 2 * source, VOCAB, device=device).log_softmax(-1)
+    targets = torch.randint(4, VOCAB - 1, (batch, source), device=device)
+    return log_edges, dag_log_probs, graph_lengths, ctc_log_probs, targets, torch.full((batch,), source, device=device)
+
+
+def _timed(step, repeats: int, device: str) -> dict:
+    """First-call seconds, then the median seconds and (CUDA) peak MB of `repeats` more calls."""
+    start = time.perf_counter()
+    step()
+    if device == "cuda":
+        import torch
+
+        torch.cuda.synchronize()
+    first = time.perf_counter() - start
+    times, peaks = time_and_peak(step, repeats, device)
+    return {"first_s": round(first, 4), "step_s": round(statistics.median(times), 5),
+            "peak_mb": round(max(peaks), 1) if device == "cuda" else None}
+
+
+def kernel_rows(args: argparse.Namespace) -> list[dict]:
+    """The DAG loss's forward + backward through each DP against CTC's, per λ, token batch and tile bound."""
+    import torch
+
+    from reder import dag_triton
+    from reder.ctc import smoothed_ctc_loss
+    from reder.dag import dag_loss
+
+    rows = []
+    for ratio in args.ratios:
+        for pair in args.token_grid:
+            batch, source = (int(value) for value in pair.split(","))
+            torch.manual_seed(0)
+            log_edges, log_probs, graph_lengths, ctc_log_probs, targets, lengths = _token_batch(batch, source, ratio, args.device)
+            leaves = [tensor.requires_grad_() for tensor in (log_edges, log_probs, ctc_log_probs)]
+
+            def dag_step(dp: str) -> tuple:
+                for leaf in leaves:
+                    leaf.grad = None
+                loss, _ = dag_loss(log_edges, log_probs, graph_lengths, targets, lengths, dp=dp)
+                loss.backward()
+                return loss.detach(), log_edges.grad, log_probs.grad
+
+            def ctc_step() -> None:
+                ctc_log_probs.grad = None
+                smoothed_ctc_loss(ctc_log_probs, 2 * lengths, targets, lengths, VOCAB - 1, 0.1).backward()
+
+            for block in args.max_blocks:
+                dag_triton.MAX_BLOCK = block
+                differences = [float((a - b).abs().max()) for a, b in zip(dag_step("triton"), dag_step("torch"))]
+                row = {"ratio": ratio, "batch": batch, "source_tokens": source, "graph_vertices": int(graph_lengths.max()),
+                       "max_block": block, "max_abs_difference": dict(zip(("loss", "grad_log_edges", "grad_log_probs"),
+                                                                          differences))}
+                row["dag_triton"] = _timed(lambda: dag_step("triton"), args.repeats, args.device)
+                row["dag_torch"] = _timed(lambda: dag_step("torch"), args.repeats, args.device)
+                row["ctc"] = _timed(ctc_step, args.repeats, args.device)
+                row["triton_over_torch"] = round(row["dag_triton"]["step_s"] / row["dag_torch"]["step_s"], 3)
+                row["triton_over_ctc"] = round(row["dag_triton"]["step_s"] / row["ctc"]["step_s"], 3)
+                rows.append(row)
+                print(json.dumps(row), file=sys.stderr)
+    return rows
+
+
+def update_rows(args: argparse.Namespace) -> list[dict]:
+    """Whole REDER updates at one token batch: CTC head, DAG head with each DP (seconds, DAG/CTC ratios)."""
+    import torch
+
+    from reder import EOS_ID, LossConfig, ModelConfig, REDER
+
+    rows = []
+    for pair in args.update_grid:
+        batch, source = (int(value) for value in pair.split(","))
+        torch.manual_seed(0)
+        lengths = torch.full((batch,), source - 1, device=args.device)  # EOS included; the DAG head adds BOS: S
+        src, tgt = (torch.randint(4, VOCAB - 1, (batch, source - 1), device=args.device).index_fill_(1, lengths[:1] - 1, EOS_ID)
+                    for _ in range(2))
+        for ratio in args.ratios:
+            row = {"ratio": ratio, "batch": batch, "source_tokens": source}
+            for name, head, dp in (("ctc", "ctc", "auto"), ("dag_torch", "dag", "torch"), ("dag_triton", "dag", "triton")):
+                config = ModelConfig(vocab_size=VOCAB, d_model=512, n_heads=4, ffn_dim=1024, layers_per_end=3, dropout=0.3,
+                                     head=head, graph_upsample_ratio=float(ratio), dag_dp=dp, max_positions=1024)
+                model = REDER(config, LossConfig(aux_start_step=10**9)).to(args.device).train()
+                optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+                def update() -> None:
+                    optimizer.zero_grad(set_to_none=True)
+                    with torch.autocast(args.device, dtype=torch.bfloat16, enabled=args.device == "cuda"):
+                        terms = model.loss(src, lengths, tgt, lengths, step=0)
+                    terms["total"].backward()
+                    optimizer.step()
+
+                row[name] = _timed(update, args.repeats, args.device)
+            for name in ("dag_torch", "dag_triton"):
+                row[f"{name}_over_ctc"] = round(row[name]["step_s"] / row["ctc"]["step_s"], 3)
+            rows.append(row)
+            print(json.dumps(row), file=sys.stderr)
+    return rows
+
+
+def triton_report(args: argparse.Namespace) -> None:
+    """`--triton`: the kernel against the PyTorch DP and CTC (and whole updates), one JSON object."""
+    import torch
+
+    interpreted = args.device == "cpu"
+    if interpreted:
+        print("CPU: the Triton kernels run in Triton's interpreter; their differences are checked, their times are "
+              "the interpreter's: no speed claim is made", file=sys.stderr)
+    setup = {"dtype": "float32", "device": args.device, "torch": torch.__version__,
+             "gpu": torch.cuda.get_device_name() if args.device == "cuda" else None, "threads": torch.get_num_threads(),
+             "repeats": args.repeats, "vocab": VOCAB, "speed_claim": not interpreted}
+    report = {"setup": setup, "kernel": kernel_rows(args)}
+    if args.update_grid:
+        report["update"] = update_rows(args)
+    print(json.dumps(report, indent=1))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--grid", nargs="+", default=["8,16,64", "8,32,128", "8,64,256"], help="B,M,L triples")
@@ -123,7 +264,19 @@ def main() -> None:
     parser.add_argument("--decode-lengths", type=int, nargs="+", default=[64, 128, 256])
     parser.add_argument("--decode-batch", type=int, default=16)
     parser.add_argument("--child", nargs=4, metavar=("B", "M", "L", "HAND_WRITTEN"), help=argparse.SUPPRESS)
+    parser.add_argument("--triton", action="store_true", help="time the Triton DP against the PyTorch DP and CTC")
+    parser.add_argument("--ratios", type=float, nargs="+", default=[2, 4, 8], help="--triton: λ values")
+    parser.add_argument("--token-grid", nargs="+", default=None,
+                        help="--triton: B,S pairs (default 64,24 on CUDA, 4,6 on CPU)")
+    parser.add_argument("--max-blocks", type=int, nargs="+", default=[64], help="--triton: the kernels' tile bounds")
+    parser.add_argument("--update-grid", nargs="*", default=[], help="--triton: B,S pairs of whole updates")
     args = parser.parse_args()
+    if args.triton:
+        if args.device == "cpu":
+            os.environ["TRITON_INTERPRET"] = "1"  # before anything imports triton
+        args.token_grid = args.token_grid or (["64,24"] if args.device == "cuda" else ["4,6"])
+        triton_report(args)
+        return
     if args.child:
         batch, steps, length, hand_written = (int(value) for value in args.child)
         print(json.dumps(measure(batch, steps, length, bool(hand_written), args.device, args.repeats)))

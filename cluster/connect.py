@@ -54,11 +54,22 @@ def cluster_overrides(ray_address: str, tracking_enabled: bool, tracking_uri: st
 
 
 # What Ray's own processes print on the driver's terminal: Ray Data's INFO lines (every execution plan, every
-# progress report) stay in the session's log files (/tmp/ray/session_latest/logs); warnings and errors still
-# show. A value the user set wins. Local instances only: Ray Train's preemption watcher (spot instances on a
-# cloud cluster; each fit otherwise prints an error-level line about its constructor arguments).
+# progress report) are dropped; warnings and errors still show. A value the user set wins. Local instances
+# only: Ray Train's preemption watcher (spot instances on a cloud cluster; each fit otherwise prints an
+# error-level line about its constructor arguments).
 QUIET_ENV = {"RAY_DATA_LOG_LEVEL": "WARNING"}
-LOCAL_ENV = {"RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0"}
+LOCAL_ENV = {"RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0",
+             # What Ray Data says about its progress bars (off in a log file) to its log file (the YAML says where).
+             "RAY_DATA_LOGGING_CONFIG": str(Path(__file__).resolve().with_name("ray_data_logging.yaml"))}
+# Ray 2.60 turns token authentication on for every new local instance (what we want) and says so in a warning
+# on every start, which nobody can act on but by turning it off. Dropped from this process's log (setting
+# RAY_AUTH_MODE=token instead is too late once ray is imported: Ray reads it into a config cached at import).
+TOKEN_AUTH_NOTICE = "Token authentication is enabled for this Ray cluster"
+
+
+class _DropTokenAuthNotice(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(TOKEN_AUTH_NOTICE)
 
 
 def connect(address: str = "", num_cpus: int = 0, object_store_memory_mb: int = 0) -> None:
@@ -67,10 +78,18 @@ def connect(address: str = "", num_cpus: int = 0, object_store_memory_mb: int = 
     `num_cpus` CPUs (0 = all) and an object store of `object_store_memory_mb` (0 = Ray's default), with the
     dashboard (see below; http://127.0.0.1:8265 while the run lasts)."""
     import ray
-    import ray.data
 
     if ray.is_initialized():
         return
+    if not address:  # before Ray Data reads them (at import: reconfigured below if it was imported already)
+        for key, value in LOCAL_ENV.items():
+            os.environ.setdefault(key, value)
+    if "ray.data" in sys.modules:
+        from ray.data._internal.logging import configure_logging
+
+        configure_logging()
+    import ray.data
+
     quiet = {key: os.environ.get(key, value) for key, value in QUIET_ENV.items()}
     logging.getLogger("ray.data").setLevel(quiet["RAY_DATA_LOG_LEVEL"])  # this process's, if Ray Data is loaded
     if address:
@@ -84,13 +103,16 @@ def connect(address: str = "", num_cpus: int = 0, object_store_memory_mb: int = 
                                f"({str(error).strip().splitlines()[0][:200]}){hint}") from None
     else:
         # The local instance's processes inherit this environment.
-        for key, value in {**quiet, **LOCAL_ENV}.items():
+        for key, value in quiet.items():
             os.environ.setdefault(key, value)
         # The dashboard serves the State API, through which Ray Train V2's PlacementGroupCleaner sees a dead
         # controller: without it, a Tune trial stopped by ASHA leaks its workers' placement group and the
         # next trials wait for CPUs forever, and every fit's cleaner prints a warning every few seconds.
         # address="local": a new instance of our own; without it ray.init() joins any cluster already
         # running on this machine (another user's, or one with no free CPU) and the run waits forever.
+        notice = logging.getLogger("ray._private.authentication.authentication_token_setup")
+        if not any(isinstance(f, _DropTokenAuthNotice) for f in notice.filters):
+            notice.addFilter(_DropTokenAuthNotice())
         kwargs: dict[str, Any] = {"address": "local", "include_dashboard": True}
         if num_cpus:
             kwargs["num_cpus"] = num_cpus
@@ -98,7 +120,7 @@ def connect(address: str = "", num_cpus: int = 0, object_store_memory_mb: int = 
             kwargs["object_store_memory"] = object_store_memory_mb * 1024 * 1024
         ray.init(**kwargs)
     # Ray Data's progress bars on a terminal; in a log file each refresh would be a line (actors too: they
-    # get the driver's DataContext).
+    # get the driver's DataContext). Ray Data says so in each process: to ray-data.log (LOCAL_ENV).
     ray.data.DataContext.get_current().enable_progress_bars = sys.stderr.isatty()
     log.info("ray: %s CPUs available", ray.available_resources().get("CPU", 0))
 

@@ -51,6 +51,10 @@ class DataConfig:
     max_length_ratio: float = 3.0  # max(len)/min(len) in characters, both sides
     dedupe: bool = True  # drop repeated (src, tgt) pairs within train
     lenient: bool = False  # invalid UTF-8: drop and count the pair instead of failing
+    # A line terminator other than \n / \r\n (lone CR, U+2028, U+2029, NEL, VT, FF) or a control character but
+    # TAB inside a line (reder.text): "error" names file, line and character; "replace" makes each a space,
+    # counted per character in report.json. Hashed only when set to replace (added after outputs existed).
+    bad_characters: Literal["error", "replace"] = "error"
     # SWORD (the embedded default): two Bible modules, verse-aligned.
     sword_path: str = "/usr/share/sword"
     sword_src_module: str = "engWEB2015eb"
@@ -60,8 +64,8 @@ class DataConfig:
     test_size: int = 1000
     split_seed: int = 1
     # Bytes read from one corpus file, after decompression, in MB (10^6 bytes): a guard against a
-    # decompression bomb or a wrong file. The largest shipped corpus (wmt14_ende) has sides of ~0.7 GB;
-    # ingest holds a whole split in memory, so raise this only with the memory for it.
+    # decompression bomb or a wrong file. The largest shipped corpus (wmt14_ende) has sides of ~0.7 GB; ingest
+    # streams local files (its memory does not grow with them), a download is assembled in memory once.
     max_input_mb: int = 4000
 
     def __post_init__(self) -> None:
@@ -415,9 +419,101 @@ def _read_yaml(path: Path) -> Any:
         raise ConfigError(f"{path}:{line}: not UTF-8 ({error.reason} at byte {error.start}); save the config "
                           f"as UTF-8") from error
     try:
-        return yaml.safe_load(text)
+        return load_yaml(text, str(path), in_file=True)
     except yaml.YAMLError as error:
         raise ConfigError(f"{_yaml_problem(error, str(path))}; fix the YAML syntax") from error
+
+
+class _PlainLoader(yaml.SafeLoader):
+    """SafeLoader for plain data only. Explicit tags (`!!str`, `!!set`), anchors (`&name`) and aliases
+    (`*name`) are errors naming the line (`compose_node`); `construct_mapping` refuses a key given twice in
+    one mapping (SafeLoader keeps the last silently, so a second `train:` section would replace the first
+    whole) and merge keys (`<<`), naming the key's path and both lines."""
+
+    def __init__(self, text: str, where: str) -> None:
+        super().__init__(text)
+        self.where = where
+        self.paths: dict[int, str] = {}  # id of a mapping node -> its dotted path, for the messages
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        event = self.peek_event()
+        construct = ("an alias (*)" if isinstance(event, yaml.AliasEvent) else
+                     f"an anchor (&{event.anchor})" if event.anchor else
+                     f"a tag ({event.tag})" if getattr(event, "tag", None) else "")
+        if construct:
+            raise ConfigError(f"{self.where}:{event.start_mark.line + 1}: {construct} is not plain data; the "
+                              f"config takes mappings, lists and scalars only (write the value out)")
+        return super().compose_node(parent, index)
+
+    def index_paths(self, node: yaml.Node, prefix: str = "") -> None:
+        """Record every mapping's dotted path under `node` (composed, not yet constructed)."""
+        if isinstance(node, yaml.MappingNode):
+            self.paths[id(node)] = prefix
+            for key, value in node.value:
+                self.index_paths(value, f"{prefix}{key.value if isinstance(key, yaml.ScalarNode) else '?'}.")
+        elif isinstance(node, yaml.SequenceNode):
+            for index, value in enumerate(node.value):
+                self.index_paths(value, f"{prefix}{index}.")
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        lines: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            line = key_node.start_mark.line + 1
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                raise ConfigError(f"{self.where}:{line}: a merge key (<<) is not plain data; write the keys out")
+            key = self.construct_object(key_node, deep=True)
+            if key in lines:
+                raise ConfigError(f"{self.where}:{line}: key '{self.paths.get(id(node), '')}{key}' given twice "
+                                  f"(lines {lines[key]} and {line}); the second would silently replace the first: "
+                                  f"keep one")
+            lines[key] = line
+        return super().construct_mapping(node, deep)
+
+
+def load_yaml(text: str, where: str, in_file: bool = False) -> Any:
+    """The one YAML document in `text` as plain data by `_PlainLoader`'s rules (`where` names it in errors);
+    `in_file`: dotted keys (`data.max_chars: 5`, a command-line override's spelling) are refused too, outside
+    `tune.space`, whose keys name swept config keys."""
+    loader = _PlainLoader(text, where)
+    try:
+        node = loader.get_single_node()
+        loader.index_paths(node)
+        if in_file and isinstance(node, yaml.MappingNode):
+            _refuse_dotted_keys(node, (), where)
+        return loader.construct_document(node) if node is not None else None
+    finally:
+        loader.dispose()
+
+
+def _refuse_dotted_keys(node: yaml.MappingNode, path: tuple[str, ...], where: str) -> None:
+    """A dotted key in a file is a second spelling of a section's key: an error naming its line and, where
+    the section sets the same key, that line too."""
+    if path == ("tune", "space"):
+        return
+    for key_node, value in node.value:
+        key = key_node.value if isinstance(key_node, yaml.ScalarNode) else ""
+        if "." in key:
+            full = ".".join((*path, key))
+            twin = _find_key(node, key.split("."))
+            also = f"; the section sets it too, at line {twin}: one key given twice" if twin else ""
+            raise ConfigError(f"{where}:{key_node.start_mark.line + 1}: dotted key '{full}' in a file{also}; "
+                              f"dotted keys are command-line overrides: in a file, write it under its section "
+                              f"({key.split('.')[0]}:)")
+        if isinstance(value, yaml.MappingNode):
+            _refuse_dotted_keys(value, (*path, key), where)
+
+
+def _find_key(node: yaml.Node, parts: list[str]) -> int:
+    """The 1-based line of the key that the nested mappings under `node` set for `parts` ([a, b] for a.b), or 0."""
+    line = 0
+    for part in parts:
+        if not isinstance(node, yaml.MappingNode):
+            return 0
+        match = next(((k, v) for k, v in node.value if isinstance(k, yaml.ScalarNode) and k.value == part), None)
+        if match is None:
+            return 0
+        line, node = match[0].start_mark.line + 1, match[1]
+    return line
 
 
 def _yaml_problem(error: yaml.YAMLError, where: str, with_line: bool = True) -> str:
@@ -464,7 +560,14 @@ def check_consistency(cfg: PipelineConfig) -> None:
 
 def to_yaml(cfg: PipelineConfig) -> str:
     """The resolved config as YAML (loadable again with load_config)."""
-    return yaml.safe_dump(cfg.to_dict(), sort_keys=False)
+    return yaml.dump(cfg.to_dict(), Dumper=_PlainDumper, sort_keys=False)
+
+
+class _PlainDumper(yaml.SafeDumper):
+    """SafeDumper that writes a value seen twice out twice: no anchors or aliases, which `load_yaml` refuses."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
 
 
 def _apply_override(raw: dict[str, Any], override: str) -> None:
@@ -483,7 +586,7 @@ def _apply_override(raw: dict[str, Any], override: str) -> None:
         node = child
     _field_type(known, parts[-1], key)
     try:
-        node[parts[-1]] = _parse_scalar(text)
+        node[parts[-1]] = _parse_scalar(text, f"override {override!r}")
     except yaml.YAMLError as error:
         problem = _yaml_problem(error, f"override {override!r}", with_line=False)
         raise ConfigError(f"{problem}; quote or fix the value") from error
@@ -499,9 +602,9 @@ def _field_type(cls: type | None, name: str, path: str) -> type | None:
     return hint if dataclasses.is_dataclass(hint) else None
 
 
-def _parse_scalar(text: str) -> Any:
+def _parse_scalar(text: str, where: str) -> Any:
     # A 1e-3 in YAML 1.1 is a string; accept it as the float it obviously is.
-    value = yaml.safe_load(text) if text != "" else ""
+    value = load_yaml(text, where) if text != "" else ""
     if isinstance(value, str):
         try:
             return float(value) if any(c in value.lower() for c in ".e") and value.strip() else value

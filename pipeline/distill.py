@@ -1,6 +1,6 @@
 """Distill stage: sequence-level knowledge distillation of the training split, both directions, on Ray Data.
 
-`read_parquet(tokenize/train) -> map_batches(TeacherDecoder) -> write_parquet`: an actor pool of teacher
+`read_parquet(tokenize/train) -> map_batches(TeacherDecoder) -> the driver`: an actor pool of teacher
 replicas (each holds both directions' teachers; one GPU per actor with `distill.use_gpu`, else CPU actors
 sized to leave a CPU for the reads, docs/DESIGN.md "Ray on small machines") decodes every batch with
 batched beam search (`distill.beam_size`, `length_penalty`, output length ≤ max_len_a·|x| + max_len_b).
@@ -38,6 +38,7 @@ from pipeline import spm, teacher, tokenize
 from pipeline.config import DistillConfig, PipelineConfig
 from pipeline.metrics import corpus_scores
 from pipeline.parquet import write_split
+from pipeline.progress import Progress
 from pipeline.stage import StageError, StageRun, write_json
 from reder import EOS_ID, heads
 from reder.autoregressive import Transformer
@@ -196,7 +197,14 @@ def distill_on_ray(train_dir: Path, staging: Path, teacher_dirs: dict[str, str],
                                                "decoding": decoding, "threads": threads, "ct2_dirs": ct2_dirs},
         batch_format="pyarrow", batch_size=distill.batch_size, compute=ray.data.ActorPoolStrategy(size=actors),
         **resources)
-    dataset.write_parquet(str(staging), ray_remote_args={"num_cpus": io_cpus})
+    # Batches come back to the driver as the actors finish them (the driver reads them all back anyway): a
+    # progress line off a terminal (on one, Ray Data's bars), then one staged file each.
+    staging.mkdir(parents=True, exist_ok=True)
+    progress = Progress("distill", 2 * rows, "sentence", bar=False)  # each pair: both directions
+    for index, batch in enumerate(dataset.iter_batches(batch_size=None, batch_format="pyarrow")):
+        pq.write_table(batch, staging / f"part-{index:05d}.parquet")
+        progress.update(progress.done + 2 * batch.num_rows)
+    progress.close()
     return actors
 
 

@@ -40,11 +40,11 @@ from typing import Any, Callable
 
 import pyarrow.parquet as pq
 import torch
-from tqdm import tqdm
 
 from pipeline import cmlm, teacher, train
 from pipeline.config import PipelineConfig
 from pipeline.metrics import corpus_scores
+from pipeline.progress import Progress
 from pipeline.stage import StageRun, write_json, write_text
 from reder import DIRECTIONS, EOS_ID
 from reder.checkpoint import SPM_FILE, load_cmlm_dir, load_model_dir
@@ -53,6 +53,9 @@ from reder.translate import encode_lines, translate_ids
 log = logging.getLogger(__name__)
 
 RESULTS_FILE = "results.json"
+# What every timing of this module reads (the decodes' `seconds`, measure_speed's latencies and throughputs):
+# tests put a clock of known times here, so the speed-ups are checked against times they know.
+clock: Callable[[], float] = time.perf_counter
 
 
 def build(run: StageRun, tmp: Path) -> dict[str, Any]:
@@ -137,8 +140,7 @@ def evaluate_model(model_dir: Path, corpus: Path, cfg: PipelineConfig, out: Path
     scores: dict[str, Any] = {}
     signatures: dict[str, str] = {}
     roundtrip: dict[str, Any] = {}
-    bar = tqdm(total=len(evaluation.splits) * len(DIRECTIONS) * len(decoders), desc="evaluate", unit="decode",
-               disable=None)  # a terminal only; the log lines below say the same in files
+    progress = Progress("evaluate", len(evaluation.splits) * len(DIRECTIONS) * len(decoders), "decode")
     for split in evaluation.splits:
         src_text, tgt_text = read_text_split(corpus, split, evaluation.max_sentences)
         sides = {"src2tgt": (src_text, tgt_text), "tgt2src": (tgt_text, src_text)}
@@ -147,17 +149,17 @@ def evaluate_model(model_dir: Path, corpus: Path, cfg: PipelineConfig, out: Path
             encoded = encode_lines(sp, inputs)
             line = []
             for decoder, translate in decoders.items():
-                bar.set_postfix_str(f"{split} {direction} {decoder}")
-                started = time.perf_counter()
+                progress.doing(f"{split} {direction} {decoder}")
+                started = clock()
                 ids = translate(encoded, direction, evaluation.batch_size)
-                seconds = time.perf_counter() - started
+                seconds = clock() - started
                 hypotheses = [sp.decode(h) for h in ids]
                 write_text(out / f"{split}.{direction}.{decoder}.txt", "".join(h + "\n" for h in hypotheses))
                 result = corpus_scores(hypotheses, references)
                 signatures.update(bleu=result.pop("bleu_signature"), chrf=result.pop("chrf_signature"))
                 scores[f"{split}.{direction}.{decoder}"] = {**result, "sentences": len(ids), "seconds": round(seconds, 3)}
                 line.append(f"{decoder} {result['bleu']:.2f}/{result['chrf']:.1f} ({seconds:.1f} s)")
-                bar.update()
+                progress.update(progress.done + 1, f"last {split} {direction} {decoder}: BLEU {result['bleu']:.2f}")
                 if decoder == "greedy":
                     greedy_ids[direction] = ids
             log.info("evaluate %s %s (%d sentences), BLEU/chrF: %s", split, direction, len(inputs), ", ".join(line))
@@ -168,7 +170,7 @@ def evaluate_model(model_dir: Path, corpus: Path, cfg: PipelineConfig, out: Path
             text = [sp.decode(h) for h in restored]
             write_text(out / f"{split}.roundtrip_{side}.greedy.txt", "".join(h + "\n" for h in text))
             roundtrip[f"{split}.{side}"] = corpus_scores(text, inputs)["bleu"]
-    bar.close()
+    progress.close()
     headline_split = "test" if "test" in evaluation.splits else evaluation.splits[0]
     results: dict[str, Any] = {"split": headline_split, "decoder": "greedy"}
     for direction in DIRECTIONS:
@@ -199,15 +201,15 @@ def measure_speed(model: Any, encoded: list[list[int]], decoders: dict[str, Deco
             translate(single[:2], "src2tgt", 1)  # warm-up
             times = []
             for sequence in single:
-                started = time.perf_counter()
+                started = clock()
                 translate([sequence], "src2tgt", 1)
-                times.append(time.perf_counter() - started)
+                times.append(clock() - started)
             times.sort()
             speed[f"{decoder}_latency_ms"] = round(1000 * sum(times) / len(times), 3)
             speed[f"{decoder}_latency_p90_ms"] = round(1000 * times[int(0.9 * (len(times) - 1))], 3)
-        started = time.perf_counter()
+        started = clock()
         translate(encoded, "src2tgt", evaluation.throughput_batch)
-        speed[f"{decoder}_sentences_per_s"] = round(len(encoded) / (time.perf_counter() - started), 2)
+        speed[f"{decoder}_sentences_per_s"] = round(len(encoded) / (clock() - started), 2)
     for ours in [d for d in decoders if not d.startswith("teacher_")]:
         for baseline in [d for d in decoders if d.startswith("teacher_")]:
             if single:

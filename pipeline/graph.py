@@ -26,9 +26,10 @@ from reder import heads
 
 # Keys of a train section that change neither the data order nor the optimisation: not hashed.
 NOT_HASHED = ("log_every", "max_failures", "storage_path", "fail_at_step", "start_timeout_s", "valid_max_sentences")
-# Keys added to a hashed section after outputs existed (issue 26): hashed only when set away from their
+# Keys added to a hashed section after outputs existed (issues 26, 44): hashed only when set away from their
 # default, which is the behaviour from before them, so finished outputs keep their directories.
-ADDED_LATER = {"loss": ("fba_start_step", "cc_start_step", "directions", "glance_start", "glance_end", "glance_steps"),
+ADDED_LATER = {"model": ("dag_dp",),
+               "loss": ("fba_start_step", "cc_start_step", "directions", "glance_start", "glance_end", "glance_steps"),
                "train": ("batch_tokens",),
                "evaluate": ("rerank_weight", "cutoff_top_n", "cutoff_prob", "dag_max_transition", "dag_no_repeat_ngram",
                             "dag_length_penalty", "cmlm_iterations", "cmlm_length_beam", "refine_steps")}
@@ -125,7 +126,8 @@ STAGES = (
           inputs=lambda cfg: {"tokenize": "tokenize", **({} if cfg.distill.corpus else {"teacher": "teacher"})},
           reads=lambda cfg: ("spm",)),
     Stage("train", train.build, sections=("model", "loss", "train"), uses_ray=True,
-          key=lambda cfg: {"model": asdict(cfg.model), "loss": section_key("loss", cfg.loss), "train": train_key(cfg.train),
+          key=lambda cfg: {"model": section_key("model", cfg.model), "loss": section_key("loss", cfg.loss),
+                           "train": train_key(cfg.train),
                            **_decoding_key(cfg)},
           inputs=lambda cfg: {"data": training_data(cfg)}, reads=lambda cfg: ("tokenize", "ingest", "spm")),
     Stage("cmlm", cmlm.build, sections=("cmlm",), uses_ray=True,
@@ -136,8 +138,8 @@ STAGES = (
           inputs=lambda cfg: {"train": "train", "ingest": "ingest", **({"teacher": "teacher"} if uses_teachers(cfg) else {}),
                               **({"cmlm": "cmlm"} if uses_cmlm(cfg) else {})}),
     Stage("tune", tune.build, sections=("tune",), uses_ray=True,
-          key=lambda cfg: {"tune": _sweep_key(cfg), "model": asdict(cfg.model), "loss": section_key("loss", cfg.loss),
-                           "train": section_key("train", cfg.train), **_decoding_key(cfg)},
+          key=lambda cfg: {"tune": _sweep_key(cfg), "model": section_key("model", cfg.model),
+                           "loss": section_key("loss", cfg.loss), "train": section_key("train", cfg.train), **_decoding_key(cfg)},
           inputs=lambda cfg: {"data": training_data(cfg)}, reads=lambda cfg: ("tokenize", "ingest", "spm")),
 )
 PIPELINE = tuple(stage.name for stage in STAGES if stage.name != "tune")  # a pipeline run's stages, in run order

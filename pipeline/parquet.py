@@ -22,6 +22,50 @@ def write_split(table: pa.Table, out_dir: Path) -> None:
         pq.write_table(table.slice(start, ROWS_PER_FILE), out_dir / f"part-{index:05d}.parquet")
 
 
+class SplitWriter:
+    """A split written as it comes: `write` takes tables (or `write_rows` columns of Python values) in row
+    order and writes each `part-NNNNN.parquet` as soon as ROWS_PER_FILE rows are there, so at most one file's
+    rows are held; `close` writes the rest (or the one empty file). The layout is `write_split`'s (the ingest
+    stage's outputs are byte for byte those of `write_split` of the whole table: tests/pipeline/test_ingest_stream.py)."""
+
+    def __init__(self, out_dir: Path, schema: pa.Schema) -> None:
+        self.out_dir, self.schema = Path(out_dir), schema
+        self.out_dir.mkdir(parents=True)
+        self.pending: list[pa.Table] = []
+        self.rows = self.files = 0
+
+    def write_rows(self, columns: dict[str, list]) -> None:
+        self.write(pa.table({name: pa.array(columns[name], field.type) for name, field in
+                             zip(self.schema.names, self.schema)}, schema=self.schema))
+
+    def write(self, table: pa.Table) -> None:
+        self.pending.append(table)
+        self.rows += table.num_rows
+        if self.rows >= ROWS_PER_FILE:
+            whole = pa.concat_tables(self.pending).combine_chunks()
+            start = 0
+            while whole.num_rows - start >= ROWS_PER_FILE:
+                self._file(whole.slice(start, ROWS_PER_FILE))
+                start += ROWS_PER_FILE
+            self.pending, self.rows = [whole.slice(start)], whole.num_rows - start
+
+    def close(self) -> None:
+        if self.rows or not self.files:
+            self._file(pa.concat_tables(self.pending).combine_chunks() if self.pending else self.schema.empty_table())
+        self.pending, self.rows = [], 0
+
+    def _file(self, table: pa.Table) -> None:
+        pq.write_table(table, self.out_dir / f"part-{self.files:05d}.parquet")
+        self.files += 1
+
+    def __enter__(self) -> SplitWriter:
+        return self
+
+    def __exit__(self, kind: object, *_: object) -> None:
+        if kind is None:
+            self.close()
+
+
 def read_split(path: Path, schema: pa.Schema | None = None) -> pa.Table:
     """A split as one table (files in name order, which is row order).
 

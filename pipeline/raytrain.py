@@ -34,7 +34,7 @@ import threading
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import pyarrow.parquet as pq
 import torch
@@ -44,6 +44,7 @@ from pipeline.config import NO_BLANK_PENALTY, PipelineConfig, TrainConfig, from_
 from pipeline.harness import (RANK_TOKENS_PER_S, SCORE, Batch, Example, Harness, all_reduce, epoch_batches,
                               select_best)
 from pipeline.metrics import best_setting, corpus_bleu, corpus_scores
+from pipeline.progress import Progress
 from pipeline.stage import StageError, write_json
 from pipeline.tracking import validation_metric
 from reder import DIRECTIONS, EOS_ID, DuplexLoss, LossConfig, ModelConfig, REDER, TransformerConfig
@@ -158,7 +159,20 @@ def make_trainer(cfg: PipelineConfig, name: str, storage: Path, train_data: Path
             checkpoint_config=ray.train.CheckpointConfig(num_to_keep=train.keep_checkpoints,
                                                          checkpoint_score_attribute=SCORE,
                                                          checkpoint_score_order="max")),
-        datasets={"train": training_dataset(train_data)})
+        datasets={"train": training_dataset(train_data)}, dataset_config=data_config())
+
+
+def data_config() -> Any:
+    """Ray Train's DataConfig with the ingest options it would copy from the DataContext by default
+    (`DataConfig.default_ingest_options`) less `exclude_resources`, whose copying makes Ray Data 2.60 warn
+    in every run's DatasetManager that the option is deprecated (nothing of ours sets it)."""
+    import ray.data
+    import ray.train
+
+    options = ray.data.DataContext.get_current().execution_options
+    return ray.train.DataConfig(execution_options=ray.data.ExecutionOptions(
+        resource_limits=options.resource_limits, preserve_order=options.preserve_order,
+        verbose_progress=options.verbose_progress))
 
 
 def fit_and_average(trainer: Any, run_path: Path, average_best: int, model: torch.nn.Module) -> dict[str, Any]:
@@ -170,7 +184,7 @@ def fit_and_average(trainer: Any, run_path: Path, average_best: int, model: torc
     what = f"{task['kind']} {task['direction']}" if task["kind"] != "reder" else "train"
     try:
         with progress_bar(Path(config["progress"]), config["train"]["max_steps"], what):
-            result = trainer.fit()
+            result = off_main_thread(trainer.fit)
     except Exception as error:  # TrainingFailedError wraps the worker's exception
         raise StageError(f"train: Ray Train failed: {first_failure(error)}") from error
     scored = [(m[SCORE], m["step"], c) for c, m in result.best_checkpoints if SCORE in m]
@@ -188,28 +202,51 @@ def fit_and_average(trainer: Any, run_path: Path, average_best: int, model: torc
             "fit_seconds": round(time.time() - started, 1)}
 
 
+def off_main_thread(work: Callable[[], Any]) -> Any:
+    """`work()` run in a thread while the main thread waits for it, so that the driver's own Ctrl-C and
+    SIGTERM handlers stay in place and answer at once. Ray Train's fit, called on the main thread, installs a
+    SIGINT handler of its own that it never removes (Ctrl-C then aborts its controller and calls sys.exit(0),
+    even after the fit); off it, fit leaves the handlers alone, as under Tune. An interruption leaves the
+    thread waiting on a controller that ends with the driver's Ray session (run_pipeline shuts it down; on a
+    cluster, the actors of a departed driver are killed): its checkpoints are kept for the next run."""
+    outcome: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            outcome["value"] = work()
+        except BaseException as error:  # handed to the main thread
+            outcome["error"] = error
+
+    thread = threading.Thread(target=target, name="ray-train-fit", daemon=True)
+    thread.start()
+    while thread.is_alive():
+        thread.join(0.2)  # a timed wait: a signal's handler runs within it
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
+
+
 @contextlib.contextmanager
 def progress_bar(path: Path, total: int, desc: str) -> Iterator[None]:
-    """A tqdm bar of training steps (loss, last validation BLEU) on a terminal, fed by rank 0's progress
-    file (`path`, on the run's storage: shared on a cluster), read every half second while the fit runs.
-    Off when stderr is not a terminal (logs, CI): the stage's log lines say what happened."""
-    from tqdm import tqdm
-
-    bar = tqdm(total=total, desc=desc, unit="step", disable=None, dynamic_ncols=True)
-    if bar.disable:
-        yield
-        return
+    """Training steps, fed by rank 0's progress file (`path`, on the run's storage: shared on a cluster), read
+    every half second while the fit runs: on a terminal a tqdm bar (loss, last validation BLEU), elsewhere a
+    line at most once a minute (pipeline/progress.py; rank 0 writes the file every `train.log_every` steps):
+    step/total, loss terms, tokens/s, the last validation BLEU per direction, elapsed, ETA."""
+    progress = Progress(desc, total, "step")
     stop = threading.Event()
+    seen: dict[str, Any] = {}
 
     def update() -> None:
         try:
             state = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError):  # not written yet, or being replaced
             return
-        bar.n = min(int(state["step"]), total)
-        bar.set_postfix({k: f"{v:.3g}" for k, v in state.items() if k != "step" and isinstance(v, (int, float))},
-                        refresh=False)
-        bar.refresh()
+        if state == seen:
+            return
+        seen.clear()
+        seen.update(state)
+        progress.update(min(int(state["step"]), total), progress_details(state),
+                        {k: f"{state[k]:.3g}" for k in ("loss", "valid_bleu") if isinstance(state.get(k), (int, float))})
 
     def poll() -> None:
         while not stop.wait(0.5):
@@ -223,16 +260,41 @@ def progress_bar(path: Path, total: int, desc: str) -> Iterator[None]:
         stop.set()
         thread.join()
         update()
-        bar.close()
+        progress.close()
+
+
+def progress_details(state: dict[str, Any]) -> str:
+    """The numbers of a progress line: loss (its terms), tokens/s, the last validation BLEU per direction."""
+    parts = []
+    if "loss" in state:
+        terms = ", ".join(f"{name} {value:.3g}" for name, value in state.get("terms", {}).items())
+        parts.append(f"loss {state['loss']:.3g}" + (f" ({terms})" if terms else ""))
+    if "tokens_per_s" in state:
+        parts.append(f"{state['tokens_per_s']:,.0f} tokens/s")
+    bleu = state.get("valid_bleu_by_direction", {})
+    if bleu:
+        parts.append("valid BLEU " + ", ".join(f"{d} {v:.2f}" for d, v in bleu.items()))
+    return ", ".join(parts)
 
 
 def write_progress(path: Path, state: dict[str, Any], metrics: dict[str, Any]) -> None:
-    """Update `state` (step, training loss, latest validation BLEU) from a report's `metrics` and write it as
-    rank 0's progress file (atomically: the driver may be reading it)."""
+    """Update `state` (step, training loss and its terms, tokens/s, latest validation BLEU, overall and per
+    direction) from a report's `metrics` and write it as rank 0's progress file (atomically: the driver may be
+    reading it)."""
+    def finite(key: str) -> bool:
+        return isinstance(metrics.get(key), (int, float)) and math.isfinite(metrics[key])
+
     state["step"] = metrics["step"]
-    for key, name in (("train_total", "loss"), (SCORE, "valid_bleu")):
-        if isinstance(metrics.get(key), (int, float)) and math.isfinite(metrics[key]):
+    for key, name in (("train_total", "loss"), (SCORE, "valid_bleu"), ("tokens_per_s", "tokens_per_s")):
+        if finite(key):
             state[name] = metrics[key]
+    terms = {key[len("train_"):]: metrics[key] for key in metrics
+             if key.startswith("train_") and key != "train_total" and finite(key)}
+    if terms:
+        state["terms"] = terms
+    bleu = {key[len("bleu_"):]: metrics[key] for key in metrics if key.startswith("bleu_") and finite(key)}
+    if bleu:
+        state["valid_bleu_by_direction"] = bleu
     path.parent.mkdir(parents=True, exist_ok=True)
     write_json(path, state)
 

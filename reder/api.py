@@ -19,23 +19,23 @@ import torch
 
 from reder.checkpoint import SPM_FILE, direction_of, load_model_dir
 from reder.cmlm import CMLM
+from reder.text import line_problem
 from reder.translate import check_device, load_sentencepiece, translate_lines
 
 MAX_CHARS = 2000  # per sentence a service takes (pipeline.serve, the MLflow pyfunc): sentences, not books
 
 
 def sentence_problem(line: object) -> Optional[str]:
-    """What keeps `line` from being one sentence a service translates, or None: a string of one line, not
-    blank, at most MAX_CHARS characters. The services put their own name of the field in front."""
+    """What keeps `line` from being one sentence a service translates, or None: a string, not blank, at most
+    MAX_CHARS characters, one line of text as `reder.text` defines it (the ingest stage's rule: no line
+    terminator, no control character but TAB). The services put their own name of the field in front."""
     if not isinstance(line, str):
         return f"must be a string, got {type(line).__name__}"
     if not line.strip():
         return "is empty"
     if len(line) > MAX_CHARS:
         return f"has {len(line)} characters, more than {MAX_CHARS}"
-    if "\n" in line or "\r" in line:
-        return "holds a line break (one sentence per item)"
-    return None
+    return line_problem(line)
 
 
 class Translator:

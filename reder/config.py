@@ -11,6 +11,7 @@ from reder.configio import FieldError, require, round_trip
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 DIRECTIONS = ("src2tgt", "tgt2src")
 HEADS = ("ctc", "dag")
+DAG_DPS = ("auto", "torch", "triton")  # model.dag_dp: the DAG loss's DP (reder/dag.py's `dag_dp`)
 
 
 def _blank_id(config: Any) -> int:
@@ -42,6 +43,10 @@ class ModelConfig:
     head: str = "ctc"  # output head at both ends: "ctc" or "dag" (docs/DESIGN.md, "Output heads")
     graph_upsample_ratio: float = 8.0  # λ (head="dag"): a graph has int(λ·(|x|+2)) vertices, |x| without BOS/EOS
     link_heads: int = 4  # heads of the DAG link scorer (head="dag")
+    # The DAG loss's DP (head="dag"): torch (reder/dag.py), triton (reder/dag_triton.py, the optional extra; CUDA
+    # tensors, or CPU ones under TRITON_INTERPRET=1), auto: triton on CUDA when installed, else torch. The same
+    # numbers either way (to float rounding), so not part of the train stage's hash.
+    dag_dp: str = "auto"
     blank_id = property(_blank_id)
 
     def __post_init__(self) -> None:
@@ -56,6 +61,8 @@ class ModelConfig:
         if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or ratio < 1:
             raise FieldError("graph_upsample_ratio", f"must be a number >= 1, got {ratio!r}")
         _check_divides_d_model(self, "link_heads")
+        if self.dag_dp not in DAG_DPS:
+            raise FieldError("dag_dp", f"must be one of {list(DAG_DPS)}, got {self.dag_dp!r}")
         # Checked after the ratios: an input of EOS alone must fit once upsampled (CTC: r positions; DAG: a
         # graph of int(λ·2) vertices, BOS and EOS).
         ratio_key = "upsample_ratio" if self.head == "ctc" else "graph_upsample_ratio"

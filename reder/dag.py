@@ -5,6 +5,8 @@ A batch of graphs: vertex b, j for j < L_b (graph_lengths); vertex 0 starts ever
 tokens, target_lengths) and `emissions` (B, M, L) holds log P(Y_i | v_j). Everything is batched and
 padding-aware; all-(−inf) rows and columns are normal, so logsumexp here is always the masked one.
 """
+import importlib
+import importlib.util
 import math
 
 import torch
@@ -12,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.autograd.function import once_differentiable
 
-from reder.config import BOS_ID, EOS_ID
+from reder.config import BOS_ID, DAG_DPS, EOS_ID
 from reder.ctc import pad_batch
 
 NEG_INF = float("-inf")
@@ -97,6 +99,15 @@ def _beta(log_edges: torch.Tensor, emissions: torch.Tensor, graph_lengths: torch
     return beta
 
 
+def save_likelihood(ctx, log_edges: torch.Tensor, emissions: torch.Tensor, alpha: torch.Tensor, graph_lengths: torch.Tensor,
+                    target_lengths: torch.Tensor) -> torch.Tensor:
+    """log P (B,) = α_{M_b−1}[L_b − 1], saving for backward what the DPs' backward passes read: log E, the
+    emissions, α, log P and the lengths."""
+    log_likelihood = alpha[torch.arange(alpha.shape[0], device=alpha.device), target_lengths - 1, graph_lengths - 1]
+    ctx.save_for_backward(log_edges, emissions, alpha, log_likelihood, graph_lengths, target_lengths)
+    return log_likelihood
+
+
 class _DagLikelihood(torch.autograd.Function):
     """log P(Y|X) with a hand-written backward: keeps only log E, the emissions, α and log P; β is built in
     backward. dZ/d emit_ij = exp(α_i[j] + β_i[j] − Z); dZ/d log E_kj = Σ_i exp(α_{i−1}[k] + log E_kj +
@@ -104,11 +115,7 @@ class _DagLikelihood(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, log_edges, emissions, graph_lengths, target_lengths):
-        alpha = _alpha(log_edges, emissions)
-        batch = torch.arange(emissions.shape[0], device=emissions.device)
-        log_likelihood = alpha[batch, target_lengths - 1, graph_lengths - 1]  # (B,)
-        ctx.save_for_backward(log_edges, emissions, alpha, log_likelihood, graph_lengths, target_lengths)
-        return log_likelihood
+        return save_likelihood(ctx, log_edges, emissions, _alpha(log_edges, emissions), graph_lengths, target_lengths)
 
     @staticmethod
     @once_differentiable
@@ -128,13 +135,37 @@ class _DagLikelihood(torch.autograd.Function):
         return torch.where(feasible, grad_edges * scale, 0.0), torch.where(feasible, grad_emissions * scale, 0.0), None, None
 
 
+def triton_installed() -> bool:
+    """Whether the optional Triton extra is importable here."""
+    return importlib.util.find_spec("triton") is not None
+
+
+def resolve_dp(dp: str, device: torch.device) -> str:
+    """The DP `model.dag_dp` resolves to for tensors on `device`: torch or triton (auto: triton on CUDA when
+    installed). Checked where the loss runs, not when the config loads, so that a model trained with
+    dag_dp=triton still loads and decodes where Triton is absent."""
+    if dp not in DAG_DPS:
+        raise ValueError(f"model.dag_dp must be one of {list(DAG_DPS)}, got {dp!r}")
+    if dp == "auto":
+        return "triton" if device.type == "cuda" and triton_installed() else "torch"
+    if dp == "triton" and not triton_installed():
+        raise RuntimeError("model.dag_dp=triton but Triton is not installed: pip install -e '.[triton]', "
+                           "or set model.dag_dp=torch (or auto)")
+    return dp
+
+
 def dag_log_likelihood(
-    log_edges: torch.Tensor, emissions: torch.Tensor, graph_lengths: torch.Tensor, target_lengths: torch.Tensor, hand_written: bool = True
+    log_edges: torch.Tensor, emissions: torch.Tensor, graph_lengths: torch.Tensor, target_lengths: torch.Tensor,
+    hand_written: bool = True, dp: str = "torch"
 ) -> torch.Tensor:
     """log P(Y|X) (B,) summed over all paths 0 = a_1 < … < a_M = L_b − 1; −inf where L_b < M_b.
 
-    hand_written=False runs the same DP through plain autograd (the test and benchmark reference)."""
+    hand_written=False runs the same DP through plain autograd (the test and benchmark reference); with
+    hand_written, `dp` (`resolve_dp`) picks `_DagLikelihood` or the Triton kernels (reder/dag_triton.py)."""
     graph_lengths, target_lengths = graph_lengths.long(), target_lengths.long()
+    if hand_written and resolve_dp(dp, emissions.device) == "triton":
+        kernels = importlib.import_module("reder.dag_triton")  # imports triton: only here
+        return kernels.triton_dag_log_likelihood(log_edges, emissions, graph_lengths, target_lengths)
     if hand_written:
         return _DagLikelihood.apply(log_edges, emissions, graph_lengths, target_lengths)
     alphas = [F.pad(emissions[:, 0, :1], (0, emissions.shape[2] - 1), value=NEG_INF)]
@@ -145,17 +176,19 @@ def dag_log_likelihood(
 
 
 def dag_loss(
-    log_edges: torch.Tensor, log_probs: torch.Tensor, graph_lengths: torch.Tensor, targets: torch.Tensor, target_lengths: torch.Tensor
+    log_edges: torch.Tensor, log_probs: torch.Tensor, graph_lengths: torch.Tensor, targets: torch.Tensor, target_lengths: torch.Tensor,
+    dp: str = "auto"
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Mean over samples of −log P(Y|X)/|Y|, and how many samples were dropped because their graph has
-    fewer vertices than Y has tokens (they have no path; they are left out, not given a zero loss)."""
+    fewer vertices than Y has tokens (they have no path; they are left out, not given a zero loss). `dp`:
+    `model.dag_dp` (`resolve_dp`)."""
     feasible = graph_lengths >= target_lengths
     dropped = (~feasible).sum()
     if not bool(feasible.any()):  # keep the graph connected (DDP) without a NaN from 0·(−inf)
         return log_probs.sum() * 0.0 + log_edges.masked_fill(~torch.isfinite(log_edges), 0.0).sum() * 0.0, dropped
     keep = feasible.nonzero()[:, 0]
     emissions = target_emissions(log_probs[keep], targets[keep, : int(target_lengths[keep].max())])  # (B', M, L)
-    log_likelihood = dag_log_likelihood(log_edges[keep], emissions, graph_lengths[keep], target_lengths[keep])
+    log_likelihood = dag_log_likelihood(log_edges[keep], emissions, graph_lengths[keep], target_lengths[keep], dp=dp)
     return (-log_likelihood / target_lengths[keep]).mean(), dropped
 
 

@@ -162,7 +162,8 @@ class DagHead(nn.Module):
         """−log P(Y|x)/|Y| of Y = [BOS, y…, EOS] over the graph (no label smoothing), and how many samples
         were dropped for a graph shorter than Y."""
         targets = F.pad(y, (1, 0), value=BOS_ID)  # (B, M)
-        main, dropped = dag_loss(output.extra["log_edges"], output.log_probs, output.lengths, targets, y_lengths + 1)
+        main, dropped = dag_loss(output.extra["log_edges"], output.log_probs, output.lengths, targets, y_lengths + 1,
+                                 self.cfg.dag_dp)
         return main, {"dropped": dropped}
 
     def fba_layout(self, output: HeadOutput, y: torch.Tensor, y_lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -22,9 +22,11 @@ mask-predict with --iterations T and --beam l length candidates. --refine-steps 
 model's output with K mask-predict iterations of the CMLM in DIR (the same direction).
 
 One sentence per line in, one per line out, in the input order. SentencePiece is applied inside: input is
-plain text, output is detokenized text. Lines end at "\n" only (a CRLF's "\r" is dropped): other Unicode
-line separators inside a line stay in it, so there are always as many output lines as input lines. Input
-must be UTF-8; bad options, input or model files are a one-line error and exit status 2.
+plain text, output is detokenized text. A line is what `reder.text` says (the ingest stage's rule too): it
+ends at "\n" (a CRLF's "\r" is dropped), a leading BOM is removed, and another line terminator (a lone CR,
+U+2028, NEL, VT, FF) or control character inside a line is an error naming the line, so there are always as
+many output lines as input lines. Input must be UTF-8; bad options, input or model files are a one-line error
+and exit status 2.
 """
 import argparse
 import math
@@ -45,6 +47,7 @@ from reder.heads import all_decoders
 from reder.model import REDER
 from reder.rerank import RERANK_WEIGHT, RERANKERS, self_rerank
 from reder.rerank import rerank as teacher_rerank
+from reder.text import split_lines
 
 
 def encode_lines(sp: sentencepiece.SentencePieceProcessor, lines: Iterable[str]) -> list[list[int]]:
@@ -153,25 +156,6 @@ def greedy_by_penalty(model: REDER, sequences: list[list[int]], direction: str, 
             for index, hypothesis in zip(chunk, ctc_greedy(logits, output.lengths, blank)):
                 outputs[penalty][index] = strip_special(hypothesis, blank)
     return outputs
-
-
-def split_lines(data: bytes | str) -> list[str]:
-    """Input lines: split at "\n" only (not str.splitlines' \x0b, \x0c, \x1c-\x1e, \x85, \u2028, \u2029),
-    without a CRLF's "\r"; bytes must be UTF-8 (ValueError naming the line)."""
-    newline = b"\n" if isinstance(data, bytes) else "\n"
-    pieces = data.split(newline)
-    if pieces[-1] == newline[:0]:
-        pieces.pop()  # the text ended with a newline, or was empty
-    lines = []
-    for number, piece in enumerate(pieces, start=1):
-        if isinstance(piece, bytes):
-            try:
-                piece = piece.decode("utf-8")
-            except UnicodeDecodeError as error:
-                raise ValueError(f"line {number}: not UTF-8 text (byte 0x{piece[error.start]:02x} at byte "
-                                 f"{error.start + 1} of the line)") from None
-        lines.append(piece[:-1] if piece.endswith("\r") else piece)
-    return lines
 
 
 def read_input(stream) -> list[str]:

@@ -18,3 +18,17 @@ def test_every_package_is_installed_and_the_commands_resolve():
         module, function = target.split(":")
         assert callable(getattr(importlib.import_module(module), function)), target
     assert project["tool"]["setuptools"]["dynamic"]["dependencies"]["file"] == ["requirements.txt"]
+
+
+def test_ci_runs_the_readme_test_command_with_the_extras_installed():
+    """.ci/run's last line is the README's test command, and before it CI installs pyproject's ct2 and triton
+    extras as pinned there (so the CTranslate2 tests, distill's default engine and the DAG kernel's tests run in
+    CI, with the versions users get)."""
+    lines = [line for line in (REPO / ".ci" / "run").read_text(encoding="utf-8").splitlines()
+             if line.strip() and not line.startswith("#")]
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    test_command = readme.split("Tests (what CI runs, `.ci/run`")[1].split("```bash\n")[1].split("\n```")[0]
+    assert lines[-1] == test_command
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]["optional-dependencies"]
+    installed = [line.split("pip install -q --no-compile ")[1].split() for line in lines[:-1] if "pip install" in line]
+    assert installed == [[f'"{r}"' for r in extras["ct2"]], ["--no-deps", *[f'"{r}"' for r in extras["triton"]]]]

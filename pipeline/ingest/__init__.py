@@ -8,8 +8,10 @@ Sources (`data.source`):
 - `sword` (the default): two SWORD Bible modules read with pysword, aligned by verse reference and split
   deterministically by a seeded hash of the reference.
 
-Validation: sides with different line counts, invalid UTF-8 (unless `lenient`), missing files and an
-empty result are errors naming the file (and line). Empty lines, over-long lines, extreme length ratios
+Validation: sides with different line counts, invalid UTF-8 (unless `lenient`), a line terminator or control
+character inside a line (`reder.text`; unless `bad_characters=replace`), missing files, two candidate files
+for one split and language, and an empty result are errors naming the file (and line); a leading BOM is
+removed and counted. Local files are streamed (docs/DESIGN.md, "Text and input files"). Empty lines, over-long lines, extreme length ratios
 and duplicate pairs are dropped from train and counted by reason in `report.json`; in valid/test they
 are only counted (`flagged`), so test sets stay intact. `id` is the 1-based line number in the source
 file (for `sword`, the verse's position in canonical order). Each split is written by

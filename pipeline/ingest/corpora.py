@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.config import DataConfig
-from pipeline.ingest.readers import SPLITS, CorpusError, RawSplit, find_file, read_capped, read_parallel
+from pipeline.ingest.readers import SPLITS, CorpusError, RawSplit, TextRules, find_file, read_capped, read_parallel
 
 log = logging.getLogger(__name__)
 
@@ -86,36 +86,45 @@ NAMED: dict[str, NamedCorpus] = {
 
 
 def read_named(data: DataConfig, workdir: Path) -> dict[str, RawSplit]:
-    """A named corpus from local_dir where it has the files, else downloaded (if allowed)."""
+    """A named corpus from local_dir where it has the files, else downloaded (if allowed); streamed."""
     corpus = NAMED[data.source]
     for lang in (data.src_lang, data.tgt_lang):
         if lang not in corpus.languages:
             raise CorpusError(f"data.source={data.source} has languages {list(corpus.languages)}, "
                               f"not {lang!r} (check data.src_lang / data.tgt_lang)")
     cache = Path(data.cache_dir or workdir / "downloads").resolve() / data.source
+    local = local_pairs(data)
     splits = {}
     for split in SPLITS:
         source = corpus.splits[split]
-        stem = getattr(data, f"{split}_split") or source.stem
-        paths = _local_pair(data, stem)
+        stem = _stem(data, split)
+        paths = local.get(split)
         if paths is None:
             if not data.download:
                 raise CorpusError(f"corpus file not found: {data.source} {split} ({stem}.{data.src_lang}, "
                                   f"{stem}.{data.tgt_lang}) is not in data.local_dir={data.local_dir!r} "
                                   f"and data.download is false")
             paths = _fetch(data, source if stem == source.stem else SplitSource(stem), cache, stem)
-        splits[split] = read_parallel(*paths, lenient=data.lenient, max_input_mb=data.max_input_mb)
+        splits[split] = read_parallel(*paths, TextRules.of(data))
     return splits
 
 
-def _local_pair(data: DataConfig, stem: str) -> tuple[Path, Path] | None:
-    if not data.local_dir:
-        return None
-    local = Path(data.local_dir)
-    try:
-        return find_file(local, f"{stem}.{data.src_lang}"), find_file(local, f"{stem}.{data.tgt_lang}")
-    except CorpusError:
-        return None
+def local_pairs(data: DataConfig) -> dict[str, tuple[Path, Path]]:
+    """The splits of a named corpus that `data.local_dir` holds both sides of, with their two files (one file
+    per split and language: `find_file`)."""
+    if not data.local_dir or data.source not in NAMED:
+        return {}
+    local, pairs = Path(data.local_dir), {}
+    for split in SPLITS:
+        stem = _stem(data, split)
+        paths = tuple(find_file(local, f"{stem}.{lang}", required=False) for lang in (data.src_lang, data.tgt_lang))
+        if all(paths):
+            pairs[split] = paths
+    return pairs
+
+
+def _stem(data: DataConfig, split: str) -> str:
+    return getattr(data, f"{split}_split") or NAMED[data.source].splits[split].stem
 
 
 def _fetch(data: DataConfig, source: SplitSource, cache: Path, stem: str) -> tuple[Path, Path]:

@@ -1,25 +1,34 @@
-"""Reading local corpus files: `files` (`<split>.<lang>[.gz]`) and `tsv` (`<split>.tsv[.gz]`).
+"""Reading local corpus files: `files` (`<split>.<lang>[.gz]`) and `tsv` (`<split>.tsv[.gz]`), streamed.
 
-Also what every reader shares: the split names, the `RawSplit` a reader returns and `CorpusError`.
-Misaligned sides, a tsv line without exactly one tab, invalid UTF-8 (unless `lenient`), missing files,
-corrupt gzip data and a file larger than `data.max_input_mb` (decompressed; read in chunks, so a
-decompression bomb stops at the cap) are errors naming the file (and line); `id` is the 1-based line
-number in the source file.
+Also what every reader shares: the split names, the `RawSplit` a reader returns and `CorpusError`. A file is
+read chunk by chunk and its lines are yielded one at a time, so memory does not grow with the corpus. A line
+is what `reder.text` says (docs/DESIGN.md, "Text"): it ends at "\n" or "\r\n"; a BOM at the start of a file is
+removed and counted; another line terminator or control character but TAB inside a line is an error naming
+file, line and character, or with `data.bad_characters=replace` a space, counted. Misaligned sides, a tsv line
+without exactly one tab, invalid UTF-8 (unless `lenient`), missing files, two files for one split and language
+(`find_file`), corrupt gzip data and a file larger than `data.max_input_mb` (decompressed; so a decompression
+bomb stops at the cap) are errors naming the file (and line); `id` is the 1-based line number in the source file.
 """
 from __future__ import annotations
 
 import gzip
+import itertools
+import os
 import zlib
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO, Iterable, Iterator, Optional
 
 from pipeline.config import DataConfig
 from pipeline.stage import StageError
+from reder import text
 
 SPLITS = ("train", "valid", "test")
 MB = 10**6  # data.max_input_mb counts these
 CHUNK = 1 << 20  # bytes read (decompressed) at a time
+
+Row = tuple[int, Optional[str], Optional[str]]  # line id, src, tgt (None: undecodable, lenient mode)
 
 
 class CorpusError(StageError):
@@ -28,96 +37,223 @@ class CorpusError(StageError):
 
 @dataclass
 class RawSplit:
-    """One split as read: line ids, both sides (None = undecodable, lenient mode) and provenance."""
+    """One split as read: `rows` yields (line id, src, tgt) once, reading as it goes; `files` are the files it
+    reads; `text` counts what the text rules changed (`bom_removed`, `replaced U+<hex code point>`), filled while reading."""
 
-    ids: list[int]
-    src: list[str | None]
-    tgt: list[str | None]
+    rows: Iterable[Row]
     origin: str
+    files: tuple[Path, ...] = ()
+    text: Counter[str] = field(default_factory=Counter)
 
 
-def read_local(data: DataConfig) -> dict[str, RawSplit]:
-    """All three splits of a `files` or `tsv` corpus in `data.local_dir`."""
+@dataclass(frozen=True)
+class TextRules:
+    """How a reader turns a file's raw lines into text (from the data config)."""
+
+    lenient: bool = False  # undecodable line: None instead of an error
+    replace: bool = False  # a bad character becomes a space (counted) instead of an error
+    max_input_mb: int = DataConfig.max_input_mb
+
+    @staticmethod
+    def of(data: DataConfig) -> TextRules:
+        return TextRules(data.lenient, data.bad_characters == "replace", data.max_input_mb)
+
+
+def local_files(data: DataConfig, required: bool = True) -> dict[str, tuple[Path, ...]]:
+    """The files a `files` or `tsv` corpus reads, per split: one file per split and language (`find_file`);
+    not `required`: a missing one is left out instead of an error."""
     if not data.local_dir:
         raise CorpusError(f"data.source={data.source} needs data.local_dir (the directory holding the files)")
     local = Path(data.local_dir)
     stems = {split: getattr(data, f"{split}_split") or split for split in SPLITS}
+    langs = (data.src_lang, data.tgt_lang)
     if data.source == "tsv":
-        return {split: read_tsv(find_file(local, f"{stems[split]}.tsv"), data.lenient, data.max_input_mb)
-                for split in SPLITS}
-    return {split: read_parallel(find_file(local, f"{stems[split]}.{data.src_lang}"),
-                                 find_file(local, f"{stems[split]}.{data.tgt_lang}"), data.lenient, data.max_input_mb)
-            for split in SPLITS}
+        wanted = {split: [(f"{stem}.tsv", tuple(f"{stem}.{lang}" for lang in langs))] for split, stem in stems.items()}
+    else:
+        wanted = {split: [(f"{stem}.{lang}", (f"{stem}.tsv",)) for lang in langs] for split, stem in stems.items()}
+    found = {split: tuple(find_file(local, name, rivals, required) for name, rivals in names)
+             for split, names in wanted.items()}
+    return {split: tuple(path for path in paths if path is not None) for split, paths in found.items()}
 
 
-def read_parallel(src_path: Path, tgt_path: Path, lenient: bool = False,
-                  max_input_mb: int = DataConfig.max_input_mb) -> RawSplit:
+def read_local(data: DataConfig) -> dict[str, RawSplit]:
+    """All three splits of a `files` or `tsv` corpus in `data.local_dir` (streamed)."""
+    rules = TextRules.of(data)
+    if data.source == "tsv":
+        return {split: read_tsv(path, rules) for split, (path,) in local_files(data).items()}
+    return {split: read_parallel(*paths, rules) for split, paths in local_files(data).items()}
+
+
+def read_parallel(src_path: Path, tgt_path: Path, rules: TextRules = TextRules()) -> RawSplit:
     """Two line-aligned files; different line counts are an error naming both files and counts."""
-    src_lines, tgt_lines = _read_lines(src_path, max_input_mb), _read_lines(tgt_path, max_input_mb)
-    if len(src_lines) != len(tgt_lines):
-        raise CorpusError(f"misaligned corpus: {src_path} has {len(src_lines)} lines but {tgt_path} has "
-                          f"{len(tgt_lines)}; the two sides must have one sentence per line, aligned")
-    src = [_decode(line, src_path, i + 1, lenient) for i, line in enumerate(src_lines)]
-    tgt = [_decode(line, tgt_path, i + 1, lenient) for i, line in enumerate(tgt_lines)]
-    return RawSplit(list(range(1, len(src) + 1)), src, tgt, f"{src_path} + {tgt_path}")
+    counts: Counter[str] = Counter()
+
+    def rows() -> Iterator[Row]:
+        src, tgt = TextFile(src_path, rules, counts), TextFile(tgt_path, rules, counts)
+        yield from zip(itertools.count(1), src.lines(), tgt.lines())  # C-level: no Python frame per row
+        for side in (src, tgt):  # zip stops at the shorter side: read both to the end to compare
+            side.drain()
+        if src.count != tgt.count:
+            raise CorpusError(f"misaligned corpus: {src_path} has {src.count} lines but {tgt_path} has {tgt.count}; "
+                              f"the two sides must have one sentence per line, aligned")
+
+    return RawSplit(rows(), f"{src_path} + {tgt_path}", (Path(src_path), Path(tgt_path)), counts)
 
 
-def read_tsv(path: Path, lenient: bool = False, max_input_mb: int = DataConfig.max_input_mb) -> RawSplit:
+def read_tsv(path: Path, rules: TextRules = TextRules()) -> RawSplit:
     """`src<TAB>tgt` lines; a line without exactly one tab is an error naming file and line."""
-    ids, src, tgt = [], [], []
-    for number, line in enumerate(_read_lines(path, max_input_mb), start=1):
-        fields = line.split(b"\t")
-        if len(fields) != 2:
-            raise CorpusError(f"{path}:{number}: expected 2 tab-separated fields (src, tgt), got {len(fields)}")
-        ids.append(number)
-        src.append(_decode(fields[0], path, number, lenient))
-        tgt.append(_decode(fields[1], path, number, lenient))
-    return RawSplit(ids, src, tgt, str(path))
+    counts: Counter[str] = Counter()
+
+    def rows() -> Iterator[Row]:
+        for number, line in enumerate(TextFile(path, rules, counts).lines(), start=1):
+            if line is None:  # undecodable (lenient): dropped and counted as such
+                yield number, None, None
+                continue
+            fields = line.split("\t")
+            if len(fields) != 2:
+                raise CorpusError(f"{path}:{number}: expected 2 tab-separated fields (src, tgt), got {len(fields)}")
+            yield number, fields[0], fields[1]
+
+    return RawSplit(rows(), str(path), (Path(path),), counts)
 
 
-def find_file(directory: Path, name: str) -> Path:
-    """`directory/name`, or its `.gz` twin; a clear error when neither exists."""
-    for candidate in (directory / name, directory / f"{name}.gz"):
-        if candidate.is_file():
-            return candidate
-    raise CorpusError(f"corpus file not found: {directory / name} (nor {name}.gz) in {directory}")
+def find_file(directory: Path, name: str, rivals: tuple[str, ...] = (), required: bool = True) -> Optional[Path]:
+    """The one file of `directory` that is `name` or `name.gz`. Every file that could be meant — those two,
+    a name differing only in case, a `rival` (`train.tsv` beside `train.en`) — is a candidate: more than one
+    is an error listing them, and so is one that is not exactly `name[.gz]`; none is "not found" (None when
+    not `required`)."""
+    wanted = {name, f"{name}.gz"}
+    lowered = {candidate.lower() for candidate in (*wanted, *rivals, *(f"{r}.gz" for r in rivals))}
+    try:
+        names = sorted(entry.name for entry in os.scandir(directory) if entry.is_file() and entry.name.lower() in lowered)
+    except OSError:
+        names = []
+    if len(names) > 1:
+        raise CorpusError(f"ambiguous input in {directory}: {' and '.join(names)} could each be the file for "
+                          f"{name}; ingest reads exactly one file per split and language: remove or rename the others")
+    if names and names[0] in wanted:
+        return Path(directory) / names[0]
+    if names:
+        raise CorpusError(f"corpus file not found: {Path(directory) / name} (nor {name}.gz) in {directory}; "
+                          f"{names[0]} is there, which ingest does not read for it (names are matched exactly, "
+                          f"and data.source says files or tsv): rename it or fix data.source")
+    if not required:
+        return None
+    raise CorpusError(f"corpus file not found: {Path(directory) / name} (nor {name}.gz) in {directory}")
 
 
-def _read_lines(path: Path, max_input_mb: int) -> list[bytes]:
-    """Raw lines of a (possibly gzipped) file, split on '\\n' only, '\\r\\n' endings accepted; at most
-    `max_input_mb` MB are read (after decompression), chunk by chunk."""
+class TextFile:
+    """The lines of a (possibly gzipped) file as text by `rules`, block by block: a block of whole lines is
+    decoded and checked at once, and only a block with something to report goes line by line (`to_text`).
+    `count` is the number of lines read so far."""
+
+    def __init__(self, path: Path, rules: TextRules, counts: Counter[str]) -> None:
+        self.path, self.rules, self.counts, self.count = path, rules, counts, 0
+        self.blocks = self._blocks()
+
+    def lines(self) -> Iterator[Optional[str]]:
+        return itertools.chain.from_iterable(self.blocks)
+
+    def drain(self) -> None:
+        for _ in self.blocks:
+            pass
+
+    def _blocks(self) -> Iterator[list[Optional[str]]]:
+        for block in raw_blocks(self.path, self.rules.max_input_mb):
+            lines = self._fast(block)
+            if lines is None:
+                lines = [to_text(line, self.path, self.count + i, self.rules, self.counts)
+                         for i, line in enumerate(_split(block), start=1)]
+            self.count += len(lines)
+            yield lines
+
+    def _fast(self, block: bytes) -> Optional[list[str]]:
+        """The block's lines when it is valid UTF-8 and holds no bad character (the usual case), else None."""
+        try:
+            whole = block.decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+        if text.BAD_BUT_LF.search(whole.replace("\r\n", "\n")):
+            return None  # a lone CR, a BOM's line, ... : line by line, which names or replaces it
+        bom = self.count == 0 and whole.startswith(text.BOM)
+        lines = _split(whole[1:] if bom else whole)
+        if bom:
+            self.counts["bom_removed"] += 1
+        return [line[:-1] if line.endswith("\r") else line for line in lines]
+
+
+def to_text(line: bytes, path: Path, number: int, rules: TextRules, counts: Counter[str]) -> Optional[str]:
+    """One raw line (its "\n" gone) as text: a CRLF's "\r" dropped, UTF-8 decoded (None when undecodable and
+    lenient), a BOM at the start of the file removed, a bad character an error or (replace) a space; counted."""
+    if line.endswith(b"\r"):
+        line = line[:-1]
+    try:
+        decoded = line.decode("utf-8")
+    except UnicodeDecodeError as error:
+        if rules.lenient:
+            return None
+        raise CorpusError(f"{path}:{number}: invalid UTF-8 ({error.reason} at byte {error.start}); "
+                          f"fix the file or set data.lenient=true to drop such lines") from error
+    if number == 1:
+        decoded, had_bom = text.strip_bom(decoded)
+        if had_bom:
+            counts["bom_removed"] += 1
+    index = text.bad_character(decoded)
+    if index is None:
+        return decoded
+    if not rules.replace:
+        raise CorpusError(f"{path}:{number}: {text.line_problem(decoded)}; or set data.bad_characters=replace "
+                          f"to make each such character a space (counted in report.json)")
+    decoded, replaced = text.replace_bad(decoded)
+    counts.update(f"replaced {text.code_point(char)}" for char in replaced)
+    return decoded
+
+
+def raw_blocks(path: Path, max_input_mb: int) -> Iterator[bytes]:
+    """A (possibly gzipped) file in blocks of whole lines (each ending in "\n", but a last line without one),
+    read chunk by chunk; at most `max_input_mb` MB are read (after decompression)."""
     if not Path(path).is_file():
         raise CorpusError(f"corpus file not found: {path}")
     with open(path, "rb") as handle:
         gzipped = handle.read(2) == b"\x1f\x8b"
-    chunks: list[bytes] = []
-    size = 0
-    try:
-        with (gzip.open if gzipped else open)(path, "rb") as handle:
-            while chunk := handle.read(CHUNK):
-                size += len(chunk)
-                if size > max_input_mb * MB:
-                    raise too_big(str(path), max_input_mb, gzipped)
-                chunks.append(chunk)
-    except (OSError, EOFError, zlib.error) as error:  # gzip.BadGzipFile is an OSError
-        reached = sum(chunk.count(b"\n") for chunk in chunks)
-        problem = "corrupt gzip file" if gzipped else "unreadable file"
-        raise CorpusError(f"{path}:{reached + 1}: {problem} ({error}), after {reached} complete lines; "
-                          f"fetch or compress the file again") from error
-    blob = b"".join(chunks)
-    del chunks
-    if not blob:
-        return []
-    lines = blob.split(b"\n")
-    if lines[-1] == b"":
+    size = reached = 0
+    rest = b""
+    with (gzip.open if gzipped else open)(path, "rb") as handle:
+        while True:
+            try:
+                chunk = handle.read(CHUNK)
+            except (OSError, EOFError, zlib.error) as error:  # gzip.BadGzipFile is an OSError
+                problem = "corrupt gzip file" if gzipped else "unreadable file"
+                raise CorpusError(f"{path}:{reached + 1}: {problem} ({error}), after {reached} complete lines; "
+                                  f"fetch or compress the file again") from error
+            if not chunk:
+                break
+            size += len(chunk)
+            if size > max_input_mb * MB:
+                raise too_big(str(path), max_input_mb, gzipped)
+            cut = chunk.rfind(b"\n") + 1
+            if cut:
+                block, rest = rest + chunk[:cut], chunk[cut:]
+                reached += block.count(b"\n")
+                yield block
+            else:
+                rest += chunk
+    if rest:
+        yield rest
+
+
+def _split(block: Any) -> list:
+    """A block's lines without their "\n" (bytes or str)."""
+    lines = block.split(b"\n" if isinstance(block, bytes) else "\n")
+    if not lines[-1]:
         lines.pop()
-    return [line[:-1] if line.endswith(b"\r") else line for line in lines]
+    return lines
 
 
 def too_big(what: str, max_input_mb: int, decompressed: bool) -> CorpusError:
     """The error for an input beyond `data.max_input_mb` (a decompression bomb, a wrong file)."""
     return CorpusError(f"{what}: more than data.max_input_mb={max_input_mb} MB{' once decompressed' if decompressed else ''}"
-                       f"; a wrong or corrupt file, or raise data.max_input_mb (ingest holds a whole split in memory)")
+                       f"; a wrong or corrupt file, or raise data.max_input_mb")
 
 
 def read_capped(stream: BinaryIO, what: str, max_input_mb: int) -> bytes:
@@ -135,13 +271,3 @@ def read_capped(stream: BinaryIO, what: str, max_input_mb: int) -> bytes:
     except (OSError, EOFError, zlib.error) as error:
         raise CorpusError(f"{what}: corrupt {'gzip ' if gzipped else ''}data ({error}); fetch it again") from error
     return b"".join(chunks)
-
-
-def _decode(line: bytes, path: Path, number: int, lenient: bool) -> str | None:
-    try:
-        return line.decode("utf-8")
-    except UnicodeDecodeError as error:
-        if lenient:
-            return None
-        raise CorpusError(f"{path}:{number}: invalid UTF-8 ({error.reason} at byte {error.start}); "
-                          f"fix the file or set data.lenient=true to drop such lines") from error

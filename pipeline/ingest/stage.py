@@ -1,9 +1,11 @@
 """The ingest stage itself: how it builds the splits, and the fingerprint of its input files.
 
 Its hash (`stage_key`, used by pipeline/graph.py) covers the data config (less what does not change the
-data) and `input_fingerprint` of the input files (their content, not where they lie). `build` reads the corpus (`read_corpus` picks the reader for
-`data.source`), applies `data.limit`, filters each split, writes it with `pipeline.parquet.write_split`
-in id order and writes `report.json`; a split with no pairs left is an error.
+data) and `input_fingerprint`: the files it reads, by content (not where they lie), and no other file.
+`build` reads the corpus (`read_corpus` picks the reader for `data.source`), streams each split through the
+filters into its Parquet files (`pipeline.parquet.SplitWriter`, in id order), applies `data.limit` (lines past
+it are still read and checked, so a limit never hides a bad input), logs the files it read and writes
+`report.json`; a split with no pairs left is an error.
 """
 from __future__ import annotations
 
@@ -12,15 +14,16 @@ import hashlib
 import logging
 import os
 from dataclasses import asdict
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
 from pipeline.config import DataConfig
-from pipeline.ingest.corpora import read_named
-from pipeline.ingest.filters import filter_split
-from pipeline.ingest.readers import SPLITS, CorpusError, RawSplit, read_local
+from pipeline.ingest.corpora import local_pairs, read_named
+from pipeline.ingest.filters import SCHEMA, filter_split
+from pipeline.ingest.readers import SPLITS, CorpusError, RawSplit, local_files, read_local
 from pipeline.ingest.sword import read_sword
-from pipeline.parquet import write_split
+from pipeline.parquet import SplitWriter
 from pipeline.stage import StageRun, digest, write_json
 
 log = logging.getLogger(__name__)
@@ -35,15 +38,22 @@ def _build(data: DataConfig, workdir: Path, tmp: Path) -> dict[str, Any]:
     raw, notes = read_corpus(data, workdir)
     report: dict[str, Any] = {"source": data.source, "src_lang": data.src_lang, "tgt_lang": data.tgt_lang,
                               **notes, "splits": {}}
+    files = [path for split in SPLITS for path in raw[split].files]
+    if files:
+        report["inputs"] = {path.name: _content_digest(str(path.resolve()), *_identity(path.stat())) for path in files}
+        log.info("ingest reads %d files from %s: %s", len(files), files[0].parent, ", ".join(p.name for p in files))
     for split in SPLITS:
         part = raw[split]
-        if data.limit:
-            part = RawSplit(part.ids[: data.limit], part.src[: data.limit], part.tgt[: data.limit], part.origin)
-        table, counts = filter_split(part, data, drop=(split == "train"))
-        if table.num_rows == 0:
+        rows = iter(part.rows)
+        with SplitWriter(tmp / split, SCHEMA) as writer:
+            counts = filter_split(islice(rows, data.limit) if data.limit else rows, data, split == "train", writer)
+        for _ in rows:  # past data.limit: read and checked, not kept
+            pass
+        if part.text:
+            counts["text"] = dict(sorted(part.text.items()))
+        if counts["kept"] == 0:
             raise CorpusError(f"empty corpus: no {split} pairs left from {part.origin} "
                               f"(read {counts['read']}, dropped {counts['dropped']})")
-        write_split(table.sort_by("id"), tmp / split)
         report["splits"][split] = counts
         log.debug("ingest %s: %d pairs kept of %d read (%s)", split, counts["kept"], counts["read"], part.origin)
     write_json(tmp / "report.json", report)
@@ -51,8 +61,8 @@ def _build(data: DataConfig, workdir: Path, tmp: Path) -> dict[str, Any]:
 
 
 def read_corpus(data: DataConfig, workdir: Path) -> tuple[dict[str, RawSplit], dict[str, Any]]:
-    """All three splits of the configured corpus, read and checked (alignment, UTF-8), and notes for
-    the report."""
+    """All three splits of the configured corpus, ready to be read (streamed; checked as they are read:
+    alignment, UTF-8, text), and notes for the report."""
     if data.source == "sword":
         return read_sword(data)
     if data.source in ("files", "tsv"):
@@ -62,20 +72,24 @@ def read_corpus(data: DataConfig, workdir: Path) -> tuple[dict[str, RawSplit], d
 
 def stage_key(data: DataConfig) -> dict[str, Any]:
     """The ingest stage's hashed key: the data config (less `download`, `cache_dir` and `max_input_mb`, which
-    do not change the data) and `input_fingerprint`. Where files in `local_dir` fingerprint it, the
-    directory's path stays out of the key: the same corpus gives the same stage directories wherever it
-    lies (another checkout; the working directory `ray job submit` unpacks to a new path every session)."""
+    do not change the data, and `bad_characters` at its default, which it had no value for before) and
+    `input_fingerprint`. Where files in `local_dir` fingerprint it, the directory's path stays out of the key:
+    the same corpus gives the same stage directories wherever it lies (another checkout; the working
+    directory `ray job submit` unpacks to a new path every session)."""
     files = input_fingerprint(data)
     section = {k: v for k, v in asdict(data).items() if k not in ("download", "cache_dir", "max_input_mb")}
+    if data.bad_characters == DataConfig.bad_characters:
+        del section["bad_characters"]
     if files and data.source != "sword":
         del section["local_dir"]
     return {"data": section, "files": files}
 
 
 def input_fingerprint(data: DataConfig) -> dict[str, Any]:
-    """Identity of the input files, so edited inputs change the stage hash: each file of `local_dir` by
-    name and SHA-256 of its content (computed once per version of a file in a process); the SWORD modules'
-    configuration files by path and digest."""
+    """Identity of the input files, so edited inputs change the stage hash and nothing else does: each file
+    ingest reads from `local_dir` by name and SHA-256 of its content (computed once per version of a file in a
+    process); the SWORD modules' configuration files by path and digest. Two candidates for one file are an
+    error here already (`readers.find_file`); a missing file is left out (the build names it)."""
     if data.source == "sword":
         mods = Path(data.sword_path) / "mods.d"
         confs = [next((p for p in (mods / f"{name}.conf", mods / f"{name.lower()}.conf") if p.is_file()),
@@ -83,8 +97,14 @@ def input_fingerprint(data: DataConfig) -> dict[str, Any]:
         return {str(p): digest(p.read_text(errors="replace")) if p.is_file() else "missing" for p in confs}
     if not data.local_dir or not Path(data.local_dir).is_dir():
         return {}
-    return {p.name: _content_digest(str(p.resolve()), *_identity(p.stat()))
-            for p in sorted(Path(data.local_dir).iterdir()) if p.is_file()}
+    return {p.name: _content_digest(str(p.resolve()), *_identity(p.stat())) for p in sorted(_files_read(data))}
+
+
+def _files_read(data: DataConfig) -> list[Path]:
+    """The files of `local_dir` that ingest reads (those that exist)."""
+    if data.source in ("files", "tsv"):
+        return [path for paths in local_files(data, required=False).values() for path in paths]
+    return [path for pair in local_pairs(data).values() for path in pair]
 
 
 def _identity(stat: os.stat_result) -> tuple[int, ...]:

@@ -15,6 +15,7 @@ from typing import Any
 
 from pipeline.config import DataConfig
 from pipeline.ingest.readers import MB, CorpusError, RawSplit, too_big
+from reder import text
 
 log = logging.getLogger(__name__)
 
@@ -57,8 +58,7 @@ def read_sword(data: DataConfig) -> tuple[dict[str, RawSplit], dict[str, Any]]:
     splits = {}
     for split, indices in chosen.items():
         indices = sorted(indices)
-        splits[split] = RawSplit([pairs[i][3] for i in indices], [pairs[i][1] for i in indices],
-                                 [pairs[i][2] for i in indices], f"{origin} ({split})")
+        splits[split] = RawSplit([(pairs[i][3], pairs[i][1], pairs[i][2]) for i in indices], f"{origin} ({split})")
     return splits, {"sword_verses": len(every), "sword_empty_verses": len(every) - len(pairs)}
 
 
@@ -111,6 +111,15 @@ def read_sword_pairs(sword_path: str, src_module: str, tgt_module: str,
                 if size > max_input_mb * MB:
                     raise too_big(f"SWORD modules {src_module} and {tgt_module} in {sword_path}", max_input_mb, True)
                 for verse, (a, b) in enumerate(zip(src, tgt), start=1):
-                    pairs.append((f"{book.osis_name}.{chapter}.{verse}", clean_osis(a), clean_osis(b),
-                                  len(pairs) + 1))
+                    reference = f"{book.osis_name}.{chapter}.{verse}"
+                    pairs.append((reference, _checked(clean_osis(a), src_module, reference),
+                                  _checked(clean_osis(b), tgt_module, reference), len(pairs) + 1))
     return pairs
+
+
+def _checked(verse: str, module: str, reference: str) -> str:
+    """A cleaned verse, which must be one line of text (reder.text; clean_osis already folds whitespace)."""
+    problem = text.line_problem(verse)
+    if problem:
+        raise CorpusError(f"SWORD module {module} {reference}: {problem}")
+    return verse

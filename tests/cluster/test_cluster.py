@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from cluster import ClusterError, check, connect, head, worker
+from tests.checkpoints import registered_under
 from tests.conftest import free_port
 import run_pipeline
 from pipeline.config import load_config
@@ -186,18 +187,6 @@ def wait_for(predicate, timeout_s: float, what: str, process: subprocess.Popen, 
     raise AssertionError(f"timed out after {timeout_s} s waiting for {what}:\n{log.read_text()[-4000:]}")
 
 
-def registered_checkpoints(workdir: Path) -> list[Path]:
-    """Checkpoints Ray Train's controller has registered (a directory alone is not enough: one reported at
-    the moment a worker dies is never registered, and the restarted group starts without it)."""
-    for snapshot in workdir.glob("ray_results/*/checkpoint_manager_snapshot.json"):
-        try:
-            results = json.loads(snapshot.read_text())["checkpoint_results"]
-        except (OSError, ValueError, KeyError):  # being rewritten
-            return []
-        return [snapshot.parent / r["checkpoint_dir_name"] for r in results]
-    return []
-
-
 @pytest.mark.slow
 def test_two_node_cluster_spreads_training_and_survives_a_killed_worker(tmp_path, monkeypatch):
     """Head + second node (1 CPU each, 200 MB object stores, auth mode set), the head's MLflow server and
@@ -230,8 +219,8 @@ def test_two_node_cluster_spreads_training_and_survives_a_killed_worker(tmp_path
                  "train.max_failures=1", "distill.enabled=false", "evaluate.teacher_baseline=false"],
                 cwd=REPO_ROOT, stdout=out, stderr=subprocess.STDOUT, env=dict(os.environ))
         workdir = shared / "runs" / "smoke"
-        first = wait_for(lambda: registered_checkpoints(workdir), 400, "the first registered checkpoint",
-                         driver, log)[0]
+        first = wait_for(lambda: registered_under(workdir / "ray_results", "*"), 400,
+                         "the first registered checkpoint", driver, log)[0]
 
         def train_workers():
             return list_actors(address=cluster.address, filters=[("class_name", "=", "RayTrainWorker")],

@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.tracking import STAGE_TAG
+from tests.checkpoints import registered_checkpoints
 from tests.cluster.hosts import OPERATOR_IP, REPO_ROOT, Hosts, answers, remove_leftovers, unavailable
 
 DOC = REPO_ROOT / "docs" / "cluster.md"
@@ -33,6 +34,8 @@ MARKER = "<!-- ray-up-two-hosts:"
 USER = "duplex-rayup"
 DASHBOARD = 8265  # `ray dashboard`'s local end, on this machine's loopback
 DRILL_STEPS = 50  # the host-loss drill's training run (the doc's smoke run has 30: a train stage of its own)
+STOP_STEPS = 1000  # the `ray job stop` drill's training run, stopped long before its end
+STOP_S = 10  # what a stopped job's driver may take to close its MLflow runs and end
 # Seconds per command, by the first name that occurs in it.
 TIMEOUT_S = {"get-auth-token": 60, "cluster.onprem": 60, "ray up": 300, "nodes --wait": 360, "ray exec": 900,
              "ray job submit": 900, "ray down": 120}  # the hosts run at a lower priority than the suite beside them
@@ -103,17 +106,6 @@ def machine():
         signal.signal(signal.SIGTERM, previous_term)
 
 
-def registered_checkpoints(snapshot: Path) -> list[Path]:
-    """The checkpoints Ray Train's controller has registered for the run of `snapshot` (its
-    checkpoint_manager_snapshot.json); a directory alone is not enough (one reported as a worker dies is
-    never registered)."""
-    try:
-        results = json.loads(snapshot.read_text(encoding="utf-8"))["checkpoint_results"]
-    except (OSError, ValueError, KeyError):  # being rewritten
-        return []
-    return [snapshot.parent / r["checkpoint_dir_name"] for r in results]
-
-
 def mlflow_runs(uri: str) -> list:
     from mlflow.tracking import MlflowClient
 
@@ -143,6 +135,7 @@ class Scenario:
         self.runs: list = []  # the head's MLflow runs before `ray down`
         self.reports: dict[str, dict] = {}  # the train stage's report.json, by stage directory
         self.drill: dict = {}  # the host-loss drill (`lose_the_worker`)
+        self.stopped: dict = {}  # `ray job stop` on a training job (`stop_a_job`)
         self.left: dict[str, list[str]] | None = None  # each host's processes after `ray down`
         self.cluster_file_left = True
 
@@ -218,6 +211,8 @@ class Scenario:
                     self.reports[report.parent.name] = json.loads(report.read_text(encoding="utf-8"))
             if not self.error:
                 self.lose_the_worker()
+            if not self.error:
+                self.stop_a_job()
         except Exception as error:  # reported by the second test
             self.fail(f"reading the head's MLflow runs and the train report, or the host-loss drill: {error!r}")
         self.down(commands[-1])
@@ -268,6 +263,37 @@ class Scenario:
         self.runs = mlflow_runs(info["tracking_uri"])
         for report in (self.hosts.shared / "duplex" / "runs" / "smoke").glob("train-*/report.json"):
             self.reports.setdefault(report.parent.name, json.loads(report.read_text(encoding="utf-8")))
+
+    def stop_a_job(self) -> None:
+        """`ray job stop` on a training job once it registered a checkpoint: Ray sends the job's driver SIGTERM
+        (and SIGKILL after the head's RAY_JOB_STOP_WAIT_TIME_S). Keeps when the stop was asked, what `ray job
+        stop` and the job's logs said, and the head's MLflow runs after it."""
+        job = "duplex-stop-drill"
+        address = f"--address http://127.0.0.1:{DASHBOARD}"
+        runs = self.hosts.shared / "duplex" / "runs" / "smoke" / "ray_results"
+        before = set(runs.glob("*/checkpoint_manager_snapshot.json"))
+        submit = (f"RAY_AUTH_MODE=token ray job submit {address} --no-wait --submission-id {job} --working-dir . -- "
+                  f"python run_pipeline.py --config configs/smoke.yaml --stages train train.max_steps={STOP_STEPS} "
+                  "train.placement_strategy=STRICT_SPREAD")
+        done = subprocess.run(["bash", "-c", submit], cwd=REPO_ROOT, env=self.env, text=True, capture_output=True,
+                              timeout=300)
+        if done.returncode:
+            return self.fail(f"{submit}: exit {done.returncode}\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
+        deadline = time.monotonic() + 600
+        while not any(registered_checkpoints(snapshot)
+                      for snapshot in set(runs.glob("*/checkpoint_manager_snapshot.json")) - before):
+            if time.monotonic() > deadline:
+                return self.fail(f"the job {job} registered no checkpoint in 600 s{self.head_logs()}")
+            time.sleep(0.5)
+        self.stopped["asked"] = time.time()
+        stop = subprocess.run(["bash", "-c", f"RAY_AUTH_MODE=token ray job stop {address} {job}"], cwd=REPO_ROOT,
+                              env=self.env, text=True, capture_output=True, timeout=120)
+        self.stopped["stop_s"] = round(time.time() - self.stopped["asked"], 1)
+        logs = subprocess.run(["bash", "-c", f"RAY_AUTH_MODE=token ray job logs {address} {job}"], cwd=REPO_ROOT,
+                              env=self.env, text=True, capture_output=True, timeout=120)
+        self.stopped.update(stop=f"exit {stop.returncode}\n{stop.stdout}{stop.stderr}", logs=logs.stdout)
+        info = json.loads((self.hosts.hosts["head"].home / ".duplex" / "cluster.json").read_text())
+        self.stopped["runs"] = mlflow_runs(info["tracking_uri"])
 
     def down(self, command: str) -> None:
         """`ray down`, the tunnel stopped, and what is left on either host (their sshd aside)."""
@@ -338,7 +364,8 @@ def test_two_hosts_train_together_and_ray_down_leaves_nothing(scenario, machine)
     the smoke training ran one worker per host with DDP between them and both ranks' metrics reached the
     head's MLflow server; the Ray job skipped the first run's stages; the sweep was tracked; a training run
     that lost the worker host resumed from its checkpoint once the host was back, lost no step and left no
-    RUNNING run; `ray down` left no process on either host."""
+    RUNNING run; `ray job stop` on a training job ended its driver, which closed its runs KILLED within STOP_S;
+    `ray down` left no process on either host."""
     _, hosts, _ = machine
     started(scenario)
     assert not scenario.error, f"the first test's commands failed: {scenario.error}"
@@ -381,6 +408,20 @@ def test_two_hosts_train_together_and_ray_down_leaves_nothing(scenario, machine)
     assert [h["step"] for h in history if "valid_bleu" in h] == list(range(10, DRILL_STEPS + 1, 10))
     print(f"host lost {drill['lost_after_s']} s into the drill, after the checkpoint of step "
           f"{drill['checkpoint_step']}; the run finished {drill['seconds']} s after it started")
+
+    # `ray job stop` on a training job: its driver closed its runs KILLED within STOP_S, and ended by itself.
+    stopped = scenario.stopped
+    assert stopped["stop"].startswith("exit 0"), stopped["stop"]
+    assert "error: interrupted by SIGTERM; finished stages are kept" in stopped["logs"], stopped["logs"][-3000:]
+    killed = [r for r in stopped["runs"] if r.info.status == "KILLED"]
+    assert sorted(r.data.tags.get(STAGE_TAG) for r in killed) == ["pipeline", "train"], \
+        [(r.info.run_name, r.info.status) for r in stopped["runs"]]
+    assert all(r.data.tags["error"] == "Terminated: SIGTERM (signal 15)" for r in killed)
+    assert not [r.info.run_name for r in stopped["runs"] if r.info.status == "RUNNING"]
+    closed_after_s = max(r.info.end_time for r in killed) / 1000 - stopped["asked"]
+    assert 0 < closed_after_s <= STOP_S, closed_after_s
+    print(f"ray job stop: the runs were KILLED {closed_after_s:.1f} s after it was asked; the command took "
+          f"{stopped['stop_s']} s")
 
     # `ray down`: Ray, the MLflow server, its watcher and the SSH sessions ended on both hosts.
     assert commands[-1].startswith("ray down") and commands[-1] in outputs

@@ -59,11 +59,29 @@ def _damage(corpus: Path, config: Path, case: str) -> tuple[list[str], str]:
         return ["train.lr=.nan"], r"train\.lr: expected a finite number, got nan"
     if case == "empty workdir":
         return ["workdir="], r"workdir: must not be empty"
+    if case == "CR-only line endings":  # issue 43's probes from here on
+        en = corpus / "test.en"
+        en.write_bytes(en.read_bytes().replace(b"\n", b"\r"))
+        return [], rf"{en}:1: U\+000D \(CARRIAGE RETURN\) at character \d+"
+    if case == "NUL in a line":
+        en = corpus / "train.en"
+        en.write_bytes(en.read_bytes().replace(b"\n", b" \x00\n", 5).replace(b" \x00\n", b"\n", 4))
+        return [], rf"{en}:5: U\+0000 \(NUL\) at character \d+"
+    if case == "key given twice":
+        config.write_text(SMOKE.read_text(encoding="utf-8") + "workdir: runs/other\n", encoding="utf-8")
+        return [], rf"{config}:\d+: key 'workdir' given twice \(lines 4 and \d+\)"
+    if case == "second section":
+        config.write_text(SMOKE.read_text(encoding="utf-8") + "train:\n  lr: 0.1\n", encoding="utf-8")
+        return [], rf"{config}:\d+: key 'train' given twice \(lines \d+ and \d+\)"
+    if case == "plain and gzipped file":
+        (corpus / "train.en.gz").write_bytes(gzip.compress((corpus / "train.en").read_bytes()))
+        return [], rf"ambiguous input in {corpus}: train\.en and train\.en\.gz"
     raise AssertionError(case)
 
 
 CASES = ["misaligned sides", "invalid UTF-8", "corrupt gzip", "missing file", "empty corpus", "decompression bomb",
-         "YAML syntax", "config not UTF-8", "unknown key", "value out of range", "non-finite number", "empty workdir"]
+         "YAML syntax", "config not UTF-8", "unknown key", "value out of range", "non-finite number", "empty workdir",
+         "CR-only line endings", "NUL in a line", "key given twice", "second section", "plain and gzipped file"]
 
 
 @pytest.mark.parametrize("case", CASES)

@@ -2,15 +2,19 @@
 artifact corrupted under the stage that consumes it.
 
 One tiny tracked run (the smoke config, a few steps) is started as `python run_pipeline.py` again and again;
-each start is killed inside the next stage — SIGTERM (`kill PID`, a scheduler's preemption) or SIGKILL (the
-OOM killer, a lost node) — until a last start finishes. Each stage is killed once; the signals alternate so
-that each kind of stage (the driver's own work: ingest, spm, evaluate; Ray Data: tokenize, distill; Ray
-Train: teacher, train) meets both. After every kill: SIGTERM exits 143 with one `error:` line and leaves no
+each start is stopped inside the next stage — SIGTERM (`kill PID`, `ray job stop`, a scheduler's preemption),
+Ctrl-C (SIGINT to the whole process group, as a terminal sends it) or SIGKILL (the OOM killer, a lost node) —
+until a last start finishes. The signals are spread so that each kind of stage (the driver's own work:
+ingest, spm, evaluate; Ray Data: tokenize, distill; Ray Train: teacher, train) meets an interruption and a
+SIGKILL; the train stage meets both, its second start being stopped after it resumed. After every stop:
+SIGTERM and Ctrl-C end the run within STOP_S with exit 143 / 130 and one `error:` line, and leave no
 temporary output; no stage directory without `_SUCCESS` exists; no process of that run is left (Ray's node
-agents, which outlive a SIGKILL by up to a minute, are checked at the end); the next start
-runs the killed stage again. At the end: the run completes, the killed Ray Train stage resumed from its
-checkpoint, and no MLflow run is left RUNNING — each killed start's runs are KILLED with the reason in their
-`error` tag. The finished run then serves the corruption checks (see the test's second part).
+agents, which outlive a SIGKILL by up to a minute, are checked at the end); the next start runs the stopped
+stage again. At the end: the run completes, the Ray Train stages resumed from their checkpoints, and no
+MLflow run is left RUNNING — each stopped start's runs are KILLED with the reason in their `error` tag. A
+sweep (`run_pipeline.py tune`) on the finished run's data is then stopped by SIGTERM while its trials train,
+within STOP_S, and `--resume` completes it. The finished run then serves the corruption checks (see the
+test's second part).
 """
 from __future__ import annotations
 
@@ -29,6 +33,7 @@ import pytest
 import run_pipeline
 from pipeline.stage import HOLD_ENV, SUCCESS
 from pipeline.tracking import STAGE_TAG
+from tests.checkpoints import registered_under, resumed
 
 REPO = Path(run_pipeline.__file__).resolve().parent
 SMOKE = REPO / "configs" / "smoke.yaml"
@@ -46,19 +51,26 @@ def _files(workdir: Path, pattern: str) -> list[Path]:
     return list(workdir.glob(pattern))
 
 
-# When each start is killed: the stage's temporary directory exists (its build began), and then...
+# When each start is stopped: the stage's temporary directory exists (its build began), and then (`ready`,
+# given the workdir)... a Ray Train stage once it has a registered checkpoint (the train stage's second stop:
+# one saved after it resumed). SIGINT is Ctrl-C: sent to the run's process group.
 KILLS = [
     ("ingest", signal.SIGTERM, lambda w: True),  # ingest and spm last a fraction of a second on this corpus:
     ("spm", signal.SIGKILL, lambda w: True),  # each is held in its build (HOLD_ENV) until the signal
     ("tokenize", signal.SIGKILL, lambda w: True),
-    ("teacher", signal.SIGTERM, lambda w: _files(w, "ray_results/teacher-*-src2tgt/checkpoint_*")),
-    ("distill", signal.SIGTERM, lambda w: True),
-    ("train", signal.SIGKILL, lambda w: _files(w, "ray_results/train-*/checkpoint_*")),  # then it resumes
-    ("evaluate", signal.SIGTERM, lambda w: True),  # SIGTERM last: see AGENTS_LINGER_S
+    ("teacher", signal.SIGTERM, lambda w: registered_under(w / "ray_results", "teacher-*-src2tgt")),
+    ("distill", signal.SIGINT, lambda w: True),
+    ("train", signal.SIGKILL, lambda w: registered_under(w / "ray_results", "train-*")),  # then it resumes
+    ("train", signal.SIGTERM, lambda w: any(map(resumed, registered_under(w / "ray_results", "train-*")))),
+    ("evaluate", signal.SIGTERM, lambda w: True),
 ]
+STOP_S = 10  # what an interrupted run may take to end (issue 40: SIGTERM in train once took over a minute)
+EXIT = {signal.SIGTERM: (143, "SIGTERM"), signal.SIGINT: (130, "Ctrl-C")}
+
+
 # After a SIGKILL Ray's two node agents see their raylet die and try to tell the (dead) GCS, which Ray gives
 # 60 s (`publish_error_to_driver`'s fixed timeout, whatever RAY_gcs_rpc_server_reconnect_timeout_s says):
-# the last SIGKILL comes two stages before the final start, so that their minute passes while those run.
+# the last SIGKILL comes two starts before the final one, so that their minute passes while those run.
 AGENTS_LINGER_S = 60
 
 
@@ -81,7 +93,7 @@ def _processes_of(mark: str) -> list[str]:
 class Start:
     """One `python run_pipeline.py` of the tiny run, its output in files beside the workdir."""
 
-    def __init__(self, workdir: Path, number: int, hold: str = "") -> None:
+    def __init__(self, workdir: Path, number: int, hold: str = "", command: tuple[str, ...] = ()) -> None:
         self.mark = uuid.uuid4().hex
         self.stdout, self.stderr = (workdir.parent / f"start{number}.{kind}" for kind in ("out", "err"))
         # A SIGKILLed driver's Ray processes try to reach its GCS, gone too, for the reconnect timeout (60 s by
@@ -92,8 +104,29 @@ class Start:
         if hold:
             env[HOLD_ENV] = hold
         with open(self.stdout, "w") as out, open(self.stderr, "w") as err:
-            self.proc = subprocess.Popen([sys.executable, "run_pipeline.py", "--config", str(SMOKE),
-                                          f"workdir={workdir}", *TINY], cwd=REPO, env=env, stdout=out, stderr=err)
+            self.proc = subprocess.Popen([sys.executable, "run_pipeline.py", *command, "--config", str(SMOKE),
+                                          f"workdir={workdir}", *TINY], cwd=REPO, env=env, stdout=out, stderr=err,
+                                         start_new_session=True)  # its own process group, as from a shell
+
+    def stop(self, sig: signal.Signals, where: str, how_to_continue: str) -> float:
+        """Send `sig` (SIGINT: Ctrl-C, to the whole process group as a terminal does) and check the exit: an
+        interruption ends within STOP_S with its exit code and one `error:` line, a SIGKILL at once."""
+        signalled = time.monotonic()
+        if sig == signal.SIGINT:
+            os.killpg(self.proc.pid, sig)
+        else:
+            self.proc.send_signal(sig)
+        code = self.proc.wait(timeout=120)
+        took = time.monotonic() - signalled
+        if sig == signal.SIGKILL:
+            assert code == -signal.SIGKILL, (where, code)
+            return took
+        expected, name = EXIT[sig]
+        assert code == expected, f"{where}: exit {code}\n{self.text()[-3000:]}"
+        assert took <= STOP_S, f"{where}: the run took {took:.1f} s to stop\n{self.text()[-3000:]}"
+        return took
+        last = self.stderr.read_text(encoding="utf-8").strip().splitlines()[-1]
+        assert last.startswith(f"error: interrupted by {name}; {how_to_continue}"), (where, last)
 
     def text(self) -> str:
         return self.stdout.read_text(encoding="utf-8") + self.stderr.read_text(encoding="utf-8")
@@ -125,20 +158,15 @@ def test_killed_inside_every_stage_then_run_again_and_corrupted_artifacts_are_re
 
     workdir = tmp_path / "work"
     killed: list[Start] = []
+    took: dict[str, float] = {}  # seconds from the signal to the run's exit
     for number, (stage, sig, ready) in enumerate(KILLS):
         start = Start(workdir, number, hold=stage if stage in HELD else "")
         start.wait_for(lambda: f"] {stage}: running" in start.stdout.read_text(encoding="utf-8")
                        and _files(workdir, f".{stage}-*.tmp") and ready(workdir), f"stage {stage} under way")
-        start.proc.send_signal(sig)
-        code = start.proc.wait(timeout=120)
-        where = f"killed in {stage} with {sig.name}"
-        if sig == signal.SIGTERM:
-            assert code == 143, f"{where}: exit {code}\n{start.text()[-3000:]}"
-            last = start.stderr.read_text(encoding="utf-8").strip().splitlines()[-1]
-            assert last.startswith("error: interrupted by SIGTERM; finished stages are kept"), (where, last)
+        where = f"stopped in {stage} with {sig.name}"
+        took[where] = start.stop(sig, where, "finished stages are kept")
+        if sig != signal.SIGKILL:  # a SIGKILL leaves its .tmp: the next start removes it
             assert not _files(workdir, ".*.tmp"), f"{where}: temporary output left"
-        else:
-            assert code == -signal.SIGKILL, (where, code)
         unfinished = [p.name for p in workdir.iterdir() if STAGE_DIR.match(p.name) and not (p / SUCCESS).is_file()]
         assert not unfinished, f"{where}: published without {SUCCESS}: {unfinished}"
         assert not _files(workdir, f"{stage}-*/{SUCCESS}"), f"{where}: the stage finished anyway"
@@ -153,7 +181,7 @@ def test_killed_inside_every_stage_then_run_again_and_corrupted_artifacts_are_re
     last = json.loads((workdir / "last_run.json").read_text(encoding="utf-8"))
     assert last["stages"]["evaluate"]["status"] == "ran"
     train_dir = Path(last["stages"]["train"]["output"])
-    assert json.loads((train_dir / "report.json").read_text(encoding="utf-8"))["restarts"] >= 1  # resumed
+    assert json.loads((train_dir / "report.json").read_text(encoding="utf-8"))["restarts"] == 2  # resumed twice
     assert last["stages"]["train"]["counts"]["steps"] == 20
 
     for start in killed:  # by now Ray's agents have given up too
@@ -166,11 +194,30 @@ def test_killed_inside_every_stage_then_run_again_and_corrupted_artifacts_are_re
     parents = [r for r in runs if r.data.tags[STAGE_TAG] == "pipeline"]
     assert sorted(r.info.status for r in parents) == ["FINISHED"] + ["KILLED"] * len(KILLS)
     errors = sorted(r.data.tags["error"] for r in parents if r.info.status == "KILLED")
-    terminated = sum(sig == signal.SIGTERM for _, sig, _ in KILLS)
-    assert sum(e.startswith("Terminated: SIGTERM") for e in errors) == terminated
-    assert sum(" ended without closing this run (killed)" in e for e in errors) == len(KILLS) - terminated
+    count = {sig: sum(s == sig for _, s, _ in KILLS) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGKILL)}
+    assert sum(e.startswith("Terminated: SIGTERM") for e in errors) == count[signal.SIGTERM]
+    assert sum(e.startswith("KeyboardInterrupt: Ctrl-C") for e in errors) == count[signal.SIGINT]
+    assert sum(" ended without closing this run (killed)" in e for e in errors) == count[signal.SIGKILL]
     killed_teacher = [r for r in runs if r.data.tags[STAGE_TAG] == "teacher src2tgt" and r.info.status == "KILLED"]
     assert len(killed_teacher) == 1  # the direction under way when SIGTERM came, closed with its stage
+
+    # A sweep on the finished run's data, stopped by SIGTERM while its first trial trains, then resumed.
+    sweep = Start(workdir, len(KILLS) + 1, command=("tune",))
+    sweep.wait_for(lambda: registered_under(workdir / "ray_results", "tune-*/**"), "a trial's checkpoint")
+    took["stopped in tune with SIGTERM"] = sweep.stop(
+        signal.SIGTERM, "stopped in tune with SIGTERM", "finished stages are kept, the sweep published nothing and "
+        "kept its state: the same command with --resume continues it")
+    assert not _files(workdir, "tune-*/" + SUCCESS) and not _files(workdir, ".*.tmp")
+    assert not sweep.processes_left(30, agents=False)
+    runs = mlflow.search_runs(experiment_names=["duplex"], output_format="list")
+    assert not [r.info.run_name for r in runs if r.info.status == "RUNNING"]
+    assert [r.info.status for r in runs if r.data.tags[STAGE_TAG] == "tune"] == ["KILLED"]
+    resumed = Start(workdir, len(KILLS) + 2, command=("tune", "--resume"))
+    assert resumed.proc.wait(timeout=600) == 0, resumed.text()[-5000:]
+    assert len(_files(workdir, "tune-*/" + SUCCESS)) == 1
+    runs = mlflow.search_runs(experiment_names=["duplex"], output_format="list")
+    assert not [r.info.run_name for r in runs if r.info.status == "RUNNING"]
+    assert [r.info.status for r in runs if r.data.tags[STAGE_TAG] == "tune"] == ["FINISHED"]  # reopened
 
     # Part two on the finished run: each kind of artifact corrupted, then the stage that consumes it run
     # (in this process: the inputs are checked before Ray starts). One error line naming the file and the
@@ -205,3 +252,6 @@ def test_killed_inside_every_stage_then_run_again_and_corrupted_artifacts_are_re
             target.write_bytes(original)
     assert run_pipeline.main(["--config", str(SMOKE), f"workdir={workdir}", *TINY, "--stages", "evaluate",
                               "--force"]) == 0
+    capsys.readouterr()
+    for where, seconds in took.items():  # shown with -rA
+        print(f"{seconds:5.1f} s  {where}")

@@ -54,3 +54,51 @@ def write_files_corpus(directory: Path, sizes: dict[str, int] | None = None, see
         for side, lang in enumerate(langs):
             (directory / f"{split}.{lang}").write_text("".join(p[side] + "\n" for p in pairs), encoding="utf-8")
     return directory
+
+
+class DecoderClock:
+    """A fake clock for `pipeline.evaluate` that only the evaluated decoders move, by times the test chose:
+    `costs[decoder] = (single, batch)`, a call at batch size 1 costs `single` seconds per sentence, a call at a
+    larger batch size `batch` seconds in all. Latencies, throughputs and speed-ups are then known numbers
+    (`expected_speed`), not ones re-derived from the report under test."""
+
+    def __init__(self, costs: dict[str, tuple[float, float]]) -> None:
+        self.costs, self.now = costs, 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def install(self, monkeypatch: pytest.MonkeyPatch) -> "DecoderClock":
+        """Time `pipeline.evaluate` (and so bench.decode_speed) by this clock: every decoder that
+        `evaluate.decoders_for` returns advances it by its cost before it decodes."""
+        from pipeline import evaluate
+
+        real = evaluate.decoders_for
+
+        def decoders_for(*args, **kwargs):
+            return {name: self._costed(name, translate) for name, translate in real(*args, **kwargs).items()}
+
+        monkeypatch.setattr(evaluate, "clock", self)
+        monkeypatch.setattr(evaluate, "decoders_for", decoders_for)
+        return self
+
+    def _costed(self, name, translate):
+        single, batch = self.costs[name]
+
+        def timed(encoded, direction, batch_size):
+            self.now += single * len(encoded) if batch_size == 1 else batch
+            return translate(encoded, direction, batch_size)
+        return timed
+
+    def expected_speed(self, sentences: int, throughput_batch: int) -> dict[str, float]:
+        """The `speed` fields measure_speed must report for `sentences` test sentences under these costs."""
+        expected: dict[str, float] = {}
+        for name, (single, batch) in self.costs.items():
+            expected.update({f"{name}_latency_ms": round(1000 * single, 3), f"{name}_latency_p90_ms": round(1000 * single, 3),
+                             f"{name}_sentences_per_s": round(sentences / batch, 2)})
+        for ours in [name for name in self.costs if not name.startswith("teacher_")]:
+            for baseline in [name for name in self.costs if name.startswith("teacher_")]:
+                expected[f"speedup_{ours}_vs_{baseline}_batch1"] = round(self.costs[baseline][0] / self.costs[ours][0], 2)
+                expected[f"speedup_{ours}_vs_{baseline}_batch{throughput_batch}"] = round(
+                    self.costs[baseline][1] / self.costs[ours][1], 2)
+        return expected

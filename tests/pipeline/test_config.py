@@ -337,3 +337,86 @@ def test_the_new_loss_keys_can_be_swept():
                                "train.batch_tokens": "max"})
     assert (trial.loss.start_step("fba"), trial.loss.start_step("cc"), trial.loss.directions) == (100, 0, ("tgt2src",))
     assert trial.train.batch_tokens == "max"
+
+
+def _refused(tmp_path, text: str, message: str) -> None:
+    """A config file of `text` is refused with an error that starts with its path and then `message` (a regex)."""
+    path = tmp_path / "config.yaml"
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(ConfigError, match=rf"^{path}{message}"):
+        load_config(path)
+
+
+# Issue 43: a config file says what it means. Each family has several members; the message names the key (its
+# whole path) and both lines, or the line of the construct.
+@pytest.mark.parametrize("text, message", [
+    ("workdir: a\ndata:\n  source: files\nworkdir: b\n", r":4: key 'workdir' given twice \(lines 1 and 4\)"),
+    ("train:\n  lr: 0.1\nmodel:\n  d_model: 32\ntrain:\n  max_steps: 3\n", r":5: key 'train' given twice \(lines 1 and 5\)"),
+    ("train:\n  lr: 0.1\n  max_steps: 2\n  lr: 0.2\n", r":4: key 'train\.lr' given twice \(lines 2 and 4\)"),
+    ("teacher:\n  model:\n    d_model: 8\n    d_model: 16\n", r":4: key 'teacher\.model\.d_model' given twice \(lines 3 and 4\)"),
+    ("data:\n  dedupe: true\n  dedupe: false\n", r":3: key 'data\.dedupe' given twice \(lines 2 and 3\)"),
+    ("tune:\n  space:\n    loss.lambda_fba: {grid: [1]}\n    loss.lambda_fba: {grid: [2]}\n",
+     r":4: key 'tune\.space\.loss\.lambda_fba' given twice \(lines 3 and 4\)"),
+    ("evaluate: {splits: [test], splits: [valid]}\n", r":1: key 'evaluate\.splits' given twice \(lines 1 and 1\)"),
+], ids=["top-level", "second section", "in a section", "nested section", "flow-equal values", "tune.space",
+        "flow mapping"])
+def test_a_key_given_twice_is_an_error_naming_the_key_and_both_lines(tmp_path, text, message):
+    _refused(tmp_path, text, message + "; the second would silently replace the first")
+
+
+@pytest.mark.parametrize("text, message", [
+    ("data:\n  max_chars: 5\ndata.max_chars: 6\n", r":3: dotted key 'data\.max_chars' in a file; the section sets it "
+                                                    r"too, at line 2: one key given twice"),
+    ("data.max_chars: 6\ndata:\n  max_chars: 5\n", r":1: dotted key 'data\.max_chars' in a file; the section sets it "
+                                                    r"too, at line 3"),
+    ("teacher:\n  model:\n    d_model: 8\n  model.d_model: 16\n", r":4: dotted key 'teacher\.model\.d_model' in a "
+                                                                    r"file; the section sets it too, at line 3"),
+    ("workdir: x\ndata.max_chars: 6\n", r":2: dotted key 'data\.max_chars' in a file; dotted keys are command-line"),
+], ids=["section first", "dotted first", "nested", "dotted alone"])
+def test_a_dotted_key_in_a_file_is_an_error_naming_both_lines(tmp_path, text, message):
+    _refused(tmp_path, text, message)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("train: &t\n  lr: 0.1\nteacher:\n  train: *t\n", r":1: an anchor \(&t\) is not plain data"),
+    ("workdir: runs/x\nmodel:\n  d_model: *size\n", r":3: an alias \(\*\) is not plain data"),
+    ("train:\n  <<: {lr: 0.1}\n", r":2: a merge key \(<<\) is not plain data"),
+    ("workdir: !!str 5\n", r":1: a tag \(tag:yaml\.org,2002:str\) is not plain data"),
+    ("evaluate:\n  splits: !!set {test: null}\n", r":2: a tag \(tag:yaml\.org,2002:set\) is not plain data"),
+    ("workdir: !custom runs\n", r":1: a tag \(!custom\) is not plain data"),
+], ids=["anchor", "alias", "merge key", "str tag", "set tag", "local tag"])
+def test_yaml_beyond_plain_data_is_an_error_naming_the_line(tmp_path, text, message):
+    _refused(tmp_path, text, message)
+
+
+def test_overrides_follow_the_same_rules_and_dotted_keys_stay_legal_where_they_name_keys():
+    with pytest.raises(ConfigError, match=r"^override 'tune\.space=\{a: 1, a: 2\}':1: key 'a' given twice"):
+        load_config(None, ["tune.space={a: 1, a: 2}"])
+    with pytest.raises(ConfigError, match=r"^override 'workdir=!!str 5':1: a tag"):
+        load_config(None, ["workdir=!!str 5"])
+    cfg = load_config(None, ["tune.space={model.d_model: {choice: [16, 32]}}"])
+    assert cfg.tune.space == {"model.d_model": {"choice": [16, 32]}}
+
+
+def test_a_resolved_config_with_repeated_values_has_no_aliases():
+    """to_yaml writes what load_config reads: a value object seen twice is written out twice, never as an alias."""
+    cfg = load_config(None, ["tune.space={train.lr: {grid: [0.001]}}"])
+    assert "&" not in to_yaml(cfg) and "*" not in to_yaml(cfg)
+
+
+def test_docs_config_md_is_the_reference_generated_from_the_dataclasses():
+    """Issue 42: docs/CONFIG.md cannot drift: it is `python -m pipeline.configdoc`'s output, every key of every
+    section there with its default."""
+    from pipeline import configdoc
+    from pipeline.config import PipelineConfig
+
+    text = configdoc.reference()
+    assert (Path(__file__).resolve().parents[2] / "docs" / "CONFIG.md").read_text(encoding="utf-8") == text, \
+        "docs/CONFIG.md is stale: python -m pipeline.configdoc > docs/CONFIG.md"
+    flat = configdoc._flatten(PipelineConfig().to_dict())
+    for section, values in flat.items():
+        if section and not section.endswith(("teacher.train", "cmlm.train")):
+            for key, value in values.items():
+                if not isinstance(value, dict):
+                    assert f"| `{section}.{key}` |" in text, (section, key)
+    assert "| `train.log_every` | int | `10` |" in text

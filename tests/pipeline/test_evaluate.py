@@ -15,7 +15,7 @@ from reder import REDER, ModelConfig, TransformerConfig
 from reder.autoregressive import Transformer
 from reder.checkpoint import load_teacher_dir, save_model_dir
 from reder.translate import encode_lines, translate_ids
-from tests.pipeline.conftest import make_pairs
+from tests.pipeline.conftest import DecoderClock, make_pairs
 
 VOCAB = 64
 
@@ -41,8 +41,13 @@ def _teacher_stage(tmp_path):
     return stage
 
 
+# (seconds per sentence at batch 1, seconds of a call at a larger batch) of each decoder, for the fake clock
+COSTS = {"greedy": (0.002, 0.03), "lookahead": (0.004, 0.04), "viterbi": (0.005, 0.06), "beam5": (0.008, 0.12),
+         "beam3": (0.004, 0.04), "beam3_rerank": (0.008, 0.12), "teacher_greedy": (0.01, 0.1), "teacher_beam2": (0.04, 0.24)}
+
+
 @pytest.mark.parametrize("head", ["dag", "ctc"])
-def test_models_are_scored_and_timed_with_their_decoders_against_the_teacher_baseline(tmp_path, head):
+def test_models_are_scored_and_timed_with_their_decoders_against_the_teacher_baseline(tmp_path, head, monkeypatch):
     pairs, corpus = _corpus(tmp_path)
     options = ["model.head=dag", "model.graph_upsample_ratio=2"] if head == "dag" else \
         ["evaluate.beam_size=3", "evaluate.rerank=teacher"]
@@ -53,17 +58,18 @@ def test_models_are_scored_and_timed_with_their_decoders_against_the_teacher_bas
     model_dir = save_model_dir(tmp_path / "model", model, tmp_path / "spm.model", "en", "de")
     out = tmp_path / "out"
     out.mkdir()
-    headline = evaluate.evaluate_model(model_dir, corpus, cfg, out, None, str(_teacher_stage(tmp_path)))
-    results = json.loads((out / evaluate.RESULTS_FILE).read_text())
     ours = ("greedy", "lookahead", "viterbi", "beam5") if head == "dag" else ("greedy", "beam3", "beam3_rerank")
     decoders = (*ours, "teacher_greedy", "teacher_beam2")
+    clock = DecoderClock({name: COSTS[name] for name in decoders}).install(monkeypatch)
+    headline = evaluate.evaluate_model(model_dir, corpus, cfg, out, None, str(_teacher_stage(tmp_path)))
+    results = json.loads((out / evaluate.RESULTS_FILE).read_text())
     assert set(results["scores"]) == {f"test.{d}.{decoder}" for d in ("src2tgt", "tgt2src") for decoder in decoders}
-    speed = results["speed"]
-    assert all(f"{decoder}_latency_ms" in speed for decoder in decoders)
-    for decoder in ours:
-        assert speed[f"speedup_{decoder}_vs_teacher_beam2_batch1"] == pytest.approx(
-            speed["teacher_beam2_latency_ms"] / speed[f"{decoder}_latency_ms"], rel=0.01, abs=0.005)  # rounded to 0.01
-        assert f"speedup_{decoder}_vs_teacher_greedy_batch4" in speed
+    speed = results["speed"]  # timed by the fake clock: every latency, throughput and speed-up is known
+    expected = clock.expected_speed(len(pairs), 4)
+    assert {name: speed[name] for name in expected} == expected
+    assert len(expected) == 3 * len(decoders) + 2 * 2 * len(ours)
+    assert speed["speedup_greedy_vs_teacher_beam2_batch1"] == 20.0 and speed["speedup_greedy_vs_teacher_beam2_batch4"] == 8.0
+    assert results["scores"]["test.src2tgt.teacher_beam2"]["seconds"] == 0.24  # one call at batch 64
     for decoder in decoders:
         assert len((out / f"test.src2tgt.{decoder}.txt").read_text(encoding="utf-8").splitlines()) == len(pairs)
     assert headline["test_bleu_src2tgt"] == results["scores"]["test.src2tgt.greedy"]["bleu"]

@@ -82,6 +82,10 @@ def test_a_change_reaches_exactly_the_stages_downstream_of_it(tmp_path):
     for new in ("evaluate.rerank=self", "evaluate.rerank_weight=0.5", "evaluate.cutoff_top_n=20", "evaluate.cutoff_prob=0.99"):
         changed = graph.output_dirs(load_config(None, BASE + [new]), tmp_path)  # issue 26's keys: hashed off their defaults
         assert [s for s in base if base[s] != changed[s]] == ["evaluate"], new
+    assert graph.output_dirs(load_config(None, BASE + ["model.dag_dp=auto"]), tmp_path) == base  # issue 44's key
+    for dp in ("torch", "triton"):
+        changed = graph.output_dirs(load_config(None, BASE + [f"model.dag_dp={dp}"]), tmp_path)
+        assert [s for s in base if base[s] != changed[s]] == ["train", "evaluate", "tune"], dp
     changed = graph.output_dirs(load_config(None, BASE + ["train.log_every=7", "tokenize.workers=3"]), tmp_path)
     assert [s for s in base if base[s] != changed[s]] == ["tune"]  # only the sweep hashes its whole train section
 

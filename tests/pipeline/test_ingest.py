@@ -12,7 +12,7 @@ import pytest
 from pipeline import graph, ingest
 from pipeline.config import DataConfig, load_config
 from pipeline.ingest import CorpusError, corpora
-from pipeline.ingest.readers import CHUNK, read_parallel
+from pipeline.ingest.readers import CHUNK, TextRules, read_parallel
 from tests.conftest import SHARED_DATA
 from tests.pipeline.conftest import make_pairs, write_files_corpus
 from tests.pipeline.sword_module import write_ztext_module
@@ -21,6 +21,12 @@ from tests.pipeline.sword_module import write_ztext_module
 def files_config(local_dir, *overrides):
     return load_config(None, ["data.source=files", f"data.local_dir={local_dir}", "data.src_lang=en",
                               "data.tgt_lang=de", *overrides])
+
+
+def columns(part) -> tuple[list, list, list]:
+    """ids, src and tgt of a RawSplit, read through (its rows are a stream)."""
+    rows = list(part.rows)
+    return [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows]
 
 
 def assert_nothing_written(workdir: Path):
@@ -177,9 +183,14 @@ def test_input_files_are_identified_by_content_not_by_where_they_lie_or_their_mt
 
 
 def test_limit_keeps_the_first_lines(tmp_path):
-    corpus = write_files_corpus(tmp_path / "corpus")
+    """data.limit=25 keeps exactly the first 25 lines of every split (ids 1-25, the files' own text), no other."""
+    corpus = write_files_corpus(tmp_path / "corpus")  # 300/40/40 pairs, none that a filter drops
     out = graph.run(files_config(corpus, "data.limit=25", "data.dedupe=false"), tmp_path / "w", "ingest")
-    assert pq.read_table(out / "train").column("id").to_pylist()[-1] <= 25
+    for split in ("train", "valid", "test"):
+        table = pq.read_table(out / split)
+        assert table.column("id").to_pylist() == list(range(1, 26)), split
+        for column, lang in (("src", "en"), ("tgt", "de")):
+            assert table.column(column).to_pylist() == (corpus / f"{split}.{lang}").read_text(encoding="utf-8").splitlines()[:25]
 
 
 def test_named_corpus_download_path(tmp_path, monkeypatch):
@@ -234,10 +245,11 @@ def test_multi30k_loader_on_the_shared_copy(tmp_path):
     cfg = load_config(None, ["data.source=multi30k", "data.src_lang=en", "data.tgt_lang=fr",
                              f"data.local_dir={SHARED_DATA / 'multi30k'}", "data.download=false"])
     raw, _ = ingest.read_corpus(cfg.data, tmp_path)
-    assert {split: len(part.ids) for split, part in raw.items()} == {"train": 29000, "valid": 1014, "test": 1000}
+    read = {split: columns(part) for split, part in raw.items()}
+    assert {split: len(ids) for split, (ids, _, _) in read.items()} == {"train": 29000, "valid": 1014, "test": 1000}
     first_en = (SHARED_DATA / "multi30k" / "val.en").read_text(encoding="utf-8").split("\n")[0]
     first_fr = (SHARED_DATA / "multi30k" / "val.fr").read_text(encoding="utf-8").split("\n")[0]
-    assert (raw["valid"].src[0], raw["valid"].tgt[0]) == (first_en, first_fr)
+    assert (read["valid"][1][0], read["valid"][2][0]) == (first_en, first_fr)
     cfg2 = load_config(None, ["data.source=multi30k", "data.tgt_lang=de", "data.test_split=test_2017_flickr",
                               f"data.local_dir={SHARED_DATA / 'multi30k'}", "data.download=false"])
     raw2, _ = ingest.read_corpus(cfg2.data, tmp_path)
@@ -268,19 +280,20 @@ def test_sword_reader_on_a_module_built_here(tmp_path):
     cfg = load_config(None, [f"data.sword_path={library}", "data.sword_src_module=TinyEn",
                              "data.sword_tgt_module=TinyEs", "data.valid_size=3", "data.test_size=4"])
     raw, notes = ingest.read_sword(cfg.data)
-    assert {split: len(part.ids) for split, part in raw.items()} == {"train": 13, "valid": 3, "test": 4}
-    all_ids = sorted(i for part in raw.values() for i in part.ids)
+    raw = {split: columns(part) for split, part in raw.items()}
+    assert {split: len(ids) for split, (ids, _, _) in raw.items()} == {"train": 13, "valid": 3, "test": 4}
+    all_ids = sorted(i for ids, _, _ in raw.values() for i in ids)
     assert len(set(all_ids)) == 20
-    by_text = {src: tgt for part in raw.values() for src, tgt in zip(part.src, part.tgt)}
+    by_text = {s: t for _, src, tgt in raw.values() for s, t in zip(src, tgt)}
     assert by_text["Verse 7 of Genesis."] == "Versículo 7 de Génesis."
     assert by_text["Exodus two three."] == "Éxodo dos tres."
     assert "Verse 5 of Genesis." not in by_text and notes["sword_empty_verses"] == notes["sword_verses"] - 20
     again, _ = ingest.read_sword(cfg.data)  # deterministic split
-    assert {s: p.ids for s, p in again.items()} == {s: p.ids for s, p in raw.items()}
+    assert {s: columns(p)[0] for s, p in again.items()} == {s: ids for s, (ids, _, _) in raw.items()}
     other, _ = ingest.read_sword(load_config(None, [f"data.sword_path={library}", "data.sword_src_module=TinyEn",
                                                     "data.sword_tgt_module=TinyEs", "data.valid_size=3",
                                                     "data.test_size=4", "data.split_seed=2"]).data)
-    assert other["test"].ids != raw["test"].ids
+    assert columns(other["test"])[0] != raw["test"][0]
 
 
 def test_missing_sword_modules_say_how_to_install(tmp_path):
@@ -298,10 +311,11 @@ SYSTEM_SWORD = Path("/usr/share/sword/mods.d")
 def test_sword_reader_on_the_debian_bible_pair(tmp_path):
     cfg = load_config(None)
     raw, notes = ingest.read_sword(cfg.data)
-    sizes = {split: len(part.ids) for split, part in raw.items()}
+    read = {split: columns(part) for split, part in raw.items()}
+    sizes = {split: len(ids) for split, (ids, _, _) in read.items()}
     assert sizes["valid"] == 1000 and sizes["test"] == 1000 and 28000 < sizes["train"] < 31000
     assert notes["sword_verses"] > 31000
-    by_id = {i: (s, t) for part in raw.values() for i, s, t in zip(part.ids, part.src, part.tgt)}
+    by_id = {i: (s, t) for ids, src, tgt in read.values() for i, s, t in zip(ids, src, tgt)}
     assert by_id[1] == ("In the beginning, God created the heavens and the earth.",  # Gen 1:1
                         "EN el principio crió Dios los cielos y la tierra.")
     assert all(s and t for s, t in by_id.values())
@@ -346,21 +360,25 @@ def test_max_input_mb_caps_the_decompressed_bytes_of_a_file(tmp_path, monkeypatc
     plain = tmp_path / "plain.en"
     plain.write_bytes(b"x\n" * 600_000)
     with pytest.raises(CorpusError, match=rf"^{plain}: more than data.max_input_mb=1 MB; "):
-        read_parallel(plain, plain, max_input_mb=1)
+        columns(read_parallel(plain, plain, TextRules(max_input_mb=1)))
     bomb = corpus / "valid.en.gz"
-    assert read_parallel(bomb, bomb).src == ["Hello."] * 300_000  # under the default cap
+    assert columns(read_parallel(bomb, bomb))[1] == ["Hello."] * 300_000  # under the default cap
 
 
-def test_nul_bytes_and_very_long_lines_are_read_and_filtered(tmp_path):
+def test_nul_bytes_are_an_error_or_replaced_and_very_long_lines_are_read_and_filtered(tmp_path):
     corpus = write_files_corpus(tmp_path / "corpus")
     for split in ("train", "valid"):
         lines = (corpus / f"{split}.en").read_bytes().split(b"\n")
         lines[0], lines[1] = lines[0].replace(b" ", b" \x00 ", 1), b"long " * 200_000
         (corpus / f"{split}.en").write_bytes(b"\n".join(lines))
-    out = graph.run(files_config(corpus), tmp_path / "work", "ingest")
+    with pytest.raises(CorpusError, match=rf"^{corpus / 'train.en'}:1: U\+0000 \(NUL\) at character \d+: a control"):
+        graph.run(files_config(corpus), tmp_path / "work", "ingest")
+    assert_nothing_written(tmp_path / "work")
+    out = graph.run(files_config(corpus, "data.bad_characters=replace"), tmp_path / "work", "ingest")
     report = json.loads((out / "report.json").read_text())
     train = pq.read_table(out / "train").to_pylist()
-    assert ["\x00" in row["src"] for row in train if row["id"] == 1] == [True]  # kept: a NUL is a character
+    assert ["\x00" in row["src"] for row in train if row["id"] == 1] == [False]  # a space now, counted:
+    assert report["splits"]["train"]["text"] == {"replaced U+0000": 1}
     assert 2 not in {row["id"] for row in train} and report["splits"]["train"]["dropped"]["too_long"] >= 1
     assert len(pq.read_table(out / "valid").column("src")[1].as_py()) == 999_999  # stripped; counted, never dropped
 
@@ -401,4 +419,4 @@ def test_sword_text_is_capped_too(tmp_path):
                                           r"data.max_input_mb=1 MB once decompressed"):
         ingest.read_sword(load_config(None, [*settings, "data.max_input_mb=1"]).data)
     raw, _ = ingest.read_sword(load_config(None, [*settings, "data.max_input_mb=3"]).data)
-    assert sum(len(part.ids) for part in raw.values()) == 20
+    assert sum(len(columns(part)[0]) for part in raw.values()) == 20

@@ -151,24 +151,31 @@ def test_run_storage_removes_the_previous_run_only_with_force(tmp_path):
     raytrain.run_storage(tmp_path, "train-abc", force=True)  # nothing to remove: fine
 
 
-def test_the_progress_bar_follows_rank_0s_progress_file_on_a_terminal_only(tmp_path, monkeypatch):
+def test_the_progress_bar_follows_rank_0s_progress_file_and_off_a_terminal_writes_lines(tmp_path, monkeypatch):
     """Issue 24: rank 0 writes its step, loss and latest validation BLEU (kept between validations) to the run's
-    progress file; the driver's bar reads it while the fit runs — on a terminal; in a log file, nothing."""
+    progress file; the driver's bar reads it while the fit runs — on a terminal. Issue 42: off a terminal (a log
+    file), lines instead: step/total, loss terms, tokens/s, validation BLEU per direction, elapsed, ETA."""
     import io
     import time
 
+    from pipeline import progress
     from pipeline.raytrain import progress_bar, write_progress
 
     path, state = tmp_path / "run" / "progress.json", {}
-    write_progress(path, state, {"step": 5, "train_total": 3.25, "valid_bleu": float("nan")})
-    write_progress(path, state, {"step": 10, "train_total": 2.5, "valid_bleu": 7.0})
-    write_progress(path, state, {"step": 15, "train_total": 2.0})
-    assert json.loads(path.read_text()) == {"step": 15, "loss": 2.0, "valid_bleu": 7.0} == state
+    write_progress(path, state, {"step": 5, "train_total": 3.25, "train_ctc_src2tgt": 2.0, "tokens_per_s": 1234.4,
+                                 "valid_bleu": float("nan"), "bleu_src2tgt": float("nan")})
+    write_progress(path, state, {"step": 10, "train_total": 2.5, "valid_bleu": 7.0, "bleu_src2tgt": 6.0,
+                                 "bleu_tgt2src": 8.0})
+    write_progress(path, state, {"step": 15, "train_total": 2.0, "train_ctc_src2tgt": 1.5, "grad_norm": 3.0})
+    assert json.loads(path.read_text()) == state == {
+        "step": 15, "loss": 2.0, "valid_bleu": 7.0, "tokens_per_s": 1234.4, "terms": {"ctc_src2tgt": 1.5},
+        "valid_bleu_by_direction": {"src2tgt": 6.0, "tgt2src": 8.0}}
 
     class Terminal(io.StringIO):
         def isatty(self) -> bool:
             return True
 
+    monkeypatch.setattr(progress, "LINE_EVERY_S", 0.0)
     for terminal in (True, False):
         screen = Terminal() if terminal else io.StringIO()
         monkeypatch.setattr("sys.stderr", screen)
@@ -177,8 +184,11 @@ def test_the_progress_bar_follows_rank_0s_progress_file_on_a_terminal_only(tmp_p
         if terminal:
             assert "train:  50%" in screen.getvalue() and "15/30" in screen.getvalue()
             assert "loss=2, valid_bleu=7" in screen.getvalue()
-        else:
-            assert screen.getvalue() == ""
+        else:  # one line: the file did not change after the first poll
+            [line] = screen.getvalue().splitlines()
+            assert line.startswith("train: 15/30 steps (50%), ")
+            assert "elapsed 0:0" in line and "ETA " in line
+            assert line.endswith("; loss 2 (ctc_src2tgt 1.5), 1,234 tokens/s, valid BLEU src2tgt 6.00, tgt2src 8.00")
 
 
 def test_best_setting_is_the_highest_score_and_of_equals_the_one_nearest_zero():

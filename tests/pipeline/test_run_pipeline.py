@@ -1,5 +1,6 @@
-import json
 import gzip
+import importlib.util
+import json
 import math
 import re
 import subprocess
@@ -10,12 +11,56 @@ from pathlib import Path
 import pytest
 
 import run_pipeline
-from pipeline import evaluate
+from pipeline import evaluate, progress
 from pipeline.config import ConfigError
 from pipeline.tracking import STAGE_TAG
-from tests.pipeline.conftest import write_files_corpus
+from tests.pipeline.conftest import DecoderClock, write_files_corpus
 
 SMOKE = Path(run_pipeline.__file__).resolve().parent / "configs" / "smoke.yaml"
+SMOKE_CORPUS = SMOKE.parents[1] / "tests" / "data" / "bible_en_es"  # its data.local_dir: <split>.en, <split>.es
+
+
+SMOKE_RUN: dict[str, Path] = {}  # the smoke run's workdir, for the browser test after it
+
+
+def sacrebleu_cli(reference: Path, hypotheses: Path) -> dict[str, dict]:
+    """sacreBLEU's own command line, default options (what pipeline.metrics uses), on a hypothesis file and a
+    reference file: {metric name: its JSON entry (score to 10 decimals, signature)} for BLEU and chrF."""
+    out = subprocess.run([sys.executable, "-m", "sacrebleu", str(reference), "-i", str(hypotheses), "-m", "bleu", "chrf",
+                          "-w", "10"], capture_output=True, text=True, check=True)
+    return {entry["name"]: entry for entry in json.loads(out.stdout)}
+
+
+def assert_results_are_sacrebleu_clis(results: dict, evaluate_dir: Path, sentences: int, tmp: Path) -> None:
+    """Every BLEU and chrF in the evaluate stage's results.json (each split, direction and decoder, the teachers'
+    rows, both round trips, the headline) is what sacreBLEU's command line gives for the hypothesis file the stage
+    wrote against the original references: the first `sentences` lines of the smoke corpus's files as shipped
+    (not the ingested Parquet, not anything evaluate wrote)."""
+    tmp.mkdir()
+    for path in SMOKE_CORPUS.glob("*.e[ns]"):  # <split>.<lang>, cut to the lines evaluate scored
+        lines = path.read_text(encoding="utf-8").splitlines()[:sentences]
+        (tmp / path.name).write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    language = {"src": "en", "tgt": "es"}
+    roundtrips = {f"{key.split('.')[0]}.roundtrip_{key.split('.')[1]}.greedy": key for key in results["roundtrip"]}
+    assert {path.stem for path in evaluate_dir.glob("*.txt")} == set(results["scores"]) | set(roundtrips)
+    assert len(results["scores"]) == 16 and len(roundtrips) == 4  # 2 splits x 2 directions x 4 decoders; 2 x 2
+    cli = {}
+    for key, entry in results["scores"].items():
+        split, direction, _ = key.split(".")
+        cli[key] = sacrebleu_cli(tmp / f"{split}.{language['tgt' if direction == 'src2tgt' else 'src']}",
+                                 evaluate_dir / f"{key}.txt")
+        assert (round(entry["bleu"], 10), round(entry["chrf"], 10), entry["sentences"]) == \
+            (cli[key]["BLEU"]["score"], cli[key]["chrF2"]["score"], sentences), key
+        assert (cli[key]["BLEU"]["signature"], cli[key]["chrF2"]["signature"]) == \
+            (results["bleu_signature"], results["chrf_signature"]), key
+    for name, key in roundtrips.items():  # x -> y^ -> x^, scored against x
+        split, side = key.split(".")
+        cli[key] = sacrebleu_cli(tmp / f"{split}.{language[side]}", evaluate_dir / f"{name}.txt")
+        assert round(results["roundtrip"][key], 10) == cli[key]["BLEU"]["score"], key
+    headline = {"bleu_src2tgt": cli["test.src2tgt.greedy"]["BLEU"], "bleu_tgt2src": cli["test.tgt2src.greedy"]["BLEU"],
+                "chrf_src2tgt": cli["test.src2tgt.greedy"]["chrF2"], "chrf_tgt2src": cli["test.tgt2src.greedy"]["chrF2"],
+                "roundtrip_bleu_src": cli["test.src"]["BLEU"], "roundtrip_bleu_tgt": cli["test.tgt"]["BLEU"]}
+    assert {name: round(results[name], 10) for name in headline} == {name: e["score"] for name, e in headline.items()}
 
 
 def by_stage(runs: list) -> dict:
@@ -82,21 +127,41 @@ def test_bad_input_is_one_error_line_and_exit_code_2(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_smoke_config_end_to_end_with_tracking_then_skips(tmp_path, capsys, ray_session):
-    """All seven stages through Ray (AR teachers on Ray Train, KD on Ray Data, REDER with 2 training workers
-    and gloo DDP on the distilled pairs), tracked in MLflow; then the translate CLI reproduces the evaluate
-    stage's hypotheses (REDER's and the teacher's), a second run skips everything, a GPU request on this
-    CPU-only cluster fails fast, and an incompatible teacher checkpoint is a clear error."""
+def test_smoke_config_end_to_end_with_tracking_then_skips(tmp_path, capsys, ray_session, monkeypatch):
+    """All seven stages through Ray (AR teachers on Ray Train, KD on Ray Data with the default engine, REDER with
+    2 training workers and gloo DDP on the distilled pairs), tracked in MLflow; every score in results.json is
+    sacreBLEU's command line on the hypothesis files, every speed-up the one the (fake) clock's times give; then
+    the translate CLI reproduces the evaluate stage's hypotheses (REDER's and the teacher's), a second run skips
+    everything, a GPU request on this CPU-only cluster fails fast, and an incompatible teacher checkpoint is a
+    clear error."""
     workdir = tmp_path / "work"
     args = ["--config", str(SMOKE), f"workdir={workdir}", "evaluate.measure_speed=true"]
+    # evaluate's timings by a fake clock: (seconds per sentence at batch 1, seconds of a larger batch's call)
+    clock = DecoderClock({"greedy": (0.002, 0.05), "beam4": (0.005, 0.1), "teacher_greedy": (0.01, 0.25),
+                          "teacher_beam4": (0.04, 0.5)}).install(monkeypatch)
+    monkeypatch.setattr(progress, "LINE_EVERY_S", 0.0)  # a progress line per report: the run is under a minute a stage
     assert run_pipeline.main(args) == 0
-    out = capsys.readouterr().out
+    out, err = capsys.readouterr()
     assert "[7/7] evaluate: running" in out and "vocab_size 256 (blank id 255)" in out
     last = json.loads((workdir / "last_run.json").read_text())
+    # Issue 42: progress lines off a terminal (stderr is pytest's capture here, not a terminal, as a log file is)
+    rows = last["stages"]["distill"]["counts"]["rows"]
+    terms = "".join(rf"(?=[^)]*\b{term} [\d.]+)" for term in ("ctc_src2tgt", "ctc_tgt2src", "fba_src2tgt", "cc_tgt2src"))
+    lines = [line for line in re.split(r"[\r\n]", err) if line.startswith(("train", "teacher", "distill", "evaluate"))]
+    for pattern in (rf"train: 30/30 steps \(100%\), [\d.]+ steps/s, elapsed \d+:\d\d, ETA 0:00; loss [\d.]+ "
+                    rf"\({terms}[^)]*\), [\d,]+ tokens/s, valid BLEU src2tgt [\d.]+, tgt2src [\d.]+",
+                    r"train: (5|10|15|20|25)/30 steps \(\d+%\), .*, ETA \d+:\d\d; loss [\d.]+ \(.*ctc_src2tgt.*",  # one before the end
+                    *(rf"teacher {d}: 20/20 steps \(100%\), .*; loss [\d.]+ \(nll_{d} [\d.]+\), [\d,]+ tokens/s, "
+                      rf"valid BLEU {d} [\d.]+" for d in ("src2tgt", "tgt2src")),
+                    rf"distill: {2 * rows}/{2 * rows} sentences \(100%\), [\d.]+ sentences/s, elapsed \d+:\d\d, ETA 0:00",
+                    r"evaluate: 16/16 decodes \(100%\), .*; last valid tgt2src teacher_beam4: BLEU [\d.]+"):
+        assert any(re.fullmatch(pattern, line) for line in lines), (pattern, lines)
     assert [entry["status"] for entry in last["stages"].values()] == ["ran"] * 7
     teacher_counts, distill_counts = last["stages"]["teacher"]["counts"], last["stages"]["distill"]["counts"]
     assert teacher_counts["src2tgt"]["steps"] == teacher_counts["tgt2src"]["steps"] == 20
     assert distill_counts["rows"] == last["stages"]["tokenize"]["counts"]["train"]["kept"]
+    # distill.engine auto: CTranslate2 where the extra is installed (CI installs it: .ci/run), else our search
+    assert distill_counts["engine"] == ("ctranslate2" if importlib.util.find_spec("ctranslate2") else "torch")
     for direction in ("src2tgt", "tgt2src"):
         assert 0 <= distill_counts[f"fallback_{direction}"] <= distill_counts["rows"]
         assert distill_counts[f"length_ratio_{direction}"] > 0 and f"teacher_bleu_{direction}" in distill_counts
@@ -116,10 +181,11 @@ def test_smoke_config_end_to_end_with_tracking_then_skips(tmp_path, capsys, ray_
     assert set(results["scores"]) == {f"{split}.{d}.{decoder}" for split in ("test", "valid")
                                       for d in ("src2tgt", "tgt2src")
                                       for decoder in ("greedy", "beam4", "teacher_greedy", "teacher_beam4")}
-    speed = results["speed"]
-    assert speed["greedy_latency_ms"] > 0 and speed["beam4_sentences_per_s"] > 0
-    assert speed["speedup_greedy_vs_teacher_beam4_batch1"] == pytest.approx(
-        speed["teacher_beam4_latency_ms"] / speed["greedy_latency_ms"], rel=0.01)
+    expected = clock.expected_speed(50, 16)
+    assert {name: results["speed"][name] for name in expected} == expected
+    assert results["speed"]["speedup_greedy_vs_teacher_beam4_batch1"] == 20.0
+    assert results["speed"]["speedup_beam4_vs_teacher_greedy_batch16"] == 2.5
+    assert_results_are_sacrebleu_clis(results, evaluate_dir, 50, tmp_path / "references")
     hypotheses = (evaluate_dir / "test.src2tgt.greedy.txt").read_text(encoding="utf-8").splitlines()
     assert len(hypotheses) == 50
 
@@ -198,6 +264,17 @@ def test_smoke_config_end_to_end_with_tracking_then_skips(tmp_path, capsys, ray_
     assert translated.stdout.splitlines() == (evaluate_dir / "test.tgt2src.teacher_beam4.txt").read_text(
         encoding="utf-8").splitlines()
 
+    SMOKE_RUN["workdir"] = workdir  # its MLflow store, for the browser test
+    # bench/ray_overhead.py: the same training budget through the harness alone, against this train stage.
+    overhead = subprocess.run([sys.executable, "-m", "bench.ray_overhead", "--workdir", str(workdir), "--config",
+                               str(SMOKE), f"workdir={workdir}"], capture_output=True, text=True, check=True,
+                              cwd=Path(run_pipeline.__file__).parent)
+    measured = json.loads(overhead.stdout)
+    assert measured["steps"] == measured["stage_steps"] == 30 and measured["stage_workers"] == 2
+    assert measured["stage_seconds"] == train_manifest["seconds"] and measured["harness_seconds"] > 0
+    assert measured["overhead"] == round(measured["stage_seconds"] / measured["harness_seconds"] - 1, 4)
+    assert [entry["step"] for entry in measured["harness_valid_bleu"]] == [10, 20, 30]
+
     assert run_pipeline.main(args) == 0  # second run: everything finished already
     assert capsys.readouterr().out.count("skipped (finished earlier)") == 14  # progress lines + summary
     assert len(mlflow.search_runs(experiment_names=["duplex"], output_format="list")) == 10  # no run opened
@@ -218,3 +295,34 @@ def test_smoke_config_end_to_end_with_tracking_then_skips(tmp_path, capsys, ray_
     assert run_pipeline.main(missing) == 2
     err = capsys.readouterr().err
     assert "nowhere" in err and "teacher.src2tgt_checkpoint" in err
+
+
+@pytest.mark.slow
+def test_the_mlflow_ui_in_headless_chromium_shows_the_runs_the_plot_and_the_model(tmp_path, request):
+    """Issue 42, item 4: `mlflow ui` on the smoke run's store, read by headless Chromium (bench/mlflow_ui.py): the
+    experiment's runs table (the "Model training" view, sorted by test BLEU, so nested runs are listed flat) names
+    the pipeline run and every stage run; the pipeline run's page lists its stage runs and shows test_bleu_src2tgt
+    and test_bleu_tgt2src with their values; the train run's page shows training.png as an image; the registered
+    model's page lists version 1. Run alone, it makes the smoke run first."""
+    from bench import mlflow_ui
+
+    if mlflow_ui.chromium() is None:
+        reason = "chromium is not installed (Debian: apt-get install -y chromium; ~87 s, so .ci/run leaves it out)"
+        print(f"skipped: {reason}")
+        pytest.skip(reason)
+    workdir = SMOKE_RUN.get("workdir")
+    if workdir is None:
+        request.getfixturevalue("ray_session")
+        workdir = tmp_path / "work"
+        assert run_pipeline.main(["--config", str(SMOKE), f"workdir={workdir}"]) == 0
+    import mlflow
+
+    store = f"sqlite:///{workdir}/mlflow.db"
+    mlflow.set_tracking_uri(store)
+    links, expected = mlflow_ui.expected_texts(mlflow.search_runs(experiment_names=["duplex"], output_format="list"))
+    assert set(links) == {"runs", "pipeline", "run", "model"}
+    assert len(expected["pipeline"]) == 1 + 7 + 2  # the pipeline run, its seven stage runs, two test BLEUs
+    with mlflow_ui.mlflow_ui(store) as base:
+        for page, fragment in links.items():
+            dom = mlflow_ui.browse(base + fragment)
+            assert mlflow_ui.missing_texts(dom, expected[page]) == [], (page, base + fragment)

@@ -33,7 +33,11 @@ def _job(text, src="en", tgt="de", beam=1, decoder="greedy") -> Job:
     (b'{"text": ["a", 3], "src": "en", "tgt": "de"}', 400, "text[1]: must be a string, got int"),
     (json.dumps({"text": "a" * 2001, "src": "en", "tgt": "de"}).encode(), 400, "text[0]: has 2001 characters, more than 2000"),
     (json.dumps({"text": ["a"] * 257, "src": "en", "tgt": "de"}).encode(), 400, "1 to 256 strings"),
-    (b'{"text": "a\\nb", "src": "en", "tgt": "de"}', 400, "text[0]: holds a line break"),
+    (b'{"text": "a\\nb", "src": "en", "tgt": "de"}', 400, "text[0]: U+000A (LINE FEED) at character 2: a line break"),
+    (b'{"text": "a\\rb", "src": "en", "tgt": "de"}', 400, "text[0]: U+000D (CARRIAGE RETURN) at character 2"),
+    (b'{"text": ["ok", "a\\u2028b"], "src": "en", "tgt": "de"}', 400, "text[1]: U+2028 (LINE SEPARATOR) at character 2"),
+    (b'{"text": "a\\u0085b", "src": "en", "tgt": "de"}', 400, "text[0]: U+0085 (NEXT LINE) at character 2"),
+    (b'{"text": "a\\u0000b", "src": "en", "tgt": "de"}', 400, "text[0]: U+0000 (NUL) at character 2: a control character"),
     (b'{"text": "a", "src": "en", "tgt": "de", "beam": "4"}', 400, "beam: must be an integer from 1 to 64, got '4'"),
     (b'{"text": "a", "src": "en", "tgt": "de", "beam": true}', 400, "beam: must be an integer"),
     (b'{"text": "a", "src": "en", "tgt": "de", "beam": 0}', 400, "beam: must be an integer"),
@@ -65,6 +69,48 @@ def test_a_dynamic_batch_is_translated_by_group_and_a_refused_job_answered_alone
     assert out[4] == translator.translate(["the mat"], "en", "de")
     assert isinstance(out[3], BadRequest) and "translates en->de and de->en, not en->fr" in str(out[3])
     assert isinstance(out[5], BadRequest) and "decoder 'lookahead'" in str(out[5])
+
+
+def test_a_refused_job_spoils_none_of_the_good_jobs_in_its_own_group(tiny_model_dir):
+    """Good jobs and jobs the model refuses (an input over its length limit) in one (pair, beam, decoder) group:
+    the group's one call fails, and every good job still gets what the translator gives it alone."""
+    server = service.TranslationService.func_or_class(str(tiny_model_dir))
+    translator = load(tiny_model_dir)
+    too_long = ("cat " * 400).strip()
+    jobs = [_job(["the cat sat", "a dog"]), _job(too_long), _job("the mat"), _job(["a dog ran", too_long]),
+            _job(["the bird", "dogs and cats"])]
+    assert len({(job.src, job.tgt, job.beam, job.decoder) for job in jobs}) == 1  # one group
+    with pytest.raises(ValueError, match="exceed"):  # so the group's one call fails
+        translator.translate([line for job in jobs for line in job.lines], "en", "de")
+    out = server.translate_jobs(jobs)
+    for index in (0, 2, 4):
+        assert out[index] == translator.translate(list(jobs[index].lines), "en", "de")
+    for index in (1, 3):
+        assert isinstance(out[index], BadRequest) and "exceed" in str(out[index]) and out[index].status == 400
+
+
+def test_the_ct2_engine_serves_a_teacher_as_ctranslate2_translates_it(tiny_model_dir, tmp_path):
+    """engine=ct2 (the optional extra, which CI installs): the jobs of one group get what reder.ct2.TextTranslator
+    gives their lines in one call (not each job alone: translate_plain caps a batch at its longest input's limit,
+    and this untrained teacher never ends a sentence early); the pair the teacher does not translate is refused
+    alone."""
+    pytest.importorskip("ctranslate2", reason="CTranslate2 is an optional extra: pip install -e .[ct2]")
+    from reder import TransformerConfig
+    from reder.autoregressive import Transformer
+    from reder.checkpoint import SPM_FILE, save_model_dir
+    from reder.ct2 import TextTranslator
+
+    teacher = Transformer(TransformerConfig(vocab_size=29, d_model=8, n_heads=2, ffn_dim=16, encoder_layers=1,
+                                            decoder_layers=1, max_positions=64)).eval()
+    teacher_dir = save_model_dir(tmp_path / "teacher", teacher, tiny_model_dir / SPM_FILE, "en", "de",
+                                 extra={"direction": "src2tgt"})
+    server = service.TranslationService.func_or_class(str(teacher_dir), engine="ct2")
+    reference = TextTranslator(teacher_dir)
+    jobs = [_job(["the cat sat", "a dog"], beam=2), _job("der hund", "de", "en", beam=2), _job("the bird", beam=2)]
+    out = server.translate_jobs(jobs)
+    together = reference.translate(["the cat sat", "a dog", "the bird"], "en", "de", beam=2)
+    assert out[0] == together[:2] and out[2] == together[2:] and all(together)
+    assert isinstance(out[1], BadRequest) and "not de->en" in str(out[1])
 
 
 def _post(url: str, payload: object, method: str = "POST") -> tuple[int, dict]:

@@ -221,6 +221,9 @@ def test_the_trained_model_is_registered_as_a_pyfunc_that_translates_both_ways(t
         ({"text": "the cat", "src": "en", "tgt": "fr"}, None, "row 1: this model translates en->de and de->en, not en->fr"),
         ({"text": "  ", "src": "en", "tgt": "de"}, None, "row 1: text is empty"),
         ({"text": "x" * 2001, "src": "en", "tgt": "de"}, None, "row 1: text has 2001 characters, more than 2000"),
+        ({"text": "the\rcat", "src": "en", "tgt": "de"}, None, "row 1: text U+000D (CARRIAGE RETURN) at character 4"),
+        ({"text": "the\u2029cat", "src": "en", "tgt": "de"}, None, "row 1: text U+2029 (PARAGRAPH SEPARATOR) at character 4"),
+        ({"text": "the \x07cat", "src": "en", "tgt": "de"}, None, "row 1: text U+0007 (a control character) at character 5"),
         ({"text": "the cat", "src": "en", "tgt": "de"}, {"beam": 0}, "params.beam: must be >= 1, got 0"),
         ({"text": "the cat", "src": "en", "tgt": "de"}, {"decoder": "viterbi"}, "row 0: decoder 'viterbi'"),
     ]:

@@ -1,12 +1,13 @@
 """Tiny models and batches shared by the reder tests, and the 64 real Multi30k pairs the learning tests memorise."""
 import time
-from typing import Callable
+from typing import Callable, Optional
 
 import sacrebleu
 import torch
 
 from reder import EOS_ID, LossConfig, ModelConfig, REDER
 from reder.ctc import pad_batch
+from reder.dag import dag_log_likelihood, edge_mask, graph_lengths_for, masked_log_softmax, target_emissions
 from tests.conftest import SHARED_DATA
 
 MULTI30K = SHARED_DATA / "multi30k"
@@ -87,3 +88,54 @@ def random_batch(lengths: list[int], vocab_size: int) -> tuple[torch.Tensor, tor
 
 def padding_mask(lengths: list[int]) -> torch.Tensor:
     return torch.arange(max(lengths))[None, :] < torch.tensor(lengths)[:, None]
+
+
+def random_dag_batch(ratio: float, seed: int, dtype: torch.dtype = torch.float32, batch: int = 5, longest: int = 8,
+                     longest_target: int = 10, slack: Optional[int] = None, vocab: int = 9,
+                     device: str = "cpu") -> tuple[torch.Tensor, ...]:
+    """Random ragged graphs of int(λ·S_b) vertices (S_b from 2 to `longest`) with random links and emissions,
+    targets of 2 to `longest_target` tokens that fit (with `slack`: of L_b − 0…slack tokens, whose paths skip
+    at most `slack` vertices), and one more sample whose target is a token longer than its graph (no path):
+    log E (B, L, L), log-probs (B, L, V), targets (B, M), graph and target lengths (B,)."""
+    generator = torch.Generator().manual_seed(seed)
+    sources = torch.cat([torch.randint(2, longest + 1, (batch,), generator=generator), torch.tensor([2])])
+    graph_lengths = graph_lengths_for(sources, ratio)  # (B,)
+    if slack is None:
+        fitting = [torch.randint(2, int(min(length, longest_target)) + 1, (), generator=generator)
+                   for length in graph_lengths[:-1]]
+    else:
+        fitting = [(length - torch.randint(0, slack + 1, (), generator=generator)).clamp(min=2) for length in graph_lengths[:-1]]
+    target_lengths = torch.stack(fitting + [graph_lengths[-1] + 1])
+    length, steps = int(graph_lengths.max()), int(target_lengths.max())
+    scores = 2 * torch.randn(batch + 1, length, length, generator=generator, dtype=dtype)
+    log_edges = masked_log_softmax(scores, edge_mask(graph_lengths, length), dim=-1)
+    log_probs = (2 * torch.randn(batch + 1, length, vocab, generator=generator, dtype=dtype)).log_softmax(-1)
+    targets = torch.randint(0, vocab, (batch + 1, steps), generator=generator)
+    moved = (t.to(device) for t in (log_edges, log_probs, targets, graph_lengths, target_lengths))
+    return tuple(moved)
+
+
+def _likelihood_and_gradients(function, log_edges, emissions, graph_lengths, target_lengths, weights):
+    """log P(Y|X) (B,) and the gradients of Σ_b w_b log P_b over the feasible samples."""
+    edges, emits = log_edges.detach().requires_grad_(), emissions.detach().requires_grad_()
+    value = function(edges, emits, graph_lengths, target_lengths)
+    torch.where(torch.isfinite(value), value * weights, 0.0).sum().backward()
+    return value.detach(), edges.grad, emits.grad
+
+
+def dp_differences(function: Callable, ratio: float, seed: int, dtype: torch.dtype, **sizes) -> list[float]:
+    """A DAG DP `function` (dag_log_likelihood's arguments) against the PyTorch DP on a `random_dag_batch`: the
+    largest difference of the values, the edge gradients and the emission gradients, each over the magnitude of
+    what it is compared with; asserts the infeasible sample's −inf and zero gradients."""
+    log_edges, log_probs, targets, graph_lengths, target_lengths = random_dag_batch(ratio, seed, dtype, **sizes)
+    device = log_edges.device
+    emissions = target_emissions(log_probs, targets)
+    weights = torch.rand(len(graph_lengths), dtype=dtype, device=device)
+    expected = _likelihood_and_gradients(dag_log_likelihood, log_edges, emissions, graph_lengths, target_lengths, weights)
+    got = _likelihood_and_gradients(function, log_edges, emissions, graph_lengths, target_lengths, weights)
+    feasible = torch.isfinite(expected[0])
+    assert feasible[:-1].all() and not feasible[-1]
+    assert got[0][-1] == float("-inf") and got[1][-1].abs().max() == 0 and got[2][-1].abs().max() == 0
+    assert all(torch.isfinite(tensor).all() for tensor in got[1:])
+    return [float((a[feasible] - b[feasible]).abs().max() / b[feasible].abs().max().clamp(min=1))
+            for a, b in zip(got, expected)]

@@ -7,8 +7,9 @@ import torch
 
 from reder import DIRECTIONS, LossConfig, ModelConfig, REDER
 from reder.config import BOS_ID, EOS_ID
+from reder import dag
 from reder.dag import (DagLinks, dag_beam, dag_greedy, dag_log_likelihood, dag_loss, dag_viterbi, edge_mask, masked_log_softmax,
-                       limit_transitions, masked_logsumexp, string_log_likelihood, target_emissions,
+                       limit_transitions, masked_logsumexp, resolve_dp, string_log_likelihood, target_emissions,
                        viterbi_align)
 
 from tests.reder.helpers import MULTI30K, WordPairs, memorise
@@ -84,6 +85,24 @@ def test_infeasible_samples_are_dropped_and_counted_without_nan():
     assert (loss - expected).abs() < 1e-12
     likelihood = dag_log_likelihood(log_edges, target_emissions(log_probs, targets), graph_lengths, target_lengths)
     assert likelihood[1] == float("-inf") and torch.isfinite(likelihood[[0, 2]]).all()
+
+
+def test_dag_dp_resolves_to_triton_only_on_cuda_and_asking_for_a_missing_triton_is_a_clear_error(monkeypatch):
+    """model.dag_dp (the kernels themselves: tests/reder/test_dag_triton.py)."""
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    for installed in (True, False):
+        monkeypatch.setattr(dag, "triton_installed", lambda: installed)
+        assert resolve_dp("auto", cpu) == "torch" and resolve_dp("torch", cuda) == "torch"
+        assert resolve_dp("auto", cuda) == ("triton" if installed else "torch")
+    with pytest.raises(RuntimeError, match=r"model.dag_dp=triton but Triton is not installed: pip install -e '.\[triton\]'"):
+        resolve_dp("triton", cpu)
+    log_edges, log_probs, targets, graph_lengths, target_lengths = _graphs(CASES)
+    with pytest.raises(RuntimeError, match="Triton is not installed"):  # raised where the loss runs
+        dag_loss(log_edges, log_probs, graph_lengths, targets, target_lengths, dp="triton")
+    with pytest.raises(ValueError, match=r"model.dag_dp must be one of \['auto', 'torch', 'triton'\], got 'cuda'"):
+        resolve_dp("cuda", cpu)
+    monkeypatch.setattr(dag, "triton_installed", lambda: True)
+    assert resolve_dp("triton", cpu) == "triton"  # CPU tensors: the interpreter's, or reder.dag_triton's error
 
 
 def test_viterbi_alignment_equals_brute_force_argmax():

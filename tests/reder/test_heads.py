@@ -249,7 +249,8 @@ def test_config_rejects_unknown_heads_and_bad_graph_settings():
     for overrides, message in (({"head": "crf"}, r"^head: must be one of \['ctc', 'dag'\], got 'crf'$"),
                                ({"graph_upsample_ratio": 0.5}, r"^graph_upsample_ratio: must be a number >= 1, got 0\.5$"),
                                ({"graph_upsample_ratio": True}, r"^graph_upsample_ratio: .*, got True$"),
-                               ({"link_heads": 3}, r"^link_heads: must be a positive divisor of d_model \(\d+\), got 3$")):
+                               ({"link_heads": 3}, r"^link_heads: must be a positive divisor of d_model \(\d+\), got 3$"),
+                               ({"dag_dp": "cuda"}, r"^dag_dp: must be one of \['auto', 'torch', 'triton'\], got 'cuda'$")):
         with pytest.raises(ValueError, match=message):
             tiny_config(**{"head": "dag", **overrides})
 

@@ -31,29 +31,45 @@ def _run(monkeypatch, capsys, args, stdin: bytes = b"the cat\n") -> tuple[int, s
     return code, out, err
 
 
-@pytest.mark.parametrize("separator", SEPARATORS)
-def test_split_lines_splits_at_newlines_only(separator):
-    assert split_lines(f"a{separator}b\nc\n") == [f"a{separator}b", "c"]
-    assert split_lines(f"a{separator}b\r\nc\r\n".encode()) == [f"a{separator}b", "c"]
+@pytest.mark.parametrize("separator", SEPARATORS + ["\r", "\x00", "\x1b", "\x7f"])
+def test_split_lines_refuses_other_line_terminators_and_control_characters(separator):
+    """reder.text's one definition of a line: a character that would end a line elsewhere, or any control
+    character but TAB, is an error naming the line and the character, in text and in bytes."""
+    for data in (f"ok\na{separator}b\nc\n", f"ok\r\na{separator}b\r\nc\r\n".encode()):
+        with pytest.raises(ValueError, match=rf"^line 2: U\+{ord(separator):04X} \(.+\) at character 2: "):
+            split_lines(data)
 
 
 def test_split_lines_edges():
     assert split_lines("") == [] and split_lines("\n") == [""] and split_lines("a\n\nb") == ["a", "", "b"]
+    assert split_lines("a\tb\r\n") == ["a\tb"]  # TAB is text; a CRLF is one ending
+    assert split_lines("\ufeffa\n\ufeffb\n".encode()) == ["a", "\ufeffb"]  # a BOM only at the start
     with pytest.raises(ValueError, match=r"line 2: not UTF-8"):
         split_lines(b"ok\nab\xffc\n")
 
 
 def test_every_input_line_gives_one_output_line(model_dir, monkeypatch, capsys):
-    lines = [f"the cat{separator}sat" for separator in SEPARATORS] + ["a dog\r", "", "the bird"]
+    lines = ["\ufeffthe cat", "the cat\tsat", "a dog\r", "", "the bird", "\u00a0the \u200bcat\ufeff"]
     code, out, err = _run(monkeypatch, capsys, ["--checkpoint", str(model_dir), "--direction", "src2tgt"],
                           "\n".join(lines).encode() + b"\n")
     assert code == 0, err
     assert out.endswith("\n") and len(out.split("\n")) - 1 == len(lines)
-    model_lines = [line.removesuffix("\r") for line in lines]
+    model_lines = [line.removesuffix("\r").removeprefix("\ufeff") if i < 3 else line for i, line in enumerate(lines)]
     from reder.checkpoint import load_model_dir
     model, _ = load_model_dir(model_dir)
     sp = sentencepiece.SentencePieceProcessor(model_file=str(model_dir / SPM_FILE))
     assert out.split("\n")[:-1] == translate_lines(model, sp, model_lines, "src2tgt")
+
+
+@pytest.mark.parametrize("stdin, message", [
+    (b"the cat\rthe dog\r", "line 1: U+000D (CARRIAGE RETURN) at character 8"),
+    (b"the cat\nthe \x00dog\n", "line 2: U+0000 (NUL) at character 5"),
+    ("the cat\nthe\u2028dog\n".encode(), "line 2: U+2028 (LINE SEPARATOR) at character 4"),
+])
+def test_a_line_terminator_or_control_character_is_a_one_line_error(model_dir, monkeypatch, capsys, stdin, message):
+    code, out, err = _run(monkeypatch, capsys, ["--checkpoint", str(model_dir), "--direction", "src2tgt"], stdin)
+    assert code == 2 and out == ""
+    assert err.startswith(f"error: <stdin> {message}") and err.count("\n") == 1
 
 
 def test_binary_stdin_is_a_one_line_error_naming_the_line(model_dir, monkeypatch, capsys):
@@ -188,12 +204,27 @@ def test_refinement_options_are_checked(model_dir, cmlm_dir, monkeypatch, capsys
 
 
 def test_the_api_refines_with_a_cmlm_translator(model_dir, cmlm_dir):
+    """Translator.translate with a refiner gives what the CMLM's refine does by hand to REDER's greedy output."""
     import reder
+    from reder.ctc import pad_batch
+    from reder.translate import encode_lines
 
     model, cmlm = reder.load(model_dir), reder.load(cmlm_dir)
-    lines = ["the cat sat", "a dog ran"]
-    assert model.translate(lines, "en", "de", refiner=cmlm, refine_steps=0) == model.translate(lines, "en", "de")
-    assert len(model.translate(lines, "en", "de", refiner=cmlm, refine_steps=3)) == 2
+    lines = ["a dog ran in the park", "the cat sat", "dogs and cats are friends", "the bird"]
+    greedy_text = model.translate(lines, "en", "de")
+    assert model.translate(lines, "en", "de", refiner=cmlm, refine_steps=0) == greedy_text
+    encoded = encode_lines(model.sp, lines)
+    order = sorted(range(len(lines)), key=lambda i: len(encoded[i]))  # the API's one length-sorted batch
+    tokens, lengths = pad_batch([encoded[i] for i in order])
+    with torch.inference_mode():
+        greedy = model.model.translate(tokens, lengths, "src2tgt")
+        refined = cmlm.model.refine(tokens, lengths, greedy, 3)
+    by_hand = [""] * len(lines)
+    for index, hypothesis in zip(order, refined):
+        by_hand[index] = model.sp.decode(hypothesis)
+    assert [model.sp.decode(h) for h in greedy] == [greedy_text[i] for i in order]
+    assert model.translate(lines, "en", "de", refiner=cmlm, refine_steps=3) == by_hand
+    assert by_hand != greedy_text  # refinement changes the output here: a translate that ignored it would fail
     assert isinstance(cmlm.translate("the cat", "en", "de", beam=3, iterations=2), str)
     with pytest.raises(ValueError, match="translates en->de, not de->en"):
         cmlm.translate("der hund", "de", "en")
@@ -280,3 +311,18 @@ def test_the_model_directory_carries_the_blank_penalty_to_the_cli_and_the_python
     (model_dir / CONFIG_FILE).write_text(json.dumps({**meta, "blank_penalty": {"src2tgt": "high"}}))
     code, _, err = _run(monkeypatch, capsys, ["--checkpoint", str(model_dir), "--direction", "src2tgt"], text)
     assert code == 2 and err.startswith(f"error: {model_dir / CONFIG_FILE}: blank_penalty must map") and err.count("\n") == 1
+
+
+def test_python_m_reder_translate_runs_without_the_runpy_warning(model_dir):
+    """Issue 42: `import reder` no longer imports reder.translate (reder/__init__.py's lazy `load`), so running
+    it as __main__ no longer warns "'reder.translate' found in sys.modules after import of package 'reder'"."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import reder
+
+    done = subprocess.run([sys.executable, "-W", "error::RuntimeWarning", "-m", "reder.translate", "--checkpoint",
+                           str(model_dir), "--direction", "src2tgt"], input="the cat\n", capture_output=True,
+                          text=True, cwd=Path(reder.__file__).parents[1])
+    assert done.returncode == 0 and done.stderr == "" and len(done.stdout.splitlines()) == 1, done.stderr

@@ -1,0 +1,151 @@
+"""The MLflow UI in a real browser (issue 42): `mlflow ui` on a run's store, three pages read by headless
+Chromium (Debian's `chromium` package) after 15 s of virtual time, as text (`--dump-dom`) and as screenshots
+(1500x900):
+
+- runs: the experiment's runs table, with the "Model training" view and sorted by test BLEU (sorted by a
+  metric, MLflow lists nested runs flat: the pipeline run and each stage run by name);
+- pipeline: the pipeline run's page: its stage runs by name, its metrics `test_bleu_src2tgt` and
+  `test_bleu_tgt2src` (a taller window: they are below the fold at 900 pixels);
+- run: the train stage's run, its artifact `training.png` shown as an image;
+- model: the registered model `reder-<src>-<tgt>` and its versions.
+
+    python -m bench.mlflow_ui --workdir runs/smoke [--out docs/] [--budget-ms 15000]
+
+prints each page's URL and whether the texts it must show are in its DOM (JSON); with `--out`, also
+writes `mlflow_<page>.png`. tests/pipeline/test_run_pipeline.py reads the smoke run's pages the same way.
+
+MLflow 3.17 opens an experiment on its GenAI overview unless the URL says `workflowType=machine_learning`
+(or the user switched the "GenAI / Model training" toggle before): the experiment tag
+`mlflow.experimentKind` is read only when that toggle is off. Hence the links below carry it.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Iterator
+
+from bench import free_port
+
+RUNS_VIEW = "workflowType=machine_learning"
+BY_TEST_BLEU = "orderByKey=metrics.%60test_bleu_src2tgt%60&orderByAsc=false"
+WINDOWS = {"pipeline": "1500,1500"}  # the others 1500x900
+
+
+def chromium() -> str | None:
+    """The Chromium executable, or None."""
+    return shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def pages(experiment_id: str, pipeline_run_id: str, train_run_id: str, model: str) -> dict[str, str]:
+    """The URL fragment of each page (after http://host:port/)."""
+    runs = f"#/experiments/{experiment_id}/runs"
+    return {"runs": f"{runs}?{RUNS_VIEW}&{BY_TEST_BLEU}", "pipeline": f"{runs}/{pipeline_run_id}?{RUNS_VIEW}",
+            "run": f"{runs}/{train_run_id}/artifacts/training.png?{RUNS_VIEW}", "model": f"#/models/{model}?{RUNS_VIEW}"}
+
+
+def expected_texts(runs: list) -> tuple[dict[str, str], dict[str, list[str]]]:
+    """(pages, the texts each page's DOM must hold) for the MLflow runs of one pipeline run (`runs`: the
+    experiment's runs, each tagged `duplex.stage`)."""
+    runs = [run for run in runs if run.info.status == "FINISHED"]  # a failed invocation's runs are listed too
+    by_stage = {run.data.tags.get("duplex.stage"): run for run in runs}
+    pipeline, train = by_stage["pipeline"], by_stage["train"]
+    model = train.data.tags["model_uri"].split("/")[1]
+    links = pages(train.info.experiment_id, pipeline.info.run_id, train.info.run_id, model)
+    # the metrics table's text: name, then the value as JavaScript writes it (Python's repr: the same shortest digits)
+    test_bleu = [(key, repr(pipeline.data.metrics[key])) for key in ("test_bleu_src2tgt", "test_bleu_tgt2src")]
+    stages = [run.info.run_name for run in runs if run.data.tags.get("mlflow.parentRunId") == pipeline.info.run_id]
+    return links, {"runs": [run.info.run_name for run in runs] + ["Sort: test_bleu_src2tgt"],
+                   "pipeline": [pipeline.info.run_name, *stages, *(f"{key}{value}" for key, value in test_bleu)],
+                   "run": [train.info.run_name, 'alt="training.png"'],
+                   "model": [model, "Version 1"]}
+
+
+@contextlib.contextmanager
+def mlflow_ui(store: str, timeout_s: float = 120.0) -> Iterator[str]:
+    """`mlflow ui` on backend store `store` (a sqlite:/// URI) on a free loopback port; yields its base URL."""
+    port = free_port()
+    mlflow = Path(sys.executable).with_name("mlflow")
+    log = tempfile.TemporaryFile()
+    server = subprocess.Popen([str(mlflow), "ui", "--backend-store-uri", store, "--host", "127.0.0.1", "--port",
+                               str(port)], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    base = f"http://127.0.0.1:{port}/"
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                with urllib.request.urlopen(base + "health", timeout=2) as answer:
+                    if answer.status == 200:
+                        break
+            except OSError:
+                pass
+            if server.poll() is not None or time.monotonic() > deadline:
+                log.seek(0)
+                raise RuntimeError(f"mlflow ui did not answer on {base}: {log.read()[-2000:].decode(errors='replace')}")
+            time.sleep(0.5)
+        yield base
+    finally:
+        os.killpg(server.pid, 15)  # its uvicorn workers too
+        server.wait(30)
+        log.close()
+
+
+def browse(url: str, screenshot: Path | None = None, budget_ms: int = 15000, window: str = "1500,900") -> str:
+    """The page's DOM after `budget_ms` of virtual time in headless Chromium (and its screenshot)."""
+    browser = chromium()
+    if browser is None:
+        raise RuntimeError("chromium is not installed (Debian: apt-get install -y chromium)")
+    common = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", f"--window-size={window}",
+              f"--virtual-time-budget={budget_ms}"]
+    dom = subprocess.run([*common, "--dump-dom", url], capture_output=True, text=True, timeout=180, check=True).stdout
+    if screenshot is not None:
+        subprocess.run([*common, f"--screenshot={screenshot}", url], capture_output=True, timeout=180, check=True)
+    return dom
+
+
+def missing_texts(dom: str, texts: list[str]) -> list[str]:
+    """The `texts` found neither in the DOM nor in its text (tags removed: a table cell's name and value meet)."""
+    text = re.sub(r"<[^>]+>", "", dom)
+    return [t for t in texts if t not in dom and t not in text]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workdir", required=True, help="a finished run's workdir (its mlflow.db)")
+    parser.add_argument("--out", default="", help="write mlflow_<page>.png screenshots here")
+    parser.add_argument("--budget-ms", type=int, default=15000)
+    args = parser.parse_args(argv)
+    import mlflow
+
+    store = f"sqlite:///{Path(args.workdir).resolve() / 'mlflow.db'}"
+    mlflow.set_tracking_uri(store)
+    links, expected = expected_texts(mlflow.search_runs(experiment_names=["duplex"], output_format="list"))
+    report = {}
+    with mlflow_ui(store) as base:
+        for page, fragment in links.items():
+            started = time.monotonic()
+            shot = Path(args.out) / f"mlflow_{page}.png" if args.out else None
+            dom = browse(base + fragment, shot, args.budget_ms, WINDOWS.get(page, "1500,900"))
+            report[page] = {"url": base + fragment, "seconds": round(time.monotonic() - started, 1),
+                            "missing": missing_texts(dom, expected[page])}
+    if args.out:  # 64-colour palettes: a third of the bytes, the same page to the eye
+        from PIL import Image
+
+        for page in links:
+            shot = Path(args.out) / f"mlflow_{page}.png"
+            Image.open(shot).convert("RGB").quantize(colors=64).save(shot, optimize=True)
+    print(json.dumps(report, indent=1))
+    return 0 if not any(entry["missing"] for entry in report.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,89 @@
+"""The Triton DAG DP (reder/dag_triton.py): through Triton's interpreter, in a pytest process of its own
+(tests/reder/dag_triton_interpreted.py: against the PyTorch DP, gradcheck, the DAG head with model.dag_dp=triton),
+and compiled on CUDA (`gpu`)."""
+import inspect
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from reder.dag import resolve_dp
+
+from tests.reder.helpers import dp_differences
+
+triton = pytest.importorskip("triton", reason="Triton is not installed (the optional extra: pip install -e '.[triton]')")
+
+ROOT = Path(__file__).resolve().parents[2]
+INTERPRETED = Path(__file__).with_name("dag_triton_interpreted.py")
+
+
+def test_the_kernels_through_the_interpreter_in_a_process_of_their_own():
+    """TRITON_INTERPRET=1 must be set before triton is imported and holds for the whole process, so the
+    interpreter's tests run in a child pytest: this session's triton stays compiled."""
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-ra", str(INTERPRETED.relative_to(ROOT))]
+    start = time.perf_counter()
+    result = subprocess.run(command, cwd=ROOT, env=dict(os.environ, TRITON_INTERPRET="1"), capture_output=True, text=True,
+                            timeout=900)
+    print(result.stdout[-3000:], result.stderr[-3000:], f"{time.perf_counter() - start:.1f} s", sep="\n")
+    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
+    assert " passed" in result.stdout and "skipped" not in result.stdout, result.stdout[-3000:]
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1", reason="this session's triton is the interpreter")
+def test_compiled_kernels_refuse_cpu_tensors_with_a_clear_error():
+    from reder import dag_triton
+
+    assert not dag_triton.interpreted()
+    log_edges, emissions = torch.zeros(1, 3, 3), torch.zeros(1, 2, 3)
+    with pytest.raises(RuntimeError, match="set TRITON_INTERPRET=1 before reder.dag_triton is first imported"):
+        dag_triton.triton_dag_log_likelihood(log_edges, emissions, torch.tensor([3]), torch.tensor([2]))
+
+
+def _argument_type(name: str, dtype: str) -> str:
+    """Triton's type of a kernel argument of reder/dag_triton.py as `TritonDagLikelihood` passes it."""
+    if name.startswith("BLOCK_"):
+        return "constexpr"
+    if name in ("graph_lengths", "target_lengths"):
+        return "*i64"
+    if name.split("_")[0] in ("edge", "emit", "alpha", "beta") and "_" in name:  # strides: alpha_i, …
+        return "i32"
+    return f"*{dtype}"
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1", reason="this session's triton is the interpreter")
+@pytest.mark.parametrize("dtype, block", [("fp32", 16), ("fp32", 64), ("fp64", 64)])
+def test_the_kernels_compile_for_the_h100_without_a_gpu(dtype, block, tmp_path, monkeypatch):
+    """Triton lowers them to PTX and its ptxas to a cubin for sm_90 here: what the interpreter does not check
+    (the types of loop-carried values, scalar arithmetic on loaded lengths), and that the barrier between target
+    positions is in the α and β kernels (the interpreter runs programs one by one: it never needs one)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from reder import dag_triton
+
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    barriers = {dag_triton._alpha_kernel: 2, dag_triton._beta_kernel: 2, dag_triton._edge_grad_kernel: 0}  # first row, loop
+    for kernel, count in barriers.items():
+        signature = {name: _argument_type(name, dtype) for name in inspect.signature(kernel.fn).parameters}
+        source = ASTSource(kernel, signature, constexprs={"BLOCK_K": block, "BLOCK_J": block})
+        compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32))
+        assert compiled.asm["cubin"] and compiled.asm["ttir"].count("gpu.barrier") == count, kernel
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype, tolerance", [(torch.float32, 1e-5), (torch.float64, 1e-12)])
+def test_compiled_kernels_equal_the_torch_dp_on_cuda(dtype, tolerance):
+    """The compiled kernels (where the barrier between target positions is real) on graphs of up to 320
+    vertices (several tiles) and targets of up to 40 tokens; model.dag_dp=auto resolves to them on CUDA."""
+    from reder import dag_triton
+
+    for ratio in (2, 4, 8):
+        for seed in range(4):
+            differences = dp_differences(dag_triton.triton_dag_log_likelihood, ratio, seed, dtype, batch=64,
+                                               longest=40, longest_target=40, device="cuda")
+            assert max(differences) < tolerance, (ratio, seed, differences)
+    assert resolve_dp("auto", torch.device("cuda")) == "triton"
