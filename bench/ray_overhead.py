@@ -5,10 +5,10 @@
 After `run_pipeline.py --config C [key=value ...] workdir=W` has finished its train stage, this trains the same
 model (the `model`, `loss` and `train` sections of the same config and overrides) on the same training split
 (the stage's manifest names its inputs), in this process, on this machine's device, with pipeline/harness.py's
-Harness: the same updates, the same validation (raytrain.Validator, every `train.validate_every` updates) and
-the same checkpoint files written at each validation (raytrain's checkpoint writer, into a temporary
-directory) — what the stage's one worker does, without Ray Train's controller and worker group, Ray Data's
-shard, the report round trips, storage copies and MLflow logging.
+Harness: the same updates, the same validation (raytrain.Validator with `evaluate.blank_penalties`, every
+`train.validate_every` updates) and the same checkpoint files written at each validation (raytrain's checkpoint
+writer, into a temporary directory) — what the stage's one worker does, without Ray Train's controller and
+worker group, Ray Data's shard, the report round trips, storage copies and MLflow logging.
 
 Prints and writes JSON: the stage's wall time (its manifest's `seconds`: start to published model, averaging
 included) and its fit's (the driver's), the harness's (model built, data read, fit), both updates/s over the
@@ -75,7 +75,8 @@ def main() -> None:
                                                "loss": asdict(cfg.loss)})
     model.to(device)
     validate = Validator({"ids": str(inputs["tokenize"] / "valid"), "text": str(inputs["ingest"] / "valid")},
-                         (inputs["spm"] / spm.MODEL_FILE).read_bytes(), cfg.train.valid_max_sentences, directions)
+                         (inputs["spm"] / spm.MODEL_FILE).read_bytes(), cfg.train.valid_max_sentences, directions,
+                         tuple(cfg.evaluate.blank_penalties))
     scratch = Path(tempfile.mkdtemp(prefix="ray-overhead-"))
 
     def report(metrics: dict, checkpoint: dict | None) -> None:
