@@ -23,7 +23,7 @@ def test_every_package_is_installed_and_the_commands_resolve():
 def test_ci_runs_the_readme_test_command_with_the_extras_installed():
     """.ci/run's last line is the README's test command, and before it CI installs pyproject's ct2 and triton
     extras as pinned there (so the CTranslate2 tests, distill's default engine and the DAG kernel's tests run in
-    CI, with the versions users get)."""
+    CI, with the versions users get), then the requirements (while Chromium installs beside them)."""
     lines = [line for line in (REPO / ".ci" / "run").read_text(encoding="utf-8").splitlines()
              if line.strip() and not line.startswith("#")]
     readme = (REPO / "README.md").read_text(encoding="utf-8")
@@ -31,4 +31,5 @@ def test_ci_runs_the_readme_test_command_with_the_extras_installed():
     assert lines[-1] == test_command
     extras = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]["optional-dependencies"]
     installed = [line.split("pip install -q --no-compile ")[1].split() for line in lines[:-1] if "pip install" in line]
-    assert installed == [[f'"{r}"' for r in extras["ct2"]], ["--no-deps", *[f'"{r}"' for r in extras["triton"]]]]
+    assert installed == [[f'"{r}"' for r in extras["ct2"]], ["--no-deps", *[f'"{r}"' for r in extras["triton"]]],
+                         ["-r", "requirements.txt"]]  # the requirements while apt installs Chromium

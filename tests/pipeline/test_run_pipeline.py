@@ -307,7 +307,7 @@ def test_the_mlflow_ui_in_headless_chromium_shows_the_runs_the_plot_and_the_mode
     from bench import mlflow_ui
 
     if mlflow_ui.chromium() is None:
-        reason = "chromium is not installed (Debian: apt-get install -y chromium; ~87 s, so .ci/run leaves it out)"
+        reason = "chromium is not installed (Debian: apt-get install -y chromium; .ci/run installs it where apt can)"
         print(f"skipped: {reason}")
         pytest.skip(reason)
     workdir = SMOKE_RUN.get("workdir")
