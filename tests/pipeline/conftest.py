@@ -90,15 +90,18 @@ class DecoderClock:
             return translate(encoded, direction, batch_size)
         return timed
 
-    def expected_speed(self, sentences: int, throughput_batch: int) -> dict[str, float]:
-        """The `speed` fields measure_speed must report for `sentences` test sentences under these costs."""
+    def expected_speed(self, sentences: int, throughput_batch: int,
+                       decoders: tuple[str, ...] | None = None) -> dict[str, float]:
+        """The `speed` fields measure_speed must report for `sentences` test sentences under these costs, of
+        `decoders` (default: every decoder with a cost)."""
+        costs = self.costs if decoders is None else {name: self.costs[name] for name in decoders}
         expected: dict[str, float] = {}
-        for name, (single, batch) in self.costs.items():
+        for name, (single, batch) in costs.items():
             expected.update({f"{name}_latency_ms": round(1000 * single, 3), f"{name}_latency_p90_ms": round(1000 * single, 3),
                              f"{name}_sentences_per_s": round(sentences / batch, 2)})
-        for ours in [name for name in self.costs if not name.startswith("teacher_")]:
-            for baseline in [name for name in self.costs if name.startswith("teacher_")]:
-                expected[f"speedup_{ours}_vs_{baseline}_batch1"] = round(self.costs[baseline][0] / self.costs[ours][0], 2)
+        for ours in [name for name in costs if not name.startswith("teacher_")]:
+            for baseline in [name for name in costs if name.startswith("teacher_")]:
+                expected[f"speedup_{ours}_vs_{baseline}_batch1"] = round(costs[baseline][0] / costs[ours][0], 2)
                 expected[f"speedup_{ours}_vs_{baseline}_batch{throughput_batch}"] = round(
-                    self.costs[baseline][1] / self.costs[ours][1], 2)
+                    costs[baseline][1] / costs[ours][1], 2)
         return expected

@@ -137,8 +137,8 @@ def test_smoke_config_end_to_end_with_tracking_then_skips(tmp_path, capsys, ray_
     workdir = tmp_path / "work"
     args = ["--config", str(SMOKE), f"workdir={workdir}", "evaluate.measure_speed=true"]
     # evaluate's timings by a fake clock: (seconds per sentence at batch 1, seconds of a larger batch's call)
-    clock = DecoderClock({"greedy": (0.002, 0.05), "beam4": (0.005, 0.1), "teacher_greedy": (0.01, 0.25),
-                          "teacher_beam4": (0.04, 0.5)}).install(monkeypatch)
+    clock = DecoderClock({"greedy": (0.002, 0.05), "beam4": (0.005, 0.1), "greedy_unpenalised": (0.002, 0.05),
+                          "teacher_greedy": (0.01, 0.25), "teacher_beam4": (0.04, 0.5)}).install(monkeypatch)
     monkeypatch.setattr(progress, "LINE_EVERY_S", 0.0)  # a progress line per report: the run is under a minute a stage
     assert run_pipeline.main(args) == 0
     out, err = capsys.readouterr()
@@ -154,7 +154,7 @@ def test_smoke_config_end_to_end_with_tracking_then_skips(tmp_path, capsys, ray_
                     *(rf"teacher {d}: 20/20 steps \(100%\), .*; loss [\d.]+ \(nll_{d} [\d.]+\), [\d,]+ tokens/s, "
                       rf"valid BLEU {d} [\d.]+" for d in ("src2tgt", "tgt2src")),
                     rf"distill: {2 * rows}/{2 * rows} sentences \(100%\), [\d.]+ sentences/s, elapsed \d+:\d\d, ETA 0:00",
-                    r"evaluate: 16/16 decodes \(100%\), .*; last valid tgt2src teacher_beam4: BLEU [\d.]+"):
+                    r"evaluate: (\d+)/\1 decodes \(100%\), .*; last valid tgt2src teacher_beam4: BLEU [\d.]+"):
         assert any(re.fullmatch(pattern, line) for line in lines), (pattern, lines)
     assert [entry["status"] for entry in last["stages"].values()] == ["ran"] * 7
     teacher_counts, distill_counts = last["stages"]["teacher"]["counts"], last["stages"]["distill"]["counts"]
@@ -178,10 +178,14 @@ def test_smoke_config_end_to_end_with_tracking_then_skips(tmp_path, capsys, ray_
     assert results["chrf_src2tgt"] > 5 and results["chrf_tgt2src"] > 5  # 30 steps learn some characters
     assert results["bleu_signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a")
     assert results["mlflow_run_id"] == last["mlflow_run_id"]
+    # Issue 41: with a blank penalty tuned to other than 0 (on 30 updates' validation: either can happen), the
+    # unpenalised greedy output is scored and timed beside
+    penalised = any(results["blank_penalty"].values())
+    decoders = ("greedy", "beam4", *(("greedy_unpenalised",) if penalised else ()), "teacher_greedy", "teacher_beam4")
     assert set(results["scores"]) == {f"{split}.{d}.{decoder}" for split in ("test", "valid")
-                                      for d in ("src2tgt", "tgt2src")
-                                      for decoder in ("greedy", "beam4", "teacher_greedy", "teacher_beam4")}
-    expected = clock.expected_speed(50, 16)
+                                      for d in ("src2tgt", "tgt2src") for decoder in decoders}
+    assert f"evaluate: {4 * len(decoders)}/{4 * len(decoders)} decodes (100%)" in err
+    expected = clock.expected_speed(50, 16, decoders)
     assert {name: results["speed"][name] for name in expected} == expected
     assert results["speed"]["speedup_greedy_vs_teacher_beam4_batch1"] == 20.0
     assert results["speed"]["speedup_beam4_vs_teacher_greedy_batch16"] == 2.5
