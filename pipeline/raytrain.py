@@ -292,7 +292,8 @@ def write_progress(path: Path, state: dict[str, Any], metrics: dict[str, Any]) -
              if key.startswith("train_") and key != "train_total" and finite(key)}
     if terms:
         state["terms"] = terms
-    bleu = {key[len("bleu_"):]: metrics[key] for key in metrics if key.startswith("bleu_") and finite(key)}
+    # per direction, as validated (with the tuned blank penalty; the unpenalised scores are MLflow's only)
+    bleu = {d: metrics[f"bleu_{d}"] for d in DIRECTIONS if finite(f"bleu_{d}")}
     if bleu:
         state["valid_bleu_by_direction"] = bleu
     path.parent.mkdir(parents=True, exist_ok=True)

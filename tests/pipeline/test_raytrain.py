@@ -165,7 +165,7 @@ def test_the_progress_bar_follows_rank_0s_progress_file_and_off_a_terminal_write
     write_progress(path, state, {"step": 5, "train_total": 3.25, "train_ctc_src2tgt": 2.0, "tokens_per_s": 1234.4,
                                  "valid_bleu": float("nan"), "bleu_src2tgt": float("nan")})
     write_progress(path, state, {"step": 10, "train_total": 2.5, "valid_bleu": 7.0, "bleu_src2tgt": 6.0,
-                                 "bleu_tgt2src": 8.0})
+                                 "bleu_tgt2src": 8.0, "bleu_src2tgt_unpenalised": 1.0, "blank_penalty_src2tgt": 2.0})
     write_progress(path, state, {"step": 15, "train_total": 2.0, "train_ctc_src2tgt": 1.5, "grad_norm": 3.0})
     assert json.loads(path.read_text()) == state == {
         "step": 15, "loss": 2.0, "valid_bleu": 7.0, "tokens_per_s": 1234.4, "terms": {"ctc_src2tgt": 1.5},
