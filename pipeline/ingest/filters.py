@@ -39,7 +39,7 @@ class SeenPairs:
     are merged into one sorted run that goes to a temporary file in `spill_dir`, of which memory keeps a Bloom
     filter (`bloom_bits` bits per digest) and every `block`-th digest: a digest the filter lets through (a member,
     or ~0.3 % of the others) is looked up in its one block on disk. 8 bytes per digest up to `in_memory`, then
-    `bloom_bits`/8 bytes per digest (1.5: 44 MB for 29M)."""
+    `bloom_bits`/8 bytes per digest (1.5: 41 MB more at 29M)."""
 
     def __init__(self, spill_dir: Path | None = None, in_memory: int = IN_MEMORY, block: int = BLOCK,
                  bloom_bits: int = BLOOM_BITS) -> None:
