@@ -46,7 +46,8 @@ def _build(data: DataConfig, workdir: Path, tmp: Path) -> dict[str, Any]:
         part = raw[split]
         rows = iter(part.rows)
         with SplitWriter(tmp / split, SCHEMA) as writer:
-            counts = filter_split(islice(rows, data.limit) if data.limit else rows, data, split == "train", writer)
+            counts = filter_split(islice(rows, data.limit) if data.limit else rows, data, split == "train", writer,
+                                  spill_dir=tmp)
         for _ in rows:  # past data.limit: read and checked, not kept
             pass
         if part.text:

@@ -15,7 +15,8 @@ import pytest
 from pipeline import graph, ingest
 from pipeline.config import load_config
 from pipeline.ingest import CorpusError
-from pipeline.ingest.filters import SeenPairs
+from pipeline.ingest import filters
+from pipeline.ingest.filters import BLOOM_BITS, BLOOM_HASHES, SeenPairs, _Bloom
 from pipeline.ingest.stage import _build
 from tests.conftest import SHARED_DATA
 from tests.pipeline.conftest import write_files_corpus
@@ -99,19 +100,72 @@ def test_streamed_ingest_writes_todays_bytes(tmp_path, name):
     assert splits == REFERENCE[name]["splits"]
 
 
-def test_seen_pairs_is_a_set_in_order():
+@pytest.mark.parametrize("name", ["synthetic", "multi30k"])
+def test_spilled_de_duplication_writes_todays_bytes(tmp_path, monkeypatch, name):
+    """The same files when the digests go to disk every 1,000 (batches of 500 rows; blocks of 16 behind a Bloom
+    filter of 2 bits per digest, so many lookups read the disk); the spill file leaves nothing in the stage's
+    directory."""
+    if name == "multi30k" and not (SHARED_DATA / "multi30k" / "train.en").is_file():
+        pytest.skip("needs ../shared/data/multi30k")
+
+    class Small(filters.SeenPairs):
+        spills = 0
+
+        def __init__(self, spill_dir: Path) -> None:
+            super().__init__(spill_dir, in_memory=1000, block=16, bloom_bits=2)
+
+        def _spill(self) -> None:
+            Small.spills += 1
+            super()._spill()
+
+    monkeypatch.setattr(filters, "SeenPairs", Small)
+    monkeypatch.setattr(filters, "BATCH", 500)
+    out = tmp_path / "out"
+    out.mkdir()
+    splits = _build(load_config(None, _case(name, tmp_path)).data, tmp_path / "work", out)
+    parts = {str(p.relative_to(out)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(out.rglob("*.parquet"))}
+    assert parts == REFERENCE[name]["parts"]
+    assert splits == REFERENCE[name]["splits"]
+    assert Small.spills >= 5 and sorted(p.name for p in out.iterdir()) == ["report.json", "test", "train", "valid"]
+
+
+@pytest.mark.parametrize("in_memory, block, bloom_bits", [
+    (1 << 21, 512, 12),  # the defaults: nothing spilled
+    (64, 4, 2),  # spilled often; a weak Bloom filter, so many lookups read the disk
+    (1, 1, 12),  # every call's digests spilled; blocks of one digest
+    (300, 512, 12),  # spilled runs smaller than a block
+])
+def test_seen_pairs_is_a_set_in_order(tmp_path, in_memory, block, bloom_bits):
     """Against a Python set, fed in batches: the first of equal digests is new, later ones (in and across
-    batches) are not; runs stay few."""
+    batches) are not, whether the earlier one is in memory or spilled (run and block edges, 0 and 2**64-1
+    included); runs in memory stay few, and the spill file goes with `close`."""
     rng = np.random.default_rng(0)
-    seen, reference = SeenPairs(), set()
-    for size in [0, 1, 5, 100, 1000, 37, 4000, 2] * 8:
-        digests = rng.integers(0, 3000, size).astype(np.uint64)
-        expected = []
-        for value in digests.tolist():
-            expected.append(value not in reference)
-            reference.add(value)
-        assert seen.first_seen(digests).tolist() == expected
-    assert len(seen.runs) <= 12 and sum(map(len, seen.runs)) == len(reference)
+    pool = np.concatenate([rng.integers(0, 2**64 - 1, 3000, dtype=np.uint64, endpoint=True),
+                           np.array([0, 1, 2**63, 2**64 - 1], dtype=np.uint64)])
+    reference: set[int] = set()
+    with SeenPairs(tmp_path, in_memory, block, bloom_bits) as seen:
+        for size in [0, 1, 5, 100, 1000, 37, 4000, 2] * 8:
+            digests = rng.choice(pool, size)
+            expected = []
+            for value in digests.tolist():
+                expected.append(value not in reference)
+                reference.add(value)
+            assert seen.first_seen(digests).tolist() == expected
+        assert len(seen.runs) <= 12
+        assert sum(map(len, seen.runs)) + sum(run.size for run in seen.spilled) == len(reference)
+        assert (len(seen.spilled) > 0) == (in_memory < len(reference))
+        assert seen.first_seen(pool).tolist() == [False] * len(pool)
+    assert seen.file is None and list(tmp_path.iterdir()) == []
+
+
+def test_the_bloom_filter_has_no_false_negatives_and_its_expected_false_positive_rate():
+    """(1 - e^(-k n / m))^k for k hashes, n digests and m bits: 0.32 % at 12 bits and 8 hashes per digest."""
+    rng = np.random.default_rng(1)
+    members, others = rng.integers(0, 2**64 - 1, (2, 200_000), dtype=np.uint64, endpoint=True)
+    bloom = _Bloom(members, BLOOM_BITS)
+    assert bloom.might_contain(members).all()
+    expected = (1 - np.exp(-BLOOM_HASHES / BLOOM_BITS)) ** BLOOM_HASHES
+    assert abs(bloom.might_contain(others).mean() - expected) < 0.25 * expected
 
 
 # --- line endings and invisible characters: an error naming file, line and character, or replaced and counted
