@@ -34,7 +34,7 @@ from cluster.connect import check_shared_storage, cluster_overrides, connect
 from pipeline import evaluate, graph, ingest, train, tune
 from pipeline.config import ConfigError, PipelineConfig, load_config, to_yaml
 from pipeline.stage import StageError, is_done, read_manifest, write_json, write_text
-from pipeline.tracking import Tracker, tracking_uri
+from pipeline.tracking import Tracker, browse_hint, tracking_uri
 
 REPO_ROOT = Path(__file__).resolve().parent
 DEFAULT_CONFIG = REPO_ROOT / "configs" / "default.yaml"
@@ -338,7 +338,11 @@ def main(argv: list[str] | None = None) -> int:
     if code:
         return code
     workdir = Path(cfg.workdir).resolve()
-    note = f"mlflow: {tracking_uri(cfg.tracking, workdir)}" if cfg.tracking.enabled else "mlflow: off"
+    note = "mlflow: off"
+    if cfg.tracking.enabled:
+        uri = tracking_uri(cfg.tracking, workdir)
+        hint = browse_hint(uri, cfg.tracking.experiment)
+        note = f"mlflow: {uri}" + (f"\n  browse: {hint}" if hint else "")
     print_summary(summary, workdir, note)
     return 0
 

@@ -1,18 +1,20 @@
-"""The MLflow UI in a real browser (issue 42): `mlflow ui` on a run's store, three pages read by headless
+"""The MLflow UI in a real browser (issue 42): `mlflow ui` on a run's store, four pages read by headless
 Chromium (Debian's `chromium` package) after 15 s of virtual time, as text (`--dump-dom`) and as screenshots
 (1500x900):
 
-- runs: the experiment's runs table, with the "Model training" view and sorted by test BLEU (sorted by a
-  metric, MLflow lists nested runs flat: the pipeline run and each stage run by name);
+- runs: the experiment's runs table in the saved view "Test BLEU" that the pipeline tags the experiment with
+  (pipeline/tracking.py `runs_view`, `runs_page`): columns test BLEU and chrF both ways, sorted by test BLEU
+  (sorted by a metric, MLflow lists nested runs flat: the pipeline run and each stage run by name);
 - pipeline: the pipeline run's page: its stage runs by name, its metrics `test_bleu_src2tgt` and
   `test_bleu_tgt2src` (a taller window: they are below the fold at 900 pixels);
 - run: the train stage's run, its artifact `training.png` shown as an image;
 - model: the registered model `reder-<src>-<tgt>` and its versions.
 
-    python -m bench.mlflow_ui --workdir runs/smoke [--out docs/] [--budget-ms 15000]
+    python -m bench.mlflow_ui --workdir runs/smoke [--out docs/] [--dom DIR] [--budget-ms 15000]
 
 prints each page's URL and whether the texts it must show are in its DOM (JSON); with `--out`, also
-writes `mlflow_<page>.png`. tests/pipeline/test_run_pipeline.py reads the smoke run's pages the same way.
+writes `mlflow_<page>.png` (with `--dom`, its DOM `mlflow_<page>.html`). tests/pipeline/test_run_pipeline.py
+reads the smoke run's pages the same way.
 
 MLflow 3.17 opens an experiment on its GenAI overview unless the URL says `workflowType=machine_learning`
 (or the user switched the "GenAI / Model training" toggle before): the experiment tag
@@ -35,9 +37,9 @@ from pathlib import Path
 from typing import Iterator
 
 from bench import free_port
+from pipeline.tracking import TEST_COLUMNS, runs_page
 
 RUNS_VIEW = "workflowType=machine_learning"
-BY_TEST_BLEU = "orderByKey=metrics.%60test_bleu_src2tgt%60&orderByAsc=false"
 WINDOWS = {"pipeline": "1500,1500"}  # the others 1500x900
 
 
@@ -49,7 +51,7 @@ def chromium() -> str | None:
 def pages(experiment_id: str, pipeline_run_id: str, train_run_id: str, model: str) -> dict[str, str]:
     """The URL fragment of each page (after http://host:port/)."""
     runs = f"#/experiments/{experiment_id}/runs"
-    return {"runs": f"{runs}?{RUNS_VIEW}&{BY_TEST_BLEU}", "pipeline": f"{runs}/{pipeline_run_id}?{RUNS_VIEW}",
+    return {"runs": runs_page(experiment_id), "pipeline": f"{runs}/{pipeline_run_id}?{RUNS_VIEW}",
             "run": f"{runs}/{train_run_id}/artifacts/training.png?{RUNS_VIEW}", "model": f"#/models/{model}?{RUNS_VIEW}"}
 
 
@@ -64,7 +66,8 @@ def expected_texts(runs: list) -> tuple[dict[str, str], dict[str, list[str]]]:
     # the metrics table's text: name, then the value as JavaScript writes it (Python's repr: the same shortest digits)
     test_bleu = [(key, repr(pipeline.data.metrics[key])) for key in ("test_bleu_src2tgt", "test_bleu_tgt2src")]
     stages = [run.info.run_name for run in runs if run.data.tags.get("mlflow.parentRunId") == pipeline.info.run_id]
-    return links, {"runs": [run.info.run_name for run in runs] + ["Sort: test_bleu_src2tgt"],
+    runs_table = [*TEST_COLUMNS[:2], *(value for _, value in test_bleu)]  # the view's columns, the pipeline run's values
+    return links, {"runs": [run.info.run_name for run in runs] + ["Sort: test_bleu_src2tgt", *runs_table],
                    "pipeline": [pipeline.info.run_name, *stages, *(f"{key}{value}" for key, value in test_bleu)],
                    "run": [train.info.run_name, 'alt="training.png"'],
                    "model": [model, "Version 1"]}
@@ -122,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workdir", required=True, help="a finished run's workdir (its mlflow.db)")
     parser.add_argument("--out", default="", help="write mlflow_<page>.png screenshots here")
+    parser.add_argument("--dom", default="", help="write each page's DOM here as mlflow_<page>.html")
     parser.add_argument("--budget-ms", type=int, default=15000)
     args = parser.parse_args(argv)
     import mlflow
@@ -135,6 +139,8 @@ def main(argv: list[str] | None = None) -> int:
             started = time.monotonic()
             shot = Path(args.out) / f"mlflow_{page}.png" if args.out else None
             dom = browse(base + fragment, shot, args.budget_ms, WINDOWS.get(page, "1500,900"))
+            if args.dom:
+                Path(args.dom, f"mlflow_{page}.html").write_text(dom, encoding="utf-8")
             report[page] = {"url": base + fragment, "seconds": round(time.monotonic() - started, 1),
                             "missing": missing_texts(dom, expected[page])}
     if args.out:  # 64-colour palettes: a third of the bytes, the same page to the eye

@@ -13,16 +13,19 @@ A tune sweep has its own parent run `<run_prefix>-tune-<hash>` with one nested r
 
 The store defaults to an embedded sqlite file in the workdir (`sqlite:///<workdir>/mlflow.db`, artifacts
 in `<workdir>/mlartifacts`); `tracking.uri` or $MLFLOW_TRACKING_URI point at a server instead. Browse the
-local store with `mlflow ui --backend-store-uri sqlite:///<workdir>/mlflow.db`.
+local store with `mlflow ui --backend-store-uri sqlite:///<workdir>/mlflow.db`; the experiment carries a saved
+view of its runs table, "Test BLEU" (`runs_view`, opened by `runs_page`'s link, which a run's summary prints).
 """
 from __future__ import annotations
 
 import contextlib
 import fcntl
 import io
+import json
 import logging
 import os
 import socket
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
@@ -64,18 +67,67 @@ def open_client(uri: str) -> Any:
 # Chromium, issue 42; bench/mlflow_ui.py). Kept for the versions that read it.
 EXPERIMENT_KIND = "mlflow.experimentKind"
 
+# The runs table's saved view "Test BLEU" (issue 42): MLflow 3.17's experiment page restores the view saved as the
+# experiment tag `mlflow.sharedViewState.<key>` when its URL says `?viewStateShareKey=<key>` (`runs_page`), and
+# lists it under "Views". Its state: the metric columns TEST_COLUMNS (the table's default columns — Source,
+# Models, Dataset — left out: four metric columns fit beside the run names) and the sort, by test BLEU src2tgt,
+# best first (sorted by a metric, the table lists the stage runs flat, each with its name, instead of folded
+# under their pipeline run). The tag's value is the UI's envelope {name, createdAt, updatedAt, state}, `state`
+# being the JSON of the view's search facets and UI state (the UI also reads it deflated: "deflate;<base64>").
+RUNS_VIEW_KEY = "duplex-test-bleu"
+SHARED_VIEW_PREFIX = "mlflow.sharedViewState."
+TEST_COLUMNS = ("test_bleu_src2tgt", "test_bleu_tgt2src", "test_chrf_src2tgt", "test_chrf_tgt2src")
+
+
+def runs_view(created_ms: int) -> dict[str, str]:
+    """The experiment tag of the saved view "Test BLEU" ({tag: value}), saved at `created_ms` (Unix ms)."""
+    state = {"orderByKey": f"metrics.`{TEST_COLUMNS[0]}`", "orderByAsc": False,
+             "selectedColumns": [f"metrics.`{key}`" for key in TEST_COLUMNS]}
+    envelope = {"name": "Test BLEU", "createdAt": created_ms, "updatedAt": created_ms, "state": json.dumps(state)}
+    return {SHARED_VIEW_PREFIX + RUNS_VIEW_KEY: json.dumps(envelope)}
+
+
+def runs_page(experiment_id: str) -> str:
+    """The URL fragment (after `http://host:port/`) of the experiment's runs table in the saved view "Test BLEU",
+    in the "Model training" pages (`workflowType`: without it 3.17 opens the GenAI overview)."""
+    return f"#/experiments/{experiment_id}/runs?viewStateShareKey={RUNS_VIEW_KEY}&workflowType=machine_learning"
+
+
+def browse_hint(uri: str, experiment: str) -> str:
+    """How to see experiment `experiment` of store `uri` in the MLflow UI, for the end of a run's summary: for a
+    sqlite store the `mlflow ui` command and its runs page in the saved view "Test BLEU" (`runs_page`), for a
+    server its runs page; "" when the store has no such experiment or is another kind."""
+    if not uri.startswith(("sqlite:///", "http://", "https://")) or (
+            uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).is_file()):  # opening it would create it
+        return ""
+    try:
+        experiment_id = getattr(open_client(uri).get_experiment_by_name(experiment), "experiment_id", None)
+    except Exception as error:  # a hint: a server gone since the run is no reason to fail a finished run
+        log.warning("no MLflow link: %s", error)
+        return ""
+    if experiment_id is None:
+        return ""
+    if uri.startswith("sqlite:///"):
+        return f"mlflow ui --backend-store-uri {uri}   then http://127.0.0.1:5000/{runs_page(experiment_id)}"
+    return f"{uri.rstrip('/')}/{runs_page(experiment_id)}"
+
 
 def ensure_experiment(client: Any, name: str, workdir: Path) -> str:
     """The id of experiment `name`, created if missing (under the store's lock: two runs starting at once
-    create it once). With the embedded sqlite store its artifacts go to <workdir>/mlartifacts; a server keeps
-    its own artifact store (`--artifacts-destination`)."""
+    create it once) and tagged with the saved view "Test BLEU" if it lacks it (an experiment made before it
+    was; a view changed by hand is left alone). With the embedded sqlite store its artifacts go to
+    <workdir>/mlartifacts; a server keeps its own artifact store (`--artifacts-destination`)."""
     local = client.tracking_uri.startswith("sqlite:///")
+    view = runs_view(int(time.time() * 1000))
     with _store_lock(client.tracking_uri):
         experiment = client.get_experiment_by_name(name)
-        if experiment is not None:
-            return experiment.experiment_id
-        return client.create_experiment(name, artifact_location=(Path(workdir).resolve() / "mlartifacts").as_uri()
-                                        if local else None, tags={EXPERIMENT_KIND: "custom_model_development"})
+        if experiment is None:
+            return client.create_experiment(name, artifact_location=(Path(workdir).resolve() / "mlartifacts").as_uri()
+                                            if local else None, tags={EXPERIMENT_KIND: "custom_model_development", **view})
+        for key, value in view.items():
+            if key not in experiment.tags:
+                client.set_experiment_tag(experiment.experiment_id, key, value)
+        return experiment.experiment_id
 
 
 @contextlib.contextmanager

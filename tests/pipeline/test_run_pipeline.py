@@ -144,6 +144,9 @@ def test_smoke_config_end_to_end_with_tracking_then_skips(tmp_path, capsys, ray_
     assert run_pipeline.main(args) == 0
     out, err = capsys.readouterr()
     assert "[7/7] evaluate: running" in out and "vocab_size 256 (blank id 255)" in out
+    # Issue 42: the summary says how to see the runs: `mlflow ui` on the store, the runs table in the view "Test BLEU"
+    assert re.search(rf"browse: mlflow ui --backend-store-uri sqlite:///{re.escape(str(workdir.resolve()))}/mlflow.db   "
+                     r"then http://127\.0\.0\.1:5000/#/experiments/\d+/runs\?viewStateShareKey=duplex-test-bleu&", out)
     last = json.loads((workdir / "last_run.json").read_text())
     # Issue 42: progress lines off a terminal (stderr is pytest's capture here, not a terminal, as a log file is)
     rows = last["stages"]["distill"]["counts"]["rows"]
@@ -305,10 +308,12 @@ def test_smoke_config_end_to_end_with_tracking_then_skips(tmp_path, capsys, ray_
 @pytest.mark.slow
 def test_the_mlflow_ui_in_headless_chromium_shows_the_runs_the_plot_and_the_model(tmp_path, request):
     """Issue 42, item 4: `mlflow ui` on the smoke run's store, read by headless Chromium (bench/mlflow_ui.py): the
-    experiment's runs table (the "Model training" view, sorted by test BLEU, so nested runs are listed flat) names
-    the pipeline run and every stage run; the pipeline run's page lists its stage runs and shows test_bleu_src2tgt
-    and test_bleu_tgt2src with their values; the train run's page shows training.png as an image; the registered
-    model's page lists version 1. Run alone, it makes the smoke run first."""
+    experiment's runs table in the saved view "Test BLEU" that the pipeline tags the experiment with (the "Model
+    training" pages, sorted by test BLEU, so nested runs are listed flat) names the pipeline run and every stage
+    run and has the columns test_bleu_src2tgt and test_bleu_tgt2src with the pipeline run's values; the pipeline
+    run's page lists its stage runs and shows both test BLEUs with their values; the train run's page shows
+    training.png as an image; the registered model's page lists version 1. Run alone, it makes the smoke run
+    first."""
     from bench import mlflow_ui
 
     if mlflow_ui.chromium() is None:
@@ -327,6 +332,8 @@ def test_the_mlflow_ui_in_headless_chromium_shows_the_runs_the_plot_and_the_mode
     links, expected = mlflow_ui.expected_texts(mlflow.search_runs(experiment_names=["duplex"], output_format="list"))
     assert set(links) == {"runs", "pipeline", "run", "model"}
     assert len(expected["pipeline"]) == 1 + 7 + 2  # the pipeline run, its seven stage runs, two test BLEUs
+    assert expected["runs"][-4:-2] == ["test_bleu_src2tgt", "test_bleu_tgt2src"]  # the view's columns, then values
+    assert "viewStateShareKey=" in links["runs"]
     with mlflow_ui.mlflow_ui(store) as base:
         for page, fragment in links.items():
             dom = mlflow_ui.browse(base + fragment)

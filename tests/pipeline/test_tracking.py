@@ -183,6 +183,54 @@ def test_stage_runs_carry_their_config_and_the_experiment_opens_on_its_runs(tmp_
     assert stage.data.params == {"spm.model_type": "bpe", "spm.seed": "1", "vocab_size": "64"}
 
 
+def test_the_experiment_carries_the_runs_table_view_test_bleu_as_the_installed_ui_reads_it(tmp_path):
+    """Issue 42: the experiment is tagged with the saved view "Test BLEU" of its runs table (columns test BLEU
+    and chrF both ways, sorted by test BLEU src2tgt, best first), in the form the installed MLflow UI's bundle
+    reads: the tag prefix and URL parameter are its constants, the envelope has the fields its reader checks,
+    the state only fields its search facets and runs-table state take. An experiment made before the view gets
+    it; a view changed in the UI is kept. The run's summary line links to it."""
+    import json
+    from pathlib import Path
+
+    import mlflow.server
+
+    from pipeline.tracking import RUNS_VIEW_KEY, TEST_COLUMNS, browse_hint, ensure_experiment, runs_page
+
+    bundle = "".join(path.read_text(errors="replace") for path in
+                     (Path(mlflow.server.__file__).parent / "js" / "build" / "static" / "js").glob("*.js"))
+    assert '="viewStateShareKey"' in bundle and '="mlflow.sharedViewState."' in bundle
+    assert "Invalid saved-view envelope: expected an object with a string `name`, number `createdAt`, and string" in bundle
+    facets = json.loads(re.search(r'\["searchFilter","orderByKey","orderByAsc"[^\]]*\]', bundle).group())
+    table_state = json.loads(re.search(r'\["selectedColumns","columnOrder"[^\]]*\]', bundle).group())
+
+    uri = f"sqlite:///{tmp_path.resolve()}/mlflow.db"
+    client = MlflowClient(uri)
+    old = client.create_experiment("old")  # made before the view was
+    assert ensure_experiment(client, "old", tmp_path) == old
+    experiment = client.get_experiment(ensure_experiment(client, "duplex", tmp_path))
+    for tags in (experiment.tags, client.get_experiment(old).tags):
+        envelope = json.loads(tags[f"mlflow.sharedViewState.{RUNS_VIEW_KEY}"])
+        assert envelope["name"] == "Test BLEU" and isinstance(envelope["createdAt"], int)
+        assert envelope["updatedAt"] == envelope["createdAt"] and isinstance(envelope["state"], str)
+        state = json.loads(envelope["state"])
+        assert set(state) <= set(facets) | set(table_state)
+        assert state["selectedColumns"] == [f"metrics.`{key}`" for key in TEST_COLUMNS]
+        assert state["orderByKey"] == "metrics.`test_bleu_src2tgt`" and state["orderByAsc"] is False
+    assert TEST_COLUMNS[:2] == ("test_bleu_src2tgt", "test_bleu_tgt2src")
+
+    changed = json.dumps({**envelope, "name": "mine"})
+    client.set_experiment_tag(old, f"mlflow.sharedViewState.{RUNS_VIEW_KEY}", changed)
+    ensure_experiment(client, "old", tmp_path)
+    assert client.get_experiment(old).tags[f"mlflow.sharedViewState.{RUNS_VIEW_KEY}"] == changed
+
+    page = f"#/experiments/{experiment.experiment_id}/runs?viewStateShareKey={RUNS_VIEW_KEY}&workflowType=machine_learning"
+    assert runs_page(experiment.experiment_id) == page
+    assert browse_hint(uri, "duplex") == f"mlflow ui --backend-store-uri {uri}   then http://127.0.0.1:5000/{page}"
+    assert browse_hint(uri, "nothing") == ""
+    nowhere = f"sqlite:///{tmp_path.resolve()}/none/mlflow.db"
+    assert browse_hint(nowhere, "duplex") == "" and not (tmp_path / "none").exists()  # not created by asking
+
+
 def test_the_trained_model_is_registered_as_a_pyfunc_that_translates_both_ways(tiny_model_dir, tmp_path):
     """Issue 24: the train stage's model directory logged as an MLflow pyfunc (its code and the `reder` package
     inside the logged model) and registered; loaded back from the registry it translates each row in the
