@@ -326,9 +326,10 @@ class Harness:
         return {"steps": self.step - first, "seconds": round(time.perf_counter() - started, 1),
                 "last_loss": round(last_loss, 4)}
 
-    def fit_examples(self, examples: list[Example], until: Optional[int] = None,
+    def fit_examples(self, examples: Sequence[Example] | ExampleTable, until: Optional[int] = None,
                      time_cap_s: float = math.inf) -> dict[str, float]:
-        """`fit` on an in-memory training set: `epoch_batches` of `examples` under the config's seed."""
+        """`fit` on an in-memory training set (a list or an ExampleTable): `epoch_batches` of `examples` under the
+        config's seed."""
         epochs = lambda epoch: epoch_batches(examples, self.cfg.max_tokens, self.cfg.seed, epoch,  # noqa: E731
                                              count=self.cfg.batch_tokens)
         return self.fit(self.stream(epochs), until, time_cap_s)
