@@ -14,13 +14,18 @@ stage's first act, as in a pipeline run) is, and is also timed alone. Run as a f
 """
 from __future__ import annotations
 
-import argparse
-import json
-import os
 import sys
-import threading
-import time
 from pathlib import Path
+
+# Run as a file, its own directory comes first on sys.path, where bench/tokenize.py would shadow the standard
+# library's tokenize (numpy imports it through inspect): drop that directory before anything imports it.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import threading  # noqa: E402
+import time  # noqa: E402
 
 
 def _descendants(root: int) -> list[int]:
