@@ -80,14 +80,21 @@ def read_split(path: Path, schema: pa.Schema | None = None) -> pa.Table:
 
 
 def shard_ranges(rows: int, rank: int, world_size: int, pieces: int = SHARD_PIECES) -> list[tuple[int, int]]:
-    """The row ranges [start, stop) of a split of `rows` rows that rank `rank` of `world_size` reads: the split
-    cut into `pieces`·world_size near-equal contiguous pieces (fewer when there are fewer rows), piece j going to
-    rank j mod world_size. The ranks' rows are disjoint and cover the split, their counts differ by at most
-    `pieces`, and every rank draws from all over the split (a corpus concatenated from several sources gives
-    each rank the same mix, so the ranks' batch counts, cut to the smallest, stay close)."""
-    count = min(rows, pieces * world_size)
-    bounds = [rows * j // count for j in range(count + 1)] if count else [0]
-    return [(bounds[j], bounds[j + 1]) for j in range(rank, count, world_size)]
+    """The row ranges [start, stop) of a split of `rows` rows that rank `rank` of `world_size` reads. Each rank's
+    share (the shares differ by at most one row) is cut into `pieces` near-equal pieces (fewer when there are
+    fewer rows), laid out in turn: piece 0 of rank 0, of rank 1, ..., piece 1 of rank 0, ... The ranks' rows are
+    disjoint and cover the split, and every rank draws from all over it (a corpus concatenated from several
+    sources gives each rank the same mix, so the ranks' batch counts, cut to the smallest, stay close)."""
+    shares = [rows // world_size + (r < rows % world_size) for r in range(world_size)]  # the first ranks get the rest
+    count = max(1, min(pieces, rows // world_size))
+    ranges, start = [], 0
+    for k in range(count):
+        for r, share in enumerate(shares):
+            stop = start + share * (k + 1) // count - share * k // count
+            if r == rank and stop > start:
+                ranges.append((start, stop))
+            start = stop
+    return ranges
 
 
 def read_shard(path: Path, rank: int, world_size: int, columns: list[str] | None = None) -> pa.Table:

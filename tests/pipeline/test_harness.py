@@ -313,6 +313,7 @@ def test_an_example_table_batches_as_the_same_examples_in_lists_do():
     chunked = pa.table({"src_ids": pa.chunked_array([columns["src_ids"][:100], columns["src_ids"][100:]]),
                         "tgt_ids": columns["tgt_ids"]})
     assert harness.ExampleTable(chunked).rows(range(300)) == plain
+    assert harness.ExampleTable(chunked.slice(130, 50)).rows(range(50)) == plain[130:180]  # a slice's offsets
     with pytest.raises(ValueError, match="src_ids, tgt_ids"):
         harness.ExampleTable(pa.table({"src_ids": columns["src_ids"], "tgt_ids": columns["tgt_ids"],
                                        "kd_tgt_ids": columns["kd_tgt_ids"]}))

@@ -60,10 +60,10 @@ def test_write_refuses_an_existing_directory(tmp_path):
 
 
 @pytest.mark.parametrize("rows, world_size", [(2 * ROWS_PER_FILE + 5, 1), (2 * ROWS_PER_FILE + 5, 2), (1000, 3),
-                                              (100, 2), (5, 8), (0, 2)])
+                                              (400, 2), (100, 2), (129, 2), (5, 8), (0, 2)])
 def test_the_ranks_shards_are_disjoint_cover_the_split_and_are_balanced(rows, world_size):
     """shard_ranges against a brute-force check of every row: each row read by exactly one rank, each rank's
-    ranges increasing, the counts within SHARD_PIECES of each other, every rank drawing from the whole split."""
+    ranges increasing, the counts within one row of each other, every rank drawing from the whole split."""
     shards = [shard_ranges(rows, rank, world_size) for rank in range(world_size)]
     owners = [[rank for rank, ranges in enumerate(shards) for start, stop in ranges if start <= row < stop]
               for row in range(rows)]
@@ -71,7 +71,7 @@ def test_the_ranks_shards_are_disjoint_cover_the_split_and_are_balanced(rows, wo
     for ranges in shards:
         assert all(a[1] <= b[0] for a, b in zip(ranges, ranges[1:]))
     counts = [sum(stop - start for start, stop in ranges) for ranges in shards]
-    assert sum(counts) == rows and max(counts) - min(counts) <= parquet.SHARD_PIECES
+    assert sum(counts) == rows and max(counts) - min(counts) <= 1
     if rows >= 64 * world_size:  # each rank has rows in the split's last sixteenth and in its first
         assert all(ranges[0][0] < rows // 16 and ranges[-1][1] > rows - rows // 16 for ranges in shards)
     assert shard_ranges(rows, 0, 1) == ([(rows * j // min(rows, 64), rows * (j + 1) // min(rows, 64))
