@@ -8,7 +8,7 @@ model (the `model`, `loss` and `train` sections of the same config and overrides
 Harness: the same updates, the same validation (raytrain.Validator with `evaluate.blank_penalties`, every
 `train.validate_every` updates) and the same checkpoint files written at each validation (raytrain's checkpoint
 writer, into a temporary directory) — what the stage's one worker does, without Ray Train's controller and
-worker group, Ray Data's shard, the report round trips, storage copies and MLflow logging.
+worker group, the report round trips, storage copies and MLflow logging.
 
 Prints and writes JSON: the stage's wall time (its manifest's `seconds`: start to published model, averaging
 included) and its fit's (the driver's), the harness's (model built, data read, fit), both updates/s over the
@@ -26,13 +26,12 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-import pyarrow.parquet as pq
 import torch
 
 from pipeline import spm
 from pipeline.config import load_config
 from pipeline.harness import Harness
-from pipeline.raytrain import KD_COLUMNS, Validator, _save, build_task
+from pipeline.raytrain import Validator, _save, build_task, read_shard
 from pipeline.stage import MANIFEST, SUCCESS
 
 
@@ -42,12 +41,6 @@ def _finished(workdir: Path, stage: str) -> Path:
     if not done:
         raise SystemExit(f"{workdir}: no finished {stage} stage (run the pipeline there first)")
     return done[-1]
-
-
-def _examples(path: Path) -> list[tuple]:
-    table = pq.read_table(path)
-    columns = ["src_ids", "tgt_ids"] + [c for c in KD_COLUMNS if c in table.column_names]
-    return list(zip(*(table.column(c).to_pylist() for c in columns)))
 
 
 def _mean(values) -> float | None:
@@ -85,7 +78,7 @@ def main() -> None:
 
     try:
         harness = Harness(model, objective, cfg.train, device, validate=validate, on_report=report)
-        examples = _examples(inputs["data"] / "train")
+        examples = read_shard(inputs["data"] / "train", 0, 1)  # as the stage's one worker reads it
         if device == "cuda":
             torch.cuda.synchronize()
         fitted = harness.fit_examples(examples)

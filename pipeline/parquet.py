@@ -12,6 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 ROWS_PER_FILE = 4096  # several files per split let Ray Data read them in parallel downstream
+SHARD_PIECES = 64  # pieces per rank in `shard_ranges`
 
 
 def write_split(table: pa.Table, out_dir: Path) -> None:
@@ -76,3 +77,45 @@ def read_split(path: Path, schema: pa.Schema | None = None) -> pa.Table:
     if schema is None:
         raise FileNotFoundError(f"no part-*.parquet files in {path}")
     return schema.empty_table()
+
+
+def shard_ranges(rows: int, rank: int, world_size: int, pieces: int = SHARD_PIECES) -> list[tuple[int, int]]:
+    """The row ranges [start, stop) of a split of `rows` rows that rank `rank` of `world_size` reads. Each rank's
+    share (the shares differ by at most one row) is cut into `pieces` near-equal pieces (fewer when there are
+    fewer rows), laid out in turn: piece 0 of rank 0, of rank 1, ..., piece 1 of rank 0, ... The ranks' rows are
+    disjoint and cover the split, and every rank draws from all over it (a corpus concatenated from several
+    sources gives each rank the same mix, so the ranks' batch counts, cut to the smallest, stay close)."""
+    shares = [rows // world_size + (r < rows % world_size) for r in range(world_size)]  # the first ranks get the rest
+    count = max(1, min(pieces, rows // world_size))
+    ranges, start = [], 0
+    for k in range(count):
+        for r, share in enumerate(shares):
+            stop = start + share * (k + 1) // count - share * k // count
+            if r == rank and stop > start:
+                ranges.append((start, stop))
+            start = stop
+    return ranges
+
+
+def read_shard(path: Path, rank: int, world_size: int, columns: list[str] | None = None) -> pa.Table:
+    """Rank `rank`'s rows of split `path` (`shard_ranges` over its rows; all of them for one rank), in row order,
+    only `columns` (default: all). Only the files holding some of them are read; file sizes come from the
+    Parquet footers."""
+    files = sorted(Path(path).glob("part-*.parquet"))
+    if not files:
+        raise FileNotFoundError(f"no part-*.parquet files in {path}")
+    sizes = [pq.read_metadata(file).num_rows for file in files]
+    ranges = shard_ranges(sum(sizes), rank, world_size)
+    pieces, first_row = [], 0
+    for file, size in zip(files, sizes):
+        last_row = first_row + size
+        wanted = [(max(start, first_row), min(stop, last_row)) for start, stop in ranges
+                  if start < last_row and stop > first_row]
+        if wanted:
+            table = pq.read_table(file, columns=columns)
+            pieces.extend(table.slice(start - first_row, stop - start) for start, stop in wanted)
+        first_row = last_row
+    if pieces:
+        return pa.concat_tables(pieces)
+    schema = pq.read_schema(files[0])
+    return schema.empty_table().select(columns if columns is not None else schema.names)

@@ -3,13 +3,17 @@ one autoregressive teacher per direction for the teacher stage (pipeline/teacher
 for the cmlm stage (pipeline/cmlm.py), the trials of the tune stage (pipeline/tune.py). Ray is imported inside the functions that use it.
 
 Driver side: `check_resources` fails fast, with the numbers, when the cluster cannot hold the worker group
-(instead of letting Ray Train wait forever); `make_trainer` builds a `TorchTrainer` over the tokenized
-training split (a Ray Data dataset, split between the workers); `fit_and_average` fits it and averages the
-best `average_best` checkpoints by validation BLEU (the mean of both directions) into a model.
+(instead of letting Ray Train wait forever); `make_trainer` builds a `TorchTrainer` that trains on the
+tokenized training split (its path: each worker reads its own shard); `fit_and_average` fits it and averages
+the best `average_best` checkpoints by validation BLEU (the mean of both directions) into a model.
 
 Worker side (`train_loop`): the TrainConfig rebuilt from its dict, the task's model and objective (the joint
 objective of both directions, `DuplexLoss`, a teacher's `TeacherObjective` or a CMLM's `CmlmObjective`) wrapped for DDP, and a
-`Harness` fed with token-bucketed batches of the worker's shard. Its reports go to `ray.train.report` (and
+`Harness` fed with token-bucketed batches of the worker's shard: its rows of the split's Parquet files
+(`parquet.shard_ranges`: disjoint, together the whole split), read once with pyarrow into flat token arrays
+(`harness.ExampleTable`) and re-bucketed every epoch. No Ray Data: the driver materialising the split in the
+object store and every worker turning its shard into Python lists every epoch took most of a run's start at
+scale (docs/DESIGN.md, "Training"; docs/RESULTS.md, issue 43). Its reports go to `ray.train.report` (and
 rank 0's to MLflow); every validation (rank 0 decodes the validation split greedily and scores it with
 sacreBLEU; the other ranks report a NaN score) attaches a checkpoint directory. Ray keeps the best
 `keep_checkpoints` by `valid_bleu` plus the latest; a run started again with the same config (same Ray
@@ -39,10 +43,10 @@ from typing import Any, Callable, Iterator, Optional
 import pyarrow.parquet as pq
 import torch
 
-from pipeline import spm
+from pipeline import parquet, spm
 from pipeline.config import NO_BLANK_PENALTY, PipelineConfig, TrainConfig, from_dict
-from pipeline.harness import (RANK_TOKENS_PER_S, SCORE, Batch, Example, Harness, all_reduce, epoch_batches,
-                              select_best)
+from pipeline.harness import (EXAMPLE_COLUMNS, RANK_TOKENS_PER_S, SCORE, Batch, EpochBatches, ExampleTable, Harness,
+                              all_reduce, epoch_batches, select_best)
 from pipeline.metrics import best_setting, corpus_bleu, corpus_scores
 from pipeline.progress import Progress
 from pipeline.stage import StageError, write_json
@@ -62,7 +66,7 @@ HISTORY_FILE = "history.json"
 TRAIN_STATE_FILE = "train_state.pt"
 PROGRESS_FILE = "progress.json"  # rank 0's latest report, in the Ray Train run's directory: the driver's bar
 WORKERS_FILE = "workers.json"  # where the worker group's ranks run (node, host), beside it
-KD_COLUMNS = ("kd_tgt_ids", "kd_src_ids")
+KD_COLUMNS = EXAMPLE_COLUMNS[2:]  # kd_tgt_ids, kd_src_ids
 
 
 def worker_resources(train: TrainConfig) -> dict[str, float]:
@@ -94,15 +98,6 @@ def check_resources(train: TrainConfig, timeout_s: float) -> None:
                              f"train.num_workers / train.cpus_per_worker, or set train.use_gpu=false, "
                              f"or add nodes")
         time.sleep(1.0)
-
-
-def training_dataset(path: Path) -> Any:
-    """The tokenized training split as a Ray Data dataset, read and materialized in the object store
-    before the worker group starts. Streamed lazily instead, its read tasks wait for CPUs that the
-    workers hold: on a 2-CPU machine with 2 workers the run hangs without an error (docs/DESIGN.md, "Ray on small machines")."""
-    import ray
-
-    return ray.data.read_parquet(str(path)).materialize()
 
 
 def storage_path(train: TrainConfig, workdir: Path) -> Path:
@@ -138,6 +133,7 @@ def make_trainer(cfg: PipelineConfig, name: str, storage: Path, train_data: Path
     loop_config = {
         "task": task, "model": asdict(section.model), "loss": asdict(cfg.loss),
         "train": asdict(train), "spm_proto": (spm_dir / spm.MODEL_FILE).read_bytes(),
+        "train_data": str(Path(train_data).resolve()),  # workers chdir: an absolute path
         "valid": {"ids": str(data / "valid"), "text": str(corpus / "valid")},
         # REDER's validations tune the CTC blank penalty (evaluate.blank_penalties); the teachers' and CMLMs' have none
         "blank_penalties": list(cfg.evaluate.blank_penalties if task["kind"] == "reder" else NO_BLANK_PENALTY),
@@ -158,21 +154,7 @@ def make_trainer(cfg: PipelineConfig, name: str, storage: Path, train_data: Path
             failure_config=ray.train.FailureConfig(max_failures=train.max_failures),
             checkpoint_config=ray.train.CheckpointConfig(num_to_keep=train.keep_checkpoints,
                                                          checkpoint_score_attribute=SCORE,
-                                                         checkpoint_score_order="max")),
-        datasets={"train": training_dataset(train_data)}, dataset_config=data_config())
-
-
-def data_config() -> Any:
-    """Ray Train's DataConfig with the ingest options it would copy from the DataContext by default
-    (`DataConfig.default_ingest_options`) less `exclude_resources`, whose copying makes Ray Data 2.60 warn
-    in every run's DatasetManager that the option is deprecated (nothing of ours sets it)."""
-    import ray.data
-    import ray.train
-
-    options = ray.data.DataContext.get_current().execution_options
-    return ray.train.DataConfig(execution_options=ray.data.ExecutionOptions(
-        resource_limits=options.resource_limits, preserve_order=options.preserve_order,
-        verbose_progress=options.verbose_progress))
+                                                         checkpoint_score_order="max")))
 
 
 def fit_and_average(trainer: Any, run_path: Path, average_best: int, model: torch.nn.Module) -> dict[str, Any]:
@@ -338,13 +320,19 @@ def read_placement(run_path: Path) -> list[dict[str, Any]]:
 # Worker side
 
 
-def _epoch(shard: Any, train: TrainConfig, epoch: int, rank: int) -> list[list[Example]]:
+def read_shard(path: Path, rank: int, world_size: int) -> ExampleTable:
+    """Rank `rank`'s examples of the training split at `path` (`parquet.read_shard`): (src, tgt), or with KD
+    columns (src, tgt, kd_tgt, kd_src)."""
+    files = sorted(Path(path).glob("part-*.parquet"))
+    if not files:
+        raise StageError(f"train: no part-*.parquet files in {path}")
+    columns = [c for c in EXAMPLE_COLUMNS if c in pq.read_schema(files[0]).names]
+    return ExampleTable(parquet.read_shard(path, rank, world_size, columns))
+
+
+def _epoch(examples: ExampleTable, train: TrainConfig, epoch: int, rank: int) -> EpochBatches:
     """This worker's batches of one epoch, cut to the same count on every rank (DDP needs the same number
-    of updates everywhere). An example is (src, tgt), or with KD columns (src, tgt, kd_tgt, kd_src)."""
-    examples: list[Example] = []
-    for batch in shard.iter_batches(batch_size=8192, batch_format="pyarrow"):
-        columns = ["src_ids", "tgt_ids"] + [c for c in KD_COLUMNS if c in batch.column_names]
-        examples.extend(zip(*(batch[c].to_pylist() for c in columns)))
+    of updates everywhere)."""
     batches = epoch_batches(examples, train.max_tokens, train.seed, epoch, rank, train.batch_tokens)
     return batches[: int(all_reduce(len(batches), "min"))]
 
@@ -540,8 +528,8 @@ def train_loop(config: dict[str, Any]) -> None:
         harness.load_state_dict(state)
         if mlflow is not None:
             mlflow.log({"resumed_from_step": harness.step}, harness.step)  # one point per restart of the worker group
-    shard = ray.train.get_dataset_shard("train")
-    harness.fit(harness.stream(lambda epoch: _epoch(shard, train, epoch, rank)))
+    examples = read_shard(Path(config["train_data"]), rank, world_size)
+    harness.fit(harness.stream(lambda epoch: _epoch(examples, train, epoch, rank)))
 
 
 def gather_placement() -> list[dict[str, Any]]:

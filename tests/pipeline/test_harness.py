@@ -7,6 +7,8 @@ import math
 import random
 import time
 
+import numpy as np
+import pyarrow as pa
 import pytest
 import torch
 
@@ -252,19 +254,84 @@ def test_inverse_sqrt_warms_up_linearly_then_decays_as_fairseq():
     assert max(values) == pytest.approx(lr) and values.index(max(values)) == warmup - 1
 
 
+def _token_batches(*args, **kwargs) -> list[list[int]]:
+    return [batch.tolist() for batch in harness.token_batches(*args, **kwargs)]
+
+
+def _list_token_batches(src, tgt, max_tokens, seed, count="sum"):
+    """The reference: token_batches as it was written with Python lists (sort by (target, source) length of a
+    shuffled order, cut greedily, shuffle the batches), with its two shuffles drawn from numpy's Generator."""
+    rng = np.random.default_rng(seed)
+    order = rng.permutation(len(src)).tolist()
+    order.sort(key=lambda i: (tgt[i], src[i]))
+    batches, current, longest_src, longest_tgt = [], [], 0, 0
+    for index in order:
+        s, t = src[index] + 1, tgt[index] + 1
+        if current and harness.batch_size_tokens(len(current) + 1, max(longest_src, s), max(longest_tgt, t),
+                                                 count) > max_tokens:
+            batches.append(current)
+            current, longest_src, longest_tgt = [], 0, 0
+        current.append(index)
+        longest_src, longest_tgt = max(longest_src, s), max(longest_tgt, t)
+    if current:
+        batches.append(current)
+    return [batches[i] for i in rng.permutation(len(batches))]
+
+
+@pytest.mark.parametrize("count", ["sum", "max"])
+@pytest.mark.parametrize("max_tokens", [7, 64, 400, 5000])
+def test_token_batches_are_the_list_based_cut_of_the_same_shuffle(count, max_tokens):
+    """The vectorised batching against the list-based one it replaced, on the same random draws: the same
+    batches in the same order, with many ties, pairs longer than the budget alone and a budget above them all."""
+    rng = random.Random(max_tokens)
+    src = [rng.randint(0, 40) for _ in range(3000)]
+    tgt = [rng.randint(0, 12) for _ in range(3000)]
+    src[11], tgt[12], src[13], tgt[13] = 900, 700, 500, 500
+    assert _token_batches(src, tgt, max_tokens, 9, count) == _list_token_batches(src, tgt, max_tokens, 9, count)
+    assert harness.token_batches([], [], max_tokens, 9, count) == []
+    assert _token_batches([3], [4], max_tokens, 9, count) == [[0]]
+
+
+def test_an_example_table_batches_as_the_same_examples_in_lists_do():
+    """ExampleTable (Arrow columns as flat token arrays) against Python lists: the same rows, bucketing lengths
+    and epoch batches, plain and with KD (bucketed by the longer variant of each side); a slice cuts the epoch."""
+    rng = random.Random(2)
+    tokens = lambda: [rng.randint(4, 99) for _ in range(rng.randint(0, 9))]  # noqa: E731
+    plain = [(tokens(), tokens()) for _ in range(300)]
+    kd = [(s, t, tokens(), tokens()) for s, t in plain]
+    for examples in (plain, kd):
+        names = harness.EXAMPLE_COLUMNS[:len(examples[0])]
+        columns = {name: pa.array([e[i] for e in examples], pa.list_(pa.int32())) for i, name in enumerate(names)}
+        table = harness.ExampleTable(pa.table({"id": list(range(300)), **columns}).slice(0))
+        assert len(table) == 300 and table.rows([5, 0, 299]) == [examples[5], examples[0], examples[299]]
+        for mine, theirs in zip(harness.bucket_lengths(table), harness.bucket_lengths(examples)):
+            assert mine.tolist() == theirs.tolist()
+        batches = harness.epoch_batches(table, 60, 1, 3, rank=1)
+        assert list(batches) == list(harness.epoch_batches(examples, 60, 1, 3, rank=1))
+        assert sorted(e for b in batches for e in b) == sorted(examples)
+        assert list(batches[:4]) == list(batches)[:4] and len(batches[:4]) == 4
+    chunked = pa.table({"src_ids": pa.chunked_array([columns["src_ids"][:100], columns["src_ids"][100:]]),
+                        "tgt_ids": columns["tgt_ids"]})
+    assert harness.ExampleTable(chunked).rows(range(300)) == plain
+    assert harness.ExampleTable(chunked.slice(130, 50)).rows(range(50)) == plain[130:180]  # a slice's offsets
+    with pytest.raises(ValueError, match="src_ids, tgt_ids"):
+        harness.ExampleTable(pa.table({"src_ids": columns["src_ids"], "tgt_ids": columns["tgt_ids"],
+                                       "kd_tgt_ids": columns["kd_tgt_ids"]}))
+
+
 def test_token_batches_cover_every_pair_once_within_the_budget():
     rng = random.Random(3)
     src = [rng.randint(1, 60) for _ in range(500)]
     tgt = [rng.randint(1, 60) for _ in range(500)]
     src[7], tgt[7] = 300, 280  # longer than the budget on its own: a batch of one
-    batches = harness.token_batches(src, tgt, max_tokens=400, seed=5)
+    batches = _token_batches(src, tgt, max_tokens=400, seed=5)
     assert sorted(i for b in batches for i in b) == list(range(500))
     for batch in batches:
         cost = len(batch) * (max(src[i] + 1 for i in batch) + max(tgt[i] + 1 for i in batch))
         assert cost <= 400 or len(batch) == 1
     assert [7] in batches
-    assert harness.token_batches(src, tgt, 400, seed=5) == batches  # deterministic
-    assert harness.token_batches(src, tgt, 400, seed=6) != batches  # the seed reshuffles
+    assert _token_batches(src, tgt, 400, seed=5) == batches  # deterministic
+    assert _token_batches(src, tgt, 400, seed=6) != batches  # the seed reshuffles
     sizes = sorted(len(b) for b in batches)
     assert sizes[-1] >= 3 and sum(sizes) / len(sizes) > 2  # buckets fill up: not one pair per batch
 
@@ -277,7 +344,7 @@ def test_both_token_counts_cover_every_pair_once_within_the_budget(count):
     src = [rng.randint(1, 60) for _ in range(500)]
     tgt = [rng.randint(1, 60) for _ in range(500)]
     src[9] = 420  # longer than the budget on its own: a batch of one
-    batches = harness.token_batches(src, tgt, max_tokens=400, seed=5, count=count)
+    batches = _token_batches(src, tgt, max_tokens=400, seed=5, count=count)
     assert sorted(i for b in batches for i in b) == list(range(500))
     combine = (lambda a, b: a + b) if count == "sum" else max
     for batch in batches:
@@ -285,9 +352,9 @@ def test_both_token_counts_cover_every_pair_once_within_the_budget(count):
         assert cost <= 400 or len(batch) == 1
     assert [9] in batches
     if count == "sum":
-        assert batches == harness.token_batches(src, tgt, 400, seed=5)  # the default: the convention until now
+        assert batches == _token_batches(src, tgt, 400, seed=5)  # the default: the convention until now
     else:  # about twice the sentences per batch at the same budget
-        assert len(batches) < 0.7 * len(harness.token_batches(src, tgt, 400, seed=5))
+        assert len(batches) < 0.7 * len(_token_batches(src, tgt, 400, seed=5))
     with pytest.raises(ValueError, match="count must be 'sum' or 'max', got 'min'"):
         harness.token_batches(src, tgt, 400, seed=5, count="min")
 
@@ -306,7 +373,7 @@ def test_fit_examples_counts_tokens_as_the_config_says():
 def test_epochs_reshuffle_and_a_stream_starts_where_a_run_stopped():
     examples = _examples()
     epochs = lambda e: harness.epoch_batches(examples, 16, 1, e)  # noqa: E731
-    assert epochs(0) != epochs(1) and sorted(e for b in epochs(0) for e in b) == sorted(examples)
+    assert list(epochs(0)) != list(epochs(1)) and sorted(e for b in epochs(0) for e in b) == sorted(examples)
     kd = [(s, t, t + [5, 5], s[:1]) for s, t in examples]  # bucketed by the longer variant of each side
     assert all(len(batch) == 1 for batch in harness.epoch_batches(kd, 16, 1, 0))
     stream = harness.micro_batches(epochs)

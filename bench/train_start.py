@@ -1,0 +1,142 @@
+"""The train stage's time to its first training step (issue 43 item 1): stage start → rank 0's first update.
+
+    python bench/train_start.py --config C [key=value ...] [--runs 2] [--out FILE]
+
+After `run_pipeline.py --config C [key=value ...] --stages ingest,spm,tokenize` has finished the data stages,
+this runs the train stage (`graph.run(cfg, workdir, "train", force=True)`, on a local Ray instance started
+first, as run_pipeline.py does) `--runs` times and reports for each: the seconds from the stage's start to the
+first appearance of rank 0's progress file with step ≥ 1 (written after every update: `train.log_every=1` is
+set here, a key that changes no output directory), polled every 50 ms; the stage's wall time; and the peak
+RSS of the largest process under this one (a training worker, or Ray's object store process) and of all of
+them together, sampled from /proc twice a second. Ray's start is not counted; checking the inputs (the
+stage's first act, as in a pipeline run) is, and is also timed alone. Run as a file (not `-m`), so that
+`PYTHONPATH=<another tree>` measures that tree's code with this same script.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+# Run as a file, its own directory comes first on sys.path, where bench/tokenize.py would shadow the standard
+# library's tokenize (numpy imports it through inspect): drop that directory before anything imports it.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import threading  # noqa: E402
+import time  # noqa: E402
+
+
+def _descendants(root: int) -> list[int]:
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            parents[int(entry)] = int(fields[1])
+    children: dict[int, list[int]] = {}
+    for pid, parent in parents.items():
+        children.setdefault(parent, []).append(pid)
+    found, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        todo.extend(children.get(pid, []))
+    return found
+
+
+def _rss_mb(pid: int) -> float:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+class Watch:
+    """A thread that records when `progress` first shows step ≥ 1 and the peak RSS of this process tree."""
+
+    def __init__(self, progress: Path) -> None:
+        self.progress, self.first_step_at = progress, None
+        self.peak_one_mb = self.peak_all_mb = 0.0
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        last_rss = 0.0
+        while not self.stop.wait(0.05):
+            if self.first_step_at is None:
+                try:
+                    if int(json.loads(self.progress.read_text())["step"]) >= 1:
+                        self.first_step_at = time.time()
+                except (OSError, ValueError, KeyError):
+                    pass
+            if time.time() - last_rss >= 0.5:
+                last_rss = time.time()
+                sizes = [_rss_mb(pid) for pid in _descendants(os.getpid())]
+                self.peak_one_mb = max(self.peak_one_mb, max(sizes[1:], default=0.0))
+                self.peak_all_mb = max(self.peak_all_mb, sum(sizes))
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", required=True)
+    parser.add_argument("--runs", type=int, default=1)
+    parser.add_argument("--out", type=Path, default=None, help="JSON file (default: print only)")
+    parser.add_argument("overrides", nargs="*", metavar="key=value")
+    args = parser.parse_args()
+
+    from pipeline import graph, raytrain
+    from pipeline.config import load_config
+    from run_pipeline import connect_ray, disconnect_ray
+
+    cfg = load_config(args.config, [*args.overrides, "train.log_every=1"])
+    workdir = Path(cfg.workdir).resolve()
+    name = graph.output_dir(cfg, workdir, "train").name
+    progress = raytrain.storage_path(cfg.train, workdir) / name / raytrain.PROGRESS_FILE
+    checking = time.time()
+    graph.check_inputs(cfg, workdir, "train")  # the data stages must have run; graph.run checks them again
+    check_inputs_s = round(time.time() - checking, 2)
+    connect_ray(cfg)
+    runs = []
+    try:
+        for _ in range(args.runs):
+            progress.unlink(missing_ok=True)
+            watch = Watch(progress)
+            started = time.time()
+            try:
+                graph.run(cfg, workdir, "train", force=True)
+            finally:
+                watch.close()
+            ended = time.time()
+            runs.append({"first_step_s": round(watch.first_step_at - started, 2) if watch.first_step_at else None,
+                         "stage_s": round(ended - started, 2), "peak_rss_largest_process_mb": round(watch.peak_one_mb),
+                         "peak_rss_all_mb": round(watch.peak_all_mb)})
+            print(json.dumps(runs[-1]), flush=True)
+    finally:
+        disconnect_ray()
+    import pipeline
+
+    result = {"code": str(Path(pipeline.__file__).resolve().parents[1]), "config": args.config,
+              "overrides": args.overrides, "num_workers": cfg.train.num_workers,
+              "check_inputs_s (inside first_step_s)": check_inputs_s, "runs": runs,
+              "load_average": os.getloadavg()}
+    text = json.dumps(result, indent=2)
+    print(text)
+    if args.out:
+        args.out.write_text(text + "\n", encoding="utf-8")
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, os.environ.get("PYTHONPATH", "").split(os.pathsep)[0] or str(Path(__file__).resolve().parents[1]))
+    main()
