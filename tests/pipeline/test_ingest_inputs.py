@@ -84,6 +84,18 @@ def _case(name: str, tmp_path: Path) -> list[str]:
             "sword": lambda: ["data.source=sword"]}[name]()
 
 
+def _assert_todays_bytes(name: str, tmp_path: Path) -> Path:
+    """Ingest case `name` into tmp_path/out and check every Parquet file and the split counts against
+    ingest_reference.json; returns the output directory."""
+    out = tmp_path / "out"
+    out.mkdir()
+    splits = _build(load_config(None, _case(name, tmp_path)).data, tmp_path / "work", out)
+    parts = {str(p.relative_to(out)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(out.rglob("*.parquet"))}
+    assert parts == REFERENCE[name]["parts"]
+    assert splits == REFERENCE[name]["splits"]
+    return out
+
+
 @pytest.mark.parametrize("name", [name for name in REFERENCE if name != "_"])
 def test_streamed_ingest_writes_todays_bytes(tmp_path, name):
     """Every Parquet file byte for byte as the in-memory ingest wrote it (ingest_reference.json, pinned from the
@@ -92,12 +104,7 @@ def test_streamed_ingest_writes_todays_bytes(tmp_path, name):
         pytest.skip("needs ../shared/data/multi30k")
     if name == "sword" and not (SYSTEM_SWORD / "engWEB2015eb.conf").is_file():
         pytest.skip("needs the Debian SWORD packages")
-    out = tmp_path / "out"
-    out.mkdir()
-    splits = _build(load_config(None, _case(name, tmp_path)).data, tmp_path / "work", out)
-    parts = {str(p.relative_to(out)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(out.rglob("*.parquet"))}
-    assert parts == REFERENCE[name]["parts"]
-    assert splits == REFERENCE[name]["splits"]
+    _assert_todays_bytes(name, tmp_path)
 
 
 @pytest.mark.parametrize("name", ["synthetic", "multi30k"])
@@ -120,12 +127,7 @@ def test_spilled_de_duplication_writes_todays_bytes(tmp_path, monkeypatch, name)
 
     monkeypatch.setattr(filters, "SeenPairs", Small)
     monkeypatch.setattr(filters, "BATCH", 500)
-    out = tmp_path / "out"
-    out.mkdir()
-    splits = _build(load_config(None, _case(name, tmp_path)).data, tmp_path / "work", out)
-    parts = {str(p.relative_to(out)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(out.rglob("*.parquet"))}
-    assert parts == REFERENCE[name]["parts"]
-    assert splits == REFERENCE[name]["splits"]
+    out = _assert_todays_bytes(name, tmp_path)
     assert Small.spills >= 5 and sorted(p.name for p in out.iterdir()) == ["report.json", "test", "train", "valid"]
 
 
