@@ -7,8 +7,8 @@ model (the `model`, `loss` and `train` sections of the same config and overrides
 (the stage's manifest names its inputs), in this process, on this machine's device, with pipeline/harness.py's
 Harness: the same updates, the same validation (raytrain.Validator with `evaluate.blank_penalties`, every
 `train.validate_every` updates) and the same checkpoint files written at each validation (raytrain's checkpoint
-writer, into a temporary directory) — what the stage's one worker does, without Ray Train's controller and
-worker group, the report round trips, storage copies and MLflow logging.
+writer, into its temporary directory, then removed) — what the stage's one worker does, without Ray Train's
+controller and worker group, the report round trips, storage copies and MLflow logging.
 
 Prints and writes JSON: the stage's wall time (its manifest's `seconds`: start to published model, averaging
 included) and its fit's (the driver's), the harness's (model built, data read, fit), both updates/s over the
@@ -21,7 +21,6 @@ import argparse
 import json
 import platform
 import shutil
-import tempfile
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -70,23 +69,17 @@ def main() -> None:
     validate = Validator({"ids": str(inputs["tokenize"] / "valid"), "text": str(inputs["ingest"] / "valid")},
                          (inputs["spm"] / spm.MODEL_FILE).read_bytes(), cfg.train.valid_max_sentences, directions,
                          tuple(cfg.evaluate.blank_penalties))
-    scratch = Path(tempfile.mkdtemp(prefix="ray-overhead-"))
 
     def report(metrics: dict, checkpoint: dict | None) -> None:
         if checkpoint is not None:  # the worker's checkpoint files, written and dropped (Ray copies them away)
             shutil.rmtree(_save(checkpoint), ignore_errors=True)
 
-    try:
-        harness = Harness(model, objective, cfg.train, device, validate=validate, on_report=report)
-        examples = read_shard(inputs["data"] / "train", 0, 1)  # as the stage's one worker reads it
-        if device == "cuda":
-            torch.cuda.synchronize()
-        fitted = harness.fit_examples(examples)
-        if device == "cuda":
-            torch.cuda.synchronize()
-        seconds = time.perf_counter() - started
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+    harness = Harness(model, objective, cfg.train, device, validate=validate, on_report=report)
+    examples = read_shard(inputs["data"] / "train", 0, 1)  # as the stage's one worker reads it
+    fitted = harness.fit_examples(examples)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - started
     steps = fitted["steps"]
     stage_steps = max(entry["step"] for entry in history)
     result = {
