@@ -172,7 +172,8 @@ def evaluate_model(model_dir: Path, corpus: Path, cfg: PipelineConfig, out: Path
             roundtrip[f"{split}.{side}"] = corpus_scores(text, inputs)["bleu"]
     progress.close()
     headline_split = "test" if "test" in evaluation.splits else evaluation.splits[0]
-    results: dict[str, Any] = {"split": headline_split, "decoder": "greedy"}
+    results: dict[str, Any] = {"split": headline_split, "decoder": "greedy",
+                               "device": device_name(next(model.parameters()).device)}
     for direction in DIRECTIONS:
         entry = scores[f"{headline_split}.{direction}.greedy"]
         results[f"bleu_{direction}"], results[f"chrf_{direction}"] = entry["bleu"], entry["chrf"]
@@ -188,6 +189,13 @@ def evaluate_model(model_dir: Path, corpus: Path, cfg: PipelineConfig, out: Path
     write_json(out / RESULTS_FILE, results)
     return {f"{headline_split}_{k}": results[k] for k in ("bleu_src2tgt", "bleu_tgt2src", "chrf_src2tgt",
                                                         "chrf_tgt2src", "roundtrip_bleu_src", "roundtrip_bleu_tgt")}
+
+
+def device_name(device: torch.device) -> str:
+    """What decoded: the GPU's name on CUDA ("NVIDIA H100 80GB HBM3"), else the device type and the threads."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"{device.type} ({torch.get_num_threads()} threads)"
 
 
 def measure_speed(model: Any, encoded: list[list[int]], decoders: dict[str, Decoder], evaluation: Any) -> dict[str, Any]:

@@ -6,6 +6,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 import pytest
+import torch
 import sentencepiece
 
 from pipeline import evaluate, spm, teacher
@@ -64,6 +65,7 @@ def test_models_are_scored_and_timed_with_their_decoders_against_the_teacher_bas
     headline = evaluate.evaluate_model(model_dir, corpus, cfg, out, None, str(_teacher_stage(tmp_path)))
     results = json.loads((out / evaluate.RESULTS_FILE).read_text())
     assert set(results["scores"]) == {f"test.{d}.{decoder}" for d in ("src2tgt", "tgt2src") for decoder in decoders}
+    assert results["device"] == f"cpu ({torch.get_num_threads()} threads)"
     speed = results["speed"]  # timed by the fake clock: every latency, throughput and speed-up is known
     expected = clock.expected_speed(len(pairs), 4)
     assert {name: speed[name] for name in expected} == expected

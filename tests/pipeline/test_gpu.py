@@ -167,6 +167,8 @@ def test_bf16_autocast_through_the_harness_keeps_fp32_parameters_and_finite_loss
     assert moments and {m.dtype for m in moments} == {torch.float32}
 
     full, objective32, reports32 = _harness_run(bf16=False)
-    assert not full.bf16 and set(objective32.autocast) == {(False, torch.get_autocast_dtype("cuda"))}
+    # autocast off for every forward (its dtype inside a disabled region is the one the harness names, bfloat16:
+    # seen on an H100 with torch 2.11, where the default cuda autocast dtype is float16)
+    assert not full.bf16 and {enabled for enabled, _ in objective32.autocast} == {False}
     first, first32 = reports[0]["train_total"], reports32[0]["train_total"]
     assert first != first32 and first == pytest.approx(first32, rel=0.05)

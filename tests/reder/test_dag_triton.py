@@ -75,10 +75,13 @@ def test_the_kernels_compile_for_the_h100_without_a_gpu(dtype, block, tmp_path, 
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype, tolerance", [(torch.float32, 1e-5), (torch.float64, 1e-12)])
+@pytest.mark.parametrize("dtype, tolerance", [(torch.float32, 1e-4), (torch.float64, 1e-12)])
 def test_compiled_kernels_equal_the_torch_dp_on_cuda(dtype, tolerance):
     """The compiled kernels (where the barrier between target positions is real) on graphs of up to 320
-    vertices (several tiles) and targets of up to 40 tokens; model.dag_dp=auto resolves to them on CUDA."""
+    vertices (several tiles) and targets of up to 40 tokens; model.dag_dp=auto resolves to them on CUDA.
+    In float64 they equal the PyTorch DP to 1e-12 (the same sums); in float32 the two round differently (Triton's
+    exp and log are the GPU's approximate instructions): on an H100 (2026-11-26) the edge gradients differed by
+    1.4e-5 of their magnitude at λ = 2, so float32's bound is 1e-4 — it still catches a wrong term."""
     from reder import dag_triton
 
     for ratio in (2, 4, 8):
