@@ -7,6 +7,8 @@ IWSLT14 is split the way fairseq's prepare-iwslt14.sh splits it (without its tok
 """
 from __future__ import annotations
 
+import contextlib
+import io
 import logging
 import os
 import re
@@ -16,9 +18,11 @@ import urllib.request
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO, Iterator
 
 from pipeline.config import DataConfig
-from pipeline.ingest.readers import SPLITS, CorpusError, RawSplit, TextRules, find_file, read_capped, read_parallel
+from pipeline.ingest.readers import (SPLITS, CorpusError, RawSplit, TextRules, copy_capped, find_file,
+                                     read_parallel)
 
 log = logging.getLogger(__name__)
 
@@ -148,17 +152,16 @@ def _fetch(data: DataConfig, source: SplitSource, cache: Path, stem: str) -> tup
     if data.source == "iwslt14":
         return _prepare_iwslt14(download(source.archives[0].url, cache), cache, stem, langs, cap)
     for lang, target in zip(langs, targets):
-        parts = []
-        for archive in source.archives:
-            url = archive.url.replace("{lang}", lang)
-            local = download(url, cache)
-            if archive.member:
-                parts.append(_member(local, archive.member.replace("{lang}", lang), cap))
-            else:
-                with open(local, "rb") as stream:
-                    parts.append(read_capped(stream, str(local), cap))
-        _atomic_write(target, b"".join(part if part.endswith(b"\n") or not part else part + b"\n"
-                                       for part in parts))
+        with _atomic_output(target) as out:  # streamed: a WMT14 side is 0.7 GB
+            for archive in source.archives:
+                local = download(archive.url.replace("{lang}", lang), cache)
+                if archive.member:
+                    last = _copy_member(local, archive.member.replace("{lang}", lang), out, cap)
+                else:
+                    with open(local, "rb") as stream:
+                        last = copy_capped(stream, out, str(local), cap)
+                if last not in (b"", b"\n"):  # each part ends its last line
+                    out.write(b"\n")
     return targets
 
 
@@ -181,7 +184,14 @@ def download(url: str, directory: Path) -> Path:
 
 
 def _member(archive: Path, member: str, max_input_mb: int) -> bytes:
-    """One member of a zip or tar archive (gunzipped if it is gzip data), at most `max_input_mb` MB."""
+    """One member of a zip or tar archive (gunzipped if it is gzip data), at most `max_input_mb` MB, whole."""
+    buffer = io.BytesIO()
+    _copy_member(archive, member, buffer, max_input_mb)
+    return buffer.getvalue()
+
+
+def _copy_member(archive: Path, member: str, out: BinaryIO, max_input_mb: int) -> bytes:
+    """Copy one member of a zip or tar archive into `out` as `copy_capped` does; returns its last byte."""
     what = f"{archive}:{member}"
     if zipfile.is_zipfile(archive):
         with zipfile.ZipFile(archive) as handle:
@@ -190,7 +200,7 @@ def _member(archive: Path, member: str, max_input_mb: int) -> bytes:
             except KeyError as error:
                 raise CorpusError(f"{archive}: has no member {member!r}") from error
             with stream:
-                return read_capped(stream, what, max_input_mb)
+                return copy_capped(stream, out, what, max_input_mb)
     with tarfile.open(archive) as handle:
         try:
             extracted = handle.extractfile(member)
@@ -198,7 +208,7 @@ def _member(archive: Path, member: str, max_input_mb: int) -> bytes:
             raise CorpusError(f"{archive}: has no member {member!r}") from error
         if extracted is None:
             raise CorpusError(f"{archive}: member {member!r} is not a file")
-        return read_capped(extracted, what, max_input_mb)
+        return copy_capped(extracted, out, what, max_input_mb)
 
 
 _IWSLT_META = re.compile(rb"^\s*<(url|talkid|keywords|speaker|reviewer|translator|title|description)>")
@@ -226,11 +236,24 @@ def _prepare_iwslt14(archive: Path, cache: Path, stem: str, langs: tuple[str, st
     return cache / f"{stem}.{langs[0]}", cache / f"{stem}.{langs[1]}"
 
 
-def _atomic_write(path: Path, blob: bytes) -> None:
+@contextlib.contextmanager
+def _atomic_output(path: Path) -> Iterator[BinaryIO]:
+    """A binary file written under a temporary name and renamed to `path` when the block ends without error;
+    on an error the temporary file is removed and `path` is left as it was."""
     tmp = path.with_name(f".{path.name}.part")
-    tmp.write_bytes(blob)
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as out:
+            yield out
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _atomic_write(path: Path, blob: bytes) -> None:
+    with _atomic_output(path) as out:
+        out.write(blob)
 
 
 def _atomic_copy(origin: Path, target: Path) -> None:
-    _atomic_write(target, origin.read_bytes())
+    with _atomic_output(target) as out, open(origin, "rb") as stream:
+        shutil.copyfileobj(stream, out, length=1 << 20)

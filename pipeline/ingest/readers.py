@@ -256,18 +256,21 @@ def too_big(what: str, max_input_mb: int, decompressed: bool) -> CorpusError:
                        f"; a wrong or corrupt file, or raise data.max_input_mb")
 
 
-def read_capped(stream: BinaryIO, what: str, max_input_mb: int) -> bytes:
-    """All of a binary stream (gunzipped when it starts with gzip's magic bytes), chunk by chunk, refusing
-    more than `max_input_mb` MB; corrupt data is a CorpusError naming `what` too."""
+def copy_capped(stream: BinaryIO, out: BinaryIO, what: str, max_input_mb: int) -> bytes:
+    """Copy a binary stream (gunzipped when it starts with gzip's magic bytes) into `out` chunk by chunk,
+    refusing more than `max_input_mb` MB; corrupt data is a CorpusError naming `what` too. Returns the last
+    byte written (b"" when none), so that a caller joining parts can end each with a newline."""
     gzipped = stream.peek(2)[:2] == b"\x1f\x8b"
-    chunks, size = [], 0
+    size, last = 0, b""
     try:
         reader = gzip.GzipFile(fileobj=stream) if gzipped else stream
         while chunk := reader.read(CHUNK):
             size += len(chunk)
             if size > max_input_mb * MB:
                 raise too_big(what, max_input_mb, gzipped)
-            chunks.append(chunk)
+            out.write(chunk)
+            last = chunk[-1:]
     except (OSError, EOFError, zlib.error) as error:
         raise CorpusError(f"{what}: corrupt {'gzip ' if gzipped else ''}data ({error}); fetch it again") from error
-    return b"".join(chunks)
+    return last
+

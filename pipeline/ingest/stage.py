@@ -24,7 +24,7 @@ from pipeline.ingest.filters import SCHEMA, filter_split
 from pipeline.ingest.readers import SPLITS, CorpusError, RawSplit, local_files, read_local
 from pipeline.ingest.sword import read_sword
 from pipeline.parquet import SplitWriter
-from pipeline.stage import StageRun, digest, write_json
+from pipeline.stage import StageRun, write_json
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +42,10 @@ def _build(data: DataConfig, workdir: Path, tmp: Path) -> dict[str, Any]:
     if files:
         report["inputs"] = {path.name: _content_digest(str(path.resolve()), *_identity(path.stat())) for path in files}
         log.info("ingest reads %d files from %s: %s", len(files), files[0].parent, ", ".join(p.name for p in files))
+    elif data.source == "sword":
+        report["inputs"] = input_fingerprint(data)
+        log.info("ingest reads SWORD modules %s and %s from %s (%d files)", data.sword_src_module,
+                 data.sword_tgt_module, data.sword_path, len(report["inputs"]))
     for split in SPLITS:
         part = raw[split]
         rows = iter(part.rows)
@@ -89,16 +93,32 @@ def stage_key(data: DataConfig) -> dict[str, Any]:
 def input_fingerprint(data: DataConfig) -> dict[str, Any]:
     """Identity of the input files, so edited inputs change the stage hash and nothing else does: each file
     ingest reads from `local_dir` by name and SHA-256 of its content (computed once per version of a file in a
-    process); the SWORD modules' configuration files by path and digest. Two candidates for one file are an
-    error here already (`readers.find_file`); a missing file is left out (the build names it)."""
+    process); for `sword`, each module's configuration file and the files of its data directory (the conf's
+    `DataPath`), by path and SHA-256 — what pysword reads, and nothing else of the library. Two candidates for
+    one file are an error here already (`readers.find_file`); a missing file is left out (the build names it)."""
     if data.source == "sword":
-        mods = Path(data.sword_path) / "mods.d"
-        confs = [next((p for p in (mods / f"{name}.conf", mods / f"{name.lower()}.conf") if p.is_file()),
-                      mods / f"{name}.conf") for name in (data.sword_src_module, data.sword_tgt_module)]
-        return {str(p): digest(p.read_text(errors="replace")) if p.is_file() else "missing" for p in confs}
+        return {str(p): _content_digest(str(p.resolve()), *_identity(p.stat())) if p.is_file() else "missing"
+                for p in _sword_files(data)}
     if not data.local_dir or not Path(data.local_dir).is_dir():
         return {}
     return {p.name: _content_digest(str(p.resolve()), *_identity(p.stat())) for p in sorted(_files_read(data))}
+
+
+def _sword_files(data: DataConfig) -> list[Path]:
+    """The two SWORD modules' files: each one's `mods.d` configuration file (missing ones too, to be named),
+    then the files of the directory its `DataPath=` line names, relative to the library (`sword_path`)."""
+    library, files = Path(data.sword_path), []
+    for name in (data.sword_src_module, data.sword_tgt_module):
+        conf = next((p for p in (library / "mods.d" / f"{name}.conf", library / "mods.d" / f"{name.lower()}.conf")
+                     if p.is_file()), library / "mods.d" / f"{name}.conf")
+        files.append(conf)
+        if conf.is_file():
+            lines = conf.read_text(encoding="utf-8", errors="replace").splitlines()
+            paths = [line.split("=", 1)[1].strip() for line in lines if line.strip().lower().startswith("datapath=")]
+            directory = library / paths[0] if paths else None
+            if directory is not None and directory.is_dir():
+                files += sorted(p for p in directory.iterdir() if p.is_file())
+    return files
 
 
 def _files_read(data: DataConfig) -> list[Path]:

@@ -1,8 +1,9 @@
 import gzip
-import io
 import hashlib
+import io
 import json
 import os
+import shutil
 import tarfile
 from pathlib import Path
 
@@ -219,6 +220,49 @@ def test_named_corpus_download_path(tmp_path, monkeypatch):
         ingest.read_corpus(load_config(None, ["data.source=multi30k", "data.tgt_lang=ro"]).data, tmp_path)
 
 
+def test_downloaded_parts_are_streamed_into_the_cache_file_never_held_whole(tmp_path):
+    """A split assembled from several downloads (a tar member of 12 MB whose last line has no newline, then a
+    gzipped file) is copied chunk by chunk into a temporary file renamed into the cache: the bytes are the
+    parts joined with a newline where one was missing, and the peak Python allocation stays near one chunk.
+    A corrupt part leaves neither the cache file nor a temporary one behind."""
+    import tracemalloc
+
+    remote, cache = tmp_path / "remote", tmp_path / "cache"
+    remote.mkdir()
+    big = {lang: b"".join(b"%s line %08d of the first part\n" % (lang.encode(), i) for i in range(360_000))[:-1]
+           for lang in ("en", "de")}
+    small = {lang: f"{lang} second part\n".encode() for lang in ("en", "de")}
+    with tarfile.open(remote / "first.tar", "w") as tar:
+        for lang, blob in big.items():
+            info = tarfile.TarInfo(f"corpus/first.{lang}")
+            info.size = len(blob)
+            tar.addfile(info, io.BytesIO(blob))
+    for lang, blob in small.items():
+        (remote / f"second.{lang}.gz").write_bytes(gzip.compress(blob))
+    source = ingest.SplitSource("train", (ingest.Archive((remote / "first.tar").as_uri(), "corpus/first.{lang}"),
+                                          ingest.Archive(remote.as_uri() + "/second.{lang}.gz")))
+    data = load_config(None, ["data.source=multi30k", "data.src_lang=en", "data.tgt_lang=de"]).data
+    tracemalloc.start()
+    try:
+        paths = corpora._fetch(data, source, cache, "train")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert all(len(blob) > 12_000_000 for blob in big.values())
+    assert peak < 4 * CHUNK, peak
+    assert [p.read_bytes() for p in paths] == [big[lang] + b"\n" + small[lang] for lang in ("en", "de")]
+    assert not list(cache.glob(".*.part"))
+
+    (remote / "second.de.gz").write_bytes(gzip.compress(small["de"])[:-12])  # truncated
+    for path in paths:
+        path.unlink()
+    (cache / "second.de.gz").unlink()
+    with pytest.raises(CorpusError, match="second.de.gz: corrupt gzip data"):
+        corpora._fetch(data, source, cache, "train")
+    assert (cache / "train.en").is_file() and not (cache / "train.de").exists()
+    assert not list(cache.glob(".*.part"))
+
+
 def test_iwslt14_preparation_follows_fairseq_split(tmp_path):
     lines = {lang: [f"{lang} sentence {i}" for i in range(1, 47)] for lang in ("de", "en")}
     archive = tmp_path / "de-en.tgz"
@@ -294,6 +338,31 @@ def test_sword_reader_on_a_module_built_here(tmp_path):
                                                     "data.sword_tgt_module=TinyEs", "data.valid_size=3",
                                                     "data.test_size=4", "data.split_seed=2"]).data)
     assert columns(other["test"])[0] != raw["test"][0]
+
+
+def test_sword_stage_key_covers_the_modules_files_and_nothing_else_of_the_library(tmp_path):
+    """The key of a `sword` ingest is what pysword reads: both modules' conf files and the files of their
+    DataPath directories, by content; other files and modules of the library change nothing."""
+    library = _tiny_sword(tmp_path)
+    cfg = load_config(None, [f"data.sword_path={library}", "data.sword_src_module=TinyEn",
+                             "data.sword_tgt_module=TinyEs"])
+    first = ingest.stage_key(cfg.data)
+    module_dir = library / "modules" / "texts" / "ztext"
+    assert sorted(first["files"]) == sorted(
+        [str(library / "mods.d" / f"{name}.conf") for name in ("tinyen", "tinyes")]
+        + [str(module_dir / name / part) for name in ("tinyen", "tinyes") for part in ("ot.bzs", "ot.bzv", "ot.bzz")])
+    (library / "README").write_text("notes\n", encoding="utf-8")
+    (module_dir / "tinyen" / ".." / "README").write_text("notes\n", encoding="utf-8")
+    write_ztext_module(library, "Other", {("Gen", 1, 1): "Other."})
+    assert ingest.stage_key(cfg.data) == first
+    shutil.rmtree(module_dir / "tinyes")
+    (library / "mods.d" / "tinyes.conf").unlink()
+    write_ztext_module(library, "TinyEs", {("Gen", 1, v): f"Versículo {v}." for v in range(1, 21)}, "es")
+    edited = ingest.stage_key(cfg.data)
+    changed = {path for path in first["files"] if edited["files"][path] != first["files"][path]}
+    assert changed == {str(module_dir / "tinyes" / part) for part in ("ot.bzs", "ot.bzv", "ot.bzz")}
+    (module_dir / "tinyen" / "ot.bzz").unlink()
+    assert ingest.stage_key(cfg.data)["files"].get(str(module_dir / "tinyen" / "ot.bzz")) is None
 
 
 def test_missing_sword_modules_say_how_to_install(tmp_path):
