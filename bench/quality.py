@@ -406,9 +406,11 @@ def _paired_bootstrap(baseline: dict, system: dict, data: Path, samples: int = 1
 
 def aux_phase(args: argparse.Namespace, cfg, device: str) -> dict:
     """The auxiliary losses' gain as the paper measures it: one REDER trained on the KD pairs without them to
-    update --aux-from × --steps (the first stage), then continued to --steps twice from the same weights and
-    optimizer state, same batches, same seed: with FBA + CC (`kd`) and without (`kd_noaux`). All three are
-    scored; the two continuations are compared with sacreBLEU's paired bootstrap on every test set."""
+    update --aux-from × --steps (the first stage), then continued to --steps twice per seed from the same weights
+    and optimizer state: with FBA + CC (`kd`) and without (`kd_noaux`). A seed fixes the continuations' dropout
+    and the order of their batches (`train.seed`), the same for the two of a pair; seed 1 is the first stage's own.
+    All are scored; each pair is compared with sacreBLEU's paired bootstrap on every test set and direction, and
+    over the seeds the mean difference with its smallest and largest."""
     import copy
 
     from reder import DuplexLoss, LossConfig, REDER
@@ -421,28 +423,38 @@ def aux_phase(args: argparse.Namespace, cfg, device: str) -> dict:
         raise ValueError(f"aux: --aux-from {args.aux_from} must put the fork strictly inside the {args.steps} updates")
     model_cfg, train = replace(cfg.model, memory_efficient=False), _train_config(args, cfg.train)
     examples = _kd_examples(inputs)
-    report = {**_header(args, device), "train_pairs": len(inputs.src_ids), "fork_update": fork,
+    report = {**_header(args, device), "train_pairs": len(inputs.src_ids), "fork_update": fork, "seeds": args.seeds,
               "teachers_loaded": bool(inputs.teachers), "head": model_cfg.head,
               "lambda_fba": cfg.loss.lambda_fba, "lambda_cc": cfg.loss.lambda_cc}
     torch.manual_seed(1)
-    model, hypotheses = REDER(model_cfg, LossConfig(0.0, 0.0, 0)).to(device), {}
+    model = REDER(model_cfg, LossConfig(0.0, 0.0, 0)).to(device)
     harness = _harness(args, model, DuplexLoss(model), train, device)
     stage1 = harness.fit_examples(examples, until=fork)
     state = copy.deepcopy(harness.state_dict())  # weights, optimizer, schedule, position in the data
-    report["stage1"] = {"train": stage1, **_evaluate(model, inputs)}
+    report["stage1"] = {"train": stage1, **_evaluate(model, inputs, speed=not args.no_speed)}
     print(json.dumps({"stage1": report["stage1"]}), flush=True)
-    for name, loss_config in (("kd", LossConfig(cfg.loss.lambda_fba, cfg.loss.lambda_cc, aux_start_step=fork)),
-                              ("kd_noaux", LossConfig(0.0, 0.0, 0))):
-        torch.manual_seed(2)
-        model = REDER(model_cfg, loss_config).to(device)
-        harness = _harness(args, model, DuplexLoss(model), train, device)
-        harness.load_state_dict(copy.deepcopy(state))
-        entry = {"train": harness.fit_examples(examples)}
-        entry.update(_evaluate(model, inputs, hypotheses.setdefault(name, {})))
-        report[name] = entry
-        print(json.dumps({name: entry}), flush=True)
-    report["paired_bootstrap_greedy"] = _paired_bootstrap(hypotheses["kd_noaux"]["greedy"], hypotheses["kd"]["greedy"],
-                                                          inputs.data)
+    for seed in args.seeds:
+        hypotheses, suffix = {}, "" if args.seeds == [1] else f"_seed{seed}"
+        for name, loss_config in (("kd", LossConfig(cfg.loss.lambda_fba, cfg.loss.lambda_cc, aux_start_step=fork)),
+                                  ("kd_noaux", LossConfig(0.0, 0.0, 0))):
+            torch.manual_seed(seed + 1)
+            model = REDER(model_cfg, loss_config).to(device)
+            harness = _harness(args, model, DuplexLoss(model), replace(train, seed=seed), device)
+            harness.load_state_dict(copy.deepcopy(state))
+            entry = {"seed": seed, "train": harness.fit_examples(examples)}
+            entry.update(_evaluate(model, inputs, hypotheses.setdefault(name, {}), speed=not args.no_speed))
+            report[name + suffix] = entry
+            print(json.dumps({name + suffix: entry}), flush=True)
+        report["paired_bootstrap_greedy" + suffix] = _paired_bootstrap(hypotheses["kd_noaux"]["greedy"],
+                                                                       hypotheses["kd"]["greedy"], inputs.data)
+    if len(args.seeds) > 1:
+        pairs = [report[f"paired_bootstrap_greedy_seed{seed}"] for seed in args.seeds]
+        report["over_seeds_greedy"] = {cell: {"mean_delta": round(sum(p[cell]["delta"] for p in pairs) / len(pairs), 2),
+                                              "min_delta": min(p[cell]["delta"] for p in pairs),
+                                              "max_delta": max(p[cell]["delta"] for p in pairs),
+                                              "significant_worse": sum(p[cell]["delta"] < 0 and p[cell]["p_value"] < 0.05 for p in pairs),
+                                              "significant_better": sum(p[cell]["delta"] > 0 and p[cell]["p_value"] < 0.05 for p in pairs)}
+                                       for cell in pairs[0]}
     return report
 
 
@@ -465,7 +477,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--time-cap-s", type=float, default=float("inf"), help="stop a model's training after this")
     parser.add_argument("--variants", nargs="+", default=["kd", "raw", "kd_noaux", "dag_kd"], choices=list(VARIANTS))
     parser.add_argument("--aux-from", type=float, default=0.5, help="reder: FBA + CC from this fraction of --steps; aux: where the first stage ends")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[1], help="reder: one model per variant and seed")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1], help="reder: one model per variant and seed; aux: one pair of continuations per seed")
     parser.add_argument("--beam", type=int, default=1,
                         help="reder: also score CTC beam search of this size (and teacher reranking when the teachers "
                              "phase saved its models); DAG models are scored with all their decoders")

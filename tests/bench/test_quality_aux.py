@@ -40,6 +40,18 @@ def test_aux_phase_forks_one_first_stage_into_two_continuations(multi30k_slice, 
         assert test["system"] == report["kd"]["greedy"][cell]["bleu"]
         assert test["baseline"] == report["kd_noaux"]["greedy"][cell]["bleu"]
     assert "greedy_latency_ms" in report["kd"]["speed"] and "teacher_beam4_latency_ms" in report["kd"]["speed"]
+    # several seeds: seed 1 repeats the run above, seed 2 continues the same first stage on other batches
+    seeds = quality.main(["aux", "--from", str(tmp_path / "T"), "--out", str(tmp_path / "S"), "--steps", "4",
+                          "--aux-from", "0.5", "--seeds", "1", "2", "--no-speed", *common])
+    assert seeds["stage1"]["train"]["last_loss"] == report["stage1"]["train"]["last_loss"]
+    for name in ("kd", "kd_noaux"):
+        assert seeds[f"{name}_seed1"]["train"]["last_loss"] == report[name]["train"]["last_loss"]
+        assert seeds[f"{name}_seed2"]["train"]["last_loss"] != report[name]["train"]["last_loss"]
+    assert seeds["paired_bootstrap_greedy_seed1"] == report["paired_bootstrap_greedy"]
+    for cell, summary in seeds["over_seeds_greedy"].items():
+        deltas = [seeds[f"paired_bootstrap_greedy_seed{seed}"][cell]["delta"] for seed in (1, 2)]
+        assert summary["mean_delta"] == round(sum(deltas) / 2, 2)
+        assert (summary["min_delta"], summary["max_delta"]) == (min(deltas), max(deltas))
     with pytest.raises(ValueError, match="strictly inside"):
         quality.main(["aux", "--from", str(tmp_path / "T"), "--out", str(tmp_path / "B"), "--steps", "4",
                       "--aux-from", "1.0", *common])
