@@ -29,29 +29,24 @@ def test_aux_phase_forks_one_first_stage_into_two_continuations(multi30k_slice, 
     common = ["--data-dir", str(multi30k_slice), "--max-tokens", "600", "--warmup", "1", *TINY]
     quality.main(["teachers", "--out", str(tmp_path / "T"), "--steps", "2", *common])
     report = quality.main(["aux", "--from", str(tmp_path / "T"), "--out", str(tmp_path / "A"), "--steps", "4",
-                           "--aux-from", "0.5", *common])
+                           "--aux-from", "0.5", "--seeds", "1", "2", *common])
     assert json.loads((tmp_path / "A" / "aux.json").read_text(encoding="utf-8")) == report
     assert report["phase"] == "aux" and report["fork_update"] == 2 and report["teachers_loaded"]
     assert report["stage1"]["train"]["steps"] == 2
-    assert report["kd"]["train"]["steps"] == report["kd_noaux"]["train"]["steps"] == 2
-    # same weights, same batches, same dropout seed: only the auxiliary terms make the losses differ
-    assert report["kd"]["train"]["last_loss"] > report["kd_noaux"]["train"]["last_loss"]
-    for cell, test in report["paired_bootstrap_greedy"].items():
-        assert test["system"] == report["kd"]["greedy"][cell]["bleu"]
-        assert test["baseline"] == report["kd_noaux"]["greedy"][cell]["bleu"]
-    assert "greedy_latency_ms" in report["kd"]["speed"] and "teacher_beam4_latency_ms" in report["kd"]["speed"]
-    # several seeds: seed 1 repeats the run above, seed 2 continues the same first stage on other batches
-    seeds = quality.main(["aux", "--from", str(tmp_path / "T"), "--out", str(tmp_path / "S"), "--steps", "4",
-                          "--aux-from", "0.5", "--seeds", "1", "2", "--no-speed", *common])
-    assert seeds["stage1"]["train"]["last_loss"] == report["stage1"]["train"]["last_loss"]
-    for name in ("kd", "kd_noaux"):
-        assert seeds[f"{name}_seed1"]["train"]["last_loss"] == report[name]["train"]["last_loss"]
-        assert seeds[f"{name}_seed2"]["train"]["last_loss"] != report[name]["train"]["last_loss"]
-    assert seeds["paired_bootstrap_greedy_seed1"] == report["paired_bootstrap_greedy"]
-    for cell, summary in seeds["over_seeds_greedy"].items():
-        deltas = [seeds[f"paired_bootstrap_greedy_seed{seed}"][cell]["delta"] for seed in (1, 2)]
+    for seed in (1, 2):
+        kd, noaux = report[f"kd_seed{seed}"], report[f"kd_noaux_seed{seed}"]
+        assert kd["train"]["steps"] == noaux["train"]["steps"] == 2
+        # same weights, same batches, same dropout seed: only the auxiliary terms make the losses differ
+        assert kd["train"]["last_loss"] > noaux["train"]["last_loss"]
+        for cell, test in report[f"paired_bootstrap_greedy_seed{seed}"].items():
+            assert test["system"] == kd["greedy"][cell]["bleu"] and test["baseline"] == noaux["greedy"][cell]["bleu"]
+    # seed 2 continues the same first stage on other batches, with other dropout
+    assert report["kd_noaux_seed2"]["train"]["last_loss"] != report["kd_noaux_seed1"]["train"]["last_loss"]
+    for cell, summary in report["over_seeds_greedy"].items():
+        deltas = [report[f"paired_bootstrap_greedy_seed{seed}"][cell]["delta"] for seed in (1, 2)]
         assert summary["mean_delta"] == round(sum(deltas) / 2, 2)
         assert (summary["min_delta"], summary["max_delta"]) == (min(deltas), max(deltas))
+    assert "greedy_latency_ms" in report["kd_seed1"]["speed"] and "teacher_beam4_latency_ms" in report["kd_seed1"]["speed"]
     with pytest.raises(ValueError, match="strictly inside"):
         quality.main(["aux", "--from", str(tmp_path / "T"), "--out", str(tmp_path / "B"), "--steps", "4",
                       "--aux-from", "1.0", *common])
