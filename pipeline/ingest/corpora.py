@@ -171,13 +171,10 @@ def download(url: str, directory: Path) -> Path:
     if target.is_file():
         return target
     log.info("downloading %s", url)
-    tmp = target.with_name(f".{target.name}.part")
     try:
-        with urllib.request.urlopen(url, timeout=60) as response, open(tmp, "wb") as out:
+        with urllib.request.urlopen(url, timeout=60) as response, _atomic_output(target) as out:
             shutil.copyfileobj(response, out, length=1 << 20)
-        os.replace(tmp, target)
     except OSError as error:
-        tmp.unlink(missing_ok=True)
         raise CorpusError(f"download failed: {url} ({error}); put the files into data.local_dir "
                           f"instead") from error
     return target
