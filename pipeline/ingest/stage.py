@@ -40,7 +40,7 @@ def _build(data: DataConfig, workdir: Path, tmp: Path) -> dict[str, Any]:
                               **notes, "splits": {}}
     files = [path for split in SPLITS for path in raw[split].files]
     if files:
-        report["inputs"] = {path.name: _content_digest(str(path.resolve()), *_identity(path.stat())) for path in files}
+        report["inputs"] = {path.name: _file_digest(path) for path in files}
         log.info("ingest reads %d files from %s: %s", len(files), files[0].parent, ", ".join(p.name for p in files))
     elif data.source == "sword":
         report["inputs"] = input_fingerprint(data)
@@ -97,11 +97,11 @@ def input_fingerprint(data: DataConfig) -> dict[str, Any]:
     `DataPath`), by path and SHA-256 — what pysword reads, and nothing else of the library. Two candidates for
     one file are an error here already (`readers.find_file`); a missing file is left out (the build names it)."""
     if data.source == "sword":
-        return {str(p): _content_digest(str(p.resolve()), *_identity(p.stat())) if p.is_file() else "missing"
+        return {str(p): _file_digest(p) if p.is_file() else "missing"
                 for p in _sword_files(data)}
     if not data.local_dir or not Path(data.local_dir).is_dir():
         return {}
-    return {p.name: _content_digest(str(p.resolve()), *_identity(p.stat())) for p in sorted(_files_read(data))}
+    return {p.name: _file_digest(p) for p in sorted(_files_read(data))}
 
 
 def _sword_files(data: DataConfig) -> list[Path]:
@@ -131,6 +131,11 @@ def _files_read(data: DataConfig) -> list[Path]:
 def _identity(stat: os.stat_result) -> tuple[int, ...]:
     """What changes when a file is written (ctime too, which `touch -d`/os.utime cannot set back)."""
     return stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns
+
+
+def _file_digest(path: Path) -> str:
+    """SHA-256 of a file's bytes, computed once per version of the file in this process."""
+    return _content_digest(str(path.resolve()), *_identity(path.stat()))
 
 
 @functools.lru_cache(maxsize=256)
