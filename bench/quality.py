@@ -56,11 +56,15 @@ from bench import MULTI30K, REPO_ROOT
 TESTS = ("test_2016_flickr", "test_2017_flickr")
 VALID = "val"
 LAST_UPDATE = "last_update_greedy"  # an averaged model's last update, scored greedily before averaging
+MODEL_DIR = "model-"  # + a reder phase's key: the model directories of --save-models
+# aux: the continuations with auxiliary terms, by --aux-terms (each compared with kd_noaux)
+AUX_TERMS = {"both": "kd", "fba": "kd_fba", "cc": "kd_cc"}
+
+
 def _speed(cfg) -> SimpleNamespace:
     """What measure_speed times: the config's `evaluate.latency_sentences` at batch 1, sentences/s at
     `evaluate.throughput_batch` (100 and 64 by default; key=value overrides change them)."""
     return SimpleNamespace(latency_sentences=cfg.evaluate.latency_sentences, throughput_batch=cfg.evaluate.throughput_batch)
-MODEL_DIR = "model-"  # + a reder phase's key: the model directories of --save-models
 
 
 def _lines(data: Path, split: str) -> tuple[list[str], list[str]]:
@@ -406,26 +410,34 @@ def _paired_bootstrap(baseline: dict, system: dict, data: Path, samples: int = 1
 
 def aux_phase(args: argparse.Namespace, cfg, device: str) -> dict:
     """The auxiliary losses' gain as the paper measures it: one REDER trained on the KD pairs without them to
-    update --aux-from × --steps (the first stage), then continued to --steps twice per seed from the same weights
-    and optimizer state: with FBA + CC (`kd`) and without (`kd_noaux`). A seed fixes the continuations' dropout
-    and the order of their batches (`train.seed`), the same for the two of a pair; seed 1 is the first stage's own.
-    All are scored; each pair is compared with sacreBLEU's paired bootstrap on every test set and direction, and
-    over the seeds the mean difference with its smallest and largest."""
+    update --aux-from × --steps (the first stage), then continued to --steps per seed from the same weights
+    and optimizer state: without them (`kd_noaux`) and with each of --aux-terms — FBA + CC (`kd`), FBA alone
+    (`kd_fba`), CC alone (`kd_cc`), each term at the config's weight. A seed fixes the continuations' dropout
+    and the order of their batches (`train.seed`), the same for all of a seed; seed 1 is the first stage's own.
+    All are scored; each continuation with terms is compared with `kd_noaux` by sacreBLEU's paired bootstrap on
+    every test set and direction (`paired_bootstrap_greedy[_fba|_cc][_seedN]`), and over the seeds the mean
+    difference with its smallest and largest (`over_seeds_greedy[_fba|_cc]`)."""
     import copy
 
     from reder import DuplexLoss, LossConfig, REDER
 
     if args.validate_every:
-        raise ValueError("aux: --validate-every is not supported: the two continuations fork the last update's state")
-    inputs = _reder_inputs(args, cfg, device)
+        raise ValueError("aux: --validate-every is not supported: the continuations fork the last update's state")
     fork = int(args.aux_from * args.steps)
     if not 0 < fork < args.steps:
         raise ValueError(f"aux: --aux-from {args.aux_from} must put the fork strictly inside the {args.steps} updates")
+    weights = {"both": (cfg.loss.lambda_fba, cfg.loss.lambda_cc), "fba": (cfg.loss.lambda_fba, 0.0),
+               "cc": (0.0, cfg.loss.lambda_cc)}
+    if any(weights[term] == (0.0, 0.0) for term in args.aux_terms):
+        raise ValueError(f"aux: --aux-terms {' '.join(args.aux_terms)} with loss.lambda_fba {cfg.loss.lambda_fba} and "
+                         f"loss.lambda_cc {cfg.loss.lambda_cc}: a continuation would have no auxiliary term")
+    runs = [(AUX_TERMS[term], LossConfig(*weights[term], aux_start_step=fork)) for term in args.aux_terms]
+    inputs = _reder_inputs(args, cfg, device)
     model_cfg, train = replace(cfg.model, memory_efficient=False), _train_config(args, cfg.train)
     examples = _kd_examples(inputs)
     report = {**_header(args, device), "train_pairs": len(inputs.src_ids), "fork_update": fork, "seeds": args.seeds,
               "teachers_loaded": bool(inputs.teachers), "head": model_cfg.head,
-              "lambda_fba": cfg.loss.lambda_fba, "lambda_cc": cfg.loss.lambda_cc}
+              "lambda_fba": cfg.loss.lambda_fba, "lambda_cc": cfg.loss.lambda_cc, "aux_terms": args.aux_terms}
     torch.manual_seed(1)
     model = REDER(model_cfg, LossConfig(0.0, 0.0, 0)).to(device)
     harness = _harness(args, model, DuplexLoss(model), train, device)
@@ -435,8 +447,7 @@ def aux_phase(args: argparse.Namespace, cfg, device: str) -> dict:
     print(json.dumps({"stage1": report["stage1"]}), flush=True)
     for seed in args.seeds:
         hypotheses, suffix = {}, "" if args.seeds == [1] else f"_seed{seed}"
-        for name, loss_config in (("kd", LossConfig(cfg.loss.lambda_fba, cfg.loss.lambda_cc, aux_start_step=fork)),
-                                  ("kd_noaux", LossConfig(0.0, 0.0, 0))):
+        for name, loss_config in (*runs, ("kd_noaux", LossConfig(0.0, 0.0, 0))):
             torch.manual_seed(seed + 1)
             model = REDER(model_cfg, loss_config).to(device)
             harness = _harness(args, model, DuplexLoss(model), replace(train, seed=seed), device)
@@ -445,16 +456,18 @@ def aux_phase(args: argparse.Namespace, cfg, device: str) -> dict:
             entry.update(_evaluate(model, inputs, hypotheses.setdefault(name, {}), speed=not args.no_speed))
             report[name + suffix] = entry
             print(json.dumps({name + suffix: entry}), flush=True)
-        report["paired_bootstrap_greedy" + suffix] = _paired_bootstrap(hypotheses["kd_noaux"]["greedy"],
-                                                                       hypotheses["kd"]["greedy"], inputs.data)
-    if len(args.seeds) > 1:
-        pairs = [report[f"paired_bootstrap_greedy_seed{seed}"] for seed in args.seeds]
-        report["over_seeds_greedy"] = {cell: {"mean_delta": round(sum(p[cell]["delta"] for p in pairs) / len(pairs), 2),
-                                              "min_delta": min(p[cell]["delta"] for p in pairs),
-                                              "max_delta": max(p[cell]["delta"] for p in pairs),
-                                              "significant_worse": sum(p[cell]["delta"] < 0 and p[cell]["p_value"] < 0.05 for p in pairs),
-                                              "significant_better": sum(p[cell]["delta"] > 0 and p[cell]["p_value"] < 0.05 for p in pairs)}
-                                       for cell in pairs[0]}
+        for name, _ in runs:
+            report[f"paired_bootstrap_greedy{name[2:]}{suffix}"] = _paired_bootstrap(
+                hypotheses["kd_noaux"]["greedy"], hypotheses[name]["greedy"], inputs.data)
+    for name, _ in runs if len(args.seeds) > 1 else ():
+        pairs = [report[f"paired_bootstrap_greedy{name[2:]}_seed{seed}"] for seed in args.seeds]
+        report[f"over_seeds_greedy{name[2:]}"] = {
+            cell: {"mean_delta": round(sum(p[cell]["delta"] for p in pairs) / len(pairs), 2),
+                   "min_delta": min(p[cell]["delta"] for p in pairs),
+                   "max_delta": max(p[cell]["delta"] for p in pairs),
+                   "significant_worse": sum(p[cell]["delta"] < 0 and p[cell]["p_value"] < 0.05 for p in pairs),
+                   "significant_better": sum(p[cell]["delta"] > 0 and p[cell]["p_value"] < 0.05 for p in pairs)}
+            for cell in pairs[0]}
     return report
 
 
@@ -478,6 +491,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--variants", nargs="+", default=["kd", "raw", "kd_noaux", "dag_kd"], choices=list(VARIANTS))
     parser.add_argument("--aux-from", type=float, default=0.5, help="reder: FBA + CC from this fraction of --steps; aux: where the first stage ends")
     parser.add_argument("--seeds", type=int, nargs="+", default=[1], help="reder: one model per variant and seed; aux: one pair of continuations per seed")
+    parser.add_argument("--aux-terms", nargs="+", default=["both"], choices=list(AUX_TERMS),
+                        help="aux: the continuations compared with the one without auxiliary losses: FBA + CC (both), "
+                             "FBA alone (fba), CC alone (cc), each at the config's weight")
     parser.add_argument("--beam", type=int, default=1,
                         help="reder: also score CTC beam search of this size (and teacher reranking when the teachers "
                              "phase saved its models); DAG models are scored with all their decoders")

@@ -25,28 +25,38 @@ def test_paired_bootstrap_matches_sacrebleu_and_finds_a_real_difference(multi30k
 
 
 @pytest.mark.slow
-def test_aux_phase_forks_one_first_stage_into_two_continuations(multi30k_slice, tmp_path, capsys):
+def test_aux_phase_forks_one_first_stage_into_continuations_with_each_term_set(multi30k_slice, tmp_path, capsys):
     common = ["--data-dir", str(multi30k_slice), "--max-tokens", "600", "--warmup", "1", *TINY]
     quality.main(["teachers", "--out", str(tmp_path / "T"), "--steps", "2", *common])
     report = quality.main(["aux", "--from", str(tmp_path / "T"), "--out", str(tmp_path / "A"), "--steps", "4",
-                           "--aux-from", "0.5", "--seeds", "1", "2", *common])
+                           "--aux-from", "0.5", "--aux-terms", "both", "cc", "--seeds", "1", "2", *common])
     assert json.loads((tmp_path / "A" / "aux.json").read_text(encoding="utf-8")) == report
     assert report["phase"] == "aux" and report["fork_update"] == 2 and report["teachers_loaded"]
     assert report["stage1"]["train"]["steps"] == 2
+    assert not any(key.startswith(("kd_fba", "paired_bootstrap_greedy_fba", "over_seeds_greedy_fba")) for key in report)
     for seed in (1, 2):
-        kd, noaux = report[f"kd_seed{seed}"], report[f"kd_noaux_seed{seed}"]
-        assert kd["train"]["steps"] == noaux["train"]["steps"] == 2
-        # same weights, same batches, same dropout seed: only the auxiliary terms make the losses differ
-        assert kd["train"]["last_loss"] > noaux["train"]["last_loss"]
-        for cell, test in report[f"paired_bootstrap_greedy_seed{seed}"].items():
-            assert test["system"] == kd["greedy"][cell]["bleu"] and test["baseline"] == noaux["greedy"][cell]["bleu"]
+        noaux = report[f"kd_noaux_seed{seed}"]
+        for name, bootstrap in (("kd", "paired_bootstrap_greedy"), ("kd_cc", "paired_bootstrap_greedy_cc")):
+            system = report[f"{name}_seed{seed}"]
+            assert system["train"]["steps"] == noaux["train"]["steps"] == 2
+            # same weights, same batches, same dropout seed: only the auxiliary terms make the losses differ
+            assert system["train"]["last_loss"] > noaux["train"]["last_loss"]
+            for cell, test in report[f"{bootstrap}_seed{seed}"].items():
+                assert test["system"] == system["greedy"][cell]["bleu"]
+                assert test["baseline"] == noaux["greedy"][cell]["bleu"]
+        # CC alone is a part of FBA + CC: the pair's loss has it and more (FBA's term is > 0)
+        assert report[f"kd_seed{seed}"]["train"]["last_loss"] > report[f"kd_cc_seed{seed}"]["train"]["last_loss"]
     # seed 2 continues the same first stage on other batches, with other dropout
     assert report["kd_noaux_seed2"]["train"]["last_loss"] != report["kd_noaux_seed1"]["train"]["last_loss"]
-    for cell, summary in report["over_seeds_greedy"].items():
-        deltas = [report[f"paired_bootstrap_greedy_seed{seed}"][cell]["delta"] for seed in (1, 2)]
-        assert summary["mean_delta"] == round(sum(deltas) / 2, 2)
-        assert (summary["min_delta"], summary["max_delta"]) == (min(deltas), max(deltas))
+    for over, bootstrap in (("over_seeds_greedy", "paired_bootstrap_greedy"), ("over_seeds_greedy_cc", "paired_bootstrap_greedy_cc")):
+        for cell, summary in report[over].items():
+            deltas = [report[f"{bootstrap}_seed{seed}"][cell]["delta"] for seed in (1, 2)]
+            assert summary["mean_delta"] == round(sum(deltas) / 2, 2)
+            assert (summary["min_delta"], summary["max_delta"]) == (min(deltas), max(deltas))
     assert "greedy_latency_ms" in report["kd_seed1"]["speed"] and "teacher_beam4_latency_ms" in report["kd_seed1"]["speed"]
     with pytest.raises(ValueError, match="strictly inside"):
         quality.main(["aux", "--from", str(tmp_path / "T"), "--out", str(tmp_path / "B"), "--steps", "4",
                       "--aux-from", "1.0", *common])
+    with pytest.raises(ValueError, match=r"--aux-terms fba with loss\.lambda_fba 0\.0 .* no auxiliary term"):
+        quality.main(["aux", "--from", str(tmp_path / "T"), "--out", str(tmp_path / "B"), "--steps", "4",
+                      "--aux-from", "0.5", "--aux-terms", "fba", *common, "loss.lambda_fba=0"])
