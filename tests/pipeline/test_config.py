@@ -119,7 +119,10 @@ def test_vocab_size_has_one_source_of_truth():
 def test_train_and_evaluate_sections_are_checked():
     default = load_config(Path(__file__).resolve().parents[2] / "configs" / "default.yaml")
     assert default.evaluate.splits == ("test",) and default.train.adam_betas == (0.9, 0.98)
-    assert default.loss.aux_start_step < default.train.max_steps  # stage two happens
+    for recipe in ("wmt14_ende.yaml", "wmt16_enro.yaml"):  # the paper's: stage two after a first stage
+        paper = load_config(Path(__file__).resolve().parents[2] / "configs" / recipe)
+        assert 0 < paper.loss.aux_start_step < paper.train.max_steps
+        assert paper.loss.lambda_fba > 0 and paper.loss.lambda_cc > 0
     with pytest.raises(ConfigError, match="average_best"):
         load_config(None, ["train.keep_checkpoints=2", "train.average_best=3"])
     with pytest.raises(ConfigError, match="splits"):
