@@ -57,8 +57,8 @@ TESTS = ("test_2016_flickr", "test_2017_flickr")
 VALID = "val"
 LAST_UPDATE = "last_update_greedy"  # an averaged model's last update, scored greedily before averaging
 MODEL_DIR = "model-"  # + a reder phase's key: the model directories of --save-models
-# aux: the continuations with auxiliary terms, by --aux-terms (each compared with kd_noaux)
-AUX_TERMS = {"both": "kd", "fba": "kd_fba", "cc": "kd_cc"}
+# aux: the continuations with auxiliary terms by --aux-terms, each named "kd" + its suffix (compared with kd_noaux)
+AUX_TERMS = {"both": "", "fba": "_fba", "cc": "_cc"}
 
 
 def _speed(cfg) -> SimpleNamespace:
@@ -431,7 +431,7 @@ def aux_phase(args: argparse.Namespace, cfg, device: str) -> dict:
     if any(weights[term] == (0.0, 0.0) for term in args.aux_terms):
         raise ValueError(f"aux: --aux-terms {' '.join(args.aux_terms)} with loss.lambda_fba {cfg.loss.lambda_fba} and "
                          f"loss.lambda_cc {cfg.loss.lambda_cc}: a continuation would have no auxiliary term")
-    runs = [(AUX_TERMS[term], LossConfig(*weights[term], aux_start_step=fork)) for term in args.aux_terms]
+    runs = {AUX_TERMS[term]: LossConfig(*weights[term], aux_start_step=fork) for term in args.aux_terms}
     inputs = _reder_inputs(args, cfg, device)
     model_cfg, train = replace(cfg.model, memory_efficient=False), _train_config(args, cfg.train)
     examples = _kd_examples(inputs)
@@ -447,7 +447,8 @@ def aux_phase(args: argparse.Namespace, cfg, device: str) -> dict:
     print(json.dumps({"stage1": report["stage1"]}), flush=True)
     for seed in args.seeds:
         hypotheses, suffix = {}, "" if args.seeds == [1] else f"_seed{seed}"
-        for name, loss_config in (*runs, ("kd_noaux", LossConfig(0.0, 0.0, 0))):
+        for name, loss_config in (*((f"kd{term}", config) for term, config in runs.items()),
+                                  ("kd_noaux", LossConfig(0.0, 0.0, 0))):
             torch.manual_seed(seed + 1)
             model = REDER(model_cfg, loss_config).to(device)
             harness = _harness(args, model, DuplexLoss(model), replace(train, seed=seed), device)
@@ -456,12 +457,12 @@ def aux_phase(args: argparse.Namespace, cfg, device: str) -> dict:
             entry.update(_evaluate(model, inputs, hypotheses.setdefault(name, {}), speed=not args.no_speed))
             report[name + suffix] = entry
             print(json.dumps({name + suffix: entry}), flush=True)
-        for name, _ in runs:
-            report[f"paired_bootstrap_greedy{name[2:]}{suffix}"] = _paired_bootstrap(
-                hypotheses["kd_noaux"]["greedy"], hypotheses[name]["greedy"], inputs.data)
-    for name, _ in runs if len(args.seeds) > 1 else ():
-        pairs = [report[f"paired_bootstrap_greedy{name[2:]}_seed{seed}"] for seed in args.seeds]
-        report[f"over_seeds_greedy{name[2:]}"] = {
+        for term in runs:
+            report[f"paired_bootstrap_greedy{term}{suffix}"] = _paired_bootstrap(
+                hypotheses["kd_noaux"]["greedy"], hypotheses[f"kd{term}"]["greedy"], inputs.data)
+    for term in runs if len(args.seeds) > 1 else ():
+        pairs = [report[f"paired_bootstrap_greedy{term}_seed{seed}"] for seed in args.seeds]
+        report[f"over_seeds_greedy{term}"] = {
             cell: {"mean_delta": round(sum(p[cell]["delta"] for p in pairs) / len(pairs), 2),
                    "min_delta": min(p[cell]["delta"] for p in pairs),
                    "max_delta": max(p[cell]["delta"] for p in pairs),
@@ -490,7 +491,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--time-cap-s", type=float, default=float("inf"), help="stop a model's training after this")
     parser.add_argument("--variants", nargs="+", default=["kd", "raw", "kd_noaux", "dag_kd"], choices=list(VARIANTS))
     parser.add_argument("--aux-from", type=float, default=0.5, help="reder: FBA + CC from this fraction of --steps; aux: where the first stage ends")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[1], help="reder: one model per variant and seed; aux: one pair of continuations per seed")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1], help="reder: one model per variant and seed; aux: one set of continuations per seed")
     parser.add_argument("--aux-terms", nargs="+", default=["both"], choices=list(AUX_TERMS),
                         help="aux: the continuations compared with the one without auxiliary losses: FBA + CC (both), "
                              "FBA alone (fba), CC alone (cc), each at the config's weight")
