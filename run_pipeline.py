@@ -160,8 +160,10 @@ def connect_ray(cfg: PipelineConfig) -> None:
         logging.getLogger(__name__).info("cluster: %d nodes see the workdir %s", nodes, Path(cfg.workdir).resolve())
 
 
-def run(cfg: PipelineConfig, stages: list[str], force: bool = False) -> dict[str, dict]:
-    """Run `stages` in order; returns {stage: {output, status, counts, seconds}}."""
+def run(cfg: PipelineConfig, stages: list[str], force: bool = False, started: float | None = None) -> dict[str, dict]:
+    """Run `stages` in order; returns {stage: {output, status, counts, seconds}}. `started` (time.time() of the
+    command's start, else now) starts the run's budget (`budget.max_time`), shared by its training stages."""
+    deadline = (time.time() if started is None else started) + cfg.budget.max_time
     workdir = Path(cfg.workdir).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
     needed = graph.needed(cfg, ("evaluate", *[name for name in stages if name in graph.OPTIONAL]))  # named: wanted
@@ -191,7 +193,11 @@ def run(cfg: PipelineConfig, stages: list[str], force: bool = False) -> dict[str
                 if graph.BY_NAME[name].uses_ray:
                     connect_ray(cfg)
                 tracker.begin_stage(name, expected.name)
-            output = graph.run(cfg, workdir, name, force=force, tracker=tracker, inputs=inputs)
+            later = [n for n in stages[index:] if n in needed and (force or not is_done(dirs[n]))]
+            cap = graph.time_cap(cfg, name, later, deadline - time.time())
+            if status == "ran" and cap != float("inf"):
+                print(f"      {name}: {cap:.0f} s of the run's budget (budget.max_time={cfg.budget.max_time:g})", flush=True)
+            output = graph.run(cfg, workdir, name, force=force, tracker=tracker, inputs=inputs, time_cap_s=cap)
             counts = read_manifest(output)["counts"]
             summary[name] = {"output": str(output), "status": status, "counts": counts,
                              "seconds": round(time.time() - started, 1)}
@@ -324,6 +330,7 @@ def tune_main(argv: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    started = time.time()  # the run's budget (budget.max_time) counts from here
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["tune"]:
         return tune_main(argv[1:])
@@ -332,7 +339,8 @@ def main(argv: list[str] | None = None) -> int:
 
     def work() -> tuple[PipelineConfig, dict[str, dict]]:
         cfg = load_run_config(args.config, overrides)
-        return cfg, run(cfg, select_stages(args.stages) if args.stages else graph.pipeline_stages(cfg), force=args.force)
+        return cfg, run(cfg, select_stages(args.stages) if args.stages else graph.pipeline_stages(cfg), force=args.force,
+                        started=started)
 
     code, (cfg, summary) = guarded(work)
     if code:

@@ -140,6 +140,19 @@ class TrainConfig:
     fail_at_step: int = 0  # fault drill: raise once after this step in a run that did not resume (0 = off)
     start_timeout_s: float = 60.0  # how long the driver waits for the requested resources to exist
     placement_strategy: str = "PACK"  # Ray placement of the workers: PACK, SPREAD (across nodes), STRICT_*
+    # Stopping by time and by plateau (issue 53). max_time: seconds of the training loop (updates and validations,
+    # summed over resumes; the worker group's start comes on top), 0 = no limit: fairseq's --stop-time-hours. The
+    # run stops at max_steps or max_time, whichever comes first, and validates its last update. A run stopped by
+    # time is not reproducible across cards: its manifest records the updates it reached, the card and the seed.
+    max_time: float = 0.0
+    # Stop after this many validations in a row without a new best valid_bleu (fairseq's --patience); 0 = off.
+    patience: int = 0
+    # The learning rate after warm-up: "inverse_sqrt" (fairseq's: lr·√(warmup/step)) or "linear" (fairseq's
+    # polynomial_decay of power 1: down to 0 at the end of the planned run, max_steps or max_time).
+    lr_scheduler: Literal["inverse_sqrt", "linear"] = "inverse_sqrt"
+    # > 0: warm up over this fraction of the planned run instead of warmup_steps; the run's progress is the larger
+    # of step/max_steps and elapsed/max_time, so a time-budgeted run warms up and decays over its budget.
+    warmup_fraction: float = 0.0
 
     def __post_init__(self) -> None:
         require(self, num_workers=">= 1", cpus_per_worker="> 0", gpus_per_worker="> 0", max_tokens=">= 1",
@@ -157,7 +170,9 @@ class TrainConfig:
         if self.average_best > self.keep_checkpoints:
             raise FieldError("average_best", f"must be <= keep_checkpoints ({self.keep_checkpoints}), got "
                              f"{self.average_best}", ("keep_checkpoints",))
-        require(self, max_failures=">= -1", fail_at_step=">= 0", start_timeout_s="> 0")
+        require(self, max_failures=">= -1", fail_at_step=">= 0", start_timeout_s="> 0", max_time=">= 0", patience=">= 0")
+        if not 0 <= self.warmup_fraction < 1:
+            raise FieldError("warmup_fraction", f"must be in [0, 1), got {self.warmup_fraction}")
         if self.placement_strategy not in PLACEMENT_STRATEGIES:
             raise FieldError("placement_strategy", f"must be one of {list(PLACEMENT_STRATEGIES)}, "
                              f"got {self.placement_strategy!r}")
@@ -360,6 +375,21 @@ class TrackingConfig:
 
 
 @dataclass(frozen=True)
+class BudgetConfig:
+    """A wall-clock budget for the whole pipeline run (run_pipeline.py, from its start), shared by its training
+    stages (teacher, cmlm, train): each stops at its own `max_time` or earlier, when the run's time left, less
+    the `max_time` of every training stage still to come and `reserve` seconds for the stages that do not
+    train (distill, evaluate, the starts), runs out. It shortens stages only, so it is not part of any stage's
+    key; a stage it cut says so in its manifest (`stopped_by`: "time_cap")."""
+
+    max_time: float = 0.0  # seconds for the whole run, from run_pipeline.py's start; 0 = no run budget
+    reserve: float = 0.0  # seconds kept for what does not train after a training stage (distill, evaluate, starts)
+
+    def __post_init__(self) -> None:
+        require(self, max_time=">= 0", reserve=">= 0")
+
+
+@dataclass(frozen=True)
 class PipelineConfig:
     """The whole run. Later stages add their own sections here."""
 
@@ -377,6 +407,7 @@ class PipelineConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
     tune: TuneConfig = field(default_factory=TuneConfig)
+    budget: BudgetConfig = field(default_factory=BudgetConfig)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain nested dicts and lists (tuples become lists), loadable again by `from_dict`."""

@@ -15,6 +15,7 @@ finished outputs keep their directories (tests/pipeline/test_graph.py pins them)
 """
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,7 @@ NOT_HASHED = ("log_every", "max_failures", "storage_path", "fail_at_step", "star
 # default, which is the behaviour from before them, so finished outputs keep their directories.
 ADDED_LATER = {"model": ("dag_dp",),
                "loss": ("fba_start_step", "cc_start_step", "directions", "glance_start", "glance_end", "glance_steps"),
-               "train": ("batch_tokens",),
+               "train": ("batch_tokens", "max_time", "patience", "lr_scheduler", "warmup_fraction"),
                "evaluate": ("rerank_weight", "cutoff_top_n", "cutoff_prob", "dag_max_transition", "dag_no_repeat_ngram",
                             "dag_length_penalty", "cmlm_iterations", "cmlm_length_beam", "refine_steps")}
 # Stages a pipeline run lists only when it needs them (added after outputs existed; a run without them reads
@@ -146,6 +147,26 @@ PIPELINE = tuple(stage.name for stage in STAGES if stage.name != "tune")  # a pi
 BY_NAME = {stage.name: stage for stage in STAGES}
 
 
+# The stages that train, and the config section whose `train` they use (budget.max_time is shared among them).
+TRAINING = {"teacher": "teacher", "cmlm": "cmlm", "train": None}
+
+
+def train_section(cfg: PipelineConfig, name: str) -> TrainConfig:
+    """The TrainConfig of training stage `name`."""
+    section = TRAINING[name]
+    return getattr(cfg, section).train if section else cfg.train
+
+
+def time_cap(cfg: PipelineConfig, name: str, later: list[str], seconds_left: float) -> float:
+    """Training stage `name`'s share of the run's budget (`budget`): the `seconds_left` of the run less the
+    `max_time` of the training stages in `later` (still to run after it) and `budget.reserve`; infinite without a
+    run budget. A later stage without a max_time has no claim: it gets what is left when it starts."""
+    if not cfg.budget.max_time or name not in TRAINING:
+        return math.inf
+    claims = sum(train_section(cfg, other).max_time for other in later if other in TRAINING)
+    return max(0.0, seconds_left - claims - cfg.budget.reserve)
+
+
 def pipeline_stages(cfg: PipelineConfig) -> list[str]:
     """A pipeline run's stages by default: PIPELINE less the OPTIONAL stages this config does not need."""
     needs = needed(cfg)
@@ -193,10 +214,11 @@ def check_inputs(cfg: PipelineConfig, workdir: Path, name: str) -> dict[str, Pat
 
 
 def run(cfg: PipelineConfig, workdir: Path, name: str, force: bool = False, tracker: Any = None,
-        inputs: dict[str, Path] | None = None, resume: bool = False) -> Path:
+        inputs: dict[str, Path] | None = None, resume: bool = False, time_cap_s: float = math.inf) -> Path:
     """Build stage `name` from its finished inputs (skipped when its own output is finished, unless `force`).
     `inputs`: what `check_inputs` returned, when the caller checked them already (hashing is not free);
-    `resume`: continue an interrupted sweep (tune --resume)."""
+    `resume`: continue an interrupted sweep (tune --resume); `time_cap_s`: a training stage's share of the
+    run's budget (`time_cap`)."""
     stage = BY_NAME[name]
     workdir = Path(workdir).resolve()
     dirs = output_dirs(cfg, workdir)
@@ -204,7 +226,7 @@ def run(cfg: PipelineConfig, workdir: Path, name: str, force: bool = False, trac
         return dirs[name]  # finished: skipped without reading (hashing) its inputs
     inputs = check_inputs(cfg, workdir, name) if inputs is None else inputs
     context = StageRun(cfg=cfg, workdir=workdir, out=dirs[name], inputs=inputs, tracker=tracker, force=force,
-                       resume=resume)
+                       resume=resume, time_cap_s=time_cap_s)
 
     def build(tmp: Path) -> dict[str, Any]:
         if stage.uses_ray:

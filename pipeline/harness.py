@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
+import platform
 import time
 from collections.abc import Sequence
 from typing import Any, Callable, Iterator, Optional, TypeVar
@@ -49,6 +51,29 @@ def inverse_sqrt(step: int, lr: float, warmup: int, init_lr: float) -> float:
     if warmup > 0 and step < warmup:
         return init_lr + step * (lr - init_lr) / warmup
     return lr * math.sqrt(max(warmup, 1) / step)
+
+
+def learning_rate(step: int, cfg: TrainConfig, time_progress: float = 0.0) -> float:
+    """The learning rate after `step` updates. Without `warmup_fraction` and with `lr_scheduler` inverse_sqrt,
+    fairseq's `inverse_sqrt` by steps. Otherwise it follows the run's progress p = max(step / max_steps,
+    `time_progress`) (the fraction of `max_time` spent): a linear warm-up from warmup_init_lr to lr over the
+    first `warmup_fraction` f of the run (else over `warmup_steps`), then lr·√(f/p) (inverse_sqrt) or a linear
+    decay to 0 at p = 1 (linear: fairseq's polynomial_decay of power 1), so a run budgeted by time warms up and
+    decays over its budget, however many updates the card makes of it."""
+    fraction = cfg.warmup_fraction
+    if not fraction and cfg.lr_scheduler == "inverse_sqrt":
+        return inverse_sqrt(step, cfg.lr, cfg.warmup_steps, cfg.warmup_init_lr)
+    progress = min(max(step / cfg.max_steps, time_progress), 1.0)
+    if fraction:
+        if progress < fraction:
+            return cfg.warmup_init_lr + (cfg.lr - cfg.warmup_init_lr) * progress / fraction
+        if cfg.lr_scheduler == "inverse_sqrt":
+            return cfg.lr * math.sqrt(fraction / max(progress, fraction))
+        return cfg.lr * (1.0 - progress) / (1.0 - fraction)
+    if step < cfg.warmup_steps:  # linear decay after a warm-up by steps
+        return inverse_sqrt(step, cfg.lr, cfg.warmup_steps, cfg.warmup_init_lr)
+    start = min(cfg.warmup_steps / cfg.max_steps, 0.5)  # the decay's start as a fraction of the run
+    return cfg.lr * max(0.0, 1.0 - progress) / (1.0 - start) if progress > start else cfg.lr
 
 
 def batch_size_tokens(sentences: int, longest_src: int, longest_tgt: int, count: str = "sum") -> int:
@@ -200,15 +225,30 @@ def passes(examples: list[Example], device: torch.device | str) -> tuple[Batch, 
     return forward, _tensors([(kd_src, tgt) for _, tgt, _, kd_src in examples], device)
 
 
+def distributed() -> bool:
+    """Whether this process is one of several DDP ranks."""
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def device_name(device: torch.device) -> str:
+    """The card (CUDA) or the CPU a run trained on, for its records: a run stopped by time depends on it."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"cpu ({platform.machine()}, {os.cpu_count()} cores)"
+
+
 def all_reduce(value: float, op: str) -> float:
-    """`value` summed ("sum") or minimised ("min") over the DDP ranks; itself outside torch.distributed."""
+    """`value` summed ("sum"), minimised ("min") or maximised ("max") over the DDP ranks; itself outside
+    torch.distributed."""
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()):
         return value
     device = "cuda" if dist.get_backend() == "nccl" else "cpu"
     tensor = torch.tensor([value], dtype=torch.float64, device=device)
-    dist.all_reduce(tensor, op={"min": dist.ReduceOp.MIN, "sum": dist.ReduceOp.SUM}[op])
+    dist.all_reduce(tensor, op={"min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX, "sum": dist.ReduceOp.SUM}[op])
     return float(tensor.item())
 
 
@@ -260,9 +300,13 @@ class Harness:
         self.bf16 = cfg.bf16 and self.device.type == "cuda"
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=tuple(cfg.adam_betas),
                                            eps=cfg.adam_eps, weight_decay=cfg.weight_decay)
+        # Training seconds of the run so far (updates and validations, summed over resumes: max_time counts
+        # them), and the plateau count of `patience`: the best validation score and the validations since it.
+        self.elapsed, self.best_score, self.bad_validations = 0.0, -math.inf, 0
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda step: inverse_sqrt(step, cfg.lr, cfg.warmup_steps, cfg.warmup_init_lr) / cfg.lr)
+            self.optimizer, lambda step: learning_rate(step, cfg, self.time_progress) / cfg.lr)
         self.step = self.epoch = self.next_batch = 0
+        self.stopped_by: Optional[str] = None  # why the last fit ended: max_steps, max_time, time_cap, patience
         self.history: list[dict[str, Any]] = []
         self.resumed_from: Optional[int] = None
         self.best: Optional[list[tuple[float, int, dict[str, torch.Tensor]]]] = [] if keep_best else None
@@ -300,31 +344,52 @@ class Harness:
         reads = getattr(getattr(self.objective, "module", self.objective), "reads", None)  # DDP wraps it
         return (reads(batch, reverse),) if reads else tuple(b for b in (batch, reverse) if b is not None)
 
+    @property
+    def time_progress(self) -> float:
+        """The fraction of `max_time` spent (0 without a time budget): the schedule's clock (`learning_rate`)."""
+        return self.elapsed / self.cfg.max_time if self.cfg.max_time else 0.0
+
     def fit(self, batches: Iterator[MicroBatch], until: Optional[int] = None,
-            time_cap_s: float = math.inf) -> dict[str, float]:
+            time_cap_s: float = math.inf) -> dict[str, Any]:
         """Train from `batches` (which must start at `position`) to step `until` (a pause: no validation
-        there) or `max_steps`, or until `time_cap_s` seconds have passed (at least one update; one process
-        only: DDP ranks would stop at different steps); a run that ends is validated at its last step.
-        Returns this call's updates, seconds and last loss; the model is left in eval mode."""
+        there) or `max_steps`, or until the run's training time reaches `max_time` (summed over resumes) or
+        this call's reaches `time_cap_s`, or `patience` validations in a row bring no new best (at least one
+        update); a run that ends is validated at its last update, and `stopped_by` says why it ended. The
+        clock is read after every update in one process; with DDP ranks every `log_every` updates, as the
+        slowest rank's (an all-reduce), so that every rank stops at the same update and follows the same
+        learning rate. Returns this call's updates, seconds, last loss and stop; the model is left in eval mode."""
         stop = self.cfg.max_steps if until is None else min(until, self.cfg.max_steps)
-        started, first, last_loss = time.perf_counter(), self.step, math.nan
+        started, first, last_loss, base = time.perf_counter(), self.step, math.nan, self.elapsed
         self._window.restart()
-        capped = False
-        while self.step < stop and not capped:
+        self.stopped_by = None
+        while self.step < stop and self.stopped_by is None:
             pulled = [next(batches) for _ in range(self.cfg.update_freq)]
             self.epoch, self.next_batch = pulled[-1][0], pulled[-1][1] + 1
             result = self.update([examples for _, _, examples in pulled])
             last_loss = result["total"]
             self._window.add(result)
-            capped = time.perf_counter() - started >= time_cap_s
-            validate = self.step % self.cfg.validate_every == 0 or self.step == self.cfg.max_steps or capped
+            read_clock = not distributed() or self.step % self.cfg.log_every == 0
+            if read_clock:
+                self.elapsed = all_reduce(base + time.perf_counter() - started, "max")
+                self.stopped_by = self._out_of_time(self.elapsed - base, time_cap_s)
+            if self.stopped_by is None and self.step == self.cfg.max_steps:
+                self.stopped_by = "max_steps"
+            validate = self.step % self.cfg.validate_every == 0 or self.stopped_by is not None
             if validate or self.step % self.cfg.log_every == 0:
                 self._report(validate)
             if self.on_step is not None:
                 self.on_step(self.step)
+            if read_clock:  # again, with the validation: the next update's learning rate sees all time spent
+                self.elapsed = all_reduce(base + time.perf_counter() - started, "max")
+        self.elapsed = all_reduce(base + time.perf_counter() - started, "max")  # a pause keeps all it spent
         self.model.eval()
         return {"steps": self.step - first, "seconds": round(time.perf_counter() - started, 1),
-                "last_loss": round(last_loss, 4)}
+                "last_loss": round(last_loss, 4), "stopped_by": self.stopped_by}
+
+    def _out_of_time(self, call_seconds: float, time_cap_s: float) -> Optional[str]:
+        if self.cfg.max_time and self.elapsed >= self.cfg.max_time:
+            return "max_time"
+        return "time_cap" if call_seconds >= time_cap_s else None
 
     def fit_examples(self, examples: Sequence[Example] | ExampleTable, until: Optional[int] = None,
                      time_cap_s: float = math.inf) -> dict[str, float]:
@@ -349,10 +414,23 @@ class Harness:
         validated = validate and self.validate is not None
         if validated:
             metrics.update(self._score())
+            if self.cfg.patience and self._plateau(metrics[SCORE]):
+                self.stopped_by = "patience"
+        if self.stopped_by is not None:  # the run's last report: why it ended and where (a budget depends on it)
+            metrics.update(stopped_by=self.stopped_by, device=device_name(self.device), elapsed=round(self.elapsed, 1))
         self.history.append(metrics)
         if self.on_report is not None:
             self.on_report(metrics, self.state_dict() if validated else None)
         self._window.restart()  # validation and checkpoints are not training time
+
+    def _plateau(self, score: float) -> bool:
+        """Count a validation towards `patience` (no new best: one more; a new best: back to 0); whether the
+        run has reached it, as rank 0 (the only rank with a score) sees it."""
+        if math.isfinite(score) and score > self.best_score:
+            self.best_score, self.bad_validations = score, 0
+        elif math.isfinite(score):
+            self.bad_validations += 1
+        return all_reduce(float(self.bad_validations >= self.cfg.patience), "max") > 0
 
     def _score(self) -> dict[str, float]:
         started, was_training = time.perf_counter(), self.model.training
@@ -386,7 +464,8 @@ class Harness:
         """What a run resumes from (live references: deep-copy it to keep a snapshot)."""
         return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
                 "scheduler": self.scheduler.state_dict(), "step": self.step, "epoch": self.epoch,
-                "next_batch": self.next_batch, "history": self.history}
+                "next_batch": self.next_batch, "history": self.history, "elapsed": self.elapsed,
+                "best_score": self.best_score, "bad_validations": self.bad_validations}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue the run of `state` (its history gets a `resumed_from` entry)."""
@@ -394,5 +473,8 @@ class Harness:
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.step, self.epoch, self.next_batch = state["step"], state["epoch"], state["next_batch"]
+        # a checkpoint from before time budgets and patience: its time and plateau count start afresh
+        self.elapsed = float(state.get("elapsed", 0.0))
+        self.best_score, self.bad_validations = float(state.get("best_score", -math.inf)), int(state.get("bad_validations", 0))
         self.resumed_from = self.step
         self.history = [*state["history"], {"step": self.step, "resumed_from": self.step}]

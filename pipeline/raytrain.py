@@ -118,12 +118,13 @@ def run_storage(storage: Path, name: str, force: bool) -> Path:
 
 def make_trainer(cfg: PipelineConfig, name: str, storage: Path, train_data: Path, data: Path, corpus: Path,
                  spm_dir: Path, mlflow_target: dict[str, str] | None, callbacks: tuple = (),
-                 task: dict[str, str] | None = None) -> Any:
+                 task: dict[str, str] | None = None, time_cap_s: float = math.inf) -> Any:
     """The TorchTrainer of one training run (run `name` under `storage`; a run with the same pair
     resumes from its latest checkpoint) on the `train_data` split, validated on `data`/valid.
     `mlflow_target` receives rank 0's per-step metrics. `task` is REDER's (default) or
     {"kind": "teacher" | "cmlm", "direction": d}: the teacher or the CMLM of one direction, with the config
-    section of that name."""
+    section of that name. `time_cap_s`: the stage's share of the run's budget (the loop stops there, at the
+    latest; the section's own `max_time` may stop it earlier)."""
     import ray.train
     from ray.train.torch import TorchTrainer
 
@@ -139,6 +140,7 @@ def make_trainer(cfg: PipelineConfig, name: str, storage: Path, train_data: Path
         "blank_penalties": list(cfg.evaluate.blank_penalties if task["kind"] == "reder" else NO_BLANK_PENALTY),
         "mlflow": mlflow_target,
         "progress": str(Path(storage) / name / PROGRESS_FILE),
+        "time_cap_s": time_cap_s,
     }
     resources = worker_resources(train)
     return TorchTrainer(
@@ -301,11 +303,20 @@ def run_report(fitted: dict[str, Any], run_path: Path) -> dict[str, Any]:
     """report.json of a finished run: steps, averaged checkpoints, last validation, restarts."""
     history = fitted["history"]
     last = history[-1]
-    return {"steps": last["step"], "averaged_checkpoints": fitted["averaged"], "ray_run": str(run_path),
+    return {"steps": last["step"], "stopped_by": last.get("stopped_by"), "device": last.get("device"),
+            "train_seconds": last.get("elapsed"), "averaged_checkpoints": fitted["averaged"], "ray_run": str(run_path),
             "fit_seconds": fitted["fit_seconds"],
             "last_valid": {k: v for k, v in last.items() if k.startswith(("bleu_", "valid_"))},
             "restarts": sum(1 for h in history if h.get("resumed_from")),
             "workers": read_placement(run_path)}
+
+
+def budget_record(report: dict[str, Any], train: TrainConfig) -> dict[str, Any]:
+    """What a training stage's manifest and MLflow run record of how it ended: why it stopped (max_steps,
+    max_time, time_cap: the run's budget, patience), the card, the seed and its training seconds; a run stopped
+    by time is not reproducible on another card, so these say what it reached where."""
+    return {"stopped_by": report["stopped_by"], "device": report["device"], "seed": train.seed,
+            "train_seconds": report["train_seconds"], "budgeted_by_time": bool(train.max_time)}
 
 
 def read_placement(run_path: Path) -> list[dict[str, Any]]:
@@ -529,7 +540,7 @@ def train_loop(config: dict[str, Any]) -> None:
         if mlflow is not None:
             mlflow.log({"resumed_from_step": harness.step}, harness.step)  # one point per restart of the worker group
     examples = read_shard(Path(config["train_data"]), rank, world_size)
-    harness.fit(harness.stream(lambda epoch: _epoch(examples, train, epoch, rank)))
+    harness.fit(harness.stream(lambda epoch: _epoch(examples, train, epoch, rank)), time_cap_s=config["time_cap_s"])
 
 
 def gather_placement() -> list[dict[str, Any]]:

@@ -16,6 +16,7 @@ import fcntl
 import hashlib
 import json
 import logging
+import math
 import os
 import shutil
 import time
@@ -44,7 +45,8 @@ class StageRun:
     """What a stage's `build` gets: the config, its own final output directory (`out.name` names its Ray
     Train runs), every input directory by label (finished, checked), the MLflow tracker (or None), and
     `force` (run_pipeline.py --force: redo from scratch, so a Ray Train run must not resume), `resume`
-    (run_pipeline.py tune --resume: continue an interrupted sweep)."""
+    (run_pipeline.py tune --resume: continue an interrupted sweep), `time_cap_s` (a training stage's share of
+    the run's budget, `budget.max_time`: its training loop stops then, if its own max_time has not stopped it)."""
 
     cfg: "PipelineConfig"
     workdir: Path
@@ -53,6 +55,7 @@ class StageRun:
     tracker: Any = None
     force: bool = False
     resume: bool = False
+    time_cap_s: float = math.inf
 
 
 @dataclass(frozen=True)

@@ -106,7 +106,7 @@ def train_per_direction(run: StageRun, train_data: Path, data: Path, tmp: Path, 
         child = child_run(target, tracking.run_name(cfg.tracking, run_name),
                           {tracking.STAGE_TAG: f"{kind} {direction}"})
         trainer = raytrain.make_trainer(cfg, run_name, storage, train_data, data, run.inputs["ingest"], spm_dir, child,
-                                        task={"kind": kind, "direction": direction})
+                                        task={"kind": kind, "direction": direction}, time_cap_s=run.time_cap_s)
         model = make_model()
         # A failure or interruption leaves `child` open: the tracker closes it with the stage's run.
         fitted = raytrain.fit_and_average(trainer, storage / run_name, section.train.average_best, model)
@@ -117,7 +117,8 @@ def train_per_direction(run: StageRun, train_data: Path, data: Path, tmp: Path, 
         reports[direction] = raytrain.run_report(fitted, storage / run_name)
         best = fitted["averaged"][0]
         counts[direction] = {"steps": reports[direction]["steps"], "best_valid_bleu": best["valid_bleu"],
-                             "restarts": reports[direction]["restarts"]}
+                             "restarts": reports[direction]["restarts"],
+                             **raytrain.budget_record(reports[direction], section.train)}
         finish_child_run(child, counts[direction])
         log.info("%s %s: %d steps, best validation BLEU %.2f", kind, direction, counts[direction]["steps"],
                  best["valid_bleu"])

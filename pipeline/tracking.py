@@ -158,7 +158,7 @@ def child_run(target: dict[str, str] | None, name: str, tags: dict[str, str] | N
 
 
 def finish_child_run(target: dict[str, str] | None, counts: dict[str, Any]) -> None:
-    """Log `counts` as metrics on a child run and close it."""
+    """Log `counts` as metrics (their words, such as `stopped_by` and `device`, as tags) on a child run and close it."""
     if target is None:
         return
     from mlflow.tracking import MlflowClient
@@ -166,6 +166,8 @@ def finish_child_run(target: dict[str, str] | None, counts: dict[str, Any]) -> N
     client = MlflowClient(target["uri"])
     for key, value in numeric(counts).items():
         client.log_metric(target["run_id"], key, value)
+    for key, value in words(counts).items():
+        client.set_tag(target["run_id"], key, value)
     client.set_terminated(target["run_id"], status="FINISHED")
 
 
@@ -191,6 +193,12 @@ def numeric(values: dict[str, Any]) -> dict[str, float]:
         if isinstance(value, (int, float)) and not isinstance(value, bool) and value == value and abs(value) != float("inf"):
             out[key] = float(value)
     return out
+
+
+def words(values: dict[str, Any]) -> dict[str, str]:
+    """The text values of a (flattened) dict: what a run records as tags (a training stage's `stopped_by`, its
+    `device`), MLflow metrics being numbers."""
+    return {key: value[:5000] for key, value in flatten(values).items() if isinstance(value, str)}
 
 
 def history_panels(history: list[dict[str, Any]]) -> dict[str, list[str]]:
@@ -347,6 +355,7 @@ class Tracker:
         mlflow.set_tag("output", str(output))
         mlflow.log_params(config_params(read_manifest(output)["config"]))  # what this stage's hash covers
         mlflow.log_metrics(numeric(counts))
+        mlflow.set_tags(words(counts))
         for path in artifacts:
             if path.is_file():
                 mlflow.log_artifact(str(path))

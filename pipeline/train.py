@@ -19,8 +19,8 @@ from typing import Any
 
 from pipeline import spm
 from pipeline.config import NO_BLANK_PENALTY, PipelineConfig
-from pipeline.raytrain import (HISTORY_FILE, MODEL_DIR, Validator, check_resources, fit_and_average, make_trainer,
-                               run_report, run_storage, storage_path)
+from pipeline.raytrain import (HISTORY_FILE, MODEL_DIR, Validator, budget_record, check_resources, fit_and_average,
+                               make_trainer, run_report, run_storage, storage_path)
 from pipeline.stage import StageRun, write_json
 from pipeline.tracking import plot_history
 from reder import REDER, ModelConfig
@@ -32,16 +32,16 @@ def build(run: StageRun, tmp: Path) -> dict[str, Any]:
     """Train (or resume) on input `data`'s train split (distill's or tokenize's), validated on `tokenize`'s
     valid split against `ingest`'s text, then publish the averaged model into `tmp`."""
     return _build(run.cfg, run.workdir, run.out.name, run.inputs["data"] / "train", run.inputs["tokenize"],
-                  run.inputs["ingest"], run.inputs["spm"], tmp, run.tracker, run.force)
+                  run.inputs["ingest"], run.inputs["spm"], tmp, run.tracker, run.force, run.time_cap_s)
 
 
 def _build(cfg: PipelineConfig, workdir: Path, name: str, train_data: Path, data: Path, corpus: Path, spm_dir: Path,
-           tmp: Path, tracker: Any, force: bool = False) -> dict[str, Any]:
+           tmp: Path, tracker: Any, force: bool = False, time_cap_s: float = math.inf) -> dict[str, Any]:
     check_resources(cfg.train, cfg.train.start_timeout_s)
     storage = storage_path(cfg.train, workdir)
     run_storage(storage, name, force)  # with --force, no resume of the finished run
     trainer = make_trainer(cfg, name, storage, train_data, data, corpus, spm_dir,
-                           tracker.worker_target() if tracker is not None else None)
+                           tracker.worker_target() if tracker is not None else None, time_cap_s=time_cap_s)
     model = REDER(ModelConfig.from_dict(asdict(cfg.model)), cfg.loss)
     fitted = fit_and_average(trainer, storage / name, cfg.train.average_best, model)
     tuned = tune_blank_penalty(model, cfg, data, corpus, spm_dir)
@@ -56,6 +56,7 @@ def _build(cfg: PipelineConfig, workdir: Path, name: str, train_data: Path, data
     write_json(tmp / "report.json", {**report, "published_valid": tuned})
     plot_history(fitted["history"], tmp / "training.png")
     return {"steps": report["steps"], "best_valid_bleu": fitted["averaged"][0]["valid_bleu"], "restarts": report["restarts"],
+            **budget_record(report, cfg.train),
             **{key: value for key, value in tuned.items() if key.startswith("blank_penalty_")}}
 
 

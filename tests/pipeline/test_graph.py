@@ -2,6 +2,7 @@
 needed, and import arrows that follow the run order."""
 import ast
 import dataclasses
+import math
 from pathlib import Path
 
 import pytest
@@ -180,3 +181,31 @@ def test_keys_added_later_are_hashed_only_away_from_their_defaults(tmp_path):
                               ("teacher.train.batch_tokens=max", ["teacher", "distill", "train", "cmlm", "evaluate", "tune"])):
         changed = graph.output_dirs(load_config(None, BASE + [override]), tmp_path)
         assert [s for s in base if base[s] != changed[s]] == reached, override
+
+
+def test_a_run_budget_leaves_each_later_training_stage_its_max_time_and_the_reserve():
+    """budget.max_time shared: the teacher stage gets the run's time left less train's max_time and the
+    reserve (cmlm is not named as later: not in this run); a later stage without a max_time claims nothing;
+    no run budget, no cap; never below 0."""
+    cfg = load_config(None, ["budget.max_time=540", "budget.reserve=90", "teacher.train.max_time=200",
+                             "train.max_time=250"])
+    assert graph.time_cap(cfg, "teacher", ["distill", "train", "evaluate"], 530.0) == 530.0 - 250.0 - 90.0
+    assert graph.time_cap(cfg, "train", ["evaluate"], 260.0) == 260.0 - 90.0
+    assert graph.time_cap(cfg, "distill", ["train"], 260.0) == math.inf  # not a training stage
+    assert graph.time_cap(cfg, "train", [], 50.0) == 0.0
+    unclaimed = load_config(None, ["budget.max_time=540", "budget.reserve=90"])
+    assert graph.time_cap(unclaimed, "teacher", ["distill", "train", "evaluate"], 530.0) == 440.0
+    assert graph.time_cap(load_config(None, []), "train", [], 1.0) == math.inf
+
+
+def test_time_budget_keys_name_the_train_stage_only_when_set():
+    """max_time, patience, lr_scheduler and warmup_fraction re-key the train stage only away from their
+    defaults (a run budgeted by time says so in its key); budget.* is in no stage's key."""
+    workdir = Path("/w")
+    plain = graph.output_dirs(load_config(None, []), workdir)
+    budgeted = graph.output_dirs(load_config(None, ["train.max_time=60"]), workdir)
+    shared = graph.output_dirs(load_config(None, ["budget.max_time=600", "budget.reserve=60"]), workdir)
+    assert budgeted["train"] != plain["train"] and budgeted["tokenize"] == plain["tokenize"]
+    assert shared == plain
+    assert "max_time" in graph.train_key(load_config(None, ["train.max_time=60"]).train)
+    assert "max_time" not in graph.train_key(load_config(None, []).train)

@@ -406,3 +406,108 @@ def test_kd_examples_train_each_direction_on_its_own_distilled_pairs():
     expected = sum(alone[f"ctc_{d}"] + lam.lambda_fba * alone[f"fba_{d}"] + lam.lambda_cc * alone[f"cc_{d}"]
                    for d in ("src2tgt", "tgt2src"))
     torch.testing.assert_close(joint["total"], expected)
+
+
+class Clock:
+    """A stand-in for the harness's clock: `perf_counter` reads `now`, which the test moves (by `tick` seconds
+    after every update, from `on_step`), so that runs budgeted by time are deterministic."""
+
+    def __init__(self, tick: float = 1.0) -> None:
+        self.now, self.tick = 100.0, tick
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def on_step(self, step: int) -> None:
+        self.now += self.tick
+
+
+@pytest.fixture
+def clock(monkeypatch) -> Clock:
+    clock = Clock()
+    monkeypatch.setattr(harness, "time", clock)
+    return clock
+
+
+def test_max_time_stops_the_run_validates_its_last_update_and_says_why(clock):
+    """1 s per update, max_time 5 s: the clock reads 5 s after update 6, which stops the run (max_steps 1000
+    is far); that update is validated, the last report names the stop, the card and the seconds."""
+    scores = iter(range(100))
+    run, _ = _run(_config(max_steps=1000, max_time=5.0, validate_every=4, log_every=2),
+                  validate=lambda m: {"valid_bleu": float(next(scores))}, on_step=clock.on_step)
+    done = run.fit_examples(_examples())
+    assert done["steps"] == 6 and done["stopped_by"] == "max_time" == run.stopped_by
+    assert [h["step"] for h in run.history if "valid_bleu" in h] == [4, 6]
+    assert run.history[-1]["stopped_by"] == "max_time" and run.history[-1]["device"].startswith("cpu")
+    assert run.elapsed == pytest.approx(6.0)  # the last update's second, counted at the end of the fit
+    ended, _ = _run(_config(max_steps=3), on_step=clock.on_step)
+    assert ended.fit_examples(_examples())["stopped_by"] == "max_steps"
+
+
+def test_a_resumed_time_budget_honours_what_is_left(clock):
+    """Paused at update 3 and resumed from a copy of its state, a run budgeted by time stops where the
+    uninterrupted one does, with the same parameters (its schedule follows the time spent: the same too)."""
+    cfg = _config(max_steps=1000, max_time=8.0, lr_scheduler="linear", warmup_fraction=0.25)
+    whole, whole_model = _run(cfg, on_step=clock.on_step)
+    assert whole.fit_examples(_examples())["steps"] == 9
+    first, _ = _run(cfg, on_step=clock.on_step)
+    first.fit_examples(_examples(), until=3)
+    clock.now += 1000.0  # the time between the pause and the resume is not the run's
+    resumed, resumed_model = _run(cfg, seed=5, on_step=clock.on_step)
+    resumed.load_state_dict(copy.deepcopy(first.state_dict()))
+    assert resumed.fit_examples(_examples())["steps"] == 6 and resumed.step == 9 and resumed.stopped_by == "max_time"
+    for a, b in zip(whole_model.parameters(), resumed_model.parameters()):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-7)
+    assert [h["lr"] for h in resumed.history if "lr" in h] == pytest.approx([h["lr"] for h in whole.history])
+
+
+def test_a_time_cap_of_one_call_stops_it_without_touching_the_run_budget(clock):
+    run, _ = _run(_config(max_steps=1000), on_step=clock.on_step)
+    assert run.fit_examples(_examples(), time_cap_s=2.5)["steps"] == 4 and run.stopped_by == "time_cap"
+
+
+def test_patience_stops_after_that_many_validations_without_a_new_best():
+    """Scores 1, 3, 2, 3, 2.5 with patience 3: the best (3 at update 4) is not beaten at updates 6, 8, 10
+    (a tie is no new best), so the run stops at update 10 — not at max_steps 30; patience 0 never stops it."""
+    def scores():
+        values = iter([1.0, 3.0, 2.0, 3.0, 2.5, 9.0, 9.0, 9.0, 9.0, 9.0, 9.0, 9.0, 9.0, 9.0, 9.0])
+        return lambda model: {"valid_bleu": next(values)}
+    run, _ = _run(_config(max_steps=30, validate_every=2, patience=3), validate=scores())
+    done = run.fit_examples(_examples())
+    assert done == {**done, "steps": 10, "stopped_by": "patience"}
+    assert (run.best_score, run.bad_validations) == (3.0, 3)
+    assert run.history[-1]["stopped_by"] == "patience" and run.history[-1]["step"] == 10
+    patient, _ = _run(_config(max_steps=30, validate_every=2), validate=scores())
+    assert patient.fit_examples(_examples())["stopped_by"] == "max_steps" and patient.step == 30
+    # the plateau count travels with the state: a run resumed after update 8 stops at 10 too
+    first, _ = _run(_config(max_steps=30, validate_every=2, patience=3), validate=scores())
+    first.fit_examples(_examples(), until=8)
+    values = iter([2.5])
+    resumed, _ = _run(_config(max_steps=30, validate_every=2, patience=3), validate=lambda m: {"valid_bleu": next(values)})
+    resumed.load_state_dict(copy.deepcopy(first.state_dict()))
+    assert resumed.fit_examples(_examples())["steps"] == 2 and resumed.stopped_by == "patience"
+
+
+@pytest.mark.parametrize("scheduler", ["inverse_sqrt", "linear"])
+def test_the_schedule_sized_to_the_run_follows_its_progress(scheduler):
+    """warmup_fraction f of the run, progress p = max(step/max_steps, time spent/max_time): a linear warm-up to
+    lr at p = f, then fairseq's inverse_sqrt in p (lr·√(f/p)) or its polynomial_decay of power 1 (to 0 at
+    p = 1); the textbook formulas written out here."""
+    lr, init, f = 1e-3, 1e-7, 0.1
+    cfg = TrainConfig(lr=lr, warmup_init_lr=init, max_steps=200, warmup_fraction=f, lr_scheduler=scheduler)
+
+    def expected(p: float) -> float:
+        if p < f:
+            return init + (lr - init) * p / f
+        return lr * math.sqrt(f / p) if scheduler == "inverse_sqrt" else lr * (1 - p) / (1 - f)
+    for step in (0, 5, 19, 20, 50, 100, 199, 200):
+        assert harness.learning_rate(step, cfg) == pytest.approx(expected(step / 200))
+    # by time: half the budget spent at step 10 is progress 0.5
+    assert harness.learning_rate(10, cfg, time_progress=0.5) == pytest.approx(expected(0.5))
+    assert harness.learning_rate(150, cfg, time_progress=0.5) == pytest.approx(expected(0.75))  # steps lead
+    # without a fraction, inverse_sqrt is fairseq's by steps, whatever the time
+    plain = TrainConfig(lr=lr, warmup_init_lr=init, warmup_steps=10, max_steps=200)
+    assert harness.learning_rate(40, plain, time_progress=0.9) == pytest.approx(harness.inverse_sqrt(40, lr, 10, init))
+    linear = TrainConfig(lr=lr, warmup_init_lr=init, warmup_steps=20, max_steps=200, lr_scheduler="linear")
+    assert harness.learning_rate(10, linear) == pytest.approx(harness.inverse_sqrt(10, lr, 20, init))
+    assert harness.learning_rate(110, linear) == pytest.approx(lr * (1 - 110 / 200) / (1 - 20 / 200))

@@ -10,6 +10,7 @@ from pipeline import train
 from pipeline.config import load_config
 from pipeline.harness import inverse_sqrt
 from pipeline.stage import StageRun
+from pipeline.tracking import STAGE_TAG
 
 SMOKE = Path(run_pipeline.__file__).resolve().parent / "configs" / "smoke.yaml"
 
@@ -49,6 +50,34 @@ def test_an_interrupted_run_continues_from_its_checkpoint(tmp_path, capsys, ray_
     assert after["step"] == 15 and math.isfinite(after["train_total"])
     # the schedule went on from step 10 rather than restarting its warm-up
     assert after["lr"] == pytest.approx(inverse_sqrt(15, 0.002, 10, 1e-7))
+
+
+@pytest.mark.slow
+def test_a_stage_budgeted_by_time_stops_on_time_publishes_its_best_and_a_restart_keeps_its_clock(tmp_path, ray_session):
+    """train.max_time=6 s and max_steps far away: the worker dies after update 12 (the fault drill) and Ray
+    Train restarts it from the step-10 checkpoint, whose clock it continues, so the run's training time ends
+    near 6 s, not 6 s after the restart. The stage publishes its averaged model; its manifest and MLflow run say
+    it stopped by time, on which card, with which seed."""
+    from mlflow.tracking import MlflowClient
+
+    args = ["--config", str(SMOKE), f"workdir={tmp_path}", "train.num_workers=1", "train.max_steps=100000",
+            "train.max_time=6", "train.fail_at_step=12", "train.validate_every=10", "distill.enabled=false",
+            "evaluate.teacher_baseline=false", "--stages", "ingest,spm,tokenize,train"]
+    assert run_pipeline.main(args) == 0
+    out, = tmp_path.glob("train-*")
+    counts = json.loads((out / "manifest.json").read_text())["counts"]
+    assert counts["stopped_by"] == "max_time" and counts["budgeted_by_time"] is True and counts["seed"] == 1
+    assert counts["device"].startswith("cpu (") and counts["restarts"] == 1 and counts["steps"] > 12
+    assert 6.0 <= counts["train_seconds"] < 12.0  # the clock went on from the checkpoint's: not 6 s + 6 s
+    history = json.loads((out / "history.json").read_text())
+    assert {"step": 10, "resumed_from": 10} in history
+    assert history[-1]["step"] == counts["steps"] and "valid_bleu" in history[-1]  # the last update validated
+    assert (out / "model" / "config.json").is_file()
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    stage, = [r for r in client.search_runs(client.get_experiment_by_name("duplex").experiment_id)
+              if r.data.tags.get(STAGE_TAG) == "train"]
+    assert stage.data.tags["stopped_by"] == "max_time" and stage.data.tags["device"] == counts["device"]
+    assert stage.data.metrics["steps"] == counts["steps"] and stage.data.metrics["seed"] == 1
 
 
 class _Fitting(Exception):
