@@ -1,0 +1,126 @@
+"""A finished pipeline run against issue 53's targets for the one-run GPU recipe (configs/multi30k_quick.yaml):
+where the wall time went (each stage, and the training loops' share of it), the models' test BLEU both ways
+(the teachers' beam 4; REDER greedy and CTC beam with self-reranking, each against the teachers' beam 4),
+REDER's steady training throughput, and what stopped each training stage.
+
+    python -m bench.pipeline_summary --workdir W [--wall SECONDS] [--out FILE.json]
+
+`--wall`: the command's own wall time (bench/gpu_env/quick_gpu.sh measures it), else the stages' sum. Steady
+throughput: the median tokens/s of the reporting windows after the first fifth of the run (warm-up, first
+shapes). Prints a Markdown table and one JSON object (also written to --out).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+# Issue 53 item 5's targets
+TEACHER_BEAM4 = {"src2tgt": 35.0, "tgt2src": 38.0}
+GREEDY_GAP, RERANKED_GAP = 3.5, 2.5
+STEADY_TOKENS_PER_S = 300_000
+NON_TRAINING_SHARE = 0.20
+PIPELINE_SECONDS = 540
+
+
+def steady_tokens_per_s(history: list[dict[str, Any]]) -> float | None:
+    """Median tokens/s of the reporting windows after the first fifth of the steps."""
+    windows = [h for h in history if isinstance(h.get("tokens_per_s"), (int, float))]
+    if not windows:
+        return None
+    last = windows[-1]["step"]
+    later = [h["tokens_per_s"] for h in windows if h["step"] > last / 5] or [windows[-1]["tokens_per_s"]]
+    return statistics.median(later)
+
+
+def training_seconds(workdir: Path, stage: str) -> float:
+    """The training loops' seconds of a training stage: its Ray Train runs' `train_seconds`, once per run."""
+    runs: dict[str, float] = {}
+    for report in workdir.glob(f"{stage}-*/**/report.json"):
+        entries = json.loads(report.read_text(encoding="utf-8"))
+        for entry in entries.values() if "ray_run" not in entries else [entries]:
+            if isinstance(entry, dict) and entry.get("train_seconds") is not None:
+                runs[entry["ray_run"]] = float(entry["train_seconds"])
+    return sum(runs.values())
+
+
+def summary(workdir: Path, wall: float | None) -> dict[str, Any]:
+    last_run = json.loads((workdir / "last_run.json").read_text(encoding="utf-8"))
+    stages = {name: entry["seconds"] for name, entry in last_run["stages"].items()}
+    wall = wall if wall is not None else sum(stages.values())
+    training = {stage: training_seconds(workdir, stage) for stage in ("teacher", "cmlm", "train")}
+    results_file, = workdir.glob("evaluate-*/results.json")
+    scores = json.loads(results_file.read_text(encoding="utf-8"))["scores"]
+    history_file, = workdir.glob("train-*/history.json")
+    history = json.loads(history_file.read_text(encoding="utf-8"))
+    stops = {}
+    for stage in ("teacher", "train"):
+        for manifest in workdir.glob(f"{stage}-*/manifest.json"):
+            counts = json.loads(manifest.read_text(encoding="utf-8"))["counts"]
+            for key, entry in ({"": counts} if "stopped_by" in counts else counts).items():
+                if isinstance(entry, dict) and "stopped_by" in entry:
+                    stops[f"{stage} {key}".strip()] = {k: entry.get(k) for k in ("stopped_by", "steps", "device",
+                                                                                   "seed", "train_seconds")}
+    bleu = {}
+    for direction in ("src2tgt", "tgt2src"):
+        def score(decoder: str) -> float | None:
+            entry = scores.get(f"test.{direction}.{decoder}")
+            return entry["bleu"] if entry else None
+        reranked = next((key.split(".")[-1] for key in scores if key.startswith(f"test.{direction}.")
+                         and key.endswith("_selfrerank")), None)
+        teacher, greedy = score("teacher_beam4"), score("greedy")
+        rerank = score(reranked) if reranked else None
+        bleu[direction] = {
+            "teacher_beam4": teacher, "greedy": greedy, reranked or "selfrerank": rerank,
+            "sentences": scores.get(f"test.{direction}.greedy", {}).get("sentences"),
+            "teacher_target_met": teacher is not None and teacher >= TEACHER_BEAM4[direction],
+            "greedy_gap": None if None in (teacher, greedy) else round(teacher - greedy, 2),
+            "greedy_target_met": None not in (teacher, greedy) and teacher - greedy <= GREEDY_GAP,
+            "reranked_gap": None if None in (teacher, rerank) else round(teacher - rerank, 2),
+            "reranked_target_met": None not in (teacher, rerank) and teacher - rerank <= RERANKED_GAP}
+    steady = steady_tokens_per_s(history)
+    share = 1 - sum(training.values()) / wall if wall else None
+    return {"workdir": str(workdir), "wall_seconds": round(wall, 1), "stage_seconds": stages,
+            "training_loop_seconds": training, "non_training_share": None if share is None else round(share, 3),
+            "stops": stops, "test_bleu": bleu, "reder_steady_tokens_per_s": steady,
+            "targets": {"pipeline_seconds": wall <= PIPELINE_SECONDS,
+                        "non_training_share": share is not None and share <= NON_TRAINING_SHARE,
+                        "reder_tokens_per_s": steady is not None and steady >= STEADY_TOKENS_PER_S,
+                        **{f"{key}_{d}": bleu[d][f"{key}_target_met"] for d in bleu
+                           for key in ("teacher", "greedy", "reranked")}}}
+
+
+def markdown(result: dict[str, Any]) -> str:
+    rows = ["| | en→xx (src2tgt) | xx→en (tgt2src) |", "|---|---|---|"]
+    for key in ("teacher_beam4", "greedy", "greedy_gap", "reranked_gap", "sentences"):
+        rows.append(f"| {key} | " + " | ".join(str(_round(result["test_bleu"][d].get(key))) for d in ("src2tgt", "tgt2src")) + " |")
+    lines = [*rows, "", f"wall {result['wall_seconds']} s; stages " + ", ".join(
+        f"{k} {v} s" for k, v in result["stage_seconds"].items()),
+        f"training loops {result['training_loop_seconds']}; non-training share {result['non_training_share']}",
+        f"REDER steady tokens/s {_round(result['reder_steady_tokens_per_s'])}",
+        "stops: " + "; ".join(f"{k}: {v}" for k, v in result["stops"].items()),
+        "targets: " + ", ".join(f"{k} {'met' if v else 'missed'}" for k, v in result["targets"].items())]
+    return "\n".join(lines)
+
+
+def _round(value: Any) -> Any:
+    return round(value, 2) if isinstance(value, float) else value
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workdir", type=Path, required=True)
+    parser.add_argument("--wall", type=float, default=None)
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    result = summary(args.workdir.resolve(), args.wall)
+    print(markdown(result))
+    print(json.dumps(result, indent=2))
+    if args.out:
+        args.out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()
