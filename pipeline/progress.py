@@ -8,6 +8,7 @@ The training runs (pipeline/raytrain.py), distillation (pipeline/distill.py) and
 """
 from __future__ import annotations
 
+import math
 import sys
 import time
 from typing import Callable, Optional
@@ -26,11 +27,13 @@ class Progress:
     """`done` of `total` `unit`s. `update(done, details, postfix)`: on a terminal the bar moves (with
     `postfix` beside it; `bar=False`: no bar, where Ray Data draws its own); off a terminal a line — `desc`,
     done/total, rate, elapsed, ETA, then `details` — once `LINE_EVERY_S` have passed since the last line
-    (the first after `LINE_EVERY_S` from the start). `close()` writes the last line if it was not written."""
+    (the first after `LINE_EVERY_S` from the start). `close()` writes the last line if it was not written.
+    `time_limit`: seconds after the first update at which the work stops whatever `done` is (a training run's
+    max_time): the ETA is the sooner of the two."""
 
     def __init__(self, desc: str, total: int, unit: str, bar: bool = True,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self.desc, self.total, self.unit, self.clock = desc, total, unit, clock
+                 clock: Callable[[], float] = time.monotonic, time_limit: float = math.inf) -> None:
+        self.desc, self.total, self.unit, self.clock, self.time_limit = desc, total, unit, clock, time_limit
         self.lines = not sys.stderr.isatty()
         self.bar = None
         if bar and not self.lines:
@@ -67,7 +70,9 @@ class Progress:
         if not (now > first_time and self.done > first_done):  # one update so far: the rate since the start
             first_done, first_time = 0, self.started
         rate = (self.done - first_done) / (now - first_time) if now > first_time else 0.0
-        eta = duration((self.total - self.done) / rate) if rate > 0 else "?"
+        left = min((self.total - self.done) / rate if rate > 0 else math.inf,
+                   self.time_limit - (now - (self.first or (0, now))[1]))
+        eta = duration(left) if left != math.inf else "?"
         percent = 100.0 * self.done / self.total if self.total else 100.0
         text = (f"{self.desc}: {self.done}/{self.total} {self.unit}s ({percent:.0f}%), {rate:.3g} {self.unit}s/s, "
                 f"elapsed {duration(now - self.started)}, ETA {eta}")

@@ -167,7 +167,8 @@ def fit_and_average(trainer: Any, run_path: Path, average_best: int, model: torc
     task = config["task"]
     what = f"{task['kind']} {task['direction']}" if task["kind"] != "reder" else "train"
     try:
-        with progress_bar(Path(config["progress"]), config["train"]["max_steps"], what):
+        limit = min(config["train"]["max_time"] or math.inf, config["time_cap_s"])
+        with progress_bar(Path(config["progress"]), config["train"]["max_steps"], what, limit):
             result = off_main_thread(trainer.fit)
     except Exception as error:  # TrainingFailedError wraps the worker's exception
         raise StageError(f"train: Ray Train failed: {first_failure(error)}") from error
@@ -211,12 +212,13 @@ def off_main_thread(work: Callable[[], Any]) -> Any:
 
 
 @contextlib.contextmanager
-def progress_bar(path: Path, total: int, desc: str) -> Iterator[None]:
+def progress_bar(path: Path, total: int, desc: str, time_limit: float = math.inf) -> Iterator[None]:
     """Training steps, fed by rank 0's progress file (`path`, on the run's storage: shared on a cluster), read
     every half second while the fit runs: on a terminal a tqdm bar (loss, last validation BLEU), elsewhere a
     line at most once a minute (pipeline/progress.py; rank 0 writes the file every `train.log_every` steps):
-    step/total, loss terms, tokens/s, the last validation BLEU per direction, elapsed, ETA."""
-    progress = Progress(desc, total, "step")
+    step/total, loss terms, tokens/s, the last validation BLEU per direction, elapsed, ETA (the sooner of the
+    steps' and the `time_limit`'s: max_time or the run's budget)."""
+    progress = Progress(desc, total, "step", time_limit=time_limit)
     stop = threading.Event()
     seen: dict[str, Any] = {}
 

@@ -70,3 +70,20 @@ def test_on_a_terminal_a_bar_and_no_lines(monkeypatch):
     silent.update(10)
     silent.close()
     assert quiet.getvalue() == ""
+
+
+def test_a_time_limit_brings_the_eta_forward(log_file, monkeypatch):
+    """A training run of 100,000 steps stopped by its max_time of 60 s: the ETA is what is left of the 60 s
+    after the first update, not 100,000 steps at its rate; a limit that comes later than the steps changes nothing."""
+    monkeypatch.setattr(progress, "LINE_EVERY_S", 0.0)
+    clock = Clock()
+    bar = Progress("train", 100_000, "step", clock=clock, time_limit=60.0)
+    bar.update(5)
+    clock.now = 120.0
+    bar.update(25)
+    assert log_file().splitlines()[-1] == "train: 25/100000 steps (0%), 1 steps/s, elapsed 0:20, ETA 0:40"
+    late = Progress("train", 40, "step", clock=clock, time_limit=1000.0)
+    late.update(0)
+    clock.now = 130.0
+    late.update(20)
+    assert log_file().splitlines()[-1].endswith("ETA 0:10")
