@@ -1,22 +1,29 @@
-"""Knowledge-distillation decoding speed: the distill stage on Ray Data with 1 and 2 CPU actors, and the
-teacher's batched beam search in one process (on the GPU when there is one) at several batch sizes.
+"""Knowledge-distillation decoding speed: the distill stage on Ray Data with 1 and 2 CPU actors against the
+teacher's batched beam search in one process (on the GPU when there is one), batched by sentences and by tokens.
 
     python -m bench.distill [--teachers <workdir>/teacher-<hash>] [--sentences 500] [--batch-sizes 32 128 512]
+        [--max-tokens 2048 8192] [--ray-max-tokens 8192] [--keep-teachers DIR]
 
 Prints one JSON object. Input: the first `--sentences` pairs of Multi30k train (../shared/data/multi30k),
 both directions decoded (so 2 × sentences decodes per measurement), beam `--beam` (4, as for KD).
-Teachers: a finished teacher stage (`--teachers`, its spm.model tokenizes the input), else randomly
-initialised teachers of `--d-model/--layers/--ffn-dim` with a SentencePiece model trained on the input
-(`teachers: random`): a random teacher never ends a sentence early, so every output runs to the length cap
-(1.2·|x| + 10) — more decoding steps than a trained teacher needs, an upper bound on the work;
-`--train-steps N` first trains them N updates on all of Multi30k train (realistic output lengths; on a GPU).
-`training_bleu` scores the decoded (training) sentences against their references: a sanity check only.
-- `ray_actors1`, `ray_actors2`: `distill.distill_on_ray` on CPU (Ray already running), sentences/s.
-- `direct_batch<B>`: `distill.decode` in this process, both directions, sentences/s (device in `device`).
+Teachers: a finished teacher stage (`--teachers`, its spm.model tokenizes the input; a directory that
+`--keep-teachers` wrote is one), else randomly initialised teachers of `--d-model/--layers/--ffn-dim` with a
+SentencePiece model trained on the input (`teachers: random`): a random teacher never ends a sentence early,
+so every output runs to the length cap (1.2·|x| + 10) — more decoding steps than a trained teacher needs, an
+upper bound on the work; `--train-steps N` first trains them N updates on all of Multi30k train (realistic
+output lengths; on a GPU). `training_bleu` scores the decoded (training) sentences against their references:
+a sanity check only.
+- `direct_batch<B>`: `distill.decode` in this process (all its threads), both directions, length-sorted
+  batches of B sentences (`distill.max_tokens=0 distill.batch_size=B`), sentences/s (device in `device`).
+- `direct_tokens<T>`: the same, batches of at most T padded source pieces (`distill.max_tokens=T`).
+- `ray_actors1`, `ray_actors2`: `distill.distill_on_ray` on CPU (Ray already running; actor start included)
+  with `distill.max_tokens=--ray-max-tokens` (0: `batch_size=--ray-batch-size`), sentences/s, its time over
+  the in-process time of the same batches (`over_direct`, when measured), and whether its outputs are those
+  (`identical_to_direct`).
 With `--engine both` (the default when CTranslate2 is installed) the same measurements through CTranslate2
 (`distill.engine=ctranslate2`: the teachers converted by `distill.convert_teachers`, decoded by
 `reder.ct2.translate_ids`, which mirrors our search) under `ct2_…`, the speed-ups `ct2_speedup_…`, and
-`ct2_identical_outputs`: the fraction of CTranslate2 outputs equal to ours (first batch size).
+`ct2_identical_outputs`: the fraction of CTranslate2 outputs equal to ours (first batching).
 """
 from __future__ import annotations
 
@@ -31,7 +38,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 import torch
 
 from bench import MULTI30K
@@ -87,7 +93,10 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--sentences", type=int, default=500)
     parser.add_argument("--beam", type=int, default=4)
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[32, 128, 512])
-    parser.add_argument("--ray-batch-size", type=int, default=64, help="rows per map_batches call on Ray")
+    parser.add_argument("--max-tokens", type=int, nargs="*", default=[8192],
+                        help="in-process: also batches of at most this many padded source pieces")
+    parser.add_argument("--ray-max-tokens", type=int, default=8192, help="distill.max_tokens on Ray (0: by sentences)")
+    parser.add_argument("--ray-batch-size", type=int, default=128, help="distill.batch_size on Ray (with max tokens 0)")
     parser.add_argument("--no-ray", action="store_true", help="skip the Ray measurements")
     parser.add_argument("--vocab-size", type=int, default=8000)
     parser.add_argument("--d-model", type=int, default=256)
@@ -96,6 +105,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--layers", type=int, default=3)
     parser.add_argument("--train-steps", type=int, default=0,
                         help="random teachers: train them this many updates on all of Multi30k train first")
+    parser.add_argument("--keep-teachers", default="",
+                        help="random teachers: also save them here (with teachers.json), for a later --teachers")
     parser.add_argument("--train-tokens", type=int, default=8192, help="tokens per training batch")
     parser.add_argument("--engine", choices=("torch", "ctranslate2", "both"), default="",
                         help="distill engine(s) to measure (default: both when CTranslate2 is installed, else torch)")
@@ -129,16 +140,20 @@ def main(argv: list[str] | None = None) -> dict:
             started = time.perf_counter()
             trained = _train(dirs, every_en, every_de, args.train_steps, args.train_tokens, device)
             trained["seconds"] = round(time.perf_counter() - started, 1)
+        if args.keep_teachers and not args.teachers:  # as a teacher stage lays them out: --teachers reads them
+            kept = Path(args.keep_teachers)
+            for direction, directory in dirs.items():
+                shutil.copytree(directory, kept / direction, dirs_exist_ok=True)
+            (kept / teacher.TEACHERS_FILE).write_text(json.dumps({d: d for d in dirs}), encoding="utf-8")
         vocab_size = sp.get_piece_size() if args.teachers else args.vocab_size
         src, tgt = sp.encode(english), sp.encode(german)
         ids = pa.list_(pa.int32())
         table = pa.table({"id": pa.array(range(len(src)), pa.int64()), "src_ids": pa.array(src, ids),
                           "tgt_ids": pa.array(tgt, ids), "src_len": pa.array(map(len, src), pa.int32()),
                           "tgt_len": pa.array(map(len, tgt), pa.int32())}, schema=tokenize.SCHEMA)
-        (work / "train").mkdir()
-        pq.write_table(table, work / "train" / "part-00000.parquet")
         report: dict = {"benchmark": "distill", "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                         "machine": platform.platform(), "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+                        "load_average": os.getloadavg()[0],
                         "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
                         "teachers": args.teachers or ("random, trained %d steps" % args.train_steps if trained else "random"),
                         "teacher_training_loss": trained or None, "sentences": len(src), "decodes_per_run": 2 * len(src),
@@ -149,29 +164,32 @@ def main(argv: list[str] | None = None) -> dict:
         report["engines"] = engines
         converted = distill.convert_teachers({d: Path(p) for d, p in dirs.items()}, work / "ct2") \
             if "ctranslate2" in engines else None
-        decoder = distill.TeacherDecoder(dirs, vocab_size, decoding, threads=torch.get_num_threads())  # as an actor has it
         report["teacher_parameters"] = sum(p.numel() for p in load_teacher_dir(Path(dirs["src2tgt"]), "src2tgt",
                                                                               vocab_size, "cpu").parameters())
+        batchings = {**{f"batch{b}": {"max_tokens": 0, "batch_size": b} for b in args.batch_sizes},
+                     **{f"tokens{t}": {"max_tokens": t, "batch_size": 1} for t in args.max_tokens}}
+        ray_batching = f"tokens{args.ray_max_tokens}" if args.ray_max_tokens else f"batch{args.ray_batch_size}"
         first_outputs: dict[str, list] = {}
+        direct_outputs: dict[tuple[str, str], list] = {}
         for engine in engines:
-            if engine == "ctranslate2":
-                decoder = distill.TeacherDecoder(dirs, vocab_size, decoding, threads=torch.get_num_threads(),
-                                                 ct2_dirs=converted)
+            decoder = distill.TeacherDecoder(dirs, vocab_size, decoding, threads=torch.get_num_threads(),  # as an actor has it
+                                             ct2_dirs=converted if engine == "ctranslate2" else None)
             prefix = "ct2_" if engine == "ctranslate2" else ""
-            for batch_size in args.batch_sizes:
-                decoder.decoders["src2tgt"](src[: min(8, len(src))], batch_size=batch_size, **decoding)  # warm-up
+            for name, batching in batchings.items():
+                decoder.decoders["src2tgt"](src[: min(8, len(src))], **batching, **decoding)  # warm-up
                 if device == "cuda":
                     torch.cuda.synchronize()
                 started = time.perf_counter()
-                outputs = decoder.decoders["src2tgt"](src, batch_size=batch_size, **decoding)
-                outputs += decoder.decoders["tgt2src"](tgt, batch_size=batch_size, **decoding)
+                outputs = decoder.decoders["src2tgt"](src, **batching, **decoding)
+                outputs += decoder.decoders["tgt2src"](tgt, **batching, **decoding)
                 if device == "cuda":
                     torch.cuda.synchronize()
                 seconds = time.perf_counter() - started
                 first_outputs.setdefault(engine, outputs)
-                report[f"{prefix}direct_batch{batch_size}"] = {"sentences_per_s": round(2 * len(src) / seconds, 2),
-                                                               "seconds": round(seconds, 2),
-                                                               "mean_output_pieces": round(sum(map(len, outputs)) / len(outputs), 2)}
+                direct_outputs[engine, name] = outputs
+                report[f"{prefix}direct_{name}"] = {"sentences_per_s": round(2 * len(src) / seconds, 2),
+                                                    "seconds": round(seconds, 2),
+                                                    "mean_output_pieces": round(sum(map(len, outputs)) / len(outputs), 2)}
                 if "training_bleu" not in report:  # the decoded sentences are training pairs: a sanity check only
                     report["training_bleu"] = {
                         "src2tgt": round(sacrebleu.corpus_bleu(sp.decode(outputs[: len(src)]), [german]).score, 2),
@@ -185,17 +203,23 @@ def main(argv: list[str] | None = None) -> dict:
             started = time.perf_counter()
             ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False)
             report["ray_init_s"] = round(time.perf_counter() - started, 2)
+            report["ray_batching"] = ray_batching
             for engine in engines:
                 prefix = "ct2_" if engine == "ctranslate2" else ""
                 for actors in (1, 2):
-                    staging = work / f"staging-{engine}-{actors}"
+                    config = DistillConfig(workers=actors, max_tokens=args.ray_max_tokens, batch_size=args.ray_batch_size,
+                                           **decoding)
                     started = time.perf_counter()
-                    distill.distill_on_ray(work / "train", staging, dirs, vocab_size,
-                                           DistillConfig(workers=actors, batch_size=args.ray_batch_size, **decoding),
-                                           converted if engine == "ctranslate2" else None)
+                    distilled, _ = distill.distill_on_ray(table, dirs, vocab_size, config,
+                                                          converted if engine == "ctranslate2" else None)
                     seconds = time.perf_counter() - started
-                    report[f"{prefix}ray_actors{actors}"] = {"sentences_per_s": round(2 * len(src) / seconds, 2),
-                                                             "seconds": round(seconds, 2)}
+                    result = {"sentences_per_s": round(2 * len(src) / seconds, 2), "seconds": round(seconds, 2)}
+                    direct = report.get(f"{prefix}direct_{ray_batching}")
+                    if direct:
+                        result["over_direct"] = round(seconds / direct["seconds"], 2)
+                        outputs = distilled.column("kd_tgt_ids").to_pylist() + distilled.column("kd_src_ids").to_pylist()
+                        result["identical_to_direct"] = outputs == direct_outputs[engine, ray_batching]
+                    report[f"{prefix}ray_actors{actors}"] = result
                 report[f"{prefix}ray_speedup_1_to_2_actors"] = round(
                     report[f"{prefix}ray_actors1"]["seconds"] / report[f"{prefix}ray_actors2"]["seconds"], 2)
             ray.shutdown()

@@ -280,15 +280,20 @@ class DistillConfig:
     length_penalty: float = 1.0
     max_len_a: float = 1.2  # longest output: max_len_a · |input| + max_len_b pieces
     max_len_b: int = 10
-    batch_size: int = 128  # sentences per map_batches call (one batched beam search)
-    workers: int = 0  # teacher replicas (Ray Data actors); 0 = one per GPU with use_gpu, else free CPUs - 1
+    # One batched beam search: sentences sorted by length, cut where sentences x the longest (pieces with EOS)
+    # would pass max_tokens; 0 = batches of batch_size sentences. Neither changes an output (not hashed).
+    max_tokens: int = 8192
+    batch_size: int = 128  # sentences per beam search with max_tokens 0
+    workers: int = 0  # teacher replicas (Ray Data actors); 0 = one per GPU with use_gpu, else one per free CPU
     use_gpu: bool = False
     cpus_per_worker: float = 1.0
-    engine: str = "auto"  # torch (our beam search), ctranslate2 (the optional extra), auto: ctranslate2 if installed
+    # torch (our beam search), ctranslate2 (the optional extra), auto: ctranslate2 if installed and, with
+    # use_gpu, only where it can decode on CUDA (a device and CUDA 12's cuBLAS load), else torch
+    engine: str = "auto"
 
     def __post_init__(self) -> None:
-        require(self, beam_size=">= 1", max_len_a=">= 0", max_len_b=">= 0", batch_size=">= 1", workers=">= 0",
-                cpus_per_worker="> 0")
+        require(self, beam_size=">= 1", max_len_a=">= 0", max_len_b=">= 0", max_tokens=">= 0", batch_size=">= 1",
+                workers=">= 0", cpus_per_worker="> 0")
         if self.engine not in DISTILL_ENGINES:
             raise FieldError("engine", f"must be one of {list(DISTILL_ENGINES)}, got {self.engine!r}")
 

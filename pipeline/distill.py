@@ -1,17 +1,21 @@
 """Distill stage: sequence-level knowledge distillation of the training split, both directions, on Ray Data.
 
-`read_parquet(tokenize/train) -> map_batches(TeacherDecoder) -> the driver`: an actor pool of teacher
-replicas (each holds both directions' teachers; one GPU per actor with `distill.use_gpu`, else CPU actors
-sized to leave a CPU for the reads, docs/DESIGN.md "Ray on small machines") decodes every batch with
-batched beam search (`distill.beam_size`, `length_penalty`, output length ≤ max_len_a·|x| + max_len_b).
-The engine (`distill.engine`) is our beam search (`torch`) or the same teachers converted to CTranslate2
-(`ctranslate2`, the optional extra `[ct2]`; `reder/ct2.py` mirrors our search, the few beam outputs that
-differ are explained there); `auto` takes CTranslate2 when it is installed. The driver converts each teacher
-once into the stage's temporary directory; the actors load the converted models (on the GPU with
-`distill.use_gpu`). The engine used is part of the stage's key and its report. The driver sorts the
-staged rows by id and writes `train/part-NNNNN.parquet` with `id`, `src_ids`, `kd_tgt_ids` (teacher
-src→tgt of src), `tgt_ids`, `kd_src_ids` (teacher tgt→src of tgt) — REDER's src2tgt then trains on
-(src, kd_tgt), its tgt2src on (kd_src, tgt) — plus `src_len`/`tgt_len`. Valid and test are not distilled.
+The driver plans the work: each direction's inputs sorted by length and cut into token-bounded batches
+(`plan_batches`: sentences × the longest ≤ `distill.max_tokens` pieces with EOS; `max_tokens` 0: batches of
+`distill.batch_size` sentences), the costliest first, one Ray Data block each (`from_arrow`). An actor pool of
+teacher replicas (`map_batches(TeacherDecoder)`; each holds both directions' teachers, loaded once; one GPU
+per actor with `distill.use_gpu`, else one CPU each) decodes every planned batch as one batched beam search
+(`distill.beam_size`, `length_penalty`, output length ≤ max_len_a·|x| + max_len_b), exactly the batches
+`decode` makes in one process, so the KD outputs are those of the teacher called directly. The engine
+(`distill.engine`) is our beam search (`torch`) or the same teachers converted to CTranslate2 (`ctranslate2`,
+the optional extra `[ct2]`; `reder/ct2.py` mirrors our search, the few beam outputs that differ are explained
+there); `auto` takes CTranslate2 when it is installed and, with `distill.use_gpu`, only where CTranslate2
+sees a CUDA device (`engine_choice`). The driver converts each teacher once into the stage's temporary
+directory; the actors load the converted models (on the GPU with `distill.use_gpu`). The engine used and why
+are in the stage's report. The driver collects the outputs as the actors finish them (each sentence
+exactly once) and writes `train/part-NNNNN.parquet` with `id`, `src_ids`, `kd_tgt_ids` (teacher src→tgt of
+src), `tgt_ids`, `kd_src_ids` (teacher tgt→src of tgt) — REDER's src2tgt then trains on (src, kd_tgt), its
+tgt2src on (kd_src, tgt) — plus `src_len`/`tgt_len`. Valid and test are not distilled.
 
 A teacher output that REDER's head cannot align to its input (CTC: too long for r·|x| frames; DAG: longer
 than the graph, the tokenize stage's rules) is replaced by the reference for that direction and counted
@@ -22,15 +26,18 @@ length ratio and the sacreBLEU of the teacher's output against the reference, pe
 """
 from __future__ import annotations
 
+import ctypes
+import functools
 import importlib.util
 import logging
 import shutil
+import sys
 import time
-from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Sequence
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import torch
 
@@ -59,14 +66,64 @@ def ctranslate2_installed() -> bool:
     return importlib.util.find_spec("ctranslate2") is not None
 
 
+# What the ctranslate2 4.x Linux wheels load to decode on a GPU, beyond the driver's libcuda.so.1: their CUDA
+# runtime is linked in (so `get_cuda_device_count` needs the driver only), cuBLAS is opened at the first
+# matrix product — CUDA 12's, whatever CUDA torch has (docs/USAGE.md, "Teachers and distillation").
+CT2_CUDA_LIBRARIES = ("libcublasLt.so.12", "libcublas.so.12")
+
+
+@functools.cache
+def ctranslate2_cuda() -> tuple[int, str]:
+    """(CUDA devices CTranslate2 can decode on in this process, why none): its device count, and the cuBLAS it
+    opens at the first product, found on the library path or in pip's nvidia-cublas-cu12 (then loaded here, so
+    CTranslate2 finds it loaded). Asked once per process, so every stage key of a run resolves `auto` alike."""
+    try:
+        import ctranslate2
+
+        devices = ctranslate2.get_cuda_device_count()
+    except (ImportError, OSError, RuntimeError) as error:
+        return 0, f"CTranslate2 does not load ({error})"
+    if not devices:
+        return 0, "ctranslate2.get_cuda_device_count() is 0"
+    wheel = [Path(p) / "nvidia" / "cublas" / "lib" for p in sys.path]  # nvidia-cublas-cu12's layout
+    for name in CT2_CUDA_LIBRARIES:
+        for candidate in [name, *(str(d / name) for d in wheel if (d / name).is_file())]:
+            try:
+                ctypes.CDLL(candidate, mode=ctypes.RTLD_GLOBAL)
+                break
+            except OSError:
+                continue
+        else:
+            return 0, (f"CTranslate2 sees {devices} CUDA device(s) but {name} does not load (its wheels are built "
+                       f"for CUDA 12: pip install nvidia-cublas-cu12, or put CUDA 12's cuBLAS on LD_LIBRARY_PATH)")
+    return devices, ""
+
+
+def engine_choice(distill: DistillConfig) -> tuple[str, str]:
+    """(engine, why): what `distill.engine` resolves to here — auto: CTranslate2 when installed, on the GPU
+    (`use_gpu`) only where it can decode on CUDA (`ctranslate2_cuda`), else our search; resolved on the
+    driver, like the stage key."""
+    if distill.engine == "torch":
+        return "torch", "distill.engine=torch"
+    installed = ctranslate2_installed()
+    if distill.engine == "ctranslate2":
+        if not installed:
+            raise StageError("distill: distill.engine=ctranslate2 but CTranslate2 is not installed: pip install -e '.[ct2]', "
+                             "or set distill.engine=torch (or auto)")
+        return "ctranslate2", "distill.engine=ctranslate2"
+    if not installed:
+        return "torch", "auto: CTranslate2 is not installed"
+    if not distill.use_gpu:
+        return "ctranslate2", "auto: CTranslate2 is installed (CPU actors)"
+    devices, why_not = ctranslate2_cuda()
+    if devices:
+        return "ctranslate2", f"auto: CTranslate2 decodes on {devices} CUDA device(s) here"
+    return "torch", f"auto: our search on the GPU, as CTranslate2 cannot decode on CUDA here: {why_not}"
+
+
 def engine(distill: DistillConfig) -> str:
-    """The engine `distill.engine` resolves to: torch or ctranslate2 (auto: ctranslate2 when installed)."""
-    if distill.engine == "auto":
-        return "ctranslate2" if ctranslate2_installed() else "torch"
-    if distill.engine == "ctranslate2" and not ctranslate2_installed():
-        raise StageError("distill: distill.engine=ctranslate2 but CTranslate2 is not installed: pip install -e '.[ct2]', "
-                         "or set distill.engine=torch (or auto)")
-    return distill.engine
+    """The engine `distill.engine` resolves to here: torch or ctranslate2 (`engine_choice`)."""
+    return engine_choice(distill)[0]
 
 
 def build(run: StageRun, tmp: Path) -> dict[str, Any]:
@@ -77,7 +134,9 @@ def build(run: StageRun, tmp: Path) -> dict[str, Any]:
 
 def _build(cfg: PipelineConfig, data: Path, spm_dir: Path, teacher_dir: Path | None, tmp: Path) -> dict[str, Any]:
     references = tokenize.read_split(data / "train")
-    used = None if cfg.distill.corpus else engine(cfg.distill)
+    used, why = (None, None) if cfg.distill.corpus else engine_choice(cfg.distill)
+    if used:
+        log.info("distill: engine %s (%s)", used, why)
     started = time.time()
     if cfg.distill.corpus:
         table, workers = read_corpus(Path(cfg.distill.corpus).expanduser().resolve(), references), 0
@@ -85,20 +144,17 @@ def _build(cfg: PipelineConfig, data: Path, spm_dir: Path, teacher_dir: Path | N
         dirs = teacher.model_dirs(teacher_dir)
         for direction, directory in dirs.items():  # fail here, not inside an actor
             teacher.check_teacher(directory, direction, cfg, spm_dir / spm.MODEL_FILE)
-        staging, converted = tmp / "_staging", tmp / "_ct2"
-        ct2_dirs = convert_teachers(dirs, converted) if used == "ctranslate2" else None
-        workers = distill_on_ray(data / "train", staging, {d: str(p) for d, p in dirs.items()}, cfg.model.vocab_size,
-                                 cfg.distill, ct2_dirs)
-        table = pq.read_table(staging).sort_by("id")
-        shutil.rmtree(staging)
-        shutil.rmtree(converted, ignore_errors=True)
-        if table.column("id").to_pylist() != references.column("id").to_pylist():
-            raise StageError(f"distill: Ray Data returned {table.num_rows} rows for {references.num_rows} training pairs")
+        ct2_dirs = convert_teachers(dirs, tmp / "_ct2") if used == "ctranslate2" else None
+        table, workers = distill_on_ray(references, {d: str(p) for d, p in dirs.items()}, cfg.model.vocab_size,
+                                        cfg.distill, ct2_dirs)
+        if ct2_dirs:
+            shutil.rmtree(tmp / "_ct2")
     seconds = time.time() - started
     stats = statistics(table, spm_dir / spm.MODEL_FILE)  # of the teachers' own output, before any fallback
     table, fallbacks = apply_fallbacks(table, cfg)
     write_split(table, tmp / "train")
-    report = {"rows": table.num_rows, "workers": workers, "engine": used, "seconds": round(seconds, 2),
+    report = {"rows": table.num_rows, "workers": workers, "engine": used, "engine_choice": why,
+              "seconds": round(seconds, 2),
               "sentences_per_s": round(2 * table.num_rows / max(seconds, 1e-9), 2) if not cfg.distill.corpus else None,
               **fallbacks, **stats}
     write_json(tmp / "report.json", report)
@@ -115,8 +171,10 @@ def convert_teachers(teacher_dirs: dict[str, Path], out: Path) -> dict[str, str]
 
 
 class TeacherDecoder:
-    """Ray Data UDF: a batch of tokenized pairs → the same rows plus both teachers' beam-search outputs; with
-    `ct2_dirs` (each direction's teacher converted to CTranslate2) CTranslate2 decodes instead of our search."""
+    """Ray Data UDF: rows of planned batches (`work_blocks`: `batch`, `direction`, `row`, `input_ids`) → `row`,
+    `direction` and the teacher's output `kd_ids`, each planned batch decoded as one batched beam search by
+    its direction's teacher; with `ct2_dirs` (each direction's teacher converted to CTranslate2) CTranslate2
+    decodes instead of our search."""
 
     def __init__(self, teacher_dirs: dict[str, str], vocab_size: int, decoding: dict[str, Any], threads: int = 1,
                  ct2_dirs: dict[str, str] | None = None) -> None:
@@ -127,85 +185,151 @@ class TeacherDecoder:
         if ct2_dirs:
             from reder import ct2
 
+            devices, why_not = ctranslate2_cuda() if self.device == "cuda" else (0, "")  # loads cuBLAS 12 if needed
+            if self.device == "cuda" and not devices:
+                raise RuntimeError(f"distill: CTranslate2 cannot decode on this actor's GPU: {why_not}; "
+                                   "set distill.engine=torch (or auto)")
             translators = {d: (ct2.load_translator(Path(p), self.device, max(1, threads)), Path(p)) for d, p in ct2_dirs.items()}
-            self.decoders = {d: partial(_decode_ct2, *translators[d]) for d in translators}
+            self.decoders = {d: functools.partial(decode_ct2, *translators[d]) for d in translators}
         else:
             teachers = {d: load_teacher_dir(Path(p), d, vocab_size, self.device) for d, p in teacher_dirs.items()}
-            self.decoders = {d: partial(decode, teachers[d], direction=d) for d in teachers}
+            self.decoders = {d: functools.partial(decode, teachers[d], direction=d) for d in teachers}
 
-    def __call__(self, batch: pa.Table) -> pa.Table:
-        src, tgt = batch.column("src_ids").to_pylist(), batch.column("tgt_ids").to_pylist()
-        kd_tgt = self.decoders["src2tgt"](src, **self.decoding)
-        kd_src = self.decoders["tgt2src"](tgt, **self.decoding)
-        ids = pa.list_(pa.int32())
-        return pa.table({"id": batch.column("id"), "src_ids": pa.array(src, ids), "kd_tgt_ids": pa.array(kd_tgt, ids),
-                         "tgt_ids": pa.array(tgt, ids), "kd_src_ids": pa.array(kd_src, ids)})
+    def __call__(self, rows: pa.Table) -> pa.Table:
+        inputs, directions = rows.column("input_ids").to_pylist(), rows.column("direction").to_pylist()
+        batches: dict[int, list[int]] = {}  # planned batch → its rows (a call may get several blocks)
+        for index, number in enumerate(rows.column("batch").to_pylist()):
+            batches.setdefault(number, []).append(index)
+        outputs: list[list[int]] = [[] for _ in inputs]
+        for members in batches.values():
+            decoded = self.decoders[directions[members[0]]]([inputs[i] for i in members], **self.decoding,
+                                                            max_tokens=0, batch_size=len(members))  # one search
+            for index, hypothesis in zip(members, decoded):
+                outputs[index] = hypothesis
+        return pa.table({"row": rows.column("row"), "direction": rows.column("direction"),
+                         "kd_ids": pa.array(outputs, pa.list_(pa.int32()))})
+
+
+def plan_batches(lengths: Sequence[int], max_tokens: int, batch_size: int) -> list[list[int]]:
+    """Indices of inputs of these lengths (pieces with EOS) in beam-search batches, in length order (stable):
+    each batch as many sentences as keep sentences × the longest ≤ max_tokens (a longer sentence alone);
+    max_tokens 0: batch_size sentences each."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    if not max_tokens:
+        return [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
+    batches: list[list[int]] = []
+    for index in order:  # ascending: the sentence added is the batch's longest
+        if batches and (len(batches[-1]) + 1) * lengths[index] <= max_tokens:
+            batches[-1].append(index)
+        else:
+            batches.append([index])
+    return batches
+
+
+def _in_batches(search: Callable[[list[list[int]], int], list[list[int]]], inputs: list[list[int]], max_tokens: int,
+                batch_size: int) -> list[list[int]]:
+    """`search(sequences with EOS, batch size)` once per `plan_batches` batch of `inputs`; outputs in input order."""
+    sequences = [x + [EOS_ID] for x in inputs]
+    outputs: list[list[int]] = [[] for _ in sequences]
+    for batch in plan_batches([len(s) for s in sequences], max_tokens, batch_size):
+        for index, hypothesis in zip(batch, search([sequences[i] for i in batch], len(batch))):
+            outputs[index] = hypothesis
+    return outputs
 
 
 def decode(model: Transformer, inputs: list[list[int]], direction: str, beam_size: int, length_penalty: float,
-           max_len_a: float, max_len_b: int, batch_size: int = 128) -> list[list[int]]:
-    """Teacher outputs (piece ids, no EOS) for pieces without EOS, in input order: `translate_ids`'
-    length-sorted batches, one batched beam search each (the same call for every caller, so outputs match
-    actor or not)."""
-    return translate_ids(model, [x + [EOS_ID] for x in inputs], direction, beam_size, batch_size,
-                         length_penalty=length_penalty, max_len_a=max_len_a, max_len_b=max_len_b)
+           max_len_a: float, max_len_b: int, max_tokens: int = 0, batch_size: int = 128) -> list[list[int]]:
+    """Teacher outputs (piece ids, no EOS) for pieces without EOS, in input order: one batched beam search per
+    `plan_batches` batch (the batches the stage's actors get, so outputs match actor or not)."""
+    return _in_batches(lambda sequences, size: translate_ids(
+        model, sequences, direction, beam_size, size, length_penalty=length_penalty, max_len_a=max_len_a,
+        max_len_b=max_len_b), inputs, max_tokens, batch_size)
 
 
-def _decode_ct2(translator: Any, ct2_dir: Path, inputs: list[list[int]], beam_size: int, length_penalty: float,
-                max_len_a: float, max_len_b: int, batch_size: int = 128) -> list[list[int]]:
-    """`decode` through CTranslate2 (`reder.ct2.translate_ids`, which mirrors our search)."""
+def decode_ct2(translator: Any, ct2_dir: Path, inputs: list[list[int]], beam_size: int, length_penalty: float,
+               max_len_a: float, max_len_b: int, max_tokens: int = 0, batch_size: int = 128) -> list[list[int]]:
+    """`decode` through CTranslate2 (`reder.ct2.translate_ids`, which mirrors our search), the same batches."""
     from reder import ct2
 
-    return ct2.translate_ids(translator, ct2_dir, [x + [EOS_ID] for x in inputs], beam_size, length_penalty,
-                             max_len_a, max_len_b, batch_size=batch_size)
+    return _in_batches(lambda sequences, size: ct2.translate_ids(
+        translator, ct2_dir, sequences, beam_size, length_penalty, max_len_a, max_len_b, batch_size=size),
+        inputs, max_tokens, batch_size)
 
 
-def plan_actors(distill: DistillConfig) -> tuple[int, dict[str, float], float]:
-    """(actors, Ray resources per actor, CPUs per read/write task): one GPU per actor with use_gpu (all the
-    cluster's GPUs unless `workers` says), else CPU actors that leave a CPU for the reads (tokenize's rule)."""
+def plan_actors(distill: DistillConfig) -> tuple[int, dict[str, float]]:
+    """(actors, Ray resources per actor): one GPU per actor with use_gpu (all the cluster's GPUs unless
+    `workers` says), else CPU actors sharing the free CPUs (one each by default). The work is in the object
+    store already (`work_blocks`), so no read task needs a CPU of its own."""
     import ray
 
     if distill.use_gpu:
         gpus = int(ray.cluster_resources().get("GPU", 0))
         if gpus < 1:
             raise StageError("distill: distill.use_gpu=true but the Ray cluster has no GPU; set distill.use_gpu=false")
-        return distill.workers or gpus, {"num_gpus": 1, "num_cpus": distill.cpus_per_worker}, 1.0
-    actors, actor_cpus, io_cpus = tokenize.plan_workers(distill.workers, tokenize.free_cpus())
-    return actors, {"num_cpus": actor_cpus}, io_cpus
+        return distill.workers or gpus, {"num_gpus": 1, "num_cpus": distill.cpus_per_worker}
+    cpus = tokenize.free_cpus()
+    if cpus <= 0:
+        raise StageError("distill: the Ray cluster has no free CPU (ray.available_resources() shows none)")
+    actors = distill.workers or max(1, int(cpus))
+    return actors, {"num_cpus": cpus / actors}
 
 
-def distill_on_ray(train_dir: Path, staging: Path, teacher_dirs: dict[str, str], vocab_size: int,
-                   distill: DistillConfig, ct2_dirs: dict[str, str] | None = None) -> int:
-    """Decode the training split with an actor pool of TeacherDecoder replicas into `staging` (through
-    CTranslate2 with `ct2_dirs`, `convert_teachers`); returns the number of actors."""
+DIRECTIONS = (("src2tgt", "src_ids", "kd_tgt_ids"), ("tgt2src", "tgt_ids", "kd_src_ids"))  # input column, KD column
+
+
+def work_blocks(train: pa.Table, distill: DistillConfig) -> list[pa.Table]:
+    """The decoding work as Ray Data blocks, one per planned batch (`plan_batches` of each direction's inputs):
+    rows `batch`, `direction`, `row` (the pair's index in `train`) and `input_ids`, the costliest batches
+    (sentences × their longest output limit) first, so a pool's last batches are short."""
+    planned = []  # (cost, direction, column, rows)
+    for direction, column, _ in DIRECTIONS:
+        lengths = [n + 1 for n in pc.list_value_length(train.column(column)).to_pylist()]  # with EOS
+        for batch in plan_batches(lengths, distill.max_tokens, distill.batch_size):
+            cost = len(batch) * (distill.max_len_a * lengths[batch[-1]] + distill.max_len_b)
+            planned.append((cost, direction, column, batch))
+    planned.sort(key=lambda p: -p[0])
+    blocks = []
+    for number, (_, direction, column, batch) in enumerate(planned):
+        rows = pa.array(batch, pa.int64())
+        blocks.append(pa.table({"batch": pa.array([number] * len(batch), pa.int32()),
+                                "direction": pa.array([direction] * len(batch), pa.string()), "row": rows,
+                                "input_ids": train.column(column).take(rows)}))
+    return blocks
+
+
+def distill_on_ray(train: pa.Table, teacher_dirs: dict[str, str], vocab_size: int, distill: DistillConfig,
+                   ct2_dirs: dict[str, str] | None = None) -> tuple[pa.Table, int]:
+    """Decode the training split (`id`, `src_ids`, `tgt_ids`) with an actor pool of TeacherDecoder replicas
+    (through CTranslate2 with `ct2_dirs`, `convert_teachers`); returns (`id`, `src_ids`, `kd_tgt_ids`,
+    `tgt_ids`, `kd_src_ids` in `train`'s order, the number of actors)."""
     import ray
 
-    actors, resources, io_cpus = plan_actors(distill)
-    files = [str(p) for p in sorted(Path(train_dir).glob("*.parquet"))]
-    rows = sum(pq.ParquetFile(p).metadata.num_rows for p in files)
-    context = ray.data.DataContext.get_current()
-    previous, context.use_datasource_v2 = context.use_datasource_v2, False  # tokenize.py: V1 honours the block count
-    try:
-        dataset = ray.data.read_parquet(files, columns=["id", "src_ids", "tgt_ids"], num_cpus=io_cpus,
-                                        override_num_blocks=max(4 * actors, -(-rows // tokenize.ROWS_PER_BLOCK)))
-    finally:
-        context.use_datasource_v2 = previous
+    actors, resources = plan_actors(distill)
     threads = max(1, int(resources.get("num_cpus", 1)))
     decoding = {k: getattr(distill, k) for k in DECODING_KEYS}
-    dataset = dataset.map_batches(
+    dataset = ray.data.from_arrow(work_blocks(train, distill)).map_batches(
         TeacherDecoder, fn_constructor_kwargs={"teacher_dirs": teacher_dirs, "vocab_size": vocab_size,
                                                "decoding": decoding, "threads": threads, "ct2_dirs": ct2_dirs},
-        batch_format="pyarrow", batch_size=distill.batch_size, compute=ray.data.ActorPoolStrategy(size=actors),
-        **resources)
-    # Batches come back to the driver as the actors finish them (the driver reads them all back anyway): a
-    # progress line off a terminal (on one, Ray Data's bars), then one staged file each.
-    staging.mkdir(parents=True, exist_ok=True)
-    progress = Progress("distill", 2 * rows, "sentence", bar=False)  # each pair: both directions
-    for index, batch in enumerate(dataset.iter_batches(batch_size=None, batch_format="pyarrow")):
-        pq.write_table(batch, staging / f"part-{index:05d}.parquet")
-        progress.update(progress.done + 2 * batch.num_rows)
+        batch_format="pyarrow", batch_size=None, compute=ray.data.ActorPoolStrategy(size=actors), **resources)
+    # Batches come back to the driver as the actors finish them: a progress line off a terminal (on one,
+    # Ray Data's bars); each sentence must come back exactly once.
+    outputs: dict[str, list[Any]] = {direction: [None] * train.num_rows for direction, _, _ in DIRECTIONS}
+    progress = Progress("distill", 2 * train.num_rows, "sentence", bar=False)  # each pair: both directions
+    for batch in dataset.iter_batches(batch_size=None, batch_format="pyarrow"):
+        for row, direction, hypothesis in zip(*(batch.column(c).to_pylist() for c in ("row", "direction", "kd_ids"))):
+            if outputs[direction][row] is not None:
+                raise StageError(f"distill: Ray Data returned pair {row} ({direction}) twice")
+            outputs[direction][row] = hypothesis
+        progress.update(progress.done + batch.num_rows)
     progress.close()
-    return actors
+    missing = sum(h is None for kd in outputs.values() for h in kd)
+    if missing:
+        raise StageError(f"distill: Ray Data returned {2 * train.num_rows - missing} of {2 * train.num_rows} sentences")
+    ids = pa.list_(pa.int32())
+    table = pa.table({"id": train.column("id"), "src_ids": train.column("src_ids").cast(ids),
+                      "kd_tgt_ids": pa.array(outputs["src2tgt"], ids), "tgt_ids": train.column("tgt_ids").cast(ids),
+                      "kd_src_ids": pa.array(outputs["tgt2src"], ids)})
+    return table, actors
 
 
 def read_corpus(path: Path, references: pa.Table) -> pa.Table:

@@ -102,7 +102,8 @@ def _sweep_key(cfg: PipelineConfig) -> dict[str, Any]:
 
 def _distill_key(cfg: PipelineConfig) -> dict[str, Any]:
     """What changes distill's output: the given corpus, or the decoding options and the engine (named only when
-    it is CTranslate2, so directories made by our search keep their names)."""
+    it is CTranslate2, so directories made by our search keep their names; `auto` as resolved on this driver).
+    Not the batching (`max_tokens`, `batch_size`) nor the actors: they change no output."""
     if cfg.distill.corpus:
         source = {"corpus": str(Path(cfg.distill.corpus).expanduser().resolve())}
     else:

@@ -9,7 +9,6 @@ import math
 import os
 from pathlib import Path
 
-import pyarrow.parquet as pq
 import pytest
 import torch
 
@@ -113,17 +112,16 @@ def test_a_gpu_distill_actor_decodes_as_the_teacher_called_directly_on_the_gpu(t
     differences can flip (the batched search on the GPU is checked against the CPU in
     tests/reder/test_autoregressive.py)."""
     teachers = test_distill._teachers(tmp_path)
-    train_dir = test_distill._train_split(tmp_path / "train")
+    references = tokenize.read_split(test_distill._train_split(tmp_path / "train"))
     decoding = {"beam_size": 3, "length_penalty": 1.0, "max_len_a": 1.2, "max_len_b": 4}
-    actors = distill.distill_on_ray(train_dir, tmp_path / "staging", teachers, test_distill.VOCAB,
-                                    DistillConfig(use_gpu=True, batch_size=1, **decoding))
+    table, actors = distill.distill_on_ray(references, teachers, test_distill.VOCAB,
+                                           DistillConfig(use_gpu=True, max_tokens=0, batch_size=1, **decoding))
     assert actors == 1
     [actor] = _probed(ray_gpu, "distill")
     assert actor["device"] == "cuda" and actor["parameter_devices"] == ["cuda:0"]
     assert actor["cuda_visible_devices"] not in (None, "")  # Ray assigned it the GPU
 
-    rows = pq.read_table(tmp_path / "staging").sort_by("id").to_pylist()
-    references = tokenize.read_split(train_dir)
+    rows = table.to_pylist()
     assert [row["id"] for row in rows] == references.column("id").to_pylist()
     for direction, column, kd in (("src2tgt", "src_ids", "kd_tgt_ids"), ("tgt2src", "tgt_ids", "kd_src_ids")):
         model = load_teacher_dir(Path(teachers[direction]), direction, test_distill.VOCAB, "cuda")
