@@ -140,6 +140,9 @@ class TrainConfig:
     fail_at_step: int = 0  # fault drill: raise once after this step in a run that did not resume (0 = off)
     start_timeout_s: float = 60.0  # how long the driver waits for the requested resources to exist
     placement_strategy: str = "PACK"  # Ray placement of the workers: PACK, SPREAD (across nodes), STRICT_*
+    # issue 53 item 3
+
+    compile: bool = False  # torch.compile REDER's attention and feed-forward branches (dropout then draws other masks)
 
     def __post_init__(self) -> None:
         require(self, num_workers=">= 1", cpus_per_worker="> 0", gpus_per_worker="> 0", max_tokens=">= 1",

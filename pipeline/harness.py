@@ -270,6 +270,21 @@ class _Window:
                 RANK_TOKENS_PER_S: self.tokens / max(seconds, 1e-9)}  # this rank's own: a slow host shows
 
 
+def compile_branches(model: torch.nn.Module) -> int:
+    """`torch.compile` (in place) REDER's attention and feed-forward branches, pure functions of their input
+    that the trunk calls forward and again in the reversible backward; returns how many. The rest stays eager:
+    the reversible steps' custom autograd, the RNG capture and the data-dependent CTC pieces would break its
+    graph. Shapes are dynamic (every batch has its own length); no- and with-gradient calls are two graphs."""
+    from reder.layers import AttentionBranch, FeedForwardBranch
+
+    branches = [module for module in model.modules() if isinstance(module, (AttentionBranch, FeedForwardBranch))]
+    if not branches:
+        raise ValueError(f"train.compile compiles REDER's branches; {type(model).__name__} has none")
+    for branch in branches:
+        branch.compile(dynamic=True)
+    return len(branches)
+
+
 class Harness:
     """The training loop of one model (see the module doc). `validate(model)` returns scores with
     `valid_bleu` (it runs in eval mode without gradients); `on_step(step)` runs after every update."""
@@ -280,8 +295,11 @@ class Harness:
         self.model, self.objective, self.cfg, self.device = model, objective, cfg, torch.device(device)
         self.validate, self.on_report, self.on_step = validate, on_report, on_step
         self.bf16 = cfg.bf16 and self.device.type == "cuda"
+        if cfg.compile:
+            compile_branches(model)
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=tuple(cfg.adam_betas),
-                                           eps=cfg.adam_eps, weight_decay=cfg.weight_decay)
+                                           eps=cfg.adam_eps, weight_decay=cfg.weight_decay,
+                                           fused=True if self.device.type == "cuda" else None)  # one kernel per step
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda step: inverse_sqrt(step, cfg.lr, cfg.warmup_steps, cfg.warmup_init_lr) / cfg.lr)
         self.step = self.epoch = self.next_batch = 0

@@ -309,3 +309,29 @@ def test_a_failure_in_training_stops_the_prefetch_thread():
     assert run.step == 2 and run.position == (0, 3)
     gc.collect()  # the traceback held fit's frame, and with it the prefetching generator
     assert not _prefetch_threads()
+
+
+@pytest.mark.slow  # inductor compiles the four branch kinds (with and without gradient) on the CPU: ~15 s
+def test_compiled_branches_train_as_the_eager_ones():
+    """train.compile: without dropout and glancing two updates of a tiny REDER with FBA give the eager run's loss
+    terms and parameters to float32 precision (all but the attention's key bias, whose gradient is zero in exact
+    arithmetic, a shift common to a query's scores: Adam turns rounding noise into steps of ±lr there).
+    Inductor draws its own dropout masks, and a seed from the global generator even at p = 0, which moves
+    glancing's draws: hence ADDED_LATER, not NOT_HASHED."""
+    runs = []
+    for compiled in (False, True):
+        torch.manual_seed(0)
+        model = tiny_model(LossConfig(aux_start_step=0, lambda_cc=0.0), dropout=0.0, attention_dropout=0.0)
+        runs.append(Harness(model, DuplexLoss(model), _train_config(compile=compiled), "cpu"))
+    assert harness.compile_branches(tiny_model()) == 2 * 2 * 2  # per end: layers × (attention, feed-forward)
+    for batches in _updates(kd=False, count=2):
+        eager, compiled = (run.update(batches) for run in runs)
+        for name in eager.keys() - {"tokens"}:
+            assert float(compiled[name]) == pytest.approx(float(eager[name]), rel=1e-5), name
+    d_model = runs[0].model.cfg.d_model
+    for (name, a), b in zip(runs[0].model.named_parameters(), runs[1].model.parameters()):
+        if name.endswith("qkv.bias"):
+            a, b = torch.cat([a[:d_model], a[2 * d_model:]]), torch.cat([b[:d_model], b[2 * d_model:]])
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6, msg=name)
+    with pytest.raises(ValueError, match="has none"):
+        harness.compile_branches(torch.nn.Linear(2, 2))
