@@ -335,3 +335,9 @@ def test_compiled_branches_train_as_the_eager_ones():
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6, msg=name)
     with pytest.raises(ValueError, match="has none"):
         harness.compile_branches(torch.nn.Linear(2, 2))
+
+
+def test_train_compile_is_hashed_only_when_on():
+    """Finished train stages keep their directories; a compiled run (other dropout masks) gets its own."""
+    from pipeline.graph import train_key
+    assert "compile" not in train_key(TrainConfig()) and train_key(TrainConfig(compile=True))["compile"] is True
