@@ -30,6 +30,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--pairs", type=int, default=128, help="pairs per micro-batch (128: ~4k tokens)")
     parser.add_argument("--top", type=int, default=12)
+    parser.add_argument("--time-only", action="store_true", help="syncs and seconds per update only")
     args = parser.parse_args()
     code = Path(args.code).resolve()
     sys.path.insert(0, str(code))
@@ -60,15 +61,17 @@ def main() -> None:
             result = run.update(batches)
         float(result["total"])  # the update's work is done (on a CPU it always is)
         seconds.append(time.perf_counter() - started)
+    print(f"code {code} variant {args.variant} threads {args.threads} pairs {args.pairs}")
+    print(f"syncs per update {sum(syncs.values()) / args.updates:.1f}: "
+          + ", ".join(f"{kind} {where} ×{n / args.updates:g}" for (kind, where), n in syncs.most_common()))
+    print("seconds per update (no profiler) " + " ".join(f"{s:.2f}" for s in seconds))
+    if args.time_only:
+        return
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
         run.update(updates[-1])
     events = profile.key_averages()
     ops = launches(profile) * args.updates  # one update profiled
-    print(f"code {code} variant {args.variant} threads {args.threads} pairs {args.pairs}")
-    print(f"syncs per update {sum(syncs.values()) / args.updates:.1f}: "
-          + ", ".join(f"{kind} {where} ×{n / args.updates:g}" for (kind, where), n in syncs.most_common()))
-    print(f"ops per update {ops / args.updates:.0f}; seconds per update (no profiler) "
-          + " ".join(f"{s:.2f}" for s in seconds))
+    print(f"ops per update {ops / args.updates:.0f}")
     print(events.table(sort_by="self_cpu_time_total", row_limit=args.top))
 
     batch, frames, labels = 128, 2 * 16, 16  # a micro-batch of Multi30k: 2 × (15 + EOS) frames, ≤ 16 labels
