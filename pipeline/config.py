@@ -153,6 +153,8 @@ class TrainConfig:
     # > 0: warm up over this fraction of the planned run instead of warmup_steps; the run's progress is the larger
     # of step/max_steps and elapsed/max_time, so a time-budgeted run warms up and decays over its budget.
     warmup_fraction: float = 0.0
+    # torch.compile REDER's attention and feed-forward branches (issue 53; dropout then draws other masks)
+    compile: bool = False
 
     def __post_init__(self) -> None:
         require(self, num_workers=">= 1", cpus_per_worker="> 0", gpus_per_worker="> 0", max_tokens=">= 1",

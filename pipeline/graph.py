@@ -31,7 +31,8 @@ NOT_HASHED = ("log_every", "max_failures", "storage_path", "fail_at_step", "star
 # default, which is the behaviour from before them, so finished outputs keep their directories.
 ADDED_LATER = {"model": ("dag_dp",),
                "loss": ("fba_start_step", "cc_start_step", "directions", "glance_start", "glance_end", "glance_steps"),
-               "train": ("batch_tokens", "max_time", "patience", "lr_scheduler", "warmup_fraction"),
+               # compile: inductor's dropout draws other masks
+               "train": ("batch_tokens", "max_time", "patience", "lr_scheduler", "warmup_fraction", "compile"),
                "evaluate": ("rerank_weight", "cutoff_top_n", "cutoff_prob", "dag_max_transition", "dag_no_repeat_ngram",
                             "dag_length_penalty", "cmlm_iterations", "cmlm_length_beam", "refine_steps")}
 # Stages a pipeline run lists only when it needs them (added after outputs existed; a run without them reads

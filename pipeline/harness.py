@@ -21,6 +21,8 @@ import contextlib
 import math
 import os
 import platform
+import queue
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any, Callable, Iterator, Optional, TypeVar
@@ -210,19 +212,34 @@ def micro_batches(epochs: Callable[[int], Sequence[list[Example]]], epoch: int =
         epoch, skip = epoch + 1, 0
 
 
-def _tensors(pairs: list, device: torch.device) -> Batch:
-    src, src_lengths = pad_batch([s + [EOS_ID] for s, _ in pairs], device)
-    tgt, tgt_lengths = pad_batch([t + [EOS_ID] for _, t in pairs], device)
-    return src, src_lengths, tgt, tgt_lengths
+def _tensors(pairs: list, device: torch.device, pin: bool) -> Batch:
+    """(src, src_lengths, tgt, tgt_lengths) of (source, target) id lists, EOS appended, built on the host (pinned
+    with `pin`) and moved to `device` without blocking the host."""
+    src, src_lengths = pad_batch([s for s, _ in pairs], end=EOS_ID, pin_memory=pin)
+    tgt, tgt_lengths = pad_batch([t for _, t in pairs], end=EOS_ID, pin_memory=pin)
+    return tuple(t.to(device, non_blocking=True) for t in (src, src_lengths, tgt, tgt_lengths))  # type: ignore[return-value]
 
 
-def passes(examples: list[Example], device: torch.device | str) -> tuple[Batch, Optional[Batch]]:
+def passes(examples: list[Example], device: torch.device | str, pin: bool = False) -> tuple[Batch, Optional[Batch]]:
     """The tensors of one micro-batch: (src, src_lengths, tgt, tgt_lengths) for both directions, or with KD
-    examples src2tgt's (x, teacher(x)) and tgt2src's own (teacher(y), y) batch (DuplexLoss.tgt2src_batch)."""
+    examples src2tgt's (x, teacher(x)) and tgt2src's own (teacher(y), y) batch (DuplexLoss.tgt2src_batch).
+    `pin`: built in pinned host memory (for an asynchronous copy to a CUDA device)."""
+    device = torch.device(device)
     if len(examples[0]) == 2:
-        return _tensors(examples, device), None
-    forward = _tensors([(src, kd_tgt) for src, _, kd_tgt, _ in examples], device)
-    return forward, _tensors([(kd_src, tgt) for _, tgt, _, kd_src in examples], device)
+        return _tensors(examples, device, pin), None
+    forward = _tensors([(src, kd_tgt) for src, _, kd_tgt, _ in examples], device, pin)
+    return forward, _tensors([(kd_src, tgt) for _, tgt, _, kd_src in examples], device, pin)
+
+
+Prepared = tuple[Batch, Optional[Batch], int]  # a micro-batch's `passes` on the host and the tokens the objective reads
+PREFETCH = 2  # updates whose micro-batches fit's prefetch thread builds ahead of the one training
+
+
+class _Failed:
+    """What the prefetch thread raised, handed to the training thread in the batches' order."""
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
 
 
 def distributed() -> bool:
@@ -263,17 +280,19 @@ RANK_TOKENS_PER_S = "rank_tokens_per_s"
 class _Window:
     """One reporting window: sums of the loss terms and grad norms per update, tokens, wall time. Each term is
     averaged over the updates that computed it: an auxiliary term that switched on inside the window (absent
-    from the updates before, REDER.loss) is its mean while on, not diluted by the updates without it."""
+    from the updates before, REDER.loss) is its mean while on, not diluted by the updates without it. The sums
+    stay device tensors until `metrics` reads them all at once: one host-device sync per window, not per term
+    and update."""
 
     def __init__(self) -> None:
         self.restart()
 
     def restart(self) -> None:
-        self.sums: dict[str, float] = {}
+        self.sums: dict[str, Any] = {}
         self.counts: dict[str, int] = {}
         self.tokens, self.started = 0, time.perf_counter()
 
-    def add(self, update: dict[str, float]) -> None:
+    def add(self, update: dict[str, Any]) -> None:
         for name, value in update.items():
             if name != "tokens":
                 self.sums[name] = self.sums.get(name, 0.0) + value
@@ -281,11 +300,29 @@ class _Window:
         self.tokens += int(update["tokens"])
 
     def metrics(self) -> dict[str, float]:
+        names = list(self.sums)
+        tensors = [name for name in names if isinstance(self.sums[name], torch.Tensor)]
+        read = dict(zip(tensors, torch.stack([self.sums[name].double() for name in tensors]).tolist())) if tensors else {}
         seconds = time.perf_counter() - self.started
-        means = {name if name == "grad_norm" else f"train_{name}": value / self.counts[name]
-                 for name, value in self.sums.items()}
+        means = {name if name == "grad_norm" else f"train_{name}": float(read.get(name, self.sums[name])) / self.counts[name]
+                 for name in names}
         return {**means, "tokens_per_s": all_reduce(self.tokens, "sum") / max(seconds, 1e-9),
                 RANK_TOKENS_PER_S: self.tokens / max(seconds, 1e-9)}  # this rank's own: a slow host shows
+
+
+def compile_branches(model: torch.nn.Module) -> int:
+    """`torch.compile` (in place) REDER's attention and feed-forward branches, pure functions of their input
+    that the trunk calls forward and again in the reversible backward; returns how many. The rest stays eager:
+    the reversible steps' custom autograd, the RNG capture and the data-dependent CTC pieces would break its
+    graph. Shapes are dynamic (every batch has its own length); no- and with-gradient calls are two graphs."""
+    from reder.layers import AttentionBranch, FeedForwardBranch
+
+    branches = [module for module in model.modules() if isinstance(module, (AttentionBranch, FeedForwardBranch))]
+    if not branches:
+        raise ValueError(f"train.compile compiles REDER's branches; {type(model).__name__} has none")
+    for branch in branches:
+        branch.compile(dynamic=True)
+    return len(branches)
 
 
 class Harness:
@@ -298,8 +335,11 @@ class Harness:
         self.model, self.objective, self.cfg, self.device = model, objective, cfg, torch.device(device)
         self.validate, self.on_report, self.on_step = validate, on_report, on_step
         self.bf16 = cfg.bf16 and self.device.type == "cuda"
+        if cfg.compile:
+            compile_branches(model)
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=tuple(cfg.adam_betas),
-                                           eps=cfg.adam_eps, weight_decay=cfg.weight_decay)
+                                           eps=cfg.adam_eps, weight_decay=cfg.weight_decay,
+                                           fused=True if self.device.type == "cuda" else None)  # one kernel per step
         # Training seconds of the run so far (updates and validations, summed over resumes: max_time counts
         # them), and the plateau count of `patience`: the best validation score and the validations since it.
         self.elapsed, self.best_score, self.bad_validations = 0.0, -math.inf, 0
@@ -313,30 +353,77 @@ class Harness:
         self.validated_step, self.validation_seconds = -1, 0.0
         self._window = _Window()
 
-    def update(self, batches: list[list[Example]]) -> dict[str, float]:
+    def update(self, batches: list[list[Example]]) -> dict[str, Any]:
         """One optimizer update over micro-batches (their gradients accumulated, each loss divided by their
-        count): the mean of each loss term, the gradient norm before clipping and the tokens seen."""
+        count): the mean of each loss term and the gradient norm before clipping, as 0-dim tensors on the device
+        (float64; reading one syncs host and device: `_Window` reads a window's at once), and the tokens seen."""
+        return self._update([self._prepare(examples) for examples in batches])
+
+    def _prepare(self, examples: list[Example]) -> Prepared:
+        """A micro-batch's tensors on the host (pinned when the device is CUDA) and its tokens, counted from the
+        host's lengths (`.numpy()`: a device tensor would fail here rather than sync)."""
+        batch, reverse = passes(examples, "cpu", pin=self.device.type == "cuda")
+        tokens = sum(int(b[1].numpy().sum() + b[3].numpy().sum()) for b in self._read(batch, reverse))
+        return batch, reverse, tokens
+
+    def _update(self, prepared: list[Prepared]) -> dict[str, Any]:
+        """`update` on micro-batches already on the host: no host-device sync (the copies do not block)."""
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        sums: dict[str, float] = {}
-        tokens = 0
-        for number, examples in enumerate(batches):
-            batch, reverse = passes(examples, self.device)
+        sums: dict[str, torch.Tensor] = {}
+        move = lambda batch: tuple(t.to(self.device, non_blocking=True) for t in batch)  # noqa: E731
+        for number, (host_batch, host_reverse, _) in enumerate(prepared):
+            batch, reverse = move(host_batch), None if host_reverse is None else move(host_reverse)
             # DDP all-reduces gradients in backward: only the last micro-batch's needs to.
-            accumulate = number < len(batches) - 1 and hasattr(self.objective, "no_sync")
+            accumulate = number < len(prepared) - 1 and hasattr(self.objective, "no_sync")
             with self.objective.no_sync() if accumulate else contextlib.nullcontext():
                 with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
                     terms = self.objective(*batch, self.step, tgt2src_batch=reverse)
-                (terms["total"] / len(batches)).backward()
+                (terms["total"] / len(prepared)).backward()
             for name, value in terms.items():
-                sums[name] = sums.get(name, 0.0) + float(value.detach()) / len(batches)
-            tokens += sum(int(b[1].sum() + b[3].sum()) for b in self._read(batch, reverse))
+                sums[name] = sums.get(name, 0.0) + value.detach().double() / len(prepared)
         clip = self.cfg.clip_norm if self.cfg.clip_norm > 0 else math.inf
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
         self.optimizer.step()
         self.scheduler.step()
         self.step += 1
-        return {**sums, "grad_norm": float(norm), "tokens": tokens}
+        return {**sums, "grad_norm": norm.detach().double(), "tokens": sum(tokens for _, _, tokens in prepared)}
+
+    def _ahead(self, batches: Iterator[MicroBatch]) -> Iterator[tuple[tuple[int, int], list[Prepared]]]:
+        """fit's updates from `batches`: (the position after the update, its micro-batches `_prepare`d), built
+        PREFETCH updates ahead on a thread, in order. A failure of the thread is raised here, where the
+        training reaches it; closing this generator (fit does, when it ends) stops and joins the thread."""
+        queue_: queue.Queue = queue.Queue(maxsize=PREFETCH)
+        stop = threading.Event()
+
+        def hand_over(item: Any) -> None:
+            while not stop.is_set():
+                try:
+                    return queue_.put(item, timeout=0.1)
+                except queue.Full:
+                    continue
+
+        def build() -> None:
+            try:
+                while not stop.is_set():
+                    pulled = [next(batches) for _ in range(self.cfg.update_freq)]
+                    hand_over(((pulled[-1][0], pulled[-1][1] + 1), [self._prepare(examples) for _, _, examples in pulled]))
+            except BaseException as error:  # noqa: BLE001 - raised in the training thread instead
+                hand_over(_Failed(error))
+
+        thread = threading.Thread(target=build, name="harness-prefetch", daemon=True)
+        thread.start()
+        try:
+            while True:
+                item = queue_.get()
+                if isinstance(item, _Failed):
+                    if isinstance(item.error, StopIteration):  # a finite iterator ran out: as next() would
+                        return
+                    raise item.error
+                yield item
+        finally:
+            stop.set()
+            thread.join()
 
     def _read(self, batch: Batch, reverse: Optional[Batch]) -> tuple[Batch, ...]:
         """The batches of a micro-batch the objective trains on: both, or the one a one-direction objective's
@@ -362,10 +449,10 @@ class Harness:
         started, first, last_loss, base = time.perf_counter(), self.step, math.nan, self.elapsed
         self._window.restart()
         self.stopped_by = None
+        ahead = self._ahead(batches)  # micro-batches built on a thread; the position is that of the update trained
         while self.step < stop and self.stopped_by is None:
-            pulled = [next(batches) for _ in range(self.cfg.update_freq)]
-            self.epoch, self.next_batch = pulled[-1][0], pulled[-1][1] + 1
-            result = self.update([examples for _, _, examples in pulled])
+            (self.epoch, self.next_batch), prepared = next(ahead)
+            result = self._update(prepared)
             last_loss = result["total"]
             self._window.add(result)
             read_clock = not distributed() or self.step % self.cfg.log_every == 0
@@ -381,10 +468,11 @@ class Harness:
                 self.on_step(self.step)
             if read_clock:  # again, with the validation: the next update's learning rate sees all time spent
                 self.elapsed = all_reduce(base + time.perf_counter() - started, "max")
+        ahead.close()
         self.elapsed = all_reduce(base + time.perf_counter() - started, "max")  # a pause keeps all it spent
         self.model.eval()
         return {"steps": self.step - first, "seconds": round(time.perf_counter() - started, 1),
-                "last_loss": round(last_loss, 4), "stopped_by": self.stopped_by}
+                "last_loss": round(float(last_loss), 4), "stopped_by": self.stopped_by}
 
     def _out_of_time(self, call_seconds: float, time_cap_s: float) -> Optional[str]:
         if self.cfg.max_time and self.elapsed >= self.cfg.max_time:

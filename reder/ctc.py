@@ -1,18 +1,30 @@
 """CTC pieces: the label-smoothed loss, batched Viterbi forced alignment, and frame collapsing; padding and
 masks of ragged batches (shared by the model, decoding and training)."""
+import itertools
+from typing import Optional
+
 import torch
 import torch.nn.functional as F
 
 from reder.config import PAD_ID
 
 
-def pad_batch(sequences: list[list[int]], device: str | torch.device = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-padded (B, T) token tensor and (B,) lengths."""
-    lengths = torch.tensor([len(s) for s in sequences], dtype=torch.long)
-    tokens = torch.full((len(sequences), int(lengths.max())), PAD_ID, dtype=torch.long)
-    for row, sequence in enumerate(sequences):
-        tokens[row, : len(sequence)] = torch.tensor(sequence, dtype=torch.long)
-    return tokens.to(device), lengths.to(device)
+def pad_batch(sequences: list[list[int]], device: str | torch.device = "cpu", end: Optional[int] = None,
+              pin_memory: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded (B, T) token tensor and (B,) lengths, with `end` (e.g. EOS) appended to each sequence if
+    given. Built at once from the flattened ids (no loop over rows); `pin_memory` builds it in pinned host memory,
+    and the copy to `device` does not block the host."""
+    extra = int(end is not None)
+    sizes = [len(s) for s in sequences]
+    lengths = torch.tensor(sizes, dtype=torch.long) + extra
+    flat = torch.tensor(list(itertools.chain.from_iterable(sequences)), dtype=torch.long)
+    tokens = torch.full((len(sequences), max(sizes) + extra), PAD_ID, dtype=torch.long)
+    tokens.masked_scatter_(valid_mask(lengths - extra, tokens.shape[1]), flat)
+    if end is not None:
+        tokens.scatter_(1, (lengths - 1)[:, None], end)
+    if pin_memory:
+        tokens, lengths = tokens.pin_memory(), lengths.pin_memory()
+    return tokens.to(device, non_blocking=True), lengths.to(device, non_blocking=True)
 
 
 def valid_mask(lengths: torch.Tensor, max_length: int) -> torch.Tensor:
@@ -38,7 +50,8 @@ def smoothed_ctc_loss(
     )
     if smoothing == 0:
         return nll
-    uniform = -log_probs.mean(dim=-1)[valid_mask(lengths, log_probs.shape[1])].mean()
+    valid = valid_mask(lengths, log_probs.shape[1])  # a masked mean: indexing by the mask would sync for its shape
+    uniform = -(log_probs.mean(dim=-1) * valid).sum() / valid.sum()
     return (1 - smoothing) * nll + smoothing * uniform
 
 
@@ -65,27 +78,36 @@ def viterbi_align(
     emit = log_probs.gather(2, extended[:, None, :].expand(batch, frames, states))  # (B, T, S)
     can_skip = torch.zeros_like(extended, dtype=torch.bool)
     can_skip[:, 2:] = (extended[:, 2:] != blank) & (extended[:, 2:] != extended[:, :-2])
-    neg_inf = torch.tensor(float("-inf"), dtype=emit.dtype, device=emit.device)
-    score = torch.full((batch, states), float("-inf"), dtype=emit.dtype, device=emit.device)
-    score[:, :2] = emit[:, 0, :2]
-    backpointer = torch.zeros(batch, frames, states, dtype=torch.uint8, device=emit.device)
+    # The scores are kept in reversed state order, padded by two −inf: window j of `scores` is then
+    # (stay, from s−1, from s−2) of state s = S−1−j, a view, and one max over it gives the best and its step
+    # (ties to the earlier of stay, one, two). A frame past a sample's length must stay: its emission is 0
+    # and the moves are closed, so its score carries over and its backpointer is 0 (the backtrack needs no mask).
+    active = valid_mask(lengths, frames)  # (B, T)
+    emit = emit.flip(2).masked_fill(~active[:, :, None], 0.0)  # (B, T, S) reversed states
+    moves = torch.zeros(batch, 2, states, 3, dtype=emit.dtype, device=emit.device)  # (B, active?, S, 3)
+    moves[:, 1, :, 2] = torch.where(can_skip.flip(1), 0.0, float("-inf"))
+    moves[:, 0, :, 1:] = float("-inf")
+    moves = moves[torch.arange(batch, device=emit.device)[:, None], active.long()]  # (B, T, S, 3)
+    scores = torch.full((batch, states + 2), float("-inf"), dtype=emit.dtype, device=emit.device)
+    first = max(states - 2, 0)
+    scores[:, first:states] = emit[:, 0, first:]  # states 1, 0: a path starts with a blank or y1
+    windows = scores.unfold(1, 3, 1)  # (B, S, 3) view: scores of s, s−1, s−2
+    backpointer = torch.zeros(batch, frames, states, dtype=torch.long, device=emit.device)  # reversed states
+    best = torch.empty(batch, states, dtype=emit.dtype, device=emit.device)
     for t in range(1, frames):
-        from_one = F.pad(score[:, :-1], (1, 0), value=float("-inf"))
-        from_two = torch.where(can_skip, F.pad(score[:, :-2], (2, 0), value=float("-inf")), neg_inf)
-        best, step = torch.stack([score, from_one, from_two], dim=-1).max(dim=-1)  # (B, S)
-        active = (t < lengths)[:, None]
-        score = torch.where(active, best + emit[:, t], score)
-        backpointer[:, t] = step.to(torch.uint8)
+        torch.max(windows + moves[:, t], dim=-1, out=(best, backpointer[:, t]))
+        torch.add(best, emit[:, t], out=scores[:, :states])
+    score = scores[:, :states].flip(1)  # (B, S) in state order
     last = 2 * target_lengths.long()  # final blank; the final label sits at last − 1
     ends = torch.stack([score.gather(1, last[:, None]), score.gather(1, (last - 1)[:, None])], dim=-1)[:, 0]  # (B, 2)
     path_score, which = ends.max(dim=-1)
-    state = last - which
-    alignment = torch.full((batch, frames), PAD_ID, dtype=torch.long, device=emit.device)
-    for t in range(frames - 1, -1, -1):
-        active = t < lengths
-        alignment[:, t] = torch.where(active, extended.gather(1, state[:, None])[:, 0], alignment[:, t])
-        step = backpointer[:, t].gather(1, state[:, None])[:, 0].long()
-        state = torch.where(active & (t > 0), state - step, state)
+    state = (states - 1 - (last - which))[:, None]  # (B, 1) reversed index
+    path = torch.empty(batch, frames, dtype=torch.long, device=emit.device)  # reversed state per frame
+    for t in range(frames - 1, 0, -1):
+        path[:, t:t + 1] = state
+        state = state + backpointer[:, t].gather(1, state)  # a step back in state order is one forward reversed
+    path[:, :1] = state
+    alignment = extended.flip(1).gather(1, path).masked_fill(~active, PAD_ID)
     return alignment, torch.isfinite(path_score), path_score
 
 

@@ -1,7 +1,7 @@
 """The reversible duplex layer (regular form and exact inverse) and the invertible ActNorm."""
 import contextlib
 from collections.abc import Iterator
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 import torch.nn.functional as F
@@ -113,12 +113,26 @@ class ActNorm(nn.Module):
         self.log_scale = nn.Parameter(torch.zeros(features))
         self.bias = nn.Parameter(torch.zeros(features))
         self.register_buffer("initialized", torch.tensor(False))
+        # The buffer's value on the host: reading a CUDA buffer in every forward would sync host and device.
+        # None after a load (the loaded buffer is read once, at the next `is_initialized`).
+        self._initialized_on_host: Optional[bool] = False
+
+    def is_initialized(self) -> bool:
+        """Whether the data-dependent init has run (the `initialized` buffer, read from the device at most once)."""
+        if self._initialized_on_host is None:
+            self._initialized_on_host = bool(self.initialized)
+        return self._initialized_on_host
+
+    def _load_from_state_dict(self, *args: Any, **kwargs: Any) -> None:
+        super()._load_from_state_dict(*args, **kwargs)
+        self._initialized_on_host = None  # the loaded buffer decides
 
     @torch.no_grad()
     def initialize(self, x: torch.Tensor, mask: torch.Tensor) -> None:
         """Data-dependent init over real positions; statistics are summed over DDP ranks so replicas agree."""
-        valid = x[mask].double()  # (N, F)
-        stats = torch.stack([valid.sum(0), valid.pow(2).sum(0), torch.full_like(valid[0], valid.shape[0])])
+        weight = mask[..., None].double()  # (B, T, 1): masked sums, not x[mask], whose shape would need a sync
+        x = x.double()
+        stats = torch.stack([(x * weight).sum((0, 1)), (x.pow(2) * weight).sum((0, 1)), weight.sum().expand(x.shape[-1])])
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             torch.distributed.all_reduce(stats)
         mean = stats[0] / stats[2]
@@ -126,6 +140,7 @@ class ActNorm(nn.Module):
         self.log_scale.copy_(-torch.log(std + 1e-6))
         self.bias.copy_(-mean * torch.exp(self.log_scale.double()))
         self.initialized.fill_(True)
+        self._initialized_on_host = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x * torch.exp(self.log_scale) + self.bias

@@ -30,9 +30,7 @@ def forward_backward_agreement(
     """
     if len(forward_states) != len(reverse_states):
         raise ValueError(f"{len(forward_states)} forward states but {len(reverse_states)} reverse states")
-    valid = mask.sum()
-    if valid == 0:
-        return forward_states[0].sum() * 0.0
+    valid = mask.sum().clamp_min(1)  # no valid position: the sum is 0, so 0 (no `valid == 0` test: a sync)
     total = forward_states[0].new_zeros(())
     for forward, reverse in zip(forward_states, reverse_states):
         cosine = F.cosine_similarity(forward, reverse.detach(), dim=-1)  # (B, T)

@@ -89,7 +89,7 @@ class REDER(nn.Module):
         if dropout:
             e = self.dropout(e)
         h = torch.cat([e, e], dim=-1)  # (B, rT, 2D)
-        if self.training and not self.actnorm[end].initialized:
+        if self.training and not self.actnorm[end].is_initialized():
             self.actnorm[end].initialize(h, mask)
         return self.actnorm[end](h), mask, lengths
 
@@ -134,7 +134,7 @@ class REDER(nn.Module):
         """Data-initialise both ends' ActNorm from one batch (done by the first `loss` call in training)."""
         with torch.no_grad():
             for tokens, lengths, end in ((src_tokens, src_lengths, "src"), (tgt_tokens, tgt_lengths, "tgt")):
-                if not self.actnorm[end].initialized:
+                if not self.actnorm[end].is_initialized():
                     self.embed_input(tokens, lengths, end)
 
     def loss(

@@ -95,3 +95,57 @@ def test_collapse_frames(keep_blank):
     rows = [tokens[r, :n].tolist() for r, n in enumerate(token_lengths.tolist())]
     assert rows == ([[1, 3, 1, 2, 3], [3, 0]] if keep_blank else [[1, 1, 2], [0]])
     assert (tokens[1, token_lengths[1]:] == 0).all()
+
+
+@torch.no_grad()
+def _frame_by_frame_viterbi(log_probs, lengths, targets, target_lengths, blank):
+    """viterbi_align as it was before issue 53 (a masked update and a masked backtrack step per frame): the
+    reference for ties, which decide the layout glancing and FBA train on."""
+    batch, frames, _ = log_probs.shape
+    extended = torch.full((batch, 2 * targets.shape[1] + 1), blank, dtype=torch.long)
+    extended[:, 1::2] = targets
+    states = extended.shape[1]
+    emit = log_probs.gather(2, extended[:, None, :].expand(batch, frames, states))
+    can_skip = torch.zeros_like(extended, dtype=torch.bool)
+    can_skip[:, 2:] = (extended[:, 2:] != blank) & (extended[:, 2:] != extended[:, :-2])
+    score = torch.full((batch, states), -math.inf, dtype=emit.dtype)
+    score[:, :2] = emit[:, 0, :2]
+    backpointer = torch.zeros(batch, frames, states, dtype=torch.uint8)
+    for t in range(1, frames):
+        from_one = F.pad(score[:, :-1], (1, 0), value=-math.inf)
+        from_two = torch.where(can_skip, F.pad(score[:, :-2], (2, 0), value=-math.inf), torch.tensor(-math.inf, dtype=emit.dtype))
+        best, step = torch.stack([score, from_one, from_two], dim=-1).max(dim=-1)
+        score = torch.where((t < lengths)[:, None], best + emit[:, t], score)
+        backpointer[:, t] = step.to(torch.uint8)
+    last = 2 * target_lengths.long()
+    path_score, which = torch.stack([score.gather(1, last[:, None]), score.gather(1, (last - 1)[:, None])], -1)[:, 0].max(-1)
+    state = last - which
+    alignment = torch.full((batch, frames), 0, dtype=torch.long)
+    for t in range(frames - 1, -1, -1):
+        active = t < lengths
+        alignment[:, t] = torch.where(active, extended.gather(1, state[:, None])[:, 0], alignment[:, t])
+        step = backpointer[:, t].gather(1, state[:, None])[:, 0].long()
+        state = torch.where(active & (t > 0), state - step, state)
+    return alignment, torch.isfinite(path_score), path_score
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_viterbi_alignment_breaks_ties_as_the_frame_by_frame_loop(seed):
+    """Log-probs from three values (most paths tie), repeated labels, frames from a label count to twice it,
+    infeasible rows, a one-frame row and a one-label target: the same alignment, feasibility and score."""
+    generator = torch.Generator().manual_seed(seed)
+    batch, vocab = 12, 4
+    target_lengths = torch.randint(1, 5, (batch,), generator=generator)
+    target_lengths[0] = 1
+    targets = torch.randint(0, 3, (batch, int(target_lengths.max())), generator=generator)
+    targets[1, :2] = 1  # a repeat: needs a blank between
+    lengths = (target_lengths + torch.randint(-1, 5, (batch,), generator=generator)).clamp_min(1)
+    lengths[0] = 1
+    choice = torch.randint(0, 3, (batch, int(lengths.max()), vocab), generator=generator)
+    log_probs = torch.tensor([-0.5, -1.0, -2.0], dtype=torch.float64)[choice]
+    ours = viterbi_align(log_probs, lengths, targets, target_lengths, BLANK)
+    reference = _frame_by_frame_viterbi(log_probs, lengths, targets, target_lengths, BLANK)
+    assert not reference[1].all() and reference[1].any()  # both kinds of rows
+    assert ours[0].tolist() == reference[0].tolist()
+    assert ours[1].tolist() == reference[1].tolist()
+    torch.testing.assert_close(ours[2], reference[2], rtol=0, atol=0)
