@@ -220,6 +220,19 @@ def select_best(scored: list[tuple[float, int, T]], count: int) -> list[tuple[fl
 RANK_TOKENS_PER_S = "rank_tokens_per_s"
 
 
+def clip_gradients(model: torch.nn.Module, clip_norm: float) -> dict[str, torch.Tensor]:
+    """Clip the gradients to norm `clip_norm` (0: no clipping); their norms before clipping, as device tensors:
+    {"grad_norm": norm}. A model made of separately trained parts (a `clip_groups()` method: name → module, e.g.
+    the two teachers of `raytrain.ModelPair`) has each part clipped on its own, as separate runs would clip it,
+    with its norm as `grad_norm_<name>`; `grad_norm` is then the norm over all parts."""
+    clip = clip_norm if clip_norm > 0 else math.inf
+    groups = model.clip_groups() if hasattr(model, "clip_groups") else {}
+    if not groups:
+        return {"grad_norm": torch.nn.utils.clip_grad_norm_(model.parameters(), clip)}
+    norms = {f"grad_norm_{name}": torch.nn.utils.clip_grad_norm_(part.parameters(), clip) for name, part in groups.items()}
+    return {"grad_norm": torch.linalg.vector_norm(torch.stack(list(norms.values()))), **norms}
+
+
 class _Window:
     """One reporting window: sums of the loss terms and grad norms per update, tokens, wall time. Each term is
     averaged over the updates that computed it: an auxiliary term that switched on inside the window (absent
@@ -242,7 +255,7 @@ class _Window:
 
     def metrics(self) -> dict[str, float]:
         seconds = time.perf_counter() - self.started
-        means = {name if name == "grad_norm" else f"train_{name}": value / self.counts[name]
+        means = {name if name.startswith("grad_norm") else f"train_{name}": value / self.counts[name]
                  for name, value in self.sums.items()}
         return {**means, "tokens_per_s": all_reduce(self.tokens, "sum") / max(seconds, 1e-9),
                 RANK_TOKENS_PER_S: self.tokens / max(seconds, 1e-9)}  # this rank's own: a slow host shows
@@ -287,12 +300,11 @@ class Harness:
             for name, value in terms.items():
                 sums[name] = sums.get(name, 0.0) + float(value.detach()) / len(batches)
             tokens += sum(int(b[1].sum() + b[3].sum()) for b in self._read(batch, reverse))
-        clip = self.cfg.clip_norm if self.cfg.clip_norm > 0 else math.inf
-        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
+        norms = clip_gradients(self.model, self.cfg.clip_norm)
         self.optimizer.step()
         self.scheduler.step()
         self.step += 1
-        return {**sums, "grad_norm": float(norm), "tokens": tokens}
+        return {**sums, **{name: float(norm) for name, norm in norms.items()}, "tokens": tokens}
 
     def _read(self, batch: Batch, reverse: Optional[Batch]) -> tuple[Batch, ...]:
         """The batches of a micro-batch the objective trains on: both, or the one a one-direction objective's
