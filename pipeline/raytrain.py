@@ -551,6 +551,8 @@ def train_loop(config: dict[str, Any]) -> None:
                 logged[f"tokens_per_s_rank{rank}"] = metrics[RANK_TOKENS_PER_S]
             if logged:
                 mlflow.log(logged, metrics["step"])
+            if checkpoint is not None:  # a validation: in the store before Ray (or Tune's scheduler) sees it
+                mlflow.flush()
         if rank == 0 and config.get("progress"):
             write_progress(Path(config["progress"]), progress, metrics)
         directory = _save(checkpoint) if checkpoint is not None and rank == 0 else None
@@ -658,8 +660,8 @@ class _MlflowLogger:
     """Rank 0 logs per-step metrics into the stage's MLflow run (tracking URI and run id from the driver; with
     "runs", a pair's direction-named metrics into each direction's run: `route_metrics`). MLflow is imported, its
     client built and every batch logged on a thread of its own: neither its import nor the store's latency
-    stands before an update. `close()` waits for what was queued; a failed log is raised by the next `log`
-    or `check()`."""
+    stands before an update. `flush()` (at every validation) and `close()` wait for what was queued; a failed
+    log is raised by the next `log`, `flush` or `check`."""
 
     def __init__(self, target: dict[str, Any]) -> None:
         self.target = target
@@ -672,8 +674,13 @@ class _MlflowLogger:
         self.check()
         self.queue.put((dict(metrics), step, int(time.time() * 1000)))
 
+    def flush(self) -> None:
+        """Wait until what was queued is logged; raise if logging failed."""
+        self.queue.join()
+        self.check()
+
     def close(self) -> None:
-        """Wait until what was queued is logged (or logging failed: `check` says)."""
+        """Wait until what was queued is logged (or logging failed: `check` says) and end the thread."""
         self.queue.put(None)
         self.thread.join()
 
@@ -684,16 +691,23 @@ class _MlflowLogger:
             raise RuntimeError(f"MLflow logging failed: {error}") from error
 
     def _run(self) -> None:
+        client = None
         try:
-            from mlflow.entities import Metric
             from mlflow.tracking import MlflowClient
 
             client = MlflowClient(tracking_uri=self.target["uri"])
-            while (item := self.queue.get()) is not None:
-                metrics, step, now = item
-                for run_id, values in route_metrics(metrics, self.target["run_id"], self.target.get("runs", {})).items():
-                    client.log_batch(run_id, metrics=[Metric(k, v, now, step) for k, v in values.items()])
         except BaseException as error:  # handed to the training thread
             self.error = error
-            while self.queue.get() is not None:  # drain, so close() returns
-                pass
+        while (item := self.queue.get()) is not None:
+            try:
+                if client is not None and self.error is None:
+                    from mlflow.entities import Metric
+
+                    metrics, step, now = item
+                    for run_id, values in route_metrics(metrics, self.target["run_id"],
+                                                        self.target.get("runs", {})).items():
+                        client.log_batch(run_id, metrics=[Metric(k, v, now, step) for k, v in values.items()])
+            except BaseException as error:  # handed to the training thread
+                self.error = error
+            finally:
+                self.queue.task_done()  # flush() waits for every item, logged or not

@@ -391,8 +391,8 @@ def test_mlflow_metrics_named_for_a_direction_go_to_its_run():
 
 def test_the_mlflow_logger_logs_on_its_own_thread_and_close_waits_for_it(tmp_path):
     """Issue 53: rank 0's logger returns at once (MLflow's import and client are built on its thread, off the path
-    to the first update); close() waits until every queued batch is in the store, each metric in its run; a
-    failure is raised on the training thread at the next log or check."""
+    to the first update); flush() (at every validation) and close() wait until every queued batch is in the
+    store, each metric in its run; a failure is raised on the training thread at the next log, flush or check."""
     from mlflow.tracking import MlflowClient
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
@@ -404,17 +404,26 @@ def test_the_mlflow_logger_logs_on_its_own_thread_and_close_waits_for_it(tmp_pat
     for step in (1, 2, 3):
         logger.log({"step": step, "train_total": float(step), "train_nll_src2tgt": 0.5 * step, "bleu_tgt2src": 9.0}, step)
     assert time.perf_counter() - started < 0.5  # nothing was waited for
+    logger.flush()
+    assert [m.value for m in client.get_metric_history(stage, "train_total")] == [1.0, 2.0, 3.0]
+    logger.log({"step": 4, "train_total": 4.0}, 4)
     logger.close()
     logger.check()
-    assert [m.value for m in client.get_metric_history(stage, "train_total")] == [1.0, 2.0, 3.0]
+    assert [m.value for m in client.get_metric_history(stage, "train_total")] == [1.0, 2.0, 3.0, 4.0]
     assert [m.step for m in client.get_metric_history(a, "train_nll_src2tgt")] == [1, 2, 3]
     assert [m.step for m in client.get_metric_history(b, "valid_bleu_tgt2src")] == [1, 2, 3]
     assert not client.get_metric_history(stage, "train_nll_src2tgt")
     broken = raytrain._MlflowLogger({"uri": uri, "run_id": "no-such-run"})
     broken.log({"step": 1, "lr": 0.1}, 1)
-    broken.close()
     with pytest.raises(RuntimeError, match="MLflow logging failed"):
-        broken.check()
+        broken.flush()
+    broken.log({"step": 2, "lr": 0.1}, 2)
+    broken.close()
+    unreachable = raytrain._MlflowLogger({"uri": "nowhere://at-all", "run_id": stage})  # no client: fails at once
+    with pytest.raises(RuntimeError, match="MLflow logging failed"):  # at the log, or at the flush if it came first
+        unreachable.log({"step": 1, "lr": 0.1}, 1)
+        unreachable.flush()  # returns: every item is handled, logged or not
+    unreachable.close()
 
 
 def test_the_validator_is_built_at_the_first_validation_and_decodes_a_pair_by_direction(tiny_model_dir, tmp_path):
