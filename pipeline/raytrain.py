@@ -1,6 +1,7 @@
 """Ray Train runs of the training core (pipeline/harness.py): REDER for the train stage (pipeline/train.py),
 both directions' autoregressive teachers in one run for the teacher stage (pipeline/teacher.py), both CMLMs in
-one run for the cmlm stage (pipeline/cmlm.py), the trials of the tune stage (pipeline/tune.py). Ray is imported inside the functions that use it.
+one run for the cmlm stage (pipeline/cmlm.py), the trials of the tune stage (pipeline/tune.py). Ray is imported
+inside the functions that use it.
 
 Driver side: `check_resources` fails fast, with the numbers, when the cluster cannot hold the worker group
 (instead of letting Ray Train wait forever); `make_trainer` builds a `TorchTrainer` that trains on the

@@ -6,8 +6,9 @@ Both directions are one Ray Train run of REDER's training core (`raytrain.make_t
 `train_pair`; pipeline/harness.py): one worker group start for both, every update training both teachers on the
 same batch (src2tgt reads it forwards, tgt2src backwards), each clipped on its own; token-bucketed batches,
 inverse-sqrt warm-up, label-smoothed cross-entropy, validation BLEU (greedy) and validation NLL per direction,
-checkpoints by the mean validation BLEU, resume, averaging of the best `teacher.train.average_best`. Sizes and budget come from the `teacher` section (`teacher.model`,
-`teacher.train`); the vocabulary is the run's joint SentencePiece model.
+checkpoints by the mean validation BLEU, resume, averaging of the best `teacher.train.average_best`. Sizes and
+budget come from the `teacher` section (`teacher.model`, `teacher.train`); the vocabulary is the run's joint
+SentencePiece model.
 
 With `teacher.src2tgt_checkpoint` and `teacher.tgt2src_checkpoint` set, nothing is trained: the two model
 directories are checked (a transformer, the right direction, the run's vocabulary — size and the very same
