@@ -660,8 +660,8 @@ def route_metrics(metrics: dict[str, Any], run_id: str, runs: dict[str, str]) ->
 class _MlflowLogger:
     """Rank 0 logs per-step metrics into the stage's MLflow run (tracking URI and run id from the driver; with
     "runs", a pair's direction-named metrics into each direction's run: `route_metrics`). MLflow is imported, its
-    client built and every batch logged on a thread of its own: neither its import nor the store's latency
-    stands before an update. `flush()` (at every validation) and `close()` wait for what was queued; a failed
+    client built and every batch logged on a thread of its own, started by the first `log`: neither its import
+    nor the store's latency stands before the first update, nor the store's latency before any other. `flush()` (at every validation) and `close()` wait for what was queued; a failed
     log is raised by the next `log`, `flush` or `check`."""
 
     def __init__(self, target: dict[str, Any]) -> None:
@@ -669,10 +669,13 @@ class _MlflowLogger:
         self.queue: "queue.Queue[Optional[tuple[dict[str, Any], int, int]]]" = queue.Queue()
         self.error: Optional[BaseException] = None
         self.thread = threading.Thread(target=self._run, name="mlflow-logger", daemon=True)
-        self.thread.start()
 
     def log(self, metrics: dict[str, Any], step: int) -> None:
         self.check()
+        if not self.thread.is_alive() and self.thread.ident is None:
+            # Started at the first report, after the first update: MLflow's import (~4 s of CPU on the 2-core box)
+            # would otherwise compete with the model's start for the GIL.
+            self.thread.start()
         self.queue.put((dict(metrics), step, int(time.time() * 1000)))
 
     def flush(self) -> None:
@@ -682,8 +685,9 @@ class _MlflowLogger:
 
     def close(self) -> None:
         """Wait until what was queued is logged (or logging failed: `check` says) and end the thread."""
-        self.queue.put(None)
-        self.thread.join()
+        if self.thread.ident is not None:
+            self.queue.put(None)
+            self.thread.join()
 
     def check(self) -> None:
         """Raise the error that stopped the logging thread, if one did."""
