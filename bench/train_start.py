@@ -1,6 +1,6 @@
-"""The train stage's time to its first training step (issue 43 item 1): stage start → rank 0's first update.
+"""A training stage's time to its first training step (issue 43 item 1): stage start → rank 0's first update.
 
-    python bench/train_start.py --config C [key=value ...] [--runs 2] [--out FILE]
+    python bench/train_start.py --config C [key=value ...] [--stage train|teacher|cmlm] [--runs 2] [--out FILE]
 
 After `run_pipeline.py --config C [key=value ...] --stages ingest,spm,tokenize` has finished the data stages,
 this runs the train stage (`graph.run(cfg, workdir, "train", force=True)`, on a local Ray instance started
@@ -8,7 +8,10 @@ first, as run_pipeline.py does) `--runs` times and reports for each: the seconds
 first appearance of rank 0's progress file with step ≥ 1 (written after every update: `train.log_every=1` is
 set here, a key that changes no output directory), polled every 50 ms; the stage's wall time; and the peak
 RSS of the largest process under this one (a training worker, or Ray's object store process) and of all of
-them together, sampled from /proc twice a second. Ray's start is not counted; checking the inputs (the
+them together, sampled from /proc twice a second. `--stage teacher` (or cmlm; its inputs finished too) runs
+that stage instead, with `<stage>.train.log_every=1`, and watches every Ray Train run of the stage (a run per
+direction before issue 53, one for both since): `first_step_s` is the first run's first update,
+`last_run_first_step_s` the last run's (when every model has been updated once). Ray's start is not counted; checking the inputs (the
 stage's first act, as in a pipeline run) is, and is also timed alone. Run as a file (not `-m`), so that
 `PYTHONPATH=<another tree>` measures that tree's code with this same script.
 """
@@ -59,10 +62,12 @@ def _rss_mb(pid: int) -> float:
 
 
 class Watch:
-    """A thread that records when `progress` first shows step ≥ 1 and the peak RSS of this process tree."""
+    """A thread that records when each progress file matching `pattern` under `storage` (one per Ray Train run)
+    first shows step ≥ 1, and the peak RSS of this process tree."""
 
-    def __init__(self, progress: Path) -> None:
-        self.progress, self.first_step_at = progress, None
+    def __init__(self, storage: Path, pattern: str) -> None:
+        self.storage, self.pattern = storage, pattern
+        self.first_steps: dict[Path, float] = {}
         self.peak_one_mb = self.peak_all_mb = 0.0
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
@@ -71,10 +76,12 @@ class Watch:
     def _run(self) -> None:
         last_rss = 0.0
         while not self.stop.wait(0.05):
-            if self.first_step_at is None:
+            for progress in self.storage.glob(self.pattern):
+                if progress in self.first_steps:
+                    continue
                 try:
-                    if int(json.loads(self.progress.read_text())["step"]) >= 1:
-                        self.first_step_at = time.time()
+                    if int(json.loads(progress.read_text())["step"]) >= 1:
+                        self.first_steps[progress] = time.time()
                 except (OSError, ValueError, KeyError):
                     pass
             if time.time() - last_rss >= 0.5:
@@ -91,6 +98,7 @@ class Watch:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", required=True)
+    parser.add_argument("--stage", choices=("train", "teacher", "cmlm"), default="train")
     parser.add_argument("--runs", type=int, default=1)
     parser.add_argument("--out", type=Path, default=None, help="JSON file (default: print only)")
     parser.add_argument("overrides", nargs="*", metavar="key=value")
@@ -100,26 +108,33 @@ def main() -> None:
     from pipeline.config import load_config
     from run_pipeline import connect_ray, disconnect_ray
 
-    cfg = load_config(args.config, [*args.overrides, "train.log_every=1"])
+    section = "train" if args.stage == "train" else f"{args.stage}.train"
+    cfg = load_config(args.config, [*args.overrides, f"{section}.log_every=1"])
+    train = cfg.train if args.stage == "train" else getattr(cfg, args.stage).train
     workdir = Path(cfg.workdir).resolve()
-    name = graph.output_dir(cfg, workdir, "train").name
-    progress = raytrain.storage_path(cfg.train, workdir) / name / raytrain.PROGRESS_FILE
+    name = graph.output_dir(cfg, workdir, args.stage).name
+    storage = raytrain.storage_path(train, workdir)
+    pattern = f"{name}*/{raytrain.PROGRESS_FILE}"  # <name>/ (one run), or <name>-<direction>/ before issue 53
     checking = time.time()
-    graph.check_inputs(cfg, workdir, "train")  # the data stages must have run; graph.run checks them again
+    graph.check_inputs(cfg, workdir, args.stage)  # the data stages must have run; graph.run checks them again
     check_inputs_s = round(time.time() - checking, 2)
     connect_ray(cfg)
     runs = []
     try:
         for _ in range(args.runs):
-            progress.unlink(missing_ok=True)
-            watch = Watch(progress)
+            for progress in storage.glob(pattern):
+                progress.unlink()
+            watch = Watch(storage, pattern)
             started = time.time()
             try:
-                graph.run(cfg, workdir, "train", force=True)
+                graph.run(cfg, workdir, args.stage, force=True)
             finally:
                 watch.close()
             ended = time.time()
-            runs.append({"first_step_s": round(watch.first_step_at - started, 2) if watch.first_step_at else None,
+            firsts = sorted(watch.first_steps.values())
+            runs.append({"first_step_s": round(firsts[0] - started, 2) if firsts else None,
+                         **({"last_run_first_step_s": round(firsts[-1] - started, 2), "ray_train_runs": len(firsts)}
+                            if args.stage != "train" and firsts else {}),
                          "stage_s": round(ended - started, 2), "peak_rss_largest_process_mb": round(watch.peak_one_mb),
                          "peak_rss_all_mb": round(watch.peak_all_mb)})
             print(json.dumps(runs[-1]), flush=True)
@@ -127,8 +142,8 @@ def main() -> None:
         disconnect_ray()
     import pipeline
 
-    result = {"code": str(Path(pipeline.__file__).resolve().parents[1]), "config": args.config,
-              "overrides": args.overrides, "num_workers": cfg.train.num_workers,
+    result = {"code": str(Path(pipeline.__file__).resolve().parents[1]), "config": args.config, "stage": args.stage,
+              "overrides": args.overrides, "num_workers": train.num_workers,
               "check_inputs_s (inside first_step_s)": check_inputs_s, "runs": runs,
               "load_average": os.getloadavg()}
     text = json.dumps(result, indent=2)

@@ -35,6 +35,10 @@ ADDED_LATER = {"model": ("dag_dp",),
                "train": ("batch_tokens", "max_time", "patience", "lr_scheduler", "warmup_fraction", "compile"),
                "evaluate": ("rerank_weight", "cutoff_top_n", "cutoff_prob", "dag_max_transition", "dag_no_repeat_ngram",
                             "dag_length_penalty", "cmlm_iterations", "cmlm_length_beam", "refine_steps")}
+# Named in the teacher and cmlm stages' keys since both directions train in one Ray Train run (issue 53: each
+# update trains both models, which draws initialisation and dropout from one random stream): a new output, a new
+# directory.
+PAIR = {"training": "both directions in one run"}
 # Stages a pipeline run lists only when it needs them (added after outputs existed; a run without them reads
 # as it did before them).
 OPTIONAL = ("cmlm",)
@@ -93,7 +97,7 @@ def _teacher_key(cfg: PipelineConfig) -> dict[str, Any]:
     given = teacher.given_checkpoints(cfg)
     if given:
         return {"checkpoints": {d: str(p) for d, p in given.items()}}
-    return {"model": asdict(cfg.teacher.model), "train": train_key(cfg.teacher.train)}
+    return {"model": asdict(cfg.teacher.model), "train": train_key(cfg.teacher.train), **PAIR}
 
 
 def _sweep_key(cfg: PipelineConfig) -> dict[str, Any]:
@@ -134,7 +138,7 @@ STAGES = (
                            **_decoding_key(cfg)},
           inputs=lambda cfg: {"data": training_data(cfg)}, reads=lambda cfg: ("tokenize", "ingest", "spm")),
     Stage("cmlm", cmlm.build, sections=("cmlm",), uses_ray=True,
-          key=lambda cfg: {"model": asdict(cfg.cmlm.model), "train": train_key(cfg.cmlm.train)},
+          key=lambda cfg: {"model": asdict(cfg.cmlm.model), "train": train_key(cfg.cmlm.train), **PAIR},
           inputs=lambda cfg: {"data": training_data(cfg)}, reads=lambda cfg: ("tokenize", "ingest", "spm")),
     Stage("evaluate", evaluate.build, sections=("evaluate",),
           key=lambda cfg: {"evaluate": _evaluate_key(cfg)},

@@ -277,6 +277,19 @@ def select_best(scored: list[tuple[float, int, T]], count: int) -> list[tuple[fl
 RANK_TOKENS_PER_S = "rank_tokens_per_s"
 
 
+def clip_gradients(model: torch.nn.Module, clip_norm: float) -> dict[str, torch.Tensor]:
+    """Clip the gradients to norm `clip_norm` (0: no clipping); their norms before clipping, as device tensors:
+    {"grad_norm": norm}. A model made of separately trained parts (a `clip_groups()` method: name → module, e.g.
+    the two teachers of `raytrain.ModelPair`) has each part clipped on its own, as separate runs would clip it,
+    with its norm as `grad_norm_<name>`; `grad_norm` is then the norm over all parts."""
+    clip = clip_norm if clip_norm > 0 else math.inf
+    groups = model.clip_groups() if hasattr(model, "clip_groups") else {}
+    if not groups:
+        return {"grad_norm": torch.nn.utils.clip_grad_norm_(model.parameters(), clip)}
+    norms = {f"grad_norm_{name}": torch.nn.utils.clip_grad_norm_(part.parameters(), clip) for name, part in groups.items()}
+    return {"grad_norm": torch.linalg.vector_norm(torch.stack(list(norms.values()))), **norms}
+
+
 class _Window:
     """One reporting window: sums of the loss terms and grad norms per update, tokens, wall time. Each term is
     averaged over the updates that computed it: an auxiliary term that switched on inside the window (absent
@@ -304,7 +317,7 @@ class _Window:
         tensors = [name for name in names if isinstance(self.sums[name], torch.Tensor)]
         read = dict(zip(tensors, torch.stack([self.sums[name].double() for name in tensors]).tolist())) if tensors else {}
         seconds = time.perf_counter() - self.started
-        means = {name if name == "grad_norm" else f"train_{name}": float(read.get(name, self.sums[name])) / self.counts[name]
+        means = {name if name.startswith("grad_norm") else f"train_{name}": float(read.get(name, self.sums[name])) / self.counts[name]
                  for name in names}
         return {**means, "tokens_per_s": all_reduce(self.tokens, "sum") / max(seconds, 1e-9),
                 RANK_TOKENS_PER_S: self.tokens / max(seconds, 1e-9)}  # this rank's own: a slow host shows
@@ -382,12 +395,12 @@ class Harness:
                 (terms["total"] / len(prepared)).backward()
             for name, value in terms.items():
                 sums[name] = sums.get(name, 0.0) + value.detach().double() / len(prepared)
-        clip = self.cfg.clip_norm if self.cfg.clip_norm > 0 else math.inf
-        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
+        norms = clip_gradients(self.model, self.cfg.clip_norm)
         self.optimizer.step()
         self.scheduler.step()
         self.step += 1
-        return {**sums, "grad_norm": norm.detach().double(), "tokens": sum(tokens for _, _, tokens in prepared)}
+        return {**sums, **{name: norm.detach().double() for name, norm in norms.items()},
+                "tokens": sum(tokens for _, _, tokens in prepared)}
 
     def _ahead(self, batches: Iterator[MicroBatch]) -> Iterator[tuple[tuple[int, int], list[Prepared]]]:
         """fit's updates from `batches`: (the position after the update, its micro-batches `_prepare`d), built

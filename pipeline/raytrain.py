@@ -1,6 +1,7 @@
 """Ray Train runs of the training core (pipeline/harness.py): REDER for the train stage (pipeline/train.py),
-one autoregressive teacher per direction for the teacher stage (pipeline/teacher.py), one CMLM per direction
-for the cmlm stage (pipeline/cmlm.py), the trials of the tune stage (pipeline/tune.py). Ray is imported inside the functions that use it.
+both directions' autoregressive teachers in one run for the teacher stage (pipeline/teacher.py), both CMLMs in
+one run for the cmlm stage (pipeline/cmlm.py), the trials of the tune stage (pipeline/tune.py). Ray is imported
+inside the functions that use it.
 
 Driver side: `check_resources` fails fast, with the numbers, when the cluster cannot hold the worker group
 (instead of letting Ray Train wait forever); `make_trainer` builds a `TorchTrainer` that trains on the
@@ -8,14 +9,16 @@ tokenized training split (its path: each worker reads its own shard); `fit_and_a
 the best `average_best` checkpoints by validation BLEU (the mean of both directions) into a model.
 
 Worker side (`train_loop`): the TrainConfig rebuilt from its dict, the task's model and objective (the joint
-objective of both directions, `DuplexLoss`, a teacher's `TeacherObjective` or a CMLM's `CmlmObjective`) wrapped for DDP, and a
+objective of both directions, `DuplexLoss`, or a `PairObjective` over both directions' `TeacherObjective`s or
+`CmlmObjective`s, whose models form a `ModelPair`) wrapped for DDP, and a
 `Harness` fed with token-bucketed batches of the worker's shard: its rows of the split's Parquet files
 (`parquet.shard_ranges`: disjoint, together the whole split), read once with pyarrow into flat token arrays
 (`harness.ExampleTable`) and re-bucketed every epoch. No Ray Data: the driver materialising the split in the
 object store and every worker turning its shard into Python lists every epoch took most of a run's start at
 scale (docs/DESIGN.md, "Training"; docs/RESULTS.md, issue 43). Its reports go to `ray.train.report` (and
 rank 0's to MLflow); every validation (rank 0 decodes the validation split greedily and scores it with
-sacreBLEU; the other ranks report a NaN score) attaches a checkpoint directory. Ray keeps the best
+sacreBLEU; the other ranks report a NaN score; its Validator is built at the first validation) attaches a
+checkpoint directory. Ray keeps the best
 `keep_checkpoints` by `valid_bleu` plus the latest; a run started again with the same config (same Ray
 storage path and run name), or a worker group restarted after a failure (`max_failures`), resumes from the
 latest checkpoint: same step, same position in the epoch.
@@ -31,6 +34,7 @@ import json
 import logging
 import math
 import os
+import queue
 import shutil
 import socket
 import tempfile
@@ -121,10 +125,10 @@ def make_trainer(cfg: PipelineConfig, name: str, storage: Path, train_data: Path
                  task: dict[str, str] | None = None, time_cap_s: float = math.inf) -> Any:
     """The TorchTrainer of one training run (run `name` under `storage`; a run with the same pair
     resumes from its latest checkpoint) on the `train_data` split, validated on `data`/valid.
-    `mlflow_target` receives rank 0's per-step metrics. `task` is REDER's (default) or
-    {"kind": "teacher" | "cmlm", "direction": d}: the teacher or the CMLM of one direction, with the config
-    section of that name. `time_cap_s`: the stage's share of the run's budget (the loop stops there, at the
-    latest; the section's own `max_time` may stop it earlier)."""
+    `mlflow_target` receives rank 0's per-step metrics (with "runs", direction → run id, a pair's metrics
+    named for a direction go to that direction's run). `task` is REDER's (default) or {"kind": "teacher" |
+    "cmlm"}: both directions' teachers or CMLMs in one run (`build_task`), with the config section of that name. `time_cap_s`: the stage's share of the run's budget (the loop stops
+    there, at the latest; the section's own `max_time` may stop it earlier)."""
     import ray.train
     from ray.train.torch import TorchTrainer
 
@@ -165,7 +169,7 @@ def fit_and_average(trainer: Any, run_path: Path, average_best: int, model: torc
     started = time.time()
     config = trainer.train_loop_config
     task = config["task"]
-    what = f"{task['kind']} {task['direction']}" if task["kind"] != "reder" else "train"
+    what = task["kind"] if task["kind"] != "reder" else "train"
     try:
         limit = min(config["train"]["max_time"] or math.inf, config["time_cap_s"])
         with progress_bar(Path(config["progress"]), config["train"]["max_steps"], what, limit):
@@ -389,15 +393,53 @@ class CmlmObjective(torch.nn.Module):
         return {f"nll_{self.direction}": terms["nll"], f"length_{self.direction}": terms["length"], "total": terms["total"]}
 
 
+class ModelPair(torch.nn.ModuleDict):
+    """The two directions' models of a teacher or CMLM stage (direction → model), trained by one worker group:
+    checkpointed, averaged and validated as one module (`<direction>.` prefixes its parameters), clipped per model
+    (`clip_groups`, harness.clip_gradients) as two runs would be."""
+
+    def clip_groups(self) -> dict[str, torch.nn.Module]:
+        """The parts whose gradients are clipped apart: each direction's model."""
+        return dict(self.items())
+
+
+class PairObjective(torch.nn.Module):
+    """Both directions' objectives (`TeacherObjective`, `CmlmObjective`) as one: every update trains both models on
+    the same micro-batch, each reading it in its own direction (REDER's duplex update does the same). Returns each
+    one's terms (named by direction) and the sum of their totals: the models share no parameter, so each gets the
+    gradient of its own loss, as in a run of its own."""
+
+    def __init__(self, objectives: dict[str, torch.nn.Module]) -> None:
+        super().__init__()
+        self.objectives = torch.nn.ModuleDict(objectives)
+
+    def forward(self, src: torch.Tensor, src_lengths: torch.Tensor, tgt: torch.Tensor, tgt_lengths: torch.Tensor,
+                step: int, tgt2src_batch: Optional[Batch] = None) -> dict[str, torch.Tensor]:
+        terms: dict[str, torch.Tensor] = {}
+        totals = []
+        for objective in self.objectives.values():
+            own = objective(src, src_lengths, tgt, tgt_lengths, step, tgt2src_batch=tgt2src_batch)
+            totals.append(own.pop("total"))
+            terms.update(own)
+        return {**terms, "total": torch.stack(totals).sum()}
+
+
+PAIR_KINDS = {"teacher": (Transformer, TransformerConfig, TeacherObjective), "cmlm": (CMLM, CmlmConfig, CmlmObjective)}
+
+
 def build_task(config: dict[str, Any]) -> tuple[torch.nn.Module, torch.nn.Module, tuple[str, ...]]:
-    """(model, objective, validation directions) of a loop config's task (REDER, one teacher or one CMLM)."""
+    """(model, objective, validation directions) of a loop config's task: REDER, or both directions' teachers or
+    CMLMs ({"kind": "teacher" | "cmlm"}) as a `ModelPair` with a `PairObjective`. Each of a pair's models is
+    initialised from the run's seed, as it was when each direction had a run of its own."""
     task = config["task"]
-    if task["kind"] == "teacher":
-        model = Transformer(TransformerConfig.from_dict(config["model"]))
-        return model, TeacherObjective(model, task["direction"]), (task["direction"],)
-    if task["kind"] == "cmlm":
-        model = CMLM(CmlmConfig.from_dict(config["model"]))
-        return model, CmlmObjective(model, task["direction"]), (task["direction"],)
+    if task["kind"] in PAIR_KINDS:
+        model_class, config_class, objective_class = PAIR_KINDS[task["kind"]]
+        models = {}
+        for direction in DIRECTIONS:
+            torch.manual_seed(config["train"]["seed"])
+            models[direction] = model_class(config_class.from_dict(config["model"]))
+        pair = ModelPair(models)
+        return pair, PairObjective({d: objective_class(m, d) for d, m in models.items()}), DIRECTIONS
     model = REDER(ModelConfig.from_dict(config["model"]), LossConfig.from_dict(config["loss"]))
     return model, DuplexLoss(model), model.loss_config.directions  # a simplex model: its one direction
 
@@ -429,6 +471,8 @@ class Validator:
         self.blank_penalties = tuple(float(p) for p in blank_penalties)
 
     def __call__(self, model: torch.nn.Module) -> dict[str, float]:
+        """Scores of `model` (REDER, one direction's teacher or CMLM, or a `ModelPair`: each direction decoded by
+        its own model)."""
         was_training = model.training
         model.eval()
         scores = {}
@@ -438,11 +482,12 @@ class Validator:
                 if tunes:
                     scores.update(self._penalised(model, direction))
                     continue
-                hypotheses = [self.sp.decode(h) for h in translate_ids(model, self.inputs[direction], direction)]
+                member = model[direction] if isinstance(model, ModelPair) else model
+                hypotheses = [self.sp.decode(h) for h in translate_ids(member, self.inputs[direction], direction)]
                 result = corpus_scores(hypotheses, self.references[direction])
                 scores[f"bleu_{direction}"], scores[f"valid_length_ratio_{direction}"] = result["bleu"], result["length_ratio"]
-                if isinstance(model, Transformer):
-                    scores[f"valid_nll_{direction}"] = self._nll(model, direction)
+                if isinstance(member, Transformer):
+                    scores[f"valid_nll_{direction}"] = self._nll(member, direction)
         finally:
             model.train(was_training)
         scores[SCORE] = sum(scores[f"bleu_{d}"] for d in self.directions) / len(self.directions)
@@ -501,14 +546,14 @@ def train_loop(config: dict[str, Any]) -> None:
     model, objective, directions = build_task(config)
     model.to(device)
     state = _load(ray.train.get_checkpoint(), device)
-    # Only rank 0 decodes; Ray keeps rank 0's metrics, the others report a NaN score.
-    validate = Validator(config["valid"], config["spm_proto"], train.valid_max_sentences, directions,
-                         tuple(config["blank_penalties"])) if rank == 0 \
+    # Only rank 0 decodes; Ray keeps rank 0's metrics, the others report a NaN score. The Validator (Parquet
+    # reads, SentencePiece) is built at the first validation: off the path to the first update.
+    validate = lazy_validator(config, train.valid_max_sentences, directions) if rank == 0 \
         else (lambda _: {SCORE: math.nan})
     # Every rank logs its own throughput (`tokens_per_s_rank<r>`: a slow host shows); rank 0 everything else.
     mlflow = _MlflowLogger(config["mlflow"]) if config["mlflow"] else None
     progress: dict[str, Any] = {}
-    placement = gather_placement()
+    placement = gather_placement(world_size)
     if rank == 0 and config.get("progress"):
         Path(config["progress"]).parent.mkdir(parents=True, exist_ok=True)
         write_json(Path(config["progress"]).with_name(WORKERS_FILE), placement)
@@ -520,6 +565,8 @@ def train_loop(config: dict[str, Any]) -> None:
                 logged[f"tokens_per_s_rank{rank}"] = metrics[RANK_TOKENS_PER_S]
             if logged:
                 mlflow.log(logged, metrics["step"])
+            if checkpoint is not None:  # a validation: in the store before Ray (or Tune's scheduler) sees it
+                mlflow.flush()
         if rank == 0 and config.get("progress"):
             write_progress(Path(config["progress"]), progress, metrics)
         directory = _save(checkpoint) if checkpoint is not None and rank == 0 else None
@@ -542,18 +589,38 @@ def train_loop(config: dict[str, Any]) -> None:
         if mlflow is not None:
             mlflow.log({"resumed_from_step": harness.step}, harness.step)  # one point per restart of the worker group
     examples = read_shard(Path(config["train_data"]), rank, world_size)
-    harness.fit(harness.stream(lambda epoch: _epoch(examples, train, epoch, rank)), time_cap_s=config["time_cap_s"])
+    try:
+        harness.fit(harness.stream(lambda epoch: _epoch(examples, train, epoch, rank)), time_cap_s=config["time_cap_s"])
+    finally:
+        if mlflow is not None:
+            mlflow.close()  # what was queued is logged before the run's end is reported
+    if mlflow is not None:
+        mlflow.check()
 
 
-def gather_placement() -> list[dict[str, Any]]:
+def lazy_validator(config: dict[str, Any], max_sentences: int,
+                   directions: tuple[str, ...]) -> Callable[[torch.nn.Module], dict[str, float]]:
+    """A loop config's `Validator`, built at its first call."""
+    built: list[Validator] = []
+
+    def validate(model: torch.nn.Module) -> dict[str, float]:
+        if not built:
+            built.append(Validator(config["valid"], config["spm_proto"], max_sentences, directions,
+                                   tuple(config["blank_penalties"])))
+        return built[0](model)
+    return validate
+
+
+def gather_placement(world_size: int) -> list[dict[str, Any]]:
     """Where every rank of the worker group runs (node address, host name, pid), gathered over the process
-    group, so over the same links as DDP's gradients: the list also shows that the ranks reach each other."""
+    group, so over the same links as DDP's gradients: the list also shows that the ranks reach each other.
+    A single worker has nothing to gather (all_gather_object pickles through the process group even then)."""
     import ray.util
     import torch.distributed as dist
 
     mine = {"node_ip": ray.util.get_node_ip_address(), "hostname": socket.gethostname(), "pid": os.getpid()}
     everyone: list[Any] = [mine]
-    if dist.is_available() and dist.is_initialized():
+    if world_size > 1 and dist.is_available() and dist.is_initialized():
         everyone = [None] * dist.get_world_size()
         dist.all_gather_object(everyone, mine)
     return [{"rank": rank, **where} for rank, where in enumerate(everyone)]
@@ -590,19 +657,75 @@ def _save(state: dict[str, Any]) -> str:
     return directory
 
 
+def route_metrics(metrics: dict[str, Any], run_id: str, runs: dict[str, str]) -> dict[str, dict[str, float]]:
+    """run id → {MLflow name: value} of a report's finite numbers (`step` aside): a metric named for a direction
+    (`nll_src2tgt`, `grad_norm_tgt2src`) goes to that direction's run in `runs`, every other one (the pair's
+    total loss, lr, tokens/s, the mean BLEU) to `run_id`."""
+    routed: dict[str, dict[str, float]] = {}
+    for key, value in metrics.items():
+        if key == "step" or not isinstance(value, (int, float)) or not math.isfinite(float(value)):
+            continue
+        owner = next((runs[d] for d in runs if f"_{d}_" in f"_{key}_"), run_id)
+        routed.setdefault(owner, {})[validation_metric(key)] = float(value)
+    return routed
+
+
 class _MlflowLogger:
-    """Rank 0 logs per-step metrics into the stage's MLflow run (tracking URI and run id from the driver)."""
+    """Rank 0 logs per-step metrics into the stage's MLflow run (tracking URI and run id from the driver; with
+    "runs", a pair's direction-named metrics into each direction's run: `route_metrics`). MLflow is imported, its
+    client built and every batch logged on a thread of its own, started by the first `log`: neither its import
+    nor the store's latency stands before the first update, nor the store's latency before any other. `flush()` (at every validation) and `close()` wait for what was queued; a failed
+    log is raised by the next `log`, `flush` or `check`."""
 
-    def __init__(self, target: dict[str, str]) -> None:
-        from mlflow.tracking import MlflowClient
+    def __init__(self, target: dict[str, Any]) -> None:
+        self.target = target
+        self.queue: "queue.Queue[Optional[tuple[dict[str, Any], int, int]]]" = queue.Queue()
+        self.error: Optional[BaseException] = None
+        self.thread = threading.Thread(target=self._run, name="mlflow-logger", daemon=True)
 
-        self.client = MlflowClient(tracking_uri=target["uri"])
-        self.run_id = target["run_id"]
+    def log(self, metrics: dict[str, Any], step: int) -> None:
+        self.check()
+        if not self.thread.is_alive() and self.thread.ident is None:
+            # Started at the first report, after the first update: MLflow's import (~4 s of CPU on the 2-core box)
+            # would otherwise compete with the model's start for the GIL.
+            self.thread.start()
+        self.queue.put((dict(metrics), step, int(time.time() * 1000)))
 
-    def log(self, metrics: dict[str, float], step: int) -> None:
-        from mlflow.entities import Metric
+    def flush(self) -> None:
+        """Wait until what was queued is logged; raise if logging failed."""
+        self.queue.join()
+        self.check()
 
-        now = int(time.time() * 1000)
-        values = [Metric(validation_metric(k), float(v), now, step) for k, v in metrics.items()
-                  if k not in ("step",) and isinstance(v, (int, float)) and math.isfinite(float(v))]
-        self.client.log_batch(self.run_id, metrics=values)
+    def close(self) -> None:
+        """Wait until what was queued is logged (or logging failed: `check` says) and end the thread."""
+        if self.thread.ident is not None:
+            self.queue.put(None)
+            self.thread.join()
+
+    def check(self) -> None:
+        """Raise the error that stopped the logging thread, if one did."""
+        if self.error is not None:
+            error, self.error = self.error, None
+            raise RuntimeError(f"MLflow logging failed: {error}") from error
+
+    def _run(self) -> None:
+        client = None
+        try:
+            from mlflow.tracking import MlflowClient
+
+            client = MlflowClient(tracking_uri=self.target["uri"])
+        except BaseException as error:  # handed to the training thread
+            self.error = error
+        while (item := self.queue.get()) is not None:
+            try:
+                if client is not None and self.error is None:
+                    from mlflow.entities import Metric
+
+                    metrics, step, now = item
+                    for run_id, values in route_metrics(metrics, self.target["run_id"],
+                                                        self.target.get("runs", {})).items():
+                        client.log_batch(run_id, metrics=[Metric(k, v, now, step) for k, v in values.items()])
+            except BaseException as error:  # handed to the training thread
+                self.error = error
+            finally:
+                self.queue.task_done()  # flush() waits for every item, logged or not

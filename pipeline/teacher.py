@@ -2,20 +2,23 @@
 
 The teachers distill the training split for REDER (pipeline/distill.py, sequence-level KD as in the paper)
 and are the quality and latency baseline of the evaluate stage (and, optionally, rerank REDER's beam).
-Each direction is one Ray Train run of REDER's training core (`raytrain.make_trainer` with a teacher task;
-pipeline/harness.py): token-bucketed batches, inverse-sqrt warm-up, label-smoothed cross-entropy,
-validation BLEU (greedy) and validation NLL, checkpoints by validation BLEU, resume, averaging of the best
-`teacher.train.average_best`. Sizes and budget come from the `teacher` section (`teacher.model`,
-`teacher.train`); the vocabulary is the run's joint SentencePiece model.
+Both directions are one Ray Train run of REDER's training core (`raytrain.make_trainer` with a teacher task,
+`train_pair`; pipeline/harness.py): one worker group start for both, every update training both teachers on the
+same batch (src2tgt reads it forwards, tgt2src backwards), each clipped on its own; token-bucketed batches,
+inverse-sqrt warm-up, label-smoothed cross-entropy, validation BLEU (greedy) and validation NLL per direction,
+checkpoints by the mean validation BLEU, resume, averaging of the best `teacher.train.average_best`. Sizes and
+budget come from the `teacher` section (`teacher.model`, `teacher.train`); the vocabulary is the run's joint
+SentencePiece model.
 
 With `teacher.src2tgt_checkpoint` and `teacher.tgt2src_checkpoint` set, nothing is trained: the two model
 directories are checked (a transformer, the right direction, the run's vocabulary — size and the very same
 spm.model) and used as they are.
 
 Output `<workdir>/teacher-<hash>/`: `teachers.json` (direction → model directory), and for trained teachers
-`<direction>/model/` (a model directory: `python -m reder.translate --checkpoint` reads it),
-`<direction>/history.json`, `<direction>/training.png`, `report.json`. MLflow: a run per direction nested
-under the stage's run, with the per-step training metrics, `valid_bleu` and `valid_nll_<direction>`.
+`<direction>/model/` (a model directory: `python -m reder.translate --checkpoint` reads it), and the run's
+`history.json`, `training.png`, `report.json`. MLflow: a run per direction nested under the stage's run, with
+that direction's per-step metrics (`train_nll_<direction>`, `grad_norm_<direction>`, `valid_bleu_<direction>`,
+`valid_nll_<direction>`); the pair's own (total loss, lr, tokens/s, the mean `valid_bleu`) on the stage's run.
 """
 from __future__ import annotations
 
@@ -61,7 +64,7 @@ def build(run: StageRun, tmp: Path) -> dict[str, Any]:
     if given:
         return _check_given(given, run.cfg, run.inputs["spm"], tmp)
     data = run.inputs["data"]
-    return train_per_direction(run, data / "train", data, tmp, "teacher", lambda: Transformer(
+    return train_pair(run, data / "train", data, tmp, "teacher", lambda: Transformer(
         TransformerConfig.from_dict(asdict(run.cfg.teacher.model))), TEACHERS_FILE)
 
 
@@ -87,41 +90,45 @@ def _check_given(given: dict[str, Path], cfg: PipelineConfig, spm_dir: Path, tmp
     return counts
 
 
-def train_per_direction(run: StageRun, train_data: Path, data: Path, tmp: Path, kind: str,
-                        make_model: Callable[[], torch.nn.Module], index_file: str) -> dict[str, Any]:
-    """One Ray Train run per direction of the `kind` task (teacher, cmlm: raytrain.build_task, with the config
-    section of that name) on `train_data`, validated on `data`/valid against input `ingest`'s text; each averaged
-    model saved as `<direction>/model/` in `tmp`, listed in `index_file` (direction → model directory)."""
+def train_pair(run: StageRun, train_data: Path, data: Path, tmp: Path, kind: str,
+               make_model: Callable[[], torch.nn.Module], index_file: str) -> dict[str, Any]:
+    """Both directions' models of the `kind` task (teacher, cmlm: raytrain.build_task, with the config section of
+    that name) trained by one Ray Train run (named as the stage's directory: one worker group, one start) on
+    `train_data`, validated on `data`/valid against input `ingest`'s text, checkpoints ranked by the mean of both
+    directions' BLEU; each direction's averaged model saved as `<direction>/model/` in `tmp`, listed in
+    `index_file` (direction → model directory), the run's history, training.png and report.json beside them.
+    MLflow: one run per direction under the stage's (its direction-named metrics), the pair's own (total loss,
+    lr, tokens/s, mean BLEU) on the stage's run."""
     cfg, name, tracker = run.cfg, run.out.name, run.tracker
     section = getattr(cfg, kind)
     raytrain.check_resources(section.train, section.train.start_timeout_s)
     storage = raytrain.storage_path(section.train, run.workdir)
+    raytrain.run_storage(storage, name, run.force)  # with --force, no resume of a finished run
     target = tracker.worker_target() if tracker is not None else None
-    for direction in DIRECTIONS:  # with --force, no resume of the finished runs
-        raytrain.run_storage(storage, f"{name}-{direction}", run.force)
+    # A failure or interruption leaves the children open: the tracker closes them with the stage's run.
+    children = {d: child_run(target, tracking.run_name(cfg.tracking, f"{name}-{d}"), {tracking.STAGE_TAG: f"{kind} {d}"})
+                for d in DIRECTIONS}
+    worker_target = {**target, "runs": {d: child["run_id"] for d, child in children.items()}} if target else None
     spm_dir = run.inputs["spm"]
-    counts, reports = {}, {}
+    trainer = raytrain.make_trainer(cfg, name, storage, train_data, data, run.inputs["ingest"], spm_dir, worker_target,
+                                    task={"kind": kind}, time_cap_s=run.time_cap_s)
+    pair = raytrain.ModelPair({d: make_model() for d in DIRECTIONS})
+    fitted = raytrain.fit_and_average(trainer, storage / name, section.train.average_best, pair)
+    report = raytrain.run_report(fitted, storage / name)
+    best = fitted["averaged"][0]
+    at_best = next(h for h in fitted["history"] if h["step"] == best["step"] and "valid_bleu" in h)
+    counts = {}
     for direction in DIRECTIONS:
-        run_name = f"{name}-{direction}"
-        child = child_run(target, tracking.run_name(cfg.tracking, run_name),
-                          {tracking.STAGE_TAG: f"{kind} {direction}"})
-        trainer = raytrain.make_trainer(cfg, run_name, storage, train_data, data, run.inputs["ingest"], spm_dir, child,
-                                        task={"kind": kind, "direction": direction}, time_cap_s=run.time_cap_s)
-        model = make_model()
-        # A failure or interruption leaves `child` open: the tracker closes it with the stage's run.
-        fitted = raytrain.fit_and_average(trainer, storage / run_name, section.train.average_best, model)
-        save_model_dir(tmp / direction / raytrain.MODEL_DIR, model, spm_dir / spm.MODEL_FILE, cfg.data.src_lang,
+        save_model_dir(tmp / direction / raytrain.MODEL_DIR, pair[direction], spm_dir / spm.MODEL_FILE, cfg.data.src_lang,
                        cfg.data.tgt_lang, extra={"direction": direction, "averaged_checkpoints": fitted["averaged"]})
-        write_json(tmp / direction / raytrain.HISTORY_FILE, fitted["history"])
-        plot_history(fitted["history"], tmp / direction / "training.png")
-        reports[direction] = raytrain.run_report(fitted, storage / run_name)
-        best = fitted["averaged"][0]
-        counts[direction] = {"steps": reports[direction]["steps"], "best_valid_bleu": best["valid_bleu"],
-                             "restarts": reports[direction]["restarts"],
-                             **raytrain.budget_record(reports[direction], section.train)}
-        finish_child_run(child, counts[direction])
-        log.info("%s %s: %d steps, best validation BLEU %.2f", kind, direction, counts[direction]["steps"],
-                 best["valid_bleu"])
-    write_json(tmp / "report.json", reports)
+        # the direction's BLEU at the best checkpoint (ranked by both directions' mean)
+        counts[direction] = {"steps": report["steps"], "best_valid_bleu": at_best[f"bleu_{direction}"],
+                             "restarts": report["restarts"], **raytrain.budget_record(report, section.train)}
+        finish_child_run(children[direction], counts[direction])
+        log.info("%s %s: %d steps, validation BLEU %.2f at the best checkpoint (step %d)", kind, direction,
+                 report["steps"], at_best[f"bleu_{direction}"], best["step"])
+    write_json(tmp / raytrain.HISTORY_FILE, fitted["history"])
+    plot_history(fitted["history"], tmp / "training.png")
+    write_json(tmp / "report.json", report)
     write_json(tmp / index_file, {d: f"{d}/{raytrain.MODEL_DIR}" for d in DIRECTIONS})
     return counts

@@ -50,10 +50,13 @@ class Attention(nn.Module):
         """The keys and values of states x (N, S, D)."""
         return self._split(self.key(x)), self._split(self.value(x))
 
-    def forward(self, x: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: Optional[torch.Tensor]) -> torch.Tensor:
-        """x (N, T, D) attends to keys/values (N, H, S, D/H); bool mask broadcast to (N, H, T, S), True = may attend."""
+    def forward(self, x: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: Optional[torch.Tensor],
+                is_causal: bool = False) -> torch.Tensor:
+        """x (N, T, D) attends to keys/values (N, H, S, D/H); bool mask broadcast to (N, H, T, S), True = may attend;
+        or, with `is_causal` (T = S, no mask), position i to positions ≤ i."""
         out = F.scaled_dot_product_attention(self._split(self.query(x)), keys, values, attn_mask=mask,
-                                             dropout_p=self.dropout if self.training else 0.0)  # (N, H, T, D/H)
+                                             dropout_p=self.dropout if self.training else 0.0,
+                                             is_causal=is_causal)  # (N, H, T, D/H)
         return self.out(out.transpose(1, 2).flatten(2))  # (N, T, D)
 
 
@@ -99,8 +102,11 @@ class DecoderLayer(nn.Module):
         if past is not None:
             keys, values = torch.cat([past[0], keys], dim=2), torch.cat([past[1], values], dim=2)  # (N, H, S, D/H)
         t, s = x.shape[1], keys.shape[2]
-        causal = torch.ones(t, s, dtype=torch.bool, device=x.device).tril(s - t) if t > 1 else None  # new i sees ≤ i
-        x = x + self.dropout(self.self_attention(h, keys, values, causal))
+        if t > 1 and t == s:  # teacher forcing: SDPA's own causal mask, no mask tensor (fused kernels take it)
+            x = x + self.dropout(self.self_attention(h, keys, values, None, is_causal=True))
+        else:  # new i sees ≤ i (one new position sees all)
+            causal = torch.ones(t, s, dtype=torch.bool, device=x.device).tril(s - t) if t > 1 else None
+            x = x + self.dropout(self.self_attention(h, keys, values, causal))
         x = x + self.dropout(self.cross_attention(self.cross_norm(x), *cross, src_mask))
         return x + self.dropout(self.ffn(self.ffn_norm(x))), (keys, values)
 

@@ -58,7 +58,7 @@ KILLS = [
     ("ingest", signal.SIGTERM, lambda w: True),  # ingest and spm last a fraction of a second on this corpus:
     ("spm", signal.SIGKILL, lambda w: True),  # each is held in its build (HOLD_ENV) until the signal
     ("tokenize", signal.SIGKILL, lambda w: True),
-    ("teacher", signal.SIGTERM, lambda w: registered_under(w / "ray_results", "teacher-*-src2tgt")),
+    ("teacher", signal.SIGTERM, lambda w: registered_under(w / "ray_results", "teacher-*")),
     ("distill", signal.SIGINT, lambda w: True),
     ("train", signal.SIGKILL, lambda w: registered_under(w / "ray_results", "train-*")),  # then it resumes
     ("train", signal.SIGTERM, lambda w: any(map(resumed, registered_under(w / "ray_results", "train-*")))),
@@ -198,8 +198,10 @@ def test_killed_inside_every_stage_then_run_again_and_corrupted_artifacts_are_re
     assert sum(e.startswith("Terminated: SIGTERM") for e in errors) == count[signal.SIGTERM]
     assert sum(e.startswith("KeyboardInterrupt: Ctrl-C") for e in errors) == count[signal.SIGINT]
     assert sum(" ended without closing this run (killed)" in e for e in errors) == count[signal.SIGKILL]
-    killed_teacher = [r for r in runs if r.data.tags[STAGE_TAG] == "teacher src2tgt" and r.info.status == "KILLED"]
-    assert len(killed_teacher) == 1  # the direction under way when SIGTERM came, closed with its stage
+    killed_teacher = [r.data.tags[STAGE_TAG] for r in runs if r.data.tags[STAGE_TAG].startswith("teacher ")
+                      and r.info.status == "KILLED"]
+    # both directions were under way when SIGTERM came (one run trains both: issue 53), closed with their stage
+    assert sorted(killed_teacher) == ["teacher src2tgt", "teacher tgt2src"]
 
     # A sweep on the finished run's data, stopped by SIGTERM while its first trial trains, then resumed.
     sweep = Start(workdir, len(KILLS) + 1, command=("tune",))

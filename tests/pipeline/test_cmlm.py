@@ -1,4 +1,4 @@
-"""The cmlm stage (issue 29): one CMLM per direction trained through Ray Train on KD rows, published as model
+"""The cmlm stage (issue 29): one CMLM per direction, both trained by one Ray Train run (issue 53) on KD rows, published as model
 directories that translate and refine; when it is needed: test_graph.py."""
 import json
 
@@ -46,7 +46,7 @@ def _inputs(tmp_path):
             "spm": tmp_path / "spm"}, sp, pairs
 
 
-def test_the_stage_trains_one_cmlm_per_direction_through_ray_train(tmp_path, ray_session):
+def test_the_stage_trains_both_cmlms_in_one_ray_train_run(tmp_path, ray_session):
     inputs, sp, pairs = _inputs(tmp_path)
     cfg = load_config(None, [f"model.vocab_size={VOCAB}", "data.src_lang=en", "data.tgt_lang=de",
                              f"workdir={tmp_path}", *TINY])
@@ -56,11 +56,12 @@ def test_the_stage_trains_one_cmlm_per_direction_through_ray_train(tmp_path, ray
     assert {d: c["steps"] for d, c in counts.items()} == {"src2tgt": 4, "tgt2src": 4}
     dirs = cmlm.model_dirs(out)
     assert set(dirs) == {"src2tgt", "tgt2src"} and json.loads((out / cmlm.CMLMS_FILE).read_text())["tgt2src"] == "tgt2src/model"
-    history = json.loads((out / "tgt2src" / "history.json").read_text())
-    assert any("train_length_tgt2src" in entry for entry in history)  # the named loss terms, logged
+    history = json.loads((out / "history.json").read_text())  # the pair's run (issue 53): both directions' terms
+    assert any("train_length_tgt2src" in entry and "train_nll_src2tgt" in entry for entry in history)
     encoded = encode_lines(sp, [t for _, t in pairs[:5]])
     for direction in ("src2tgt", "tgt2src"):
         model = load_cmlm_dir(dirs[direction], direction, VOCAB)
         assert isinstance(model, CMLM) and model.cfg.d_model == 16
         assert len(translate_ids(model, encoded, direction, 2, iterations=2)) == 5
-    assert (tmp_path / "ray_results" / "cmlm-test-tgt2src").is_dir()  # one Ray Train run per direction
+    # both directions trained by one Ray Train run (issue 53)
+    assert sorted(p.name for p in (tmp_path / "ray_results").iterdir()) == ["cmlm-test"]

@@ -1,6 +1,9 @@
 """pipeline.raytrain's pieces: the resource check (on a local Ray), the teachers' objective, checkpoints
 loaded with weights_only."""
 import contextlib
+import dataclasses
+import math
+import time
 import copy
 import json
 import shutil
@@ -323,3 +326,122 @@ def test_stage_two_keeps_both_directions_greedy_output_at_the_reference_length_a
         assert all(later >= earlier - 1.0 for earlier, later in zip(bleu, bleu[1:])), (direction, bleu)
         assert bleu[-1] >= 12, (direction, bleu)
         assert on[-1][f"train_cc_{direction}"] < on[1][f"train_cc_{direction}"], direction
+
+
+def _pair_config(**overrides) -> dict:
+    """A teacher-pair loop config's model and train parts (tiny, no dropout: two runs can be compared exactly)."""
+    model = TransformerConfig(vocab_size=40, d_model=16, n_heads=2, ffn_dim=32, encoder_layers=1, decoder_layers=1,
+                              dropout=0.0, attention_dropout=0.0, max_positions=32)
+    train = TrainConfig(lr=0.01, warmup_steps=20, max_tokens=64, max_steps=6, log_every=1, validate_every=100,
+                        clip_norm=0.5, bf16=False, **overrides)
+    return {"task": {"kind": "teacher"}, "model": dataclasses.asdict(model), "train": dataclasses.asdict(train),
+            "loss": {}}
+
+
+def test_one_harness_training_both_teachers_equals_two_runs_of_one_each():
+    """Issue 53: the teacher pair (`build_task`'s ModelPair and PairObjective, one optimizer) trained on the same
+    batches ends with each direction's parameters those of a run of that direction alone: both start from the run's
+    seed, each reads every batch in its direction, and each is clipped to clip_norm on its own (0.5 binds here: one
+    norm over both models would clip each differently), its norm reported as grad_norm_<direction>."""
+    import random
+
+    from pipeline.harness import Harness
+
+    rng = random.Random(0)
+    examples = [([rng.randint(4, 39) for _ in range(rng.randint(2, 7))], [rng.randint(4, 39) for _ in range(rng.randint(2, 7))])
+                for _ in range(24)]
+    config = _pair_config()
+    cfg = TrainConfig(**{**config["train"], "adam_betas": tuple(config["train"]["adam_betas"])})
+    torch.manual_seed(123)  # build_task seeds each model itself
+    pair, objective, directions = raytrain.build_task(config)
+    assert isinstance(pair, raytrain.ModelPair) and directions == ("src2tgt", "tgt2src")
+    joint = Harness(pair, objective, cfg, "cpu")
+    joint_reports = []
+    joint.on_report = lambda metrics, _: joint_reports.append(metrics)
+    joint.fit_examples(examples)
+    singles = {}
+    for direction in directions:
+        torch.manual_seed(cfg.seed)
+        model = Transformer(TransformerConfig(**config["model"]))
+        reports = []
+        Harness(model, raytrain.TeacherObjective(model, direction), cfg, "cpu",
+                on_report=lambda metrics, _: reports.append(metrics)).fit_examples(examples)
+        singles[direction] = reports
+        for (name, value), (_, alone) in zip(pair[direction].state_dict().items(), model.state_dict().items()):
+            torch.testing.assert_close(value, alone, rtol=0, atol=1e-6, msg=f"{direction} {name}")
+    for step, metrics in enumerate(joint_reports):
+        for direction in directions:
+            alone = singles[direction][step]
+            assert metrics[f"grad_norm_{direction}"] == pytest.approx(alone["grad_norm"], rel=1e-5)
+            assert metrics[f"train_nll_{direction}"] == pytest.approx(alone[f"train_nll_{direction}"], rel=1e-5)
+        assert metrics["train_total"] == pytest.approx(sum(singles[d][step]["train_total"] for d in directions), rel=1e-5)
+    assert max(r["grad_norm_src2tgt"] for r in joint_reports) > 2 * cfg.clip_norm  # the clipping bound
+
+
+def test_mlflow_metrics_named_for_a_direction_go_to_its_run():
+    routed = raytrain.route_metrics({"step": 4, "train_total": 3.0, "train_nll_src2tgt": 1.0, "train_nll_tgt2src": 2.0,
+                                     "grad_norm": 5.0, "grad_norm_tgt2src": 4.0, "bleu_src2tgt": 7.0,
+                                     "valid_nll_tgt2src": 1.5, "valid_bleu": 6.0, "lr": 0.1, "bleu_tgt2src": math.nan},
+                                    "stage", {"src2tgt": "a", "tgt2src": "b"})
+    assert routed == {"stage": {"train_total": 3.0, "grad_norm": 5.0, "valid_bleu": 6.0, "lr": 0.1},
+                      "a": {"train_nll_src2tgt": 1.0, "valid_bleu_src2tgt": 7.0},
+                      "b": {"train_nll_tgt2src": 2.0, "grad_norm_tgt2src": 4.0, "valid_nll_tgt2src": 1.5}}
+    assert raytrain.route_metrics({"step": 1, "train_ctc_src2tgt": 2.0}, "stage", {}) == {"stage": {"train_ctc_src2tgt": 2.0}}
+
+
+def test_the_mlflow_logger_logs_on_its_own_thread_and_close_waits_for_it(tmp_path):
+    """Issue 53: rank 0's logger returns at once (MLflow's import and client are built on its thread, off the path
+    to the first update); flush() (at every validation) and close() wait until every queued batch is in the
+    store, each metric in its run; a failure is raised on the training thread at the next log, flush or check."""
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    client = MlflowClient(uri)
+    experiment = client.create_experiment("t")
+    stage, a, b = (client.create_run(experiment).info.run_id for _ in range(3))
+    logger = raytrain._MlflowLogger({"uri": uri, "run_id": stage, "runs": {"src2tgt": a, "tgt2src": b}})
+    started = time.perf_counter()
+    for step in (1, 2, 3):
+        logger.log({"step": step, "train_total": float(step), "train_nll_src2tgt": 0.5 * step, "bleu_tgt2src": 9.0}, step)
+    assert time.perf_counter() - started < 0.5  # nothing was waited for
+    logger.flush()
+    assert [m.value for m in client.get_metric_history(stage, "train_total")] == [1.0, 2.0, 3.0]
+    logger.log({"step": 4, "train_total": 4.0}, 4)
+    logger.close()
+    logger.check()
+    assert [m.value for m in client.get_metric_history(stage, "train_total")] == [1.0, 2.0, 3.0, 4.0]
+    assert [m.step for m in client.get_metric_history(a, "train_nll_src2tgt")] == [1, 2, 3]
+    assert [m.step for m in client.get_metric_history(b, "valid_bleu_tgt2src")] == [1, 2, 3]
+    assert not client.get_metric_history(stage, "train_nll_src2tgt")
+    broken = raytrain._MlflowLogger({"uri": uri, "run_id": "no-such-run"})
+    broken.log({"step": 1, "lr": 0.1}, 1)
+    with pytest.raises(RuntimeError, match="MLflow logging failed"):
+        broken.flush()
+    broken.log({"step": 2, "lr": 0.1}, 2)
+    broken.close()
+    unreachable = raytrain._MlflowLogger({"uri": "nowhere://at-all", "run_id": stage})  # no client: fails at once
+    with pytest.raises(RuntimeError, match="MLflow logging failed"):  # at the log, or at the flush if it came first
+        unreachable.log({"step": 1, "lr": 0.1}, 1)
+        unreachable.flush()  # returns: every item is handled, logged or not
+    unreachable.close()
+
+
+def test_the_validator_is_built_at_the_first_validation_and_decodes_a_pair_by_direction(tiny_model_dir, tmp_path):
+    """Issue 53: building the Validator (Parquet reads, SentencePiece) waits for the first validation; a ModelPair
+    is scored direction by direction with its own model, as each model alone would be (valid_bleu: the mean)."""
+    src = ["the cat sat on the mat", "a dog ran in the park", "the bird sang a song"]
+    tgt = ["the bird ran", "cats are friends", "a song in the park"]
+    data, corpus, spm_dir = _valid_split(tmp_path, tiny_model_dir, src, tgt, src, tgt)
+    config = {"valid": {"ids": str(tmp_path / "nowhere"), "text": str(tmp_path / "nowhere")},
+              "spm_proto": (spm_dir / "spm.model").read_bytes(), "blank_penalties": [0.0]}
+    raytrain.lazy_validator(config, 0, ("src2tgt", "tgt2src"))  # nothing read yet: no error
+    config["valid"] = {"ids": str(data / "valid"), "text": str(corpus / "valid")}
+    torch.manual_seed(0)
+    teachers = {d: Transformer(TransformerConfig(vocab_size=30, d_model=16, n_heads=2, ffn_dim=32, encoder_layers=1,
+                                                 decoder_layers=1, max_positions=64)) for d in ("src2tgt", "tgt2src")}
+    scores = raytrain.lazy_validator(config, 0, ("src2tgt", "tgt2src"))(raytrain.ModelPair(teachers))
+    for direction, teacher in teachers.items():
+        alone = raytrain.lazy_validator(config, 0, (direction,))(teacher)
+        assert {k: v for k, v in scores.items() if k.endswith(direction)} == {k: v for k, v in alone.items() if k != "valid_bleu"}
+    assert scores["valid_bleu"] == pytest.approx((scores["bleu_src2tgt"] + scores["bleu_tgt2src"]) / 2)
+    assert {"valid_nll_src2tgt", "valid_nll_tgt2src"} <= set(scores)

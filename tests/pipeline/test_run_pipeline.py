@@ -155,8 +155,9 @@ def test_smoke_config_end_to_end_with_tracking_then_skips(tmp_path, capsys, ray_
     for pattern in (rf"train: 30/30 steps \(100%\), [\d.]+ steps/s, elapsed \d+:\d\d, ETA 0:00; loss [\d.]+ "
                     rf"\({terms}[^)]*\), [\d,]+ tokens/s, valid BLEU src2tgt [\d.]+, tgt2src [\d.]+",
                     r"train: (5|10|15|20|25)/30 steps \(\d+%\), .*, ETA \d+:\d\d; loss [\d.]+ \(.*ctc_src2tgt.*",  # one before the end
-                    *(rf"teacher {d}: 20/20 steps \(100%\), .*; loss [\d.]+ \(nll_{d} [\d.]+\), [\d,]+ tokens/s, "
-                      rf"valid BLEU {d} [\d.]+" for d in ("src2tgt", "tgt2src")),
+                    # both teachers in one run (issue 53): one bar
+                    r"teacher: 20/20 steps \(100%\), .*; loss [\d.]+ \(nll_src2tgt [\d.]+, nll_tgt2src [\d.]+\), [\d,]+ "
+                    r"tokens/s, valid BLEU src2tgt [\d.]+, tgt2src [\d.]+",
                     rf"distill: {2 * rows}/{2 * rows} sentences \(100%\), [\d.]+ sentences/s, elapsed \d+:\d\d, ETA 0:00",
                     r"evaluate: (\d+)/\1 decodes \(100%\), .*; last valid tgt2src teacher_beam4: BLEU [\d.]+"):
         assert any(re.fullmatch(pattern, line) for line in lines), (pattern, lines)
@@ -223,6 +224,9 @@ def test_smoke_config_end_to_end_with_tracking_then_skips(tmp_path, capsys, ray_
         assert [m.step for m in client.get_metric_history(teacher_run.info.run_id, f"valid_nll_{direction}")] == [10, 20]
         assert [m.step for m in client.get_metric_history(teacher_run.info.run_id, f"valid_bleu_{direction}")] == [10, 20]
         assert len(client.get_metric_history(teacher_run.info.run_id, f"train_nll_{direction}")) == 4
+        assert len(client.get_metric_history(teacher_run.info.run_id, f"grad_norm_{direction}")) == 4
+    # the pair's own metrics (issue 53: one run trains both teachers) on the teacher stage's run
+    assert [m.step for m in client.get_metric_history(by_name["teacher"].info.run_id, "valid_bleu")] == [10, 20]
     assert "teacher_bleu_src2tgt" in by_name["distill"].data.metrics
     for run in (parent, by_name["evaluate"]):  # test BLEU is test_*, validation BLEU valid_* (train, teachers)
         assert run.data.metrics["test_bleu_src2tgt"] == pytest.approx(results["bleu_src2tgt"])

@@ -62,15 +62,14 @@ def test_teacher_vocabulary_follows_the_model_and_cannot_disagree():
 
 @pytest.mark.parametrize("force", [False, True])
 def test_force_retrains_both_teachers_from_scratch(tmp_path, monkeypatch, force):
-    """Each direction's Ray Train run (`<stage dir>-<direction>`) is removed before fitting with --force
-    (it would resume, finished), kept without it."""
+    """The teachers' one Ray Train run (named as the stage's directory, issue 53) is removed before fitting with
+    --force (it would resume, finished), kept without it."""
     cfg = load_config(None, [f"workdir={tmp_path}"])
-    for direction in ("src2tgt", "tgt2src"):
-        (tmp_path / "ray_results" / f"teacher-abc-{direction}" / "checkpoint_000002").mkdir(parents=True)
+    (tmp_path / "ray_results" / "teacher-abc" / "checkpoint_000002").mkdir(parents=True)
     seen = {}
 
     def make_trainer(cfg, name, storage, *args, **kwargs):
-        seen.update({d: (storage / f"teacher-abc-{d}").exists() for d in ("src2tgt", "tgt2src")})
+        seen.update({"name": name, "kept": (storage / "teacher-abc").exists(), "task": kwargs["task"]})
         raise StopIteration  # stop where Ray Train would start
 
     monkeypatch.setattr(teacher.raytrain, "check_resources", lambda *args: None)
@@ -79,4 +78,40 @@ def test_force_retrains_both_teachers_from_scratch(tmp_path, monkeypatch, force)
                    inputs={label: tmp_path / label for label in ("data", "ingest", "spm")})
     with pytest.raises(StopIteration):
         teacher.build(run, tmp_path / "tmp")
-    assert seen == {"src2tgt": not force, "tgt2src": not force}
+    assert seen == {"name": "teacher-abc", "kept": not force, "task": {"kind": "teacher"}}
+
+
+def test_one_ray_train_run_trains_both_teachers_and_resumes_after_a_worker_failure(tmp_path, ray_session):
+    """Issue 53: the teacher stage starts one worker group for both directions (one Ray Train run, named as the
+    stage's directory); a worker that fails after step 3 (the fault drill) is restarted from the checkpoint of step
+    2 with both teachers, their optimizer and position; each direction's averaged model is published and loads as
+    that direction's teacher, with the history, training.png and report.json of the one run beside them."""
+    import json
+
+    from reder.checkpoint import load_teacher_dir
+    from tests.pipeline.test_cmlm import TINY, VOCAB, _inputs
+
+    inputs, _, _ = _inputs(tmp_path)
+    tiny = [option.replace("cmlm.", "teacher.") for option in TINY]
+    cfg = load_config(None, [f"model.vocab_size={VOCAB}", "data.src_lang=en", "data.tgt_lang=de", f"workdir={tmp_path}",
+                             *tiny, "teacher.train.fail_at_step=3", "teacher.train.max_failures=1"])
+    out = tmp_path / "out"
+    run = StageRun(cfg=cfg, workdir=tmp_path, out=tmp_path / "teacher-test",
+                   inputs={"data": inputs["tokenize"], "ingest": inputs["ingest"], "spm": inputs["spm"]})
+    counts = teacher.build(run, out)
+    assert {d: (c["steps"], c["restarts"]) for d, c in counts.items()} == {"src2tgt": (4, 1), "tgt2src": (4, 1)}
+    assert sorted(p.name for p in (tmp_path / "ray_results").iterdir()) == ["teacher-test"]
+    history = json.loads((out / "history.json").read_text())
+    assert [h["step"] for h in history if "resumed_from" in h] == [2]
+    validated = [h for h in history if "valid_bleu" in h]
+    assert [h["step"] for h in validated] == [2, 4]
+    for h in validated:
+        assert h["valid_bleu"] == pytest.approx((h["bleu_src2tgt"] + h["bleu_tgt2src"]) / 2)
+        assert {"valid_nll_src2tgt", "valid_nll_tgt2src", "grad_norm_src2tgt", "grad_norm_tgt2src"} <= set(h)
+    for direction, path in teacher.model_dirs(out).items():
+        assert path == (out / direction / "model").resolve()
+        assert isinstance(load_teacher_dir(path, direction, VOCAB), Transformer)
+        # the direction's BLEU at the best checkpoint by the mean (of equals the later)
+        best = max(validated, key=lambda h: (h["valid_bleu"], h["step"]))
+        assert counts[direction]["best_valid_bleu"] == best[f"bleu_{direction}"]
+    assert json.loads((out / "report.json").read_text())["restarts"] == 1 and (out / "training.png").is_file()

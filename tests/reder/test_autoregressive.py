@@ -140,6 +140,38 @@ def test_cached_decoding_equals_full_recomputation(dtype, tolerance):
     assert cache.length == prev.shape[1]
 
 
+def test_teacher_forcing_uses_sdpas_causal_flag_and_equals_the_explicit_causal_mask(monkeypatch):
+    """Issue 53, item 3: the decoder's self-attention under teacher forcing passes no mask tensor, SDPA's
+    `is_causal` instead (fused GPU kernels take it; a boolean mask tensor may cost a kernel plan per shape), and
+    its loss and gradients are those of the explicit lower-triangular boolean mask it replaced, bit for bit on CPU."""
+    model = tiny_transformer(dropout=0.0, attention_dropout=0.0)
+    src, src_lengths = random_batch([5, 2, 7, 4], VOCAB)
+    tgt, tgt_lengths = random_batch([6, 3, 6, 1], VOCAB)
+    real = F.scaled_dot_product_attention
+    calls = []
+
+    def spy(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, **kwargs):
+        calls.append((attn_mask is None, is_causal))
+        return real(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, **kwargs)
+
+    def explicit(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, **kwargs):  # the mask from before
+        if is_causal:
+            attn_mask = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool).tril()
+        return real(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, **kwargs)
+
+    results = []
+    for attention in (spy, explicit):
+        monkeypatch.setattr(F, "scaled_dot_product_attention", attention)
+        model.zero_grad()
+        loss = model.loss(src, src_lengths, tgt, tgt_lengths)["total"]
+        loss.backward()
+        results.append((loss.detach(), [p.grad.clone() for p in model.parameters()]))
+    # 2 encoder layers (key mask), then per decoder layer: self-attention (causal flag), cross-attention (key mask)
+    assert calls == [(False, False)] * 2 + [(True, True), (False, False)] * 2
+    assert torch.equal(results[0][0], results[1][0])
+    assert all(torch.equal(a, b) for a, b in zip(results[0][1], results[1][1]))
+
+
 def test_beam_one_is_exactly_greedy(models):
     src, src_lengths = random_batch(LENGTHS, VOCAB)
     for model in [*models, tiny_transformer().eval()]:
