@@ -256,16 +256,17 @@ def device_name(device: torch.device) -> str:
     return f"cpu ({platform.machine()}, {os.cpu_count()} cores)"
 
 
-def all_reduce(value: float, op: str) -> float:
-    """`value` summed ("sum"), minimised ("min") or maximised ("max") over the DDP ranks; itself outside
-    torch.distributed."""
+def all_reduce(value: float, op: str, group: Any = None) -> float:
+    """`value` summed ("sum"), minimised ("min") or maximised ("max") over the DDP ranks (of process group
+    `group`, default the default group); itself outside torch.distributed."""
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()):
         return value
-    device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+    device = "cuda" if dist.get_backend(group) == "nccl" else "cpu"
     tensor = torch.tensor([value], dtype=torch.float64, device=device)
-    dist.all_reduce(tensor, op={"min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX, "sum": dist.ReduceOp.SUM}[op])
+    dist.all_reduce(tensor, op={"min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX, "sum": dist.ReduceOp.SUM}[op],
+                    group=group)
     return float(tensor.item())
 
 

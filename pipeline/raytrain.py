@@ -50,7 +50,7 @@ import torch
 from pipeline import parquet, spm
 from pipeline.config import NO_BLANK_PENALTY, PipelineConfig, TrainConfig, from_dict
 from pipeline.harness import (EXAMPLE_COLUMNS, RANK_TOKENS_PER_S, SCORE, Batch, EpochBatches, ExampleTable, Harness,
-                              all_reduce, epoch_batches, select_best)
+                              all_reduce, distributed, epoch_batches, select_best)
 from pipeline.metrics import best_setting, corpus_bleu, corpus_scores
 from pipeline.progress import Progress
 from pipeline.stage import StageError, write_json
@@ -347,11 +347,20 @@ def read_shard(path: Path, rank: int, world_size: int) -> ExampleTable:
     return ExampleTable(parquet.read_shard(path, rank, world_size, columns))
 
 
-def _epoch(examples: ExampleTable, train: TrainConfig, epoch: int, rank: int) -> EpochBatches:
+def _epoch(examples: ExampleTable, train: TrainConfig, epoch: int, rank: int, group: Any = None) -> EpochBatches:
     """This worker's batches of one epoch, cut to the same count on every rank (DDP needs the same number
-    of updates everywhere)."""
+    of updates everywhere), agreed over process group `group`."""
     batches = epoch_batches(examples, train.max_tokens, train.seed, epoch, rank, train.batch_tokens)
-    return batches[: int(all_reduce(len(batches), "min"))]
+    return batches[: int(all_reduce(len(batches), "min", group))]
+
+
+def data_group() -> Any:
+    """A gloo process group of its own for the batches' agreement (`_epoch`): the harness builds batches ahead
+    on a thread, whose collectives must not interleave with the training thread's (DDP's gradients, the
+    reports) on one group, where the ranks could enter them in different orders. None for a single worker."""
+    import torch.distributed as dist
+
+    return dist.new_group(backend="gloo") if distributed() else None
 
 
 class TeacherObjective(torch.nn.Module):
@@ -589,8 +598,9 @@ def train_loop(config: dict[str, Any]) -> None:
         if mlflow is not None:
             mlflow.log({"resumed_from_step": harness.step}, harness.step)  # one point per restart of the worker group
     examples = read_shard(Path(config["train_data"]), rank, world_size)
+    group = data_group()
     try:
-        harness.fit(harness.stream(lambda epoch: _epoch(examples, train, epoch, rank)), time_cap_s=config["time_cap_s"])
+        harness.fit(harness.stream(lambda epoch: _epoch(examples, train, epoch, rank, group)), time_cap_s=config["time_cap_s"])
     finally:
         if mlflow is not None:
             mlflow.close()  # what was queued is logged before the run's end is reported
