@@ -124,9 +124,9 @@ class Start:
         expected, name = EXIT[sig]
         assert code == expected, f"{where}: exit {code}\n{self.text()[-3000:]}"
         assert took <= STOP_S, f"{where}: the run took {took:.1f} s to stop\n{self.text()[-3000:]}"
-        return took
         last = self.stderr.read_text(encoding="utf-8").strip().splitlines()[-1]
         assert last.startswith(f"error: interrupted by {name}; {how_to_continue}"), (where, last)
+        return took
 
     def text(self) -> str:
         return self.stdout.read_text(encoding="utf-8") + self.stderr.read_text(encoding="utf-8")
