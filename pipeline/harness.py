@@ -461,6 +461,8 @@ class Harness:
         learning rate. Returns this call's updates, seconds, last loss and stop; the model is left in eval mode."""
         stop = self.cfg.max_steps if until is None else min(until, self.cfg.max_steps)
         started, first, last_loss, base = time.perf_counter(), self.step, math.nan, self.elapsed
+        clock = lambda: all_reduce(base + time.perf_counter() - started, "max")  # noqa: E731 - the run's seconds
+        several = distributed()
         self._window.restart()
         self.stopped_by = None
         ahead = self._ahead(batches)  # micro-batches built on a thread; the position is that of the update trained
@@ -469,9 +471,9 @@ class Harness:
             result = self._update(prepared)
             last_loss = result["total"]
             self._window.add(result)
-            read_clock = not distributed() or self.step % self.cfg.log_every == 0
+            read_clock = not several or self.step % self.cfg.log_every == 0
             if read_clock:
-                self.elapsed = all_reduce(base + time.perf_counter() - started, "max")
+                self.elapsed = clock()
                 self.stopped_by = self._out_of_time(self.elapsed - base, time_cap_s)
             if self.stopped_by is None and self.step == self.cfg.max_steps:
                 self.stopped_by = "max_steps"
@@ -481,9 +483,9 @@ class Harness:
             if self.on_step is not None:
                 self.on_step(self.step)
             if read_clock:  # again, with the validation: the next update's learning rate sees all time spent
-                self.elapsed = all_reduce(base + time.perf_counter() - started, "max")
+                self.elapsed = clock()
         ahead.close()
-        self.elapsed = all_reduce(base + time.perf_counter() - started, "max")  # a pause keeps all it spent
+        self.elapsed = clock()  # a pause keeps all it spent
         self.model.eval()
         return {"steps": self.step - first, "seconds": round(time.perf_counter() - started, 1),
                 "last_loss": round(float(last_loss), 4), "stopped_by": self.stopped_by}
