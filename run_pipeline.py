@@ -31,7 +31,7 @@ from typing import Any, Callable
 
 from cluster import ClusterError
 from cluster.connect import check_shared_storage, cluster_overrides, connect
-from pipeline import evaluate, graph, ingest, train, tune
+from pipeline import evaluate, graph, ingest, raytrain, train, tune
 from pipeline.config import ConfigError, PipelineConfig, load_config, to_yaml
 from pipeline.stage import StageError, is_done, read_manifest, write_json, write_text
 from pipeline.tracking import Tracker, browse_hint, tracking_uri
@@ -170,6 +170,7 @@ def run(cfg: PipelineConfig, stages: list[str], force: bool = False, started: fl
     dirs = graph.output_dirs(cfg, workdir)
     if cfg.ray.address:  # on a cluster: connect and check the shared storage before anything runs
         connect_ray(cfg)
+    check_training_resources(cfg, [name for name in stages if name in needed and (force or not is_done(dirs[name]))])
     summary: dict[str, dict] = {}
     tracker = Tracker(cfg.tracking, workdir, cfg.to_dict(), to_yaml(cfg), target=dirs[stages[-1]].name)
     try:
@@ -216,6 +217,20 @@ def run(cfg: PipelineConfig, stages: list[str], force: bool = False, started: fl
                                            "mlflow_run_id": tracker.run_id})
     write_text(workdir / "config.yaml", to_yaml(cfg))
     return summary
+
+
+def check_training_resources(cfg: PipelineConfig, to_run: list[str]) -> None:
+    """Before the first stage runs: whether the cluster can hold the worker group of every training stage that
+    will run (raytrain.check_resources, each waiting its start_timeout_s for an autoscaler), so that a config
+    the cluster cannot train fails now, naming the stage's keys, rather than after the stages before it."""
+    checks = [(graph.train_section(cfg, name), graph.train_keys(name)) for name in to_run if name in graph.TRAINING]
+    if "tune" in to_run:
+        checks.append((cfg.train, "train"))  # a trial trains with the train section
+    if not checks:
+        return
+    connect_ray(cfg)
+    for section, keys in checks:
+        raytrain.check_resources(section, section.start_timeout_s, keys)
 
 
 def sweep(cfg: PipelineConfig, force: bool = False, resume: bool = False) -> Path:

@@ -75,7 +75,7 @@ def main() -> None:
             shutil.rmtree(_save(checkpoint), ignore_errors=True)
 
     harness = Harness(model, objective, cfg.train, device, validate=validate, on_report=report)
-    examples = read_shard(inputs["data"] / "train", 0, 1)  # as the stage's one worker reads it
+    examples, _ = read_shard(inputs["data"] / "train", 0, 1)  # as the stage's one worker reads it
     fitted = harness.fit_examples(examples)
     if device == "cuda":
         torch.cuda.synchronize()

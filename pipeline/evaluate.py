@@ -29,7 +29,8 @@ the greedy decoder without it, for comparison.
 
 `results.json` holds the headline numbers (test split, greedy), the blank penalty (`blank_penalty`): `bleu_src2tgt`, `bleu_tgt2src`,
 `chrf_src2tgt`, `chrf_tgt2src`, `roundtrip_bleu_src`, `roundtrip_bleu_tgt`, the signatures, the MLflow
-run id, and every (split, direction, decoder) score under `scores`.
+run id, and every (split, direction, decoder) score under `scores`. The round trip feeds each greedy output back
+in, cut to the model's input limit where it is longer (`roundtrip_cut` counts them per split and side).
 """
 from __future__ import annotations
 
@@ -123,6 +124,14 @@ def decoders_for(model: Any, evaluation: Any, teachers: dict[str, Any], cmlms: d
     return systems
 
 
+def cut_to(hypotheses: list[list[int]], limit: int) -> tuple[list[list[int]], int]:
+    """Hypotheses (ids, no EOS) as inputs of at most `limit` pieces with EOS, and how many were cut: a degenerate
+    output longer than the model reads (r·|x| frames can exceed max_positions / r) is cut rather than costing the
+    stage; the round trip scores it as cut."""
+    fed = [h[: limit - 1] + [EOS_ID] for h in hypotheses]
+    return fed, sum(len(h) >= limit for h in hypotheses)
+
+
 def evaluate_model(model_dir: Path, corpus: Path, cfg: PipelineConfig, out: Path, mlflow_run_id: str | None,
                    teacher_dir: Path | None = None, cmlm_dir: Path | None = None) -> dict:
     """Decode, score and time (see module doc); writes results.json and the hypotheses into `out`."""
@@ -140,6 +149,7 @@ def evaluate_model(model_dir: Path, corpus: Path, cfg: PipelineConfig, out: Path
     scores: dict[str, Any] = {}
     signatures: dict[str, str] = {}
     roundtrip: dict[str, Any] = {}
+    roundtrip_cut: dict[str, int] = {}  # split.side → outputs cut to the model's input limit for the round trip
     progress = Progress("evaluate", len(evaluation.splits) * len(DIRECTIONS) * len(decoders), "decode")
     for split in evaluation.splits:
         src_text, tgt_text = read_text_split(corpus, split, evaluation.max_sentences)
@@ -165,8 +175,13 @@ def evaluate_model(model_dir: Path, corpus: Path, cfg: PipelineConfig, out: Path
             log.info("evaluate %s %s (%d sentences), BLEU/chrF: %s", split, direction, len(inputs), ", ".join(line))
         for direction, (inputs, _) in sides.items():  # x -> ŷ -> x̂, scored against x
             back = "tgt2src" if direction == "src2tgt" else "src2tgt"
-            restored = translate_ids(model, [h + [EOS_ID] for h in greedy_ids[direction]], back, 1, evaluation.batch_size)
             side = "src" if direction == "src2tgt" else "tgt"
+            fed, roundtrip_cut[f"{split}.{side}"] = cut_to(greedy_ids[direction], model.max_input_length())
+            if roundtrip_cut[f"{split}.{side}"]:
+                log.warning("evaluate: %d of %d %s %s greedy outputs are longer than the model reads back (%d pieces "
+                            "with EOS): cut to it for the round trip (results.json: roundtrip_cut)",
+                            roundtrip_cut[f"{split}.{side}"], len(fed), split, direction, model.max_input_length())
+            restored = translate_ids(model, fed, back, 1, evaluation.batch_size)
             text = [sp.decode(h) for h in restored]
             write_text(out / f"{split}.roundtrip_{side}.greedy.txt", "".join(h + "\n" for h in text))
             roundtrip[f"{split}.{side}"] = corpus_scores(text, inputs)["bleu"]
@@ -181,7 +196,7 @@ def evaluate_model(model_dir: Path, corpus: Path, cfg: PipelineConfig, out: Path
                    bleu_signature=signatures["bleu"], chrf_signature=signatures["chrf"], mlflow_run_id=mlflow_run_id,
                    model_dir=str(model_dir), src_lang=meta["src_lang"], tgt_lang=meta["tgt_lang"],
                    blank_penalty=dict(model.blank_penalty), scores=scores,
-                   roundtrip=roundtrip)
+                   roundtrip=roundtrip, roundtrip_cut=roundtrip_cut)
     if evaluation.measure_speed:
         src_text, _ = read_text_split(corpus, headline_split, evaluation.max_sentences)
         log.info("evaluate: timing %d decoders (evaluate.measure_speed)", len(decoders))

@@ -163,6 +163,12 @@ def train_section(cfg: PipelineConfig, name: str) -> TrainConfig:
     return getattr(cfg, section).train if section else cfg.train
 
 
+def train_keys(name: str) -> str:
+    """Where training stage `name`'s TrainConfig sits in the config: train, teacher.train or cmlm.train."""
+    section = TRAINING[name]
+    return f"{section}.train" if section else "train"
+
+
 def time_cap(cfg: PipelineConfig, name: str, later: list[str], seconds_left: float) -> float:
     """Training stage `name`'s share of the run's budget (`budget`): the `seconds_left` of the run less the
     `max_time` of the training stages in `later` (still to run after it) and `budget.reserve`; infinite without a

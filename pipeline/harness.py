@@ -361,6 +361,7 @@ class Harness:
             self.optimizer, lambda step: learning_rate(step, cfg, self.time_progress) / cfg.lr)
         self.step = self.epoch = self.next_batch = 0
         self.stopped_by: Optional[str] = None  # why the last fit ended: max_steps, max_time, time_cap, patience
+        self.run_facts: dict[str, Any] = {}  # the caller's facts of the run (too_long), in its last report
         self.history: list[dict[str, Any]] = []
         self.resumed_from: Optional[int] = None
         self.best: Optional[list[tuple[float, int, dict[str, torch.Tensor]]]] = [] if keep_best else None
@@ -521,7 +522,8 @@ class Harness:
             if self.cfg.patience and self._plateau(metrics[SCORE]):
                 self.stopped_by = "patience"
         if self.stopped_by is not None:  # the run's last report: why it ended and where (a budget depends on it)
-            metrics.update(stopped_by=self.stopped_by, device=device_name(self.device), elapsed=round(self.elapsed, 1))
+            metrics.update(stopped_by=self.stopped_by, device=device_name(self.device), elapsed=round(self.elapsed, 1),
+                           **self.run_facts)
         self.history.append(metrics)
         if self.on_report is not None:
             self.on_report(metrics, self.state_dict() if validated else None)

@@ -42,8 +42,9 @@ import threading
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional, Sequence
 
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import torch
 
@@ -78,9 +79,10 @@ def worker_resources(train: TrainConfig) -> dict[str, float]:
     return {"CPU": train.cpus_per_worker, **({"GPU": train.gpus_per_worker} if train.use_gpu else {})}
 
 
-def check_resources(train: TrainConfig, timeout_s: float) -> None:
+def check_resources(train: TrainConfig, timeout_s: float, keys: str = "train") -> None:
     """Fail fast, with the numbers, when the cluster cannot hold the worker group (Ray Train would retry
-    forever). Waits up to `timeout_s` for an autoscaling cluster to add the nodes."""
+    forever). Waits up to `timeout_s` for an autoscaling cluster to add the nodes. `keys`: where `train` sits
+    in the config (train, teacher.train, cmlm.train), so that the error names the keys that change it."""
     import ray
 
     per_worker = worker_resources(train)
@@ -98,9 +100,9 @@ def check_resources(train: TrainConfig, timeout_s: float) -> None:
             return
         if time.monotonic() >= deadline:
             what = ", ".join(f"{k}: need {n:g}, cluster has {h:g}" for k, (n, h) in short.items())
-            raise StageError(f"train: the cluster cannot hold {train.num_workers} worker(s) ({what}); lower "
-                             f"train.num_workers / train.cpus_per_worker, or set train.use_gpu=false, "
-                             f"or add nodes")
+            gpu = f", or set {keys}.use_gpu=false" if train.use_gpu else ""
+            raise StageError(f"{keys}: the cluster cannot hold {train.num_workers} worker(s) ({what}); lower "
+                             f"{keys}.num_workers / {keys}.cpus_per_worker{gpu}, or add nodes")
         time.sleep(1.0)
 
 
@@ -313,7 +315,7 @@ def run_report(fitted: dict[str, Any], run_path: Path) -> dict[str, Any]:
             "train_seconds": last.get("elapsed"), "averaged_checkpoints": fitted["averaged"], "ray_run": str(run_path),
             "fit_seconds": fitted["fit_seconds"],
             "last_valid": {k: v for k, v in last.items() if k.startswith(("bleu_", "valid_"))},
-            "restarts": sum(1 for h in history if h.get("resumed_from")),
+            "restarts": sum(1 for h in history if h.get("resumed_from")), "too_long": last.get("too_long", 0),
             "workers": read_placement(run_path)}
 
 
@@ -322,7 +324,8 @@ def budget_record(report: dict[str, Any], train: TrainConfig) -> dict[str, Any]:
     max_time, time_cap: the run's budget, patience), the card, the seed and its training seconds; a run stopped
     by time is not reproducible on another card, so these say what it reached where."""
     return {"stopped_by": report["stopped_by"], "device": report["device"], "seed": train.seed,
-            "train_seconds": report["train_seconds"], "budgeted_by_time": bool(train.max_time)}
+            "train_seconds": report["train_seconds"], "budgeted_by_time": bool(train.max_time),
+            "too_long": report["too_long"]}
 
 
 def read_placement(run_path: Path) -> list[dict[str, Any]]:
@@ -337,14 +340,34 @@ def read_placement(run_path: Path) -> list[dict[str, Any]]:
 # Worker side
 
 
-def read_shard(path: Path, rank: int, world_size: int) -> ExampleTable:
+def read_shard(path: Path, rank: int, world_size: int, model: Optional[torch.nn.Module] = None) -> tuple[ExampleTable, int]:
     """Rank `rank`'s examples of the training split at `path` (`parquet.read_shard`): (src, tgt), or with KD
-    columns (src, tgt, kd_tgt, kd_src)."""
+    columns (src, tgt, kd_tgt, kd_src); with `model`, less those it cannot read (`length_limits`). Returns
+    them and how many were left out."""
     files = sorted(Path(path).glob("part-*.parquet"))
     if not files:
         raise StageError(f"train: no part-*.parquet files in {path}")
     columns = [c for c in EXAMPLE_COLUMNS if c in pq.read_schema(files[0]).names]
-    return ExampleTable(parquet.read_shard(path, rank, world_size, columns))
+    table = parquet.read_shard(path, rank, world_size, columns)
+    keep = None
+    for column, limit in (length_limits(model, columns) if model is not None else {}).items():
+        fits = pc.less_equal(pc.list_value_length(table.column(column)), limit)
+        keep = fits if keep is None else pc.and_(keep, fits)
+    if keep is None or not table.num_rows:
+        return ExampleTable(table), 0
+    kept = table.filter(keep)
+    return ExampleTable(kept), table.num_rows - kept.num_rows
+
+
+def length_limits(model: torch.nn.Module, columns: Sequence[str]) -> dict[str, int]:
+    """The most pieces (EOS not counted) each training column may hold for `model` to read it. A REDER: its
+    inputs (src_ids, and tgt_ids, or with KD kd_src_ids), upsampled, must fit max_positions (its targets then
+    fit the upsampled input, tokenize's and distill's feasibility rules); a teacher or CMLM pair: every
+    sequence, with its BOS or EOS, within max_positions. Tokenize does not filter by max_positions (its key
+    does not hold it): an example over the limit would stop the run at its batch's first embedding."""
+    if isinstance(model, REDER):
+        return dict.fromkeys(("src_ids", "kd_src_ids" if "kd_src_ids" in columns else "tgt_ids"), model.max_input_length() - 1)
+    return dict.fromkeys(columns, min(member.max_input_length() for member in model.values()) - 1)
 
 
 def _epoch(examples: ExampleTable, train: TrainConfig, epoch: int, rank: int, group: Any = None) -> EpochBatches:
@@ -597,8 +620,12 @@ def train_loop(config: dict[str, Any]) -> None:
         harness.load_state_dict(state)
         if mlflow is not None:
             mlflow.log({"resumed_from_step": harness.step}, harness.step)  # one point per restart of the worker group
-    examples = read_shard(Path(config["train_data"]), rank, world_size)
     group = data_group()
+    examples, too_long = read_shard(Path(config["train_data"]), rank, world_size, model)
+    harness.run_facts["too_long"] = int(all_reduce(too_long, "sum", group))
+    if rank == 0 and harness.run_facts["too_long"]:
+        log.warning("train: %d training examples left out: longer than the model reads (its max_positions)",
+                    harness.run_facts["too_long"])
     try:
         harness.fit(harness.stream(lambda epoch: _epoch(examples, train, epoch, rank, group)), time_cap_s=config["time_cap_s"])
     finally:

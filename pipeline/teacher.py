@@ -101,7 +101,7 @@ def train_pair(run: StageRun, train_data: Path, data: Path, tmp: Path, kind: str
     lr, tokens/s, mean BLEU) on the stage's run."""
     cfg, name, tracker = run.cfg, run.out.name, run.tracker
     section = getattr(cfg, kind)
-    raytrain.check_resources(section.train, section.train.start_timeout_s)
+    raytrain.check_resources(section.train, section.train.start_timeout_s, f"{kind}.train")
     storage = raytrain.storage_path(section.train, run.workdir)
     raytrain.run_storage(storage, name, run.force)  # with --force, no resume of a finished run
     target = tracker.worker_target() if tracker is not None else None

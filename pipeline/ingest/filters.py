@@ -4,10 +4,11 @@ Both sides are stripped. A pair is flagged for the first of: an empty side, a si
 a character length ratio over `max_length_ratio`, a repeat of an earlier pair (`dedupe`). Flagged pairs
 are dropped from train and only counted (`flagged`) in valid/test, so test sets stay intact; pairs that
 could not be decoded (`lenient` mode) are dropped from every split as `invalid_utf8`. Rows are taken BATCH at
-a time and written as they pass (`pipeline.parquet.SplitWriter`); a repeat is found by an 8-byte BLAKE2b
-digest of the pair in `SeenPairs`, which never holds the text: 8 bytes per distinct pair in memory up to
-IN_MEMORY of them, the older ones on disk behind a Bloom filter of 1.5 bytes per pair (two different pairs share
-a digest with probability ~n²/2⁶⁵: about 2·10⁻⁵ for 29M pairs, and then the later one is dropped).
+a time and written as they pass (`pipeline.parquet.SplitWriter`); a repeat is found by a 16-byte BLAKE2b
+digest of the pair (source length, source, target: no text can stand for another pair) in `SeenPairs`, which
+never holds the text: 16 bytes per distinct pair in memory up to IN_MEMORY of them, the older ones on disk behind
+a Bloom filter of 1.5 bytes per pair. Two different pairs share a digest with probability ~n²/2¹²⁹ (~10⁻²⁴ for 29M
+pairs): exact in practice. (8-byte digests, before issue 55, made it ~2·10⁻⁵, a pair then dropped unsaid.)
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import tempfile
 from collections import Counter
 from itertools import islice
 from pathlib import Path
-from typing import Any, BinaryIO, Iterable, Iterator
+from typing import Any, BinaryIO, Iterable, Iterator, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -28,39 +29,65 @@ from pipeline.parquet import SplitWriter
 
 SCHEMA = pa.schema([("id", pa.int64()), ("src", pa.string()), ("tgt", pa.string())])
 BATCH = 8192  # rows filtered at a time (65536 peaked ~90 MB higher at 10x, no faster)
-IN_MEMORY = 1 << 21  # digests held in memory (16 MB) before they go to disk as one sorted run
-BLOCK = 512  # digests per block read from a spilled run (4 KB)
+DIGEST = np.dtype("S16")  # a pair's 128-bit digest as 16 raw bytes
+IN_MEMORY = 1 << 21  # digests held in memory (32 MB) before they go to disk as one sorted run
+BLOCK = 512  # digests per block read from a spilled run (8 KB)
 BLOOM_BITS, BLOOM_HASHES = 12, 8  # per spilled digest; ~0.3 % of new digests then read a block from disk
 
 
+class _Run(NamedTuple):
+    """Digests as two aligned uint64 arrays (their first and last 8 bytes), sorted by `high`: numpy's radix sort
+    and binary search on a uint64 key, twice as fast as on 16-byte strings. Digests of equal `high` (different
+    pairs equal in 64 bits: ~2·10⁻⁵ at 29M pairs) sit side by side in any order; `_members` looks at them all."""
+
+    high: np.ndarray
+    low: np.ndarray
+
+    @staticmethod
+    def of(digests: np.ndarray) -> _Run:
+        halves = np.ascontiguousarray(digests).view("<u8").reshape(-1, 2)  # (N, 2)
+        return _Run(halves[:, 0].copy(), halves[:, 1].copy())
+
+    def __len__(self) -> int:
+        return len(self.high)
+
+    def take(self, index: np.ndarray) -> _Run:
+        return _Run(self.high[index], self.low[index])
+
+
 class SeenPairs:
-    """An exact set of 64-bit digests in bounded memory. The newest digests are held in sorted numpy runs merged
-    like a binary counter (each run at least twice the next one's size); when they reach `in_memory` digests they
-    are merged into one sorted run that goes to a temporary file in `spill_dir`, of which memory keeps a Bloom
+    """An exact set of 128-bit digests (DIGEST) in bounded memory. The newest digests are held in sorted numpy runs
+    merged like a binary counter (each run at least twice the next one's size); when they reach `in_memory` digests
+    they are merged into one sorted run that goes to a temporary file in `spill_dir`, of which memory keeps a Bloom
     filter (`bloom_bits` bits per digest) and every `block`-th digest: a digest the filter lets through (a member,
-    or ~0.3 % of the others) is looked up in its one block on disk. 8 bytes per digest up to `in_memory`, then
+    or ~0.3 % of the others) is looked up in its one block on disk. 16 bytes per digest up to `in_memory`, then
     `bloom_bits`/8 bytes per digest (1.5: 41 MB more at 29M)."""
 
     def __init__(self, spill_dir: Path | None = None, in_memory: int = IN_MEMORY, block: int = BLOCK,
                  bloom_bits: int = BLOOM_BITS) -> None:
         self.spill_dir, self.in_memory, self.block, self.bloom_bits = spill_dir, in_memory, block, bloom_bits
-        self.runs: list[np.ndarray] = []
+        self.runs: list[_Run] = []
         self.spilled: list[_SpilledRun] = []
         self.file: BinaryIO | None = None  # the spilled runs, one after another (unlinked: gone when closed)
 
     def first_seen(self, digests: np.ndarray) -> np.ndarray:
-        """Per digest (in order): True where neither an earlier call nor an earlier element had it; adds them."""
-        distinct, first = np.unique(digests, return_index=True)  # sorted (so searches go left to right)
+        """Per digest (DIGEST, in order): True where neither an earlier call nor an earlier element had it; adds them."""
+        run = _Run.of(digests)
+        order = np.lexsort((run.low, run.high))  # stable: the first of equal digests leads its group
+        ordered = run.take(order)
+        starts = np.ones(len(order), dtype=bool)
+        starts[1:] = (np.diff(ordered.high) != 0) | (np.diff(ordered.low) != 0)
+        distinct, first = ordered.take(starts), order[starts]  # sorted (so searches go left to right)
         new = np.ones(len(distinct), dtype=bool)
-        for run in self.runs:
-            new &= ~_members(run, distinct)
+        for held in self.runs:
+            new &= ~_members(held, distinct)
         for spilled in self.spilled:
             candidates = np.flatnonzero(new)
-            new[candidates] = ~spilled.contains(distinct[candidates])
+            new[candidates] = ~spilled.contains(distinct.take(candidates))
         if new.any():
-            self.runs.append(distinct[new])
+            self.runs.append(distinct.take(new))
         fresh = np.zeros(len(digests), dtype=bool)
-        fresh[first[new]] = True  # the first of equal elements
+        fresh[first[new]] = True
         while len(self.runs) > 1 and len(self.runs[-2]) <= 2 * len(self.runs[-1]):
             self.runs.append(_merge(self.runs.pop(-2), self.runs.pop()))
         if sum(map(len, self.runs)) >= self.in_memory:
@@ -88,21 +115,26 @@ class SeenPairs:
 
 
 class _SpilledRun:
-    """A sorted run of digests in `file` at the end it had: a Bloom filter and every `block`-th digest in memory."""
+    """A sorted run of digests in `file` at the end it had (high and low interleaved): a Bloom filter and every
+    `block`-th digest's `high` in memory."""
 
-    def __init__(self, run: np.ndarray, file: BinaryIO, block: int, bloom_bits: int) -> None:
+    def __init__(self, run: _Run, file: BinaryIO, block: int, bloom_bits: int) -> None:
         self.offset = file.seek(0, os.SEEK_END)
-        file.write(run.data)
+        file.write(np.column_stack([run.high, run.low]).data)  # (N, 2)
         file.flush()
         self.fd, self.size, self.block = file.fileno(), len(run), block
-        self.fence = run[::block].copy()  # the first digest of each block
-        self.bloom = _Bloom(run, bloom_bits)
+        self.fence = run.high[::block].copy()  # the first digest of each block
+        self.bloom = _Bloom(run.low, bloom_bits)
 
-    def contains(self, digests: np.ndarray) -> np.ndarray:
+    def _read(self, first: int, count: int) -> _Run:
+        stored = np.frombuffer(os.pread(self.fd, 16 * count, self.offset + 16 * first), dtype="<u8").reshape(-1, 2)
+        return _Run(stored[:, 0].copy(), stored[:, 1].copy())
+
+    def contains(self, digests: _Run) -> np.ndarray:
         """Per digest: whether the run has it (read from disk only where the Bloom filter cannot rule it out)."""
         found = np.zeros(len(digests), dtype=bool)
-        maybe = np.flatnonzero(self.bloom.might_contain(digests))
-        blocks = np.searchsorted(self.fence, digests[maybe], side="right") - 1  # -1: below the run's first digest
+        maybe = np.flatnonzero(self.bloom.might_contain(digests.low))
+        blocks = np.searchsorted(self.fence, digests.high[maybe], side="right") - 1  # -1: below the run's first
         order = np.argsort(blocks, kind="stable")
         maybe, blocks = maybe[order], blocks[order]
         starts = np.flatnonzero(np.diff(blocks, prepend=-2))
@@ -110,52 +142,63 @@ class _SpilledRun:
             if blocks[start] < 0:
                 continue
             first = int(blocks[start]) * self.block
-            count = min(self.block, self.size - first)
-            stored = np.frombuffer(os.pread(self.fd, 8 * count, self.offset + 8 * first), dtype=np.uint64)
-            found[maybe[start:end]] = _members(stored, digests[maybe[start:end]])
+            stored = self._read(first, min(self.block, self.size - first))
+            asked = digests.take(maybe[start:end])
+            found[maybe[start:end]] = _members(stored, asked)
+            # A block's first `high` equal to an absent digest's: digests of that `high` may begin in earlier
+            # blocks (different pairs equal in 64 bits, ~never): the whole run answers for those.
+            unsure = (asked.high == stored.high[0]) & ~found[maybe[start:end]]
+            if unsure.any() and first > 0:
+                found[maybe[start:end][unsure]] = _members(self._read(0, self.size), asked.take(unsure))
         return found
 
 
 class _Bloom:
-    """A Bloom filter over 64-bit digests (uniform already): BLOOM_HASHES positions by double hashing of the
-    digest's two 32-bit halves; no false negatives."""
+    """A Bloom filter over uniform 64-bit keys (a digest's `low`): BLOOM_HASHES positions by double hashing of the
+    key's two 32-bit halves; no false negatives."""
 
-    def __init__(self, digests: np.ndarray, bits_per_digest: int) -> None:
-        self.bits = max(8, bits_per_digest * len(digests))  # under 2**32, so `_positions` cannot overflow
+    def __init__(self, keys: np.ndarray, bits_per_key: int) -> None:
+        self.bits = max(8, bits_per_key * len(keys))  # under 2**32, so `_positions` cannot overflow
         self.bytes = np.zeros(-(-self.bits // 8), dtype=np.uint8)
-        for start in range(0, len(digests), 1 << 16):  # in slices: the temporaries stay small
-            for position in self._positions(digests[start:start + (1 << 16)]):
+        for start in range(0, len(keys), 1 << 16):  # in slices: the temporaries stay small
+            for position in self._positions(keys[start:start + (1 << 16)]):
                 for bit in range(8):  # one bit per pass, so an index given twice sets the same bit twice
                     self.bytes[position[position & 7 == bit] >> 3] |= np.uint8(1 << bit)
 
-    def might_contain(self, digests: np.ndarray) -> np.ndarray:
-        """False where the digest is certainly not in the filter."""
-        maybe = np.arange(len(digests))
-        for position in self._positions(digests):
+    def might_contain(self, keys: np.ndarray) -> np.ndarray:
+        """False where the key is certainly not in the filter."""
+        maybe = np.arange(len(keys))
+        for position in self._positions(keys):
             position = position[maybe]
             maybe = maybe[(self.bytes[position >> 3] >> (position & 7)) & 1 == 1]  # later hashes test fewer
-        result = np.zeros(len(digests), dtype=bool)
+        result = np.zeros(len(keys), dtype=bool)
         result[maybe] = True
         return result
 
-    def _positions(self, digests: np.ndarray) -> Iterator[np.ndarray]:
-        low, high = digests & 0xFFFFFFFF, digests >> 32
+    def _positions(self, keys: np.ndarray) -> Iterator[np.ndarray]:
+        low, high = keys & 0xFFFFFFFF, keys >> 32
         for i in range(BLOOM_HASHES):
             yield (((low + i * high) & 0xFFFFFFFF) * self.bits) >> 32  # onto [0, bits)
 
 
-def _members(run: np.ndarray, digests: np.ndarray) -> np.ndarray:
-    """Per digest: whether the sorted `run` has it."""
+def _members(run: _Run, digests: _Run) -> np.ndarray:
+    """Per digest: whether the `run` (sorted by high) has it: the first of its `high`, or (64-bit twins) a later one."""
     if len(run) == 0:
         return np.zeros(len(digests), dtype=bool)
-    return run[np.minimum(np.searchsorted(run, digests), len(run) - 1)] == digests
+    at = np.searchsorted(run.high, digests.high)
+    near = np.minimum(at, len(run) - 1)
+    same_high = run.high[near] == digests.high
+    found = same_high & (run.low[near] == digests.low)
+    for i in np.flatnonzero(same_high & ~found):  # different pairs equal in 64 bits: every digest of that high
+        stop = np.searchsorted(run.high, digests.high[i], side="right")
+        found[i] = bool((run.low[at[i]:stop] == digests.low[i]).any())
+    return found
 
 
-def _merge(first: np.ndarray, second: np.ndarray) -> np.ndarray:
-    """Two sorted runs as one (timsort finds the two runs: linear)."""
-    merged = np.concatenate([first, second])
-    merged.sort(kind="stable")
-    return merged
+def _merge(first: _Run, second: _Run) -> _Run:
+    """Two sorted runs as one (a stable radix sort of the uint64 key)."""
+    merged = _Run(np.concatenate([first.high, second.high]), np.concatenate([first.low, second.low]))
+    return merged.take(np.argsort(merged.high, kind="stable"))
 
 
 def filter_split(rows: Iterable[Row], data: DataConfig, drop: bool, writer: SplitWriter,
@@ -207,13 +250,18 @@ def _flag(src: str, tgt: str, data: DataConfig) -> str:
     return ""
 
 
+def pair_digest(src: str, tgt: str) -> bytes:
+    """The pair's 16-byte BLAKE2b digest, of its source's length, source and target: a tab (or any text) in one side
+    cannot make it another pair's."""
+    return hashlib.blake2b(f"{len(src)}:{src}{tgt}".encode("utf-8"), digest_size=DIGEST.itemsize).digest()
+
+
 def _flag_repeats(pairs: list[tuple[int, str, str]], flags: list[str], seen: SeenPairs) -> None:
     """Flag `duplicate` the pairs not flagged otherwise whose text an earlier such pair had."""
     candidates = [i for i, flag in enumerate(flags) if not flag]
     if not candidates:
         return
-    digests = np.frombuffer(b"".join(hashlib.blake2b(f"{pairs[i][1]}\t{pairs[i][2]}".encode("utf-8"),
-                                                     digest_size=8).digest() for i in candidates), dtype=np.uint64)
+    digests = np.frombuffer(b"".join(pair_digest(pairs[i][1], pairs[i][2]) for i in candidates), dtype=DIGEST)
     for i, fresh in zip(candidates, seen.first_seen(digests)):
         if not fresh:
             flags[i] = "duplicate"

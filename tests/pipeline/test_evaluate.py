@@ -128,6 +128,33 @@ def test_a_model_directorys_blank_penalty_decodes_every_decoder_and_greedy_unpen
     assert written["greedy"] != written["greedy_unpenalised"]
 
 
+def test_a_greedy_output_longer_than_the_model_reads_back_is_cut_for_the_round_trip_and_counted(tmp_path, monkeypatch):
+    """Issue 55: `model.upsample_ratio=3` trained, then evaluate died in the round trip: a degenerate greedy output
+    (r·|x| frames) fed back in was over the model's input limit (max_positions / r). It is cut to the limit, the
+    round trip is scored over every sentence, and results.json counts the cut ones."""
+    pairs, corpus = _corpus(tmp_path)
+    sp = sentencepiece.SentencePieceProcessor(model_file=str(tmp_path / "spm.model"))
+    longest = max(len(ids) for pair in pairs for ids in encode_lines(sp, pair))  # pieces with EOS
+    cfg = load_config(None, [f"model.vocab_size={VOCAB}", "evaluate.splits=[test]", "evaluate.measure_speed=false",
+                             "evaluate.teacher_baseline=false"])
+    model = REDER(ModelConfig(vocab_size=VOCAB, d_model=8, n_heads=2, ffn_dim=16, layers_per_end=1, upsample_ratio=3,
+                              max_positions=3 * longest)).eval()
+    model_dir = save_model_dir(tmp_path / "model", model, tmp_path / "spm.model", "en", "de")
+    # The degenerate greedy output: every input's pieces three times over (r·|x|, as a CTC model can write).
+    monkeypatch.setattr(evaluate, "decoders_for", lambda *args: {"greedy": lambda encoded, d, bs: [s[:-1] * 3 for s in encoded]})
+    out = tmp_path / "out"
+    out.mkdir()
+    evaluate.evaluate_model(model_dir, corpus, cfg, out, None)
+    results = json.loads((out / evaluate.RESULTS_FILE).read_text())
+    sides = {"src": [s for s, _ in pairs], "tgt": [t for _, t in pairs]}
+    assert results["roundtrip_cut"] == {f"test.{side}": sum(3 * (len(ids) - 1) >= longest for ids in encode_lines(sp, text))
+                                        for side, text in sides.items()}
+    assert min(results["roundtrip_cut"].values()) > 0
+    for side in ("src", "tgt"):
+        assert len((out / f"test.roundtrip_{side}.greedy.txt").read_text(encoding="utf-8").splitlines()) == len(pairs)
+    assert evaluate.cut_to([[5] * 4, [5] * 2], 3) == ([[5, 5, 3], [5, 5, 3]], 1)  # EOS is 3
+
+
 def _cmlm_stage(tmp_path):
     """A cmlm stage's output: cmlms.json naming two tiny random CMLMs (one per direction)."""
     from pipeline import cmlm

@@ -16,7 +16,7 @@ from pipeline import graph, ingest
 from pipeline.config import load_config
 from pipeline.ingest import CorpusError
 from pipeline.ingest import filters
-from pipeline.ingest.filters import BLOOM_BITS, BLOOM_HASHES, SeenPairs, _Bloom
+from pipeline.ingest.filters import BLOOM_BITS, BLOOM_HASHES, DIGEST, SeenPairs, _Bloom, pair_digest
 from pipeline.ingest.stage import _build
 from tests.conftest import SHARED_DATA
 from tests.pipeline.conftest import write_files_corpus
@@ -139,17 +139,20 @@ def test_spilled_de_duplication_writes_todays_bytes(tmp_path, monkeypatch, name)
 ])
 def test_seen_pairs_is_a_set_in_order(tmp_path, in_memory, block, bloom_bits):
     """Against a Python set, fed in batches: the first of equal digests is new, later ones (in and across
-    batches) are not, whether the earlier one is in memory or spilled (run and block edges, 0 and 2**64-1
-    included); runs in memory stay few, and the spill file goes with `close`."""
+    batches) are not, whether the earlier one is in memory or spilled (run and block edges, all-zero and all-0xff
+    bytes, and digests equal in 8 of their 16 bytes, as 8-byte digests of different pairs once were, included);
+    runs in memory stay few, and the spill file goes with `close`."""
     rng = np.random.default_rng(0)
-    pool = np.concatenate([rng.integers(0, 2**64 - 1, 3000, dtype=np.uint64, endpoint=True),
-                           np.array([0, 1, 2**63, 2**64 - 1], dtype=np.uint64)])
-    reference: set[int] = set()
+    edges = [bytes(16), bytes(15) + b"\x01", b"\x01" + bytes(15), b"\xff" * 16, b"\xff" * 8 + bytes(8),
+             b"\x07" * 8 + b"\x09" * 8, b"\x08" * 8 + b"\x09" * 8]
+    twins = [b"\x09" * 8 + bytes([i]) * 8 for i in range(40)]  # equal first halves: across blocks and runs
+    pool = np.frombuffer(rng.bytes(16 * 3000) + b"".join(edges + twins), dtype=DIGEST)
+    reference: set[bytes] = set()
     with SeenPairs(tmp_path, in_memory, block, bloom_bits) as seen:
         for size in [0, 1, 5, 100, 1000, 37, 4000, 2] * 8:
             digests = rng.choice(pool, size)
             expected = []
-            for value in digests.tolist():
+            for value in [digests.tobytes()[i:i + 16] for i in range(0, 16 * len(digests), 16)]:
                 expected.append(value not in reference)
                 reference.add(value)
             assert seen.first_seen(digests).tolist() == expected
@@ -158,6 +161,17 @@ def test_seen_pairs_is_a_set_in_order(tmp_path, in_memory, block, bloom_bits):
         assert (len(seen.spilled) > 0) == (in_memory < len(reference))
         assert seen.first_seen(pool).tolist() == [False] * len(pool)
     assert seen.file is None and list(tmp_path.iterdir()) == []
+
+
+def test_de_duplication_tells_apart_pairs_whose_sides_join_to_the_same_text():
+    """Issue 55: the digest was of `src\\ttgt`, so ("a\\tb", "c") repeated ("a", "b\\tc"), and only 8 bytes long. Now
+    16 bytes of (source length, source, target): only a true repeat is flagged."""
+    pairs = [(0, "a\tb", "c"), (1, "a", "b\tc"), (2, "a\t", "b\tc"), (3, "a", "b\tc"), (4, "ab", "c"), (5, "a", "bc")]
+    flags = [""] * len(pairs)
+    with SeenPairs() as seen:
+        filters._flag_repeats(pairs, flags, seen)
+    assert flags == ["", "", "", "duplicate", "", ""]
+    assert len(pair_digest("a", "b")) == DIGEST.itemsize == 16
 
 
 def test_the_bloom_filter_has_no_false_negatives_and_its_expected_false_positive_rate():

@@ -33,6 +33,41 @@ def test_an_unsatisfiable_request_fails_fast_with_the_numbers(ray_session):
         raytrain.check_resources(TrainConfig(num_workers=2, placement_strategy="STRICT_SPREAD"), timeout_s=0.5)
 
 
+def test_a_worker_leaves_out_the_examples_its_model_cannot_read_and_counts_them(tmp_path):
+    """Issue 55: `model.head=dag model.graph_upsample_ratio=4` died at the first update (`input of 528 positions
+    (after upsampling) exceeds max_positions=512`): tokenize's filter does not know max_positions. The worker's
+    shard leaves such examples out, per the model's own limit (a REDER's inputs; every sequence of a teacher
+    pair), and says how many."""
+    import pyarrow as pa
+
+    from pipeline.parquet import write_split
+    from tests.reder.helpers import tiny_model
+
+    model = tiny_model(head="dag", graph_upsample_ratio=4.0, max_positions=48)
+    limit = model.max_input_length() - 1  # pieces, EOS not counted
+    assert limit == 10  # int(4 · (11 + 2)) = 52 > 48 vertices; int(4 · (10 + 2)) = 48
+    lengths = [(3, 4), (limit, 2), (limit + 1, 2), (2, limit + 1), (limit, limit)]
+    table = pa.table({"src_ids": [[5] * s for s, _ in lengths], "tgt_ids": [[6] * t for _, t in lengths]})
+    write_split(table, tmp_path / "plain")
+    examples, dropped = raytrain.read_shard(tmp_path / "plain", 0, 1, model)
+    assert dropped == 2 and [(len(s), len(t)) for s, t in examples.rows(range(len(examples)))] == \
+        [(3, 4), (limit, 2), (limit, limit)]
+    model.embed_input(torch.full((1, limit + 1), 5), torch.tensor([limit + 1]), "src")  # the longest kept fits
+    with pytest.raises(ValueError, match="exceeds max_positions=48"):
+        model.embed_input(torch.full((1, limit + 2), 5), torch.tensor([limit + 2]), "src")
+    # With KD, the inputs are src and kd_src (kd_tgt and tgt are targets: feasibility bounds them).
+    kd = table.append_column("kd_tgt_ids", pa.array([[7] * 30] * 5)).append_column("kd_src_ids", table["src_ids"])
+    write_split(kd, tmp_path / "kd")
+    examples, dropped = raytrain.read_shard(tmp_path / "kd", 0, 1, model)
+    assert dropped == 1 and len(examples) == 4
+    pair = raytrain.ModelPair({d: Transformer(TransformerConfig(vocab_size=20, d_model=8, n_heads=2, ffn_dim=16,
+                                                                encoder_layers=1, decoder_layers=1, max_positions=m))
+                               for d, m in (("src2tgt", 12), ("tgt2src", 11))})
+    assert raytrain.length_limits(pair, ["src_ids", "tgt_ids"]) == {"src_ids": 10, "tgt_ids": 10}
+    assert raytrain.read_shard(tmp_path / "plain", 0, 1, pair)[1] == 2
+    assert raytrain.read_shard(tmp_path / "plain", 0, 1)[1] == 0  # no model: no filter
+
+
 def test_teacher_objective_reads_the_batch_in_its_direction():
     model = Transformer(TransformerConfig(vocab_size=16, d_model=8, n_heads=2, ffn_dim=16, encoder_layers=1,
                                           decoder_layers=1, dropout=0.0, max_positions=32))

@@ -127,6 +127,20 @@ def test_bad_input_is_one_error_line_and_exit_code_2(tmp_path, capsys):
     assert not list((tmp_path / "work").glob("ingest-*"))
 
 
+def test_a_training_stage_the_cluster_cannot_hold_fails_before_the_first_stage_naming_its_keys(tmp_path, capsys,
+                                                                                               ray_session):
+    """Issue 55: the teacher stage's worker group is checked before ingest runs, and the error names the keys of
+    the stage that cannot be placed (teacher.train.*), not the train section's."""
+    argv = ["--config", str(SMOKE), f"workdir={tmp_path}", "tracking.enabled=false", "distill.enabled=true",
+            "teacher.train.use_gpu=true", "teacher.train.num_workers=64", "teacher.train.start_timeout_s=0.1"]
+    assert run_pipeline.main(argv) == 2
+    err = capsys.readouterr().err
+    assert re.search(r"^error: teacher\.train: the cluster cannot hold 64 worker\(s\) \(.*GPU: need 64, cluster has "
+                     r"\d+\); lower teacher\.train\.num_workers / teacher\.train\.cpus_per_worker, or set "
+                     r"teacher\.train\.use_gpu=false, or add nodes$", err, re.MULTILINE), err
+    assert not list(tmp_path.glob("ingest-*"))  # checked before the first stage: nothing ran
+
+
 @pytest.mark.slow
 def test_smoke_config_end_to_end_with_tracking_then_skips(tmp_path, capsys, ray_session, monkeypatch):
     """All seven stages through Ray (AR teachers on Ray Train, KD on Ray Data with the default engine, REDER with

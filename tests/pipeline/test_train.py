@@ -70,6 +70,7 @@ def test_a_stage_budgeted_by_time_stops_on_time_publishes_its_best_and_a_restart
     counts = json.loads((out / "manifest.json").read_text())["counts"]
     assert counts["stopped_by"] == "max_time" and counts["budgeted_by_time"] is True and counts["seed"] == 1
     assert counts["device"].startswith("cpu (") and counts["restarts"] == 1 and counts["steps"] > 3
+    assert counts["too_long"] == 0  # examples over the model's max_positions, left out (none here)
     assert counts["train_seconds"] >= 8.0
     history = json.loads((out / "history.json").read_text())
     assert {"step": 2, "resumed_from": 2} in history
