@@ -371,10 +371,14 @@ def length_limits(model: torch.nn.Module, columns: Sequence[str]) -> dict[str, i
 
 
 def _epoch(examples: ExampleTable, train: TrainConfig, epoch: int, rank: int, group: Any = None) -> EpochBatches:
-    """This worker's batches of one epoch, cut to the same count on every rank (DDP needs the same number
-    of updates everywhere), agreed over process group `group`."""
+    """This worker's batches of one epoch, brought to the same count on every rank (DDP needs the same number of
+    updates everywhere), agreed over process group `group`: the largest rank's. A rank with fewer batches
+    trains its first ones again (as torch's DistributedSampler pads with repeats), so every example of every
+    shard is trained on in every epoch; cutting every rank to the smallest count (before issue 55) left part of
+    the larger shards out of each epoch."""
     batches = epoch_batches(examples, train.max_tokens, train.seed, epoch, rank, train.batch_tokens)
-    return batches[: int(all_reduce(len(batches), "min", group))]
+    most = int(all_reduce(len(batches), "max", group))
+    return EpochBatches(batches.examples, [batches.order[i % len(batches)] for i in range(most)]) if batches else batches
 
 
 def data_group() -> Any:

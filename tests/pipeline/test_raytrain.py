@@ -68,6 +68,32 @@ def test_a_worker_leaves_out_the_examples_its_model_cannot_read_and_counts_them(
     assert raytrain.read_shard(tmp_path / "plain", 0, 1)[1] == 0  # no model: no filter
 
 
+def test_every_rank_trains_on_its_whole_shard_in_every_epoch(monkeypatch):
+    """Issue 55: `_epoch` cut every rank to the smallest rank's batch count, so part of the larger shards was left
+    out of every epoch. Now every rank has the largest count, the smaller ones training their first batches again."""
+    import pyarrow as pa
+
+    from pipeline.harness import ExampleTable, epoch_batches
+
+    def shard(length: int) -> ExampleTable:
+        return ExampleTable(pa.table({"src_ids": [[4 + i] * length for i in range(40)], "tgt_ids": [[6] * length] * 40}))
+
+    train = TrainConfig(max_tokens=128)
+    shards = [shard(3), shard(30)]  # rank 0 short sentences (few batches of many), rank 1 long ones (many of few)
+    counts = [len(epoch_batches(shards[rank], train.max_tokens, train.seed, 0, rank, train.batch_tokens)) for rank in (0, 1)]
+    assert counts[0] < counts[1]  # the ranks' own counts differ
+    monkeypatch.setattr(raytrain, "all_reduce", lambda value, op, group=None: {"max": max, "min": min}[op](counts))
+    for rank, shard in enumerate(shards):
+        batches = raytrain._epoch(shard, train, 0, rank)
+        trained = [example for batch in batches for example in batch]
+        assert len(batches) == max(counts)
+        assert sorted(set(map(repr, trained))) == sorted(set(map(repr, shard.rows(range(len(shard))))))
+        assert len(trained) >= len(shard) and (len(trained) > len(shard)) == (counts[rank] < max(counts))
+    # What the cut to the smallest count left out of this epoch: rank 1's last batches.
+    cut = epoch_batches(shards[1], train.max_tokens, train.seed, 0, 1, train.batch_tokens)[: min(counts)]
+    assert sum(len(batch) for batch in cut) < len(shards[1])
+
+
 def test_teacher_objective_reads_the_batch_in_its_direction():
     model = Transformer(TransformerConfig(vocab_size=16, d_model=8, n_heads=2, ffn_dim=16, encoder_layers=1,
                                           decoder_layers=1, dropout=0.0, max_positions=32))
