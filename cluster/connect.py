@@ -113,6 +113,7 @@ def connect(address: str = "", num_cpus: int = 0, object_store_memory_mb: int = 
         notice = logging.getLogger("ray._private.authentication.authentication_token_setup")
         if not any(isinstance(f, _DropTokenAuthNotice) for f in notice.filters):
             notice.addFilter(_DropTokenAuthNotice())
+        os.environ["RAY_TMPDIR"] = str(local_ray_tmpdir())  # the instance's processes inherit it
         kwargs: dict[str, Any] = {"address": "local", "include_dashboard": True}
         if num_cpus:
             kwargs["num_cpus"] = num_cpus
@@ -123,6 +124,24 @@ def connect(address: str = "", num_cpus: int = 0, object_store_memory_mb: int = 
     # get the driver's DataContext). Ray Data says so in each process: to ray-data.log (LOCAL_ENV).
     ray.data.DataContext.get_current().enable_progress_bars = sys.stderr.isatty()
     log.info("ray: %s CPUs available", ray.available_resources().get("CPU", 0))
+
+
+def local_ray_tmpdir() -> Path:
+    """Where a local Ray instance keeps its files (RAY_TMPDIR; Ray adds `ray/`): $RAY_TMPDIR when set, else
+    <system temp>/duplex-<uid>, made mode 700 and refused unless it is this user's own directory. Not Ray's
+    machine-wide /tmp/ray: whoever creates that first owns it (mode 755, e.g. a root `ray up` on this machine)
+    and every other user's Ray then dies with "Permission denied: '/tmp/ray/session_...'" (the cluster YAMLs
+    use the same directory, docs/cluster.md)."""
+    import tempfile
+
+    if os.environ.get("RAY_TMPDIR"):
+        return Path(os.environ["RAY_TMPDIR"])
+    path = Path(tempfile.gettempdir()) / f"duplex-{os.getuid()}"
+    path.mkdir(mode=0o700, exist_ok=True)
+    if path.is_symlink() or path.stat().st_uid != os.getuid():
+        raise ClusterError(f"{path} is not this user's own directory (Ray's files of a local run go there); remove it, "
+                           f"or set RAY_TMPDIR to a directory of yours")
+    return path
 
 
 def cluster_runtime_env(env_vars: dict[str, str]) -> dict[str, Any]:

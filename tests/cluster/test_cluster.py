@@ -445,6 +445,30 @@ def test_the_head_server_and_cluster_file_end_when_the_heads_ray_does(tmp_path, 
     assert result == [0, 0] and path.exists()
 
 
+def test_a_local_run_keeps_rays_files_in_the_users_own_directory_not_tmp_ray(tmp_path, monkeypatch):
+    """Issue 55: a local run's Ray used the machine-wide /tmp/ray (whoever made it first owns it). Now
+    <system temp>/duplex-<uid>, mode 700, and refused when it is not this user's own; $RAY_TMPDIR wins."""
+    monkeypatch.delenv("RAY_TMPDIR", raising=False)
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(__import__("tempfile"), "tempdir", None)  # gettempdir() reads TMPDIR again
+    own = connect.local_ray_tmpdir()
+    assert own == tmp_path / f"duplex-{os.getuid()}" and (own.stat().st_mode & 0o777) == 0o700
+    monkeypatch.setenv("RAY_TMPDIR", str(tmp_path / "mine"))
+    assert connect.local_ray_tmpdir() == tmp_path / "mine"
+    monkeypatch.delenv("RAY_TMPDIR")
+    own.rmdir()
+    (tmp_path / "elsewhere").mkdir()
+    own.symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(ClusterError, match=rf"{own} is not this user's own directory"):
+        connect.local_ray_tmpdir()
+    if os.getuid() == 0:  # a directory of another user (root can make one)
+        own.unlink()
+        own.mkdir()
+        os.chown(own, 4321, 4321)
+        with pytest.raises(ClusterError, match="not this user's own directory"):
+            connect.local_ray_tmpdir()
+
+
 def test_a_workers_ray_stops_once_the_heads_is_gone(tmp_path, monkeypatch):
     """`ray down` stops the head's Ray only (the local provider): `cluster.worker watch` runs `ray stop` on its
     node once the head's GCS has refused connections `--misses` times, not while it answers; a second

@@ -21,9 +21,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -34,6 +36,7 @@ import run_pipeline
 from pipeline.stage import HOLD_ENV, SUCCESS
 from pipeline.tracking import STAGE_TAG
 from tests.checkpoints import registered_under, resumed
+from tests.conftest import SESSION_RAY_TMPDIR
 
 REPO = Path(run_pipeline.__file__).resolve().parent
 SMOKE = REPO / "configs" / "smoke.yaml"
@@ -93,7 +96,8 @@ def _processes_of(mark: str) -> list[str]:
 class Start:
     """One `python run_pipeline.py` of the tiny run, its output in files beside the workdir."""
 
-    def __init__(self, workdir: Path, number: int, hold: str = "", command: tuple[str, ...] = ()) -> None:
+    def __init__(self, workdir: Path, number: int, hold: str = "", command: tuple[str, ...] = (),
+                 tmpdir: Path | None = None) -> None:
         self.mark = uuid.uuid4().hex
         self.stdout, self.stderr = (workdir.parent / f"start{number}.{kind}" for kind in ("out", "err"))
         # A SIGKILLed driver's Ray processes try to reach its GCS, gone too, for the reconnect timeout (60 s by
@@ -103,6 +107,10 @@ class Start:
         env.pop(HOLD_ENV, None)
         if hold:
             env[HOLD_ENV] = hold
+        if tmpdir is not None:  # as on a user's machine: no RAY_TMPDIR (the suite sets one), the system temp here
+            env.pop("RAY_TMPDIR", None)
+            env.pop(SESSION_RAY_TMPDIR, None)
+            env["TMPDIR"] = str(tmpdir)
         with open(self.stdout, "w") as out, open(self.stderr, "w") as err:
             self.proc = subprocess.Popen([sys.executable, "run_pipeline.py", *command, "--config", str(SMOKE),
                                           f"workdir={workdir}", *TINY], cwd=REPO, env=env, stdout=out, stderr=err,
@@ -153,7 +161,7 @@ class Start:
 
 
 @pytest.mark.slow
-def test_killed_inside_every_stage_then_run_again_and_corrupted_artifacts_are_refused(tmp_path, capsys):
+def test_killed_inside_every_stage_then_run_again_and_corrupted_artifacts_are_refused(tmp_path, capsys, request):
     import mlflow
 
     workdir = tmp_path / "work"
@@ -174,8 +182,15 @@ def test_killed_inside_every_stage_then_run_again_and_corrupted_artifacts_are_re
         assert not left, f"{where}: processes of the run still alive after 30 s: {left}"
         killed.append(start)
 
-    final = Start(workdir, len(KILLS))
+    # The completing start as a user runs it, without the suite's RAY_TMPDIR: Ray's files go to the user's own
+    # <temp>/duplex-<uid> (mode 700), not the machine-wide /tmp/ray (issue 55). A short path: Ray's socket names
+    # must fit 107 bytes.
+    own_tmp = Path(tempfile.mkdtemp(prefix="dpx-", dir="/tmp"))
+    request.addfinalizer(lambda: shutil.rmtree(own_tmp, ignore_errors=True))
+    final = Start(workdir, len(KILLS), tmpdir=own_tmp)
     assert final.proc.wait(timeout=600) == 0, final.text()[-5000:]
+    private = own_tmp / f"duplex-{os.getuid()}"
+    assert (private.stat().st_mode & 0o777) == 0o700 and list((private / "ray").glob("session_*/logs"))
     out = final.stdout.read_text(encoding="utf-8")
     assert "[7/7] evaluate: running" in out and out.count("skipped (finished earlier)") == 2 * 6
     last = json.loads((workdir / "last_run.json").read_text(encoding="utf-8"))
