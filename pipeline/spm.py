@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 import sentencepiece as sentencepiece
 from sentencepiece import sentencepiece_model_pb2
 
-from pipeline.stage import StageError, StageRun
+from pipeline.stage import StageError, StageRun, drill_hold
 from reder.config import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 log = logging.getLogger(__name__)
@@ -32,6 +32,7 @@ def build(run: StageRun, tmp: Path) -> dict[str, Any]:
     """Train the joint model on a sample of the ingested train split (input `ingest`) into `tmp`."""
     cfg, corpus = run.cfg, run.inputs["ingest"]
     sample = training_sample(corpus / "train", cfg.spm.sample_size, cfg.spm.seed)
+    drill_hold("spm")  # tests/faults: a signal here finds the sample drawn, the model not trained
     proto = train(sample, cfg.model.vocab_size, cfg.spm.model_type, cfg.spm.character_coverage,
                   cfg.spm.num_threads)
     (tmp / MODEL_FILE).write_bytes(proto)

@@ -31,9 +31,16 @@ log = logging.getLogger(__name__)
 
 SUCCESS = "_SUCCESS"
 MANIFEST = "manifest.json"
-# Fault drill (tests/faults): a stage named here waits in its build, its temporary directory made, until
-# the process is signalled, so that a kill lands inside a stage too short to catch otherwise (spm).
+# Fault drill (tests/faults): a stage named here waits at its `drill_hold` point, inside its own build with part
+# of its work done, until the process is signalled, so that a kill lands inside a stage too short to catch
+# otherwise (ingest, spm).
 HOLD_ENV = "DUPLEX_HOLD_STAGE"
+
+
+def drill_hold(name: str) -> None:
+    """The fault drill's point in stage `name`'s own code: wait here while HOLD_ENV names the stage."""
+    while os.environ.get(HOLD_ENV) == name:
+        time.sleep(0.1)
 
 
 class StageError(RuntimeError):
@@ -164,8 +171,6 @@ def run_stage(name: str, out: Path, build: Callable[[Path], dict[str, Any]], *, 
         tmp.mkdir()
         started = time.time()
         try:
-            while os.environ.get(HOLD_ENV) == name:
-                time.sleep(0.1)
             counts = build(tmp)
             manifest = {"stage": name, "config": config, "inputs": inputs, "counts": counts,
                         "started": started, "seconds": round(time.time() - started, 3),

@@ -24,7 +24,7 @@ from pipeline.ingest.filters import SCHEMA, filter_split
 from pipeline.ingest.readers import SPLITS, CorpusError, RawSplit, local_files, read_local
 from pipeline.ingest.sword import read_sword
 from pipeline.parquet import SplitWriter
-from pipeline.stage import StageRun, write_json
+from pipeline.stage import StageRun, drill_hold, write_json
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +61,7 @@ def _build(data: DataConfig, workdir: Path, tmp: Path) -> dict[str, Any]:
                               f"(read {counts['read']}, dropped {counts['dropped']})")
         report["splits"][split] = counts
         log.debug("ingest %s: %d pairs kept of %d read (%s)", split, counts["kept"], counts["read"], part.origin)
+        drill_hold("ingest")  # tests/faults: a signal here finds one split written and the others not
     write_json(tmp / "report.json", report)
     return report["splits"]
 

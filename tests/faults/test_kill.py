@@ -56,15 +56,18 @@ def _files(workdir: Path, pattern: str) -> list[Path]:
 
 # When each start is stopped: the stage's temporary directory exists (its build began), and then (`ready`,
 # given the workdir)... a Ray Train stage once it has a registered checkpoint (the train stage's second stop:
-# one saved after it resumed). SIGINT is Ctrl-C: sent to the run's process group.
+# one saved after it resumed). SIGINT is Ctrl-C: sent to the run's process group. Each kind of signal reaches
+# a Ray Data stage and a Ray Train fit (issue 55: Ctrl-C reached only distill, tokenize only SIGKILL).
 KILLS = [
-    ("ingest", signal.SIGTERM, lambda w: True),  # ingest and spm last a fraction of a second on this corpus:
-    ("spm", signal.SIGKILL, lambda w: True),  # each is held in its build (HOLD_ENV) until the signal
-    ("tokenize", signal.SIGKILL, lambda w: True),
+    # ingest and spm last a fraction of a second on this corpus: each is held at its own point inside its build
+    # (HOLD_ENV, stage.drill_hold) until the signal: ingest with its train split written, spm with its sample drawn
+    ("ingest", signal.SIGTERM, lambda w: _files(w, ".ingest-*.tmp/train/part-00000.parquet")),
+    ("spm", signal.SIGKILL, lambda w: True),
+    ("tokenize", signal.SIGINT, lambda w: True),
     ("teacher", signal.SIGTERM, lambda w: registered_under(w / "ray_results", "teacher-*")),
     ("distill", signal.SIGINT, lambda w: True),
     ("train", signal.SIGKILL, lambda w: registered_under(w / "ray_results", "train-*")),  # then it resumes
-    ("train", signal.SIGTERM, lambda w: any(map(resumed, registered_under(w / "ray_results", "train-*")))),
+    ("train", signal.SIGINT, lambda w: any(map(resumed, registered_under(w / "ray_results", "train-*")))),
     ("evaluate", signal.SIGTERM, lambda w: True),
 ]
 STOP_S = 10  # what an interrupted run may take to end (issue 40: SIGTERM in train once took over a minute)
