@@ -8,11 +8,15 @@ of this repository to load — `mlflow.pyfunc.load_model("models:/reder-en-de/1"
 
 Input: rows of `text`, `src`, `tgt` (language codes of the model directory; each row names its own
 direction, so one request may mix both); params `beam` (CTC prefix beam size, 1 = greedy) and `decoder`
-(a DAG model's greedy, lookahead or viterbi). Output: one translation per row, in input order. A row for a
-language pair the model does not translate, an empty text or bad params are MLflow's INVALID_PARAMETER_VALUE
-(HTTP 400 from the scoring server), naming the row.
+(a DAG model's greedy, lookahead or viterbi), `strict` (default false). Output: one translation per row, in input
+order. As `python -m reder.translate`, every row is translated: a control character or line terminator in its
+text becomes a space and a text longer than the model reads is cut to it, each logged as a warning naming the
+row; with `strict` such a row is refused instead. A row for a language pair the model does not translate, an
+empty text or bad params are MLflow's INVALID_PARAMETER_VALUE (HTTP 400 from the scoring server), naming the row.
 """
 from __future__ import annotations
+
+import logging
 
 import mlflow
 from mlflow.exceptions import MlflowException
@@ -22,6 +26,9 @@ from mlflow.pyfunc import PythonModel
 # from the logged model's own copy of the package (code_paths) when MLflow loads it
 from reder.api import load, sentence_problem
 from reder.checkpoint import direction_of
+from reder.text import normalise
+
+log = logging.getLogger(__name__)
 
 
 def _bad(message: str) -> MlflowException:
@@ -37,6 +44,7 @@ class DuplexTranslator(PythonModel):
     def predict(self, context, model_input, params=None):
         params = params or {}
         beam, decoder = int(params.get("beam", 1)), str(params.get("decoder", "greedy"))
+        strict = params.get("strict", False) in (True, "true", "True")
         if beam < 1:
             raise _bad(f"params.beam: must be >= 1, got {beam}")
         rows = model_input.to_dict("records") if hasattr(model_input, "to_dict") else list(model_input)
@@ -45,9 +53,12 @@ class DuplexTranslator(PythonModel):
             missing = [key for key in ("src", "tgt") if not isinstance(row.get(key), str)]
             if missing:
                 raise _bad(f"row {index}: {', '.join(missing)} must be a string")
-            problem = sentence_problem(row.get("text"))
+            problem = sentence_problem(row.get("text"), strict)
             if problem:
                 raise _bad(f"row {index}: text {problem}")
+            row["text"], note = normalise(row["text"])
+            if note:
+                log.warning("row %d: text %s", index, note)
             pair = (row["src"], row["tgt"])
             try:
                 direction_of(self.translator.meta, *pair, "this model")
@@ -56,10 +67,14 @@ class DuplexTranslator(PythonModel):
             groups.setdefault(pair, []).append(index)
         out = [""] * len(rows)
         for (src, tgt), indices in groups.items():
+            notes: list[tuple[int, str]] | None = None if strict else []
             try:
-                translated = self.translator.translate([rows[i]["text"] for i in indices], src, tgt, beam, decoder)
-            except ValueError as error:  # an unknown decoder, an input longer than the model takes
+                translated = self.translator.translate([rows[i]["text"] for i in indices], src, tgt, beam, decoder,
+                                                       notes=notes)
+            except ValueError as error:  # an unknown decoder, a strict input longer than the model takes
                 raise _bad(f"row {indices[0]}: {error}") from None
+            for position, note in notes or []:
+                log.warning("row %d: text %s", indices[position], note)
             for i, text in zip(indices, translated):
                 out[i] = text
         return out

@@ -13,9 +13,12 @@ Then:
 
 Request (POST, JSON): `text` (one string or a list of up to MAX_SENTENCES strings, each 1 to reder.api.MAX_CHARS
 characters, one line), `src` and `tgt` (language codes the model directory records; a REDER model translates both
-ways, a teacher only its own pair), optional `beam` (1 to MAX_BEAM; CTC prefix beam, a teacher's beam size)
-and `decoder` (a DAG model's greedy, lookahead or viterbi). Response: `translation`, a string or a list as
-`text` was. Anything else is a 4xx with `{"error": "<what is wrong>"}`: 405 for a method other than POST,
+ways, a teacher only its own pair), optional `beam` (1 to MAX_BEAM; CTC prefix beam, a teacher's beam size),
+`decoder` (a DAG model's greedy, lookahead or viterbi) and `strict` (default false). Response: `translation`, a
+string or a list as `text` was, and `notes` where a sentence was mended: as `python -m reder.translate`, every
+sentence is translated, a control character or line terminator inside it becoming a space and (engine torch) a
+sentence longer than the model reads cut to it, each named in `notes` (`text[3]: U+2028 (LINE SEPARATOR) at
+character 5 replaced by a space`); with `"strict": true` such a sentence is a 400 instead. Anything else is a 4xx with `{"error": "<what is wrong>"}`: 405 for a method other than POST,
 415 for a body that is not JSON, 413 for a body over MAX_BODY_BYTES, 400 for a bad field — never a crash of
 the replica. GET /health answers `{"languages": [...], "engine": ...}`.
 
@@ -36,6 +39,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from reder.api import sentence_problem
+from reder.text import normalise
 
 MAX_SENTENCES = 256  # per request
 MAX_BEAM = 64
@@ -60,6 +64,8 @@ class Job:
     beam: int
     decoder: str
     single: bool  # `text` was one string: answer with one string
+    strict: bool = False  # refuse a sentence to mend rather than mend it
+    notes: tuple[str, ...] = ()  # what parse mended, named by field
 
 
 def parse(body: bytes, languages: tuple[str, ...]) -> Job:
@@ -73,18 +79,26 @@ def parse(body: bytes, languages: tuple[str, ...]) -> Job:
         raise BadRequest(f"body is not JSON ({error})", 415) from None
     if not isinstance(payload, dict):
         raise BadRequest(f"body must be a JSON object with text, src and tgt, got {type(payload).__name__}")
-    unknown = sorted(set(payload) - {"text", "src", "tgt", "beam", "decoder"})
+    unknown = sorted(set(payload) - {"text", "src", "tgt", "beam", "decoder", "strict"})
     if unknown:
-        raise BadRequest(f"unknown fields {unknown}; a request has text, src, tgt and optionally beam, decoder")
+        raise BadRequest(f"unknown fields {unknown}; a request has text, src, tgt and optionally beam, decoder, strict")
+    strict = payload.get("strict", False)
+    if not isinstance(strict, bool):
+        raise BadRequest(f"strict: must be true or false, got {strict!r}")
     text = payload.get("text")
     single = isinstance(text, str)
     lines = [text] if single else text
     if not isinstance(lines, list) or not lines or len(lines) > MAX_SENTENCES:
         raise BadRequest(f"text: must be a string or a list of 1 to {MAX_SENTENCES} strings")
+    notes, mended = [], []
     for number, line in enumerate(lines):
-        problem = sentence_problem(line)
+        problem = sentence_problem(line, strict)
         if problem:
             raise BadRequest(f"text[{number}]: {problem}")
+        line, note = normalise(line)
+        if note:
+            notes.append(f"text[{number}]: {note}")
+        mended.append(line)
     for key in ("src", "tgt"):
         if not isinstance(payload.get(key), str):
             raise BadRequest(f"{key}: a language code is required (this model: {', '.join(map(str, languages))})")
@@ -93,7 +107,7 @@ def parse(body: bytes, languages: tuple[str, ...]) -> Job:
         raise BadRequest(f"beam: must be an integer from 1 to {MAX_BEAM}, got {beam!r}")
     if not isinstance(decoder, str):
         raise BadRequest(f"decoder: must be a string, got {type(decoder).__name__}")
-    return Job(tuple(lines), payload["src"], payload["tgt"], beam, decoder, single)
+    return Job(tuple(mended), payload["src"], payload["tgt"], beam, decoder, single, strict, tuple(notes))
 
 
 def load_backend(model_dir: str, engine: str, device: str, threads: int) -> Any:
@@ -124,32 +138,39 @@ class TranslationService:
         self.batched.set_max_batch_size(max_batch_size)
         self.batched.set_batch_wait_timeout_s(batch_wait_timeout_s)
 
-    def translate_jobs(self, jobs: list[Job]) -> list[list[str] | BadRequest]:
-        """Each job's translations; the jobs of one (pair, beam, decoder) in one call, a job the model refuses
-        (a pair it does not translate, an unknown decoder, an input over its length limit) answered alone."""
-        groups: dict[tuple[str, str, int, str], list[int]] = {}
+    def translate_jobs(self, jobs: list[Job]) -> list[tuple[list[str], list[str]] | BadRequest]:
+        """Each job's (translations, notes); the jobs of one (pair, beam, decoder, strict) in one call, a job the
+        model refuses (a pair it does not translate, an unknown decoder, a strict input over its length limit)
+        answered alone. The torch engine cuts a lenient job's over-long sentence and notes it."""
+        groups: dict[tuple[str, str, int, str, bool], list[int]] = {}
         for index, job in enumerate(jobs):
-            groups.setdefault((job.src, job.tgt, job.beam, job.decoder), []).append(index)
-        out: list[list[str] | BadRequest] = [[] for _ in jobs]
-        for (src, tgt, beam, decoder), members in groups.items():
+            groups.setdefault((job.src, job.tgt, job.beam, job.decoder, job.strict), []).append(index)
+        out: list[tuple[list[str], list[str]] | BadRequest] = [([], []) for _ in jobs]
+        for (src, tgt, beam, decoder, strict), members in groups.items():
             lines = [line for i in members for line in jobs[i].lines]
+            notes: list[tuple[int, str]] = []
+            cut = {"notes": notes} if self.engine == "torch" and not strict else {}
             try:
-                translated = self.backend.translate(lines, src, tgt, beam=beam, decoder=decoder)
+                translated = self.backend.translate(lines, src, tgt, beam=beam, decoder=decoder, **cut)
             except ValueError:
                 translated = None  # find which job the model refuses: each alone
             start = 0
             for i in members:
+                count = len(jobs[i].lines)
                 if translated is not None:
-                    out[i], start = translated[start : start + len(jobs[i].lines)], start + len(jobs[i].lines)
+                    mine = [f"text[{index - start}]: {note}" for index, note in notes if start <= index < start + count]
+                    out[i], start = (translated[start : start + count], [*jobs[i].notes, *mine]), start + count
                     continue
                 try:
-                    out[i] = self.backend.translate(list(jobs[i].lines), src, tgt, beam=beam, decoder=decoder)
+                    notes.clear()
+                    alone = self.backend.translate(list(jobs[i].lines), src, tgt, beam=beam, decoder=decoder, **cut)
+                    out[i] = (alone, [*jobs[i].notes, *(f"text[{index}]: {note}" for index, note in notes)])
                 except ValueError as error:
                     out[i] = BadRequest(str(error))
         return out
 
     @serve.batch(max_batch_size=64, batch_wait_timeout_s=0.01)
-    async def batched(self, jobs: list[Job]) -> list[list[str] | BadRequest]:
+    async def batched(self, jobs: list[Job]) -> list[tuple[list[str], list[str]] | BadRequest]:
         return self.translate_jobs(jobs)
 
     async def __call__(self, request: Request) -> JSONResponse:
@@ -164,7 +185,8 @@ class TranslationService:
                 raise result
         except BadRequest as error:
             return JSONResponse({"error": str(error)}, status_code=error.status)
-        return JSONResponse({"translation": result[0] if job.single else result})
+        translation, notes = result
+        return JSONResponse({"translation": translation[0] if job.single else translation, **({"notes": notes} if notes else {})})
 
 
 def app(args: dict[str, str]) -> serve.Application:

@@ -25,17 +25,18 @@ from reder.translate import check_device, load_sentencepiece, translate_lines
 MAX_CHARS = 2000  # per sentence a service takes (pipeline.serve, the MLflow pyfunc): sentences, not books
 
 
-def sentence_problem(line: object) -> Optional[str]:
+def sentence_problem(line: object, strict: bool = True) -> Optional[str]:
     """What keeps `line` from being one sentence a service translates, or None: a string, not blank, at most
-    MAX_CHARS characters, one line of text as `reder.text` defines it (the ingest stage's rule: no line
-    terminator, no control character but TAB). The services put their own name of the field in front."""
+    MAX_CHARS characters; with `strict` also one line of text as `reder.text` defines it (the ingest stage's
+    rule: no line terminator, no control character but TAB; without it the service mends such a line,
+    `reder.text.normalise`, and says so). The services put their own name of the field in front."""
     if not isinstance(line, str):
         return f"must be a string, got {type(line).__name__}"
     if not line.strip():
         return "is empty"
     if len(line) > MAX_CHARS:
         return f"has {len(line)} characters, more than {MAX_CHARS}"
-    return line_problem(line)
+    return line_problem(line) if strict else None
 
 
 class Translator:
@@ -54,8 +55,10 @@ class Translator:
 
     def translate(self, text: str | Sequence[str], src: str, tgt: str, beam: int = 1, decoder: str = "greedy",
                   batch_size: int = 64, iterations: int = 10, refiner: Optional[Translator] = None,
-                  refine_steps: int = 0) -> str | list[str]:
-        """One sentence (a str) or a list of them, from language `src` into `tgt`."""
+                  refine_steps: int = 0, notes: Optional[list[tuple[int, str]]] = None) -> str | list[str]:
+        """One sentence (a str) or a list of them, from language `src` into `tgt`. With a `notes` list every
+        sentence is translated, mended where it must be (`reder.translate.translate_lines`: a control character
+        becomes a space, a sentence longer than the model reads is cut), each change appended as (index, what)."""
         if beam < 1 or batch_size < 1:
             raise ValueError(f"beam and batch_size must be >= 1, got {beam} and {batch_size}")
         decoders = getattr(getattr(self.model, "head", None), "decoders", ("greedy",))
@@ -71,7 +74,7 @@ class Translator:
                 raise ValueError(f"{refiner.directory}: its direction differs from this model's {direction} for {src}->{tgt}")
             options.update(refiner=refiner.model, refine_steps=refine_steps)
         with torch.inference_mode():
-            out = translate_lines(self.model, self.sp, lines, direction, beam, batch_size, decoder, **options)
+            out = translate_lines(self.model, self.sp, lines, direction, beam, batch_size, decoder, notes=notes, **options)
         return out[0] if isinstance(text, str) else out
 
     def __repr__(self) -> str:

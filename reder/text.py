@@ -69,27 +69,54 @@ def line_problem(line: str) -> Optional[str]:
     return f"{describe(line[index])} at character {index + 1}: {why_bad(line[index])}"
 
 
-def split_lines(data: bytes | str) -> list[str]:
+def normalise(line: str) -> tuple[str, Optional[str]]:
+    """Text to translate, kept whatever it holds (the translators' rule, not the training data's): `line` with
+    every `BAD` character replaced by a space, and what was replaced (`U+2028 (LINE SEPARATOR) at character 4
+    (and 2 more) replaced by a space`), or None when nothing was."""
+    index = bad_character(line)
+    if index is None:
+        return line, None
+    cleaned, replaced = replace_bad(line)
+    more = f" (and {len(replaced) - 1} more)" if len(replaced) > 1 else ""
+    return cleaned, f"{describe(line[index])} at character {index + 1}{more} replaced by a space"
+
+
+def read_lines(data: bytes | str, strict: bool = True) -> tuple[list[str], list[str]]:
     """Lines of a whole input (a stream's bytes, UTF-8, or text): split at "\\n" only, a CRLF's "\\r" dropped,
-    a leading BOM removed; a line that is not UTF-8 or holds a `BAD` character is a ValueError naming the line
-    and the character (`line 5: U+0000 (NUL) at character 3: ...`)."""
+    a leading BOM removed. `strict`: a line that is not UTF-8 or holds a `BAD` character is a ValueError naming
+    the line and the character (`line 5: U+0000 (NUL) at character 3: ...`). Otherwise every line is kept, one
+    per "\\n" always: bytes that are not UTF-8 become U+FFFD and `BAD` characters spaces (`normalise`), each
+    change a note (`line 5: ...`). Returns the lines and the notes."""
     newline = b"\n" if isinstance(data, bytes) else "\n"
     pieces = data.split(newline)
     if pieces[-1] == newline[:0]:
         pieces.pop()  # the text ended with a newline, or was empty
-    lines = []
+    lines, notes = [], []
     for number, piece in enumerate(pieces, start=1):
         if isinstance(piece, bytes):
             try:
                 piece = piece.decode("utf-8")
             except UnicodeDecodeError as error:
-                raise ValueError(f"line {number}: not UTF-8 text (byte 0x{piece[error.start]:02x} at byte "
-                                 f"{error.start + 1} of the line)") from None
+                problem = f"not UTF-8 text (byte 0x{piece[error.start]:02x} at byte {error.start + 1} of the line)"
+                if strict:
+                    raise ValueError(f"line {number}: {problem}") from None
+                piece = piece.decode("utf-8", errors="replace")
+                notes.append(f"line {number}: {problem}: undecodable bytes replaced by U+FFFD")
         if number == 1:
             piece, _ = strip_bom(piece)
         piece = piece[:-1] if piece.endswith("\r") else piece
-        problem = line_problem(piece)
-        if problem:
-            raise ValueError(f"line {number}: {problem}")
+        if strict:
+            problem = line_problem(piece)
+            if problem:
+                raise ValueError(f"line {number}: {problem}")
+        else:
+            piece, note = normalise(piece)
+            if note:
+                notes.append(f"line {number}: {note}")
         lines.append(piece)
-    return lines
+    return lines, notes
+
+
+def split_lines(data: bytes | str) -> list[str]:
+    """`read_lines(data)` in strict mode: the lines, or a ValueError naming the first bad one."""
+    return read_lines(data, strict=True)[0]

@@ -24,9 +24,12 @@ model's output with K mask-predict iterations of the CMLM in DIR (the same direc
 One sentence per line in, one per line out, in the input order. SentencePiece is applied inside: input is
 plain text, output is detokenized text. A line is what `reder.text` says (the ingest stage's rule too): it
 ends at "\n" (a CRLF's "\r" is dropped), a leading BOM is removed, and another line terminator (a lone CR,
-U+2028, NEL, VT, FF) or control character inside a line is an error naming the line, so there are always as
-many output lines as input lines. Input must be UTF-8; bad options, input or model files are a one-line error
-and exit status 2.
+U+2028, NEL, VT, FF) or control character inside a line is no text. Every input line is translated, one output
+line each, always: such a character becomes a space, bytes that are not UTF-8 become U+FFFD, a line longer than
+the model reads is cut to it, and each mended line is named on stderr (`warning: <stdin> line 5: ...`), so one
+odd line in a million does not cost the other 999,999 (an exception to "bad input is an error", on purpose).
+--strict refuses the input instead, at the first such line, as one error line naming it (exit 2). Bad options or
+model files are a one-line error and exit status 2.
 """
 import argparse
 import math
@@ -47,7 +50,7 @@ from reder.heads import all_decoders
 from reder.model import REDER
 from reder.rerank import RERANK_WEIGHT, RERANKERS, self_rerank
 from reder.rerank import rerank as teacher_rerank
-from reder.text import split_lines
+from reder.text import normalise, read_lines, split_lines  # noqa: F401 (split_lines: tests)
 
 
 def encode_lines(sp: sentencepiece.SentencePieceProcessor, lines: Iterable[str]) -> list[list[int]]:
@@ -158,10 +161,10 @@ def greedy_by_penalty(model: REDER, sequences: list[list[int]], direction: str, 
     return outputs
 
 
-def read_input(stream) -> list[str]:
-    """`split_lines` of a text stream: its bytes when it has them (a real stdin), so bad UTF-8 is caught."""
+def read_input(stream, strict: bool = True) -> tuple[list[str], list[str]]:
+    """`read_lines` of a text stream: its bytes when it has them (a real stdin), so bad UTF-8 is caught."""
     buffer = getattr(stream, "buffer", None)
-    return split_lines(buffer.read() if buffer is not None else stream.read())
+    return read_lines(buffer.read() if buffer is not None else stream.read(), strict)
 
 
 def _positive_int(text: str) -> int:
@@ -195,9 +198,33 @@ def check_device(device: str) -> None:
 
 def translate_lines(model: REDER | Transformer | CMLM, sp: sentencepiece.SentencePieceProcessor, lines: list[str], direction: str,
                     beam_size: int = 1, batch_size: int = 64, decoder: str = "greedy",
-                    teacher: Optional[Transformer] = None, **options: Any) -> list[str]:
-    """Plain text in, detokenized text out (`options`: translate_ids' reranking and decoding options)."""
-    hypotheses = translate_ids(model, encode_lines(sp, lines), direction, beam_size, batch_size, decoder, teacher, **options)
+                    teacher: Optional[Transformer] = None, notes: Optional[list[tuple[int, str]]] = None,
+                    **options: Any) -> list[str]:
+    """Plain text in, detokenized text out (`options`: translate_ids' reranking and decoding options).
+
+    Strict without `notes`: a line holding a character `reder.text` does not allow in a line is translated as it
+    is, and one longer than the model reads is a ValueError. With a `notes` list every line is translated, one
+    output per line always (the translators' rule, docs/USAGE.md): such characters become spaces and a line
+    longer than the model (or teacher, or refiner) reads is cut to it; each change is appended to `notes` as
+    (index of the line, what was done)."""
+    if notes is not None:
+        cleaned = []
+        for index, line in enumerate(lines):
+            line, note = normalise(line)
+            if note:
+                notes.append((index, note))
+            cleaned.append(line)
+        lines = cleaned
+    sequences = encode_lines(sp, lines)
+    if notes is not None:
+        limit = min(m.max_input_length() for m in (model, teacher, options.get("refiner") if options.get("refine_steps")
+                                                   else None) if m is not None)
+        for index, sequence in enumerate(sequences):
+            if len(sequence) > limit:
+                notes.append((index, f"{len(sequence) - 1} pieces, more than the model reads ({limit - 1}): its first "
+                                     f"{limit - 1} translated"))
+                sequences[index] = sequence[: limit - 1] + [EOS_ID]
+    hypotheses = translate_ids(model, sequences, direction, beam_size, batch_size, decoder, teacher, **options)
     return [sp.decode(h) for h in hypotheses]
 
 
@@ -282,6 +309,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="refine the output with this many mask-predict iterations of --refine-model")
     parser.add_argument("--refine-model", help="a CMLM model directory of the direction: refines the output (--refine-steps)")
     parser.add_argument("--batch-size", type=_positive_int, default=64)
+    parser.add_argument("--strict", action="store_true",
+                        help="refuse the whole input (exit 2) at the first line that is not UTF-8, holds a control "
+                             "character or line terminator, or is longer than the model reads; by default every line "
+                             "is translated, such lines mended and each mended line named on stderr")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args(argv)
     try:
@@ -291,10 +322,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     try:
-        lines = read_input(sys.stdin)
+        lines, read_notes = read_input(sys.stdin, args.strict)
     except ValueError as error:
         print(f"error: <stdin> {error}", file=sys.stderr)
         return 2
+    for note in read_notes:
+        print(f"warning: <stdin> {note}", file=sys.stderr)
+    notes: Optional[list[tuple[int, str]]] = None if args.strict else []
     try:
         options: dict[str, Any] = {"refiner": refiner, "refine_steps": args.refine_steps}
         if isinstance(model, CMLM):
@@ -305,10 +339,12 @@ def main(argv: list[str] | None = None) -> int:
                            no_repeat_ngram=args.no_repeat_ngram, dag_length_penalty=args.dag_length_penalty,
                            blank_penalty=args.blank_penalty)
         outputs = translate_lines(model, sp, lines, args.direction, args.beam, args.batch_size, args.decoder or "greedy",
-                                  teacher, **options)
+                                  teacher, notes, **options)
     except ValueError as error:
         print(f"error: <stdin> {error}", file=sys.stderr)
         return 2
+    for index, note in notes or []:
+        print(f"warning: <stdin> line {index + 1}: {note}", file=sys.stderr)
     sys.stdout.write("".join(line + "\n" for line in outputs))
     return 0
 

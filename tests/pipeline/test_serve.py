@@ -17,9 +17,9 @@ from tests.conftest import free_port
 LANGUAGES = ("en", "de")
 
 
-def _job(text, src="en", tgt="de", beam=1, decoder="greedy") -> Job:
+def _job(text, src="en", tgt="de", beam=1, decoder="greedy", strict=False) -> Job:
     single = isinstance(text, str)
-    return Job(tuple([text] if single else text), src, tgt, beam, decoder, single)
+    return Job(tuple([text] if single else text), src, tgt, beam, decoder, single, strict)
 
 
 @pytest.mark.parametrize("body, status, message", [
@@ -33,11 +33,12 @@ def _job(text, src="en", tgt="de", beam=1, decoder="greedy") -> Job:
     (b'{"text": ["a", 3], "src": "en", "tgt": "de"}', 400, "text[1]: must be a string, got int"),
     (json.dumps({"text": "a" * 2001, "src": "en", "tgt": "de"}).encode(), 400, "text[0]: has 2001 characters, more than 2000"),
     (json.dumps({"text": ["a"] * 257, "src": "en", "tgt": "de"}).encode(), 400, "1 to 256 strings"),
-    (b'{"text": "a\\nb", "src": "en", "tgt": "de"}', 400, "text[0]: U+000A (LINE FEED) at character 2: a line break"),
-    (b'{"text": "a\\rb", "src": "en", "tgt": "de"}', 400, "text[0]: U+000D (CARRIAGE RETURN) at character 2"),
-    (b'{"text": ["ok", "a\\u2028b"], "src": "en", "tgt": "de"}', 400, "text[1]: U+2028 (LINE SEPARATOR) at character 2"),
-    (b'{"text": "a\\u0085b", "src": "en", "tgt": "de"}', 400, "text[0]: U+0085 (NEXT LINE) at character 2"),
-    (b'{"text": "a\\u0000b", "src": "en", "tgt": "de"}', 400, "text[0]: U+0000 (NUL) at character 2: a control character"),
+    (b'{"text": "a\\nb", "src": "en", "tgt": "de", "strict": true}', 400, "text[0]: U+000A (LINE FEED) at character 2: a line break"),
+    (b'{"text": "a\\rb", "src": "en", "tgt": "de", "strict": true}', 400, "text[0]: U+000D (CARRIAGE RETURN) at character 2"),
+    (b'{"text": ["ok", "a\\u2028b"], "src": "en", "tgt": "de", "strict": true}', 400, "text[1]: U+2028 (LINE SEPARATOR) at character 2"),
+    (b'{"text": "a\\u0085b", "src": "en", "tgt": "de", "strict": true}', 400, "text[0]: U+0085 (NEXT LINE) at character 2"),
+    (b'{"text": "a\\u0000b", "src": "en", "tgt": "de", "strict": true}', 400, "text[0]: U+0000 (NUL) at character 2: a control character"),
+    (b'{"text": "a", "src": "en", "tgt": "de", "strict": 1}', 400, "strict: must be true or false, got 1"),
     (b'{"text": "a", "src": "en", "tgt": "de", "beam": "4"}', 400, "beam: must be an integer from 1 to 64, got '4'"),
     (b'{"text": "a", "src": "en", "tgt": "de", "beam": true}', 400, "beam: must be an integer"),
     (b'{"text": "a", "src": "en", "tgt": "de", "beam": 0}', 400, "beam: must be an integer"),
@@ -53,6 +54,16 @@ def test_bad_requests_are_refused_with_their_status(body, status, message):
 def test_good_requests_parse():
     assert parse(b'{"text": "a b", "src": "en", "tgt": "de"}', LANGUAGES) == _job("a b")
     assert parse(b'{"text": ["x", "y"], "src": "de", "tgt": "en", "beam": 4}', LANGUAGES) == _job(["x", "y"], "de", "en", 4)
+    assert parse(b'{"text": "a", "src": "en", "tgt": "de", "strict": true}', LANGUAGES) == _job("a", strict=True)
+
+
+def test_a_sentence_with_a_line_terminator_or_control_character_is_mended_and_named_unless_strict():
+    """Issue 55: text to translate is kept whatever it holds (the translators' rule): such a character becomes a
+    space and the request says so in `notes`; `"strict": true` refuses it (above)."""
+    job = parse(b'{"text": ["ok", "a\\u2028b", "c\\u0000d\\re"], "src": "en", "tgt": "de"}', LANGUAGES)
+    assert job.lines == ("ok", "a b", "c d e") and not job.strict
+    assert job.notes == ("text[1]: U+2028 (LINE SEPARATOR) at character 2 replaced by a space",
+                         "text[2]: U+0000 (NUL) at character 2 (and 1 more) replaced by a space")
 
 
 def test_a_dynamic_batch_is_translated_by_group_and_a_refused_job_answered_alone(tiny_model_dir):
@@ -63,30 +74,36 @@ def test_a_dynamic_batch_is_translated_by_group_and_a_refused_job_answered_alone
     jobs = [_job(["the cat sat", "a dog"]), _job("the bird", "de", "en"), _job(["dogs and cats"], beam=3),
             _job("a cat", "en", "fr"), _job("the mat"), _job("a song", decoder="lookahead")]
     out = server.translate_jobs(jobs)
-    assert out[0] == translator.translate(["the cat sat", "a dog"], "en", "de")
-    assert out[1] == translator.translate(["the bird"], "de", "en")
-    assert out[2] == translator.translate(["dogs and cats"], "en", "de", beam=3)
-    assert out[4] == translator.translate(["the mat"], "en", "de")
+    assert out[0] == (translator.translate(["the cat sat", "a dog"], "en", "de"), [])
+    assert out[1] == (translator.translate(["the bird"], "de", "en"), [])
+    assert out[2] == (translator.translate(["dogs and cats"], "en", "de", beam=3), [])
+    assert out[4] == (translator.translate(["the mat"], "en", "de"), [])
     assert isinstance(out[3], BadRequest) and "translates en->de and de->en, not en->fr" in str(out[3])
     assert isinstance(out[5], BadRequest) and "decoder 'lookahead'" in str(out[5])
 
 
 def test_a_refused_job_spoils_none_of_the_good_jobs_in_its_own_group(tiny_model_dir):
-    """Good jobs and jobs the model refuses (an input over its length limit) in one (pair, beam, decoder) group:
-    the group's one call fails, and every good job still gets what the translator gives it alone."""
+    """Good jobs and strict jobs the model refuses (an input over its length limit) in one (pair, beam, decoder,
+    strict) group: the group's one call fails, and every good job still gets what the translator gives it alone.
+    Without strict the same over-long sentence is cut to what the model reads, translated and named in the notes."""
     server = service.TranslationService.func_or_class(str(tiny_model_dir))
     translator = load(tiny_model_dir)
     too_long = ("cat " * 400).strip()
-    jobs = [_job(["the cat sat", "a dog"]), _job(too_long), _job("the mat"), _job(["a dog ran", too_long]),
-            _job(["the bird", "dogs and cats"])]
-    assert len({(job.src, job.tgt, job.beam, job.decoder) for job in jobs}) == 1  # one group
+    jobs = [_job(["the cat sat", "a dog"], strict=True), _job(too_long, strict=True), _job("the mat", strict=True),
+            _job(["a dog ran", too_long], strict=True), _job(["the bird", "dogs and cats"], strict=True)]
+    assert len({(job.src, job.tgt, job.beam, job.decoder, job.strict) for job in jobs}) == 1  # one group
     with pytest.raises(ValueError, match="exceed"):  # so the group's one call fails
         translator.translate([line for job in jobs for line in job.lines], "en", "de")
     out = server.translate_jobs(jobs)
     for index in (0, 2, 4):
-        assert out[index] == translator.translate(list(jobs[index].lines), "en", "de")
+        assert out[index] == (translator.translate(list(jobs[index].lines), "en", "de"), [])
     for index in (1, 3):
         assert isinstance(out[index], BadRequest) and "exceed" in str(out[index]) and out[index].status == 400
+    lenient = server.translate_jobs([_job(["a dog ran", too_long]), _job("the mat")])
+    limit = translator.model.max_input_length() - 1
+    assert lenient[0][1] == [f"text[1]: 400 pieces, more than the model reads ({limit}): its first {limit} translated"]
+    assert lenient[0][0][0] == translator.translate("a dog ran", "en", "de") and lenient[1] == (
+        translator.translate(["the mat"], "en", "de"), [])
 
 
 def test_the_ct2_engine_serves_a_teacher_as_ctranslate2_translates_it(tiny_model_dir, tmp_path):
@@ -109,7 +126,7 @@ def test_the_ct2_engine_serves_a_teacher_as_ctranslate2_translates_it(tiny_model
     jobs = [_job(["the cat sat", "a dog"], beam=2), _job("der hund", "de", "en", beam=2), _job("the bird", beam=2)]
     out = server.translate_jobs(jobs)
     together = reference.translate(["the cat sat", "a dog", "the bird"], "en", "de", beam=2)
-    assert out[0] == together[:2] and out[2] == together[2:] and all(together)
+    assert out[0] == (together[:2], []) and out[2] == (together[2:], []) and all(together)
     assert isinstance(out[1], BadRequest) and "not de->en" in str(out[1])
 
 
@@ -147,10 +164,13 @@ def test_the_endpoint_serves_both_directions_and_refuses_bad_requests(tiny_model
         for payload, status, message in [
             (b"{", 415, "not JSON"), ({"text": "a", "src": "en", "tgt": "fr"}, 400, "not en->fr"),
             ({"text": "", "src": "en", "tgt": "de"}, 400, "text[0]"), ({"text": 5, "src": "en", "tgt": "de"}, 400, "text:"),
-            ({"text": "cat " * 400, "src": "en", "tgt": "de"}, 400, "exceed"),  # over the model's input limit
+            ({"text": "cat " * 400, "src": "en", "tgt": "de", "strict": True}, 400, "exceed"),  # over the input limit
         ]:
             code, body = _post(url, payload)
             assert code == status and message in body["error"], (payload, code, body)
+        code, body = _post(url, {"text": ["the\u2028cat", "cat " * 400], "src": "en", "tgt": "de"})  # mended, named
+        assert code == 200 and body["translation"][0] == translator.translate("the cat", "en", "de")
+        assert [note.split(":")[0] for note in body["notes"]] == ["text[0]", "text[1]"]
         assert _post(url, None, "GET")[0] == 405
         assert _post(url, {"text": "the cat", "src": "en", "tgt": "de"}) == \
             (200, {"translation": translator.translate("the cat", "en", "de")})  # still up

@@ -231,7 +231,7 @@ def test_the_experiment_carries_the_runs_table_view_test_bleu_as_the_installed_u
     assert browse_hint(nowhere, "duplex") == "" and not (tmp_path / "none").exists()  # not created by asking
 
 
-def test_the_trained_model_is_registered_as_a_pyfunc_that_translates_both_ways(tiny_model_dir, tmp_path):
+def test_the_trained_model_is_registered_as_a_pyfunc_that_translates_both_ways(tiny_model_dir, tmp_path, caplog):
     """Issue 24: the train stage's model directory logged as an MLflow pyfunc (its code and the `reder` package
     inside the logged model) and registered; loaded back from the registry it translates each row in the
     direction the row names, as `reder.load` does; a bad row is MLflow's INVALID_PARAMETER_VALUE (HTTP 400
@@ -269,15 +269,20 @@ def test_the_trained_model_is_registered_as_a_pyfunc_that_translates_both_ways(t
         ({"text": "the cat", "src": "en", "tgt": "fr"}, None, "row 1: this model translates en->de and de->en, not en->fr"),
         ({"text": "  ", "src": "en", "tgt": "de"}, None, "row 1: text is empty"),
         ({"text": "x" * 2001, "src": "en", "tgt": "de"}, None, "row 1: text has 2001 characters, more than 2000"),
-        ({"text": "the\rcat", "src": "en", "tgt": "de"}, None, "row 1: text U+000D (CARRIAGE RETURN) at character 4"),
-        ({"text": "the\u2029cat", "src": "en", "tgt": "de"}, None, "row 1: text U+2029 (PARAGRAPH SEPARATOR) at character 4"),
-        ({"text": "the \x07cat", "src": "en", "tgt": "de"}, None, "row 1: text U+0007 (a control character) at character 5"),
+        ({"text": "the\rcat", "src": "en", "tgt": "de"}, {"strict": True}, "row 1: text U+000D (CARRIAGE RETURN) at character 4"),
+        ({"text": "the\u2029cat", "src": "en", "tgt": "de"}, {"strict": True}, "row 1: text U+2029 (PARAGRAPH SEPARATOR) at character 4"),
+        ({"text": "the \x07cat", "src": "en", "tgt": "de"}, {"strict": True}, "row 1: text U+0007 (a control character) at character 5"),
         ({"text": "the cat", "src": "en", "tgt": "de"}, {"beam": 0}, "params.beam: must be >= 1, got 0"),
         ({"text": "the cat", "src": "en", "tgt": "de"}, {"decoder": "viterbi"}, "row 0: decoder 'viterbi'"),
     ]:
         with pytest.raises(MlflowException, match=re.escape(message)) as caught:
             served.predict(pd.DataFrame([{"text": "ok", "src": "en", "tgt": "de"}, bad]), params=params)
         assert caught.value.error_code == "INVALID_PARAMETER_VALUE"
+    # Not strict (the default): such a row is mended and translated, and a warning names it (issue 55).
+    mended = pd.DataFrame([{"text": "ok", "src": "en", "tgt": "de"}, {"text": "the\u2029cat", "src": "en", "tgt": "de"}])
+    with caplog.at_level("WARNING"):
+        assert served.predict(mended) == [local.translate("ok", "en", "de"), local.translate("the cat", "en", "de")]
+    assert "row 1: text U+2029 (PARAGRAPH SEPARATOR) at character 4 replaced by a space" in caplog.text
 
 
 def test_mlflow_models_serve_translates_both_ways_from_one_endpoint(tiny_model_dir, tmp_path):

@@ -66,17 +66,51 @@ def test_every_input_line_gives_one_output_line(model_dir, monkeypatch, capsys):
     (b"the cat\nthe \x00dog\n", "line 2: U+0000 (NUL) at character 5"),
     ("the cat\nthe\u2028dog\n".encode(), "line 2: U+2028 (LINE SEPARATOR) at character 4"),
 ])
-def test_a_line_terminator_or_control_character_is_a_one_line_error(model_dir, monkeypatch, capsys, stdin, message):
-    code, out, err = _run(monkeypatch, capsys, ["--checkpoint", str(model_dir), "--direction", "src2tgt"], stdin)
+def test_strict_a_line_terminator_or_control_character_is_a_one_line_error(model_dir, monkeypatch, capsys, stdin,
+                                                                           message):
+    code, out, err = _run(monkeypatch, capsys, ["--checkpoint", str(model_dir), "--direction", "src2tgt", "--strict"],
+                          stdin)
     assert code == 2 and out == ""
     assert err.startswith(f"error: <stdin> {message}") and err.count("\n") == 1
 
 
-def test_binary_stdin_is_a_one_line_error_naming_the_line(model_dir, monkeypatch, capsys):
-    code, out, err = _run(monkeypatch, capsys, ["--checkpoint", str(model_dir), "--direction", "src2tgt"],
+def test_strict_binary_stdin_is_a_one_line_error_naming_the_line(model_dir, monkeypatch, capsys):
+    code, out, err = _run(monkeypatch, capsys, ["--checkpoint", str(model_dir), "--direction", "src2tgt", "--strict"],
                           b"the cat\n\x89PNG\x00\xff\n")
     assert code == 2 and out == ""
     assert err.startswith("error: <stdin> line 2: not UTF-8") and err.count("\n") == 1
+
+
+# Every Unicode character that is no text inside a line (reder.text.BAD: the C0 and C1 controls but TAB, and the
+# line terminators other than "\n"), generated rather than listed, and bytes that are not UTF-8.
+ODD = [chr(c) for c in [*range(0x00, 0x09), *range(0x0B, 0x20), *range(0x7F, 0xA0), 0x2028, 0x2029]]
+
+
+def test_by_default_every_line_is_translated_and_each_mended_one_named_on_stderr(model_dir, monkeypatch, capsys):
+    """Issue 55: one U+2028 in a million lines refused them all (exit 2). A translator translates every line, one
+    output line per input line always: each odd character a space, undecodable bytes U+FFFD, a line longer
+    than the model reads cut to it; stderr names every mended line. What the model sees is what it would see
+    of the mended text (translate_lines of it)."""
+    from reder.checkpoint import load_model_dir
+
+    lines = [f"the{char}cat" for char in ODD if char != "\r"] + ["the cat\r\r"]  # a lone CR before a CRLF
+    too_long = "cat " * 400
+    data = "".join(line + "\n" for line in lines).encode() + b"a \xff dog\n" + too_long.encode() + b"\nthe bird\n"
+    code, out, err = _run(monkeypatch, capsys, ["--checkpoint", str(model_dir), "--direction", "src2tgt"], data)
+    assert code == 0, err
+    outputs = out.split("\n")[:-1]
+    assert len(outputs) == len(lines) + 3
+    model, _ = load_model_dir(model_dir)
+    sp = sentencepiece.SentencePieceProcessor(model_file=str(model_dir / SPM_FILE))
+    limit = model.max_input_length() - 1
+    mended = ["the cat"] * (len(lines) - 1) + ["the cat ", "a \ufffd dog"]
+    assert outputs[:-2] == translate_lines(model, sp, mended, "src2tgt")
+    assert outputs[-1] == translate_lines(model, sp, ["the bird"], "src2tgt")[0] and outputs[-2]  # the cut one too
+    warnings = err.splitlines()
+    assert len(warnings) == len(lines) + 2 and all(w.startswith("warning: <stdin> line ") for w in warnings)
+    assert f"line {len(lines) + 1}: not UTF-8 text (byte 0xff at byte 3 of the line)" in err
+    assert f"line {len(lines) + 2}: 400 pieces, more than the model reads ({limit}): its first {limit} translated" in err
+    assert "line 1: U+0000 (NUL) at character 4 replaced by a space" in err
 
 
 @pytest.mark.parametrize("option", [["--beam", "0"], ["--beam", "-2"], ["--batch-size", "0"], ["--batch-size", "-1"]])
