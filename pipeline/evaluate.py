@@ -30,7 +30,9 @@ the greedy decoder without it, for comparison.
 `results.json` holds the headline numbers (test split, greedy), the blank penalty (`blank_penalty`): `bleu_src2tgt`, `bleu_tgt2src`,
 `chrf_src2tgt`, `chrf_tgt2src`, `roundtrip_bleu_src`, `roundtrip_bleu_tgt`, the signatures, the MLflow
 run id, and every (split, direction, decoder) score under `scores`. The round trip feeds each greedy output back
-in, cut to the model's input limit where it is longer (`roundtrip_cut` counts them per split and side).
+in, cut to the model's input limit where it is longer (`roundtrip_cut` counts them per split and side); a test
+sentence longer than every decoder reads (the model's, the teachers' and CMLMs' max_positions) is cut to it for all
+(`inputs_cut`, per split and direction).
 """
 from __future__ import annotations
 
@@ -146,6 +148,9 @@ def evaluate_model(model_dir: Path, corpus: Path, cfg: PipelineConfig, out: Path
     cmlms = {d: load_cmlm_dir(p, d, model.cfg.vocab_size, device) for d, p in cmlm.model_dirs(Path(cmlm_dir)).items()} \
         if cmlm_dir else {}
     decoders = decoders_for(model, evaluation, teachers, cmlms)
+    # What every decoder reads: a test sentence longer than that is cut to it for all alike (inputs_cut counts).
+    limit = min(m.max_input_length() for m in (model, *teachers.values(), *cmlms.values()))
+    inputs_cut: dict[str, int] = {}
     scores: dict[str, Any] = {}
     signatures: dict[str, str] = {}
     roundtrip: dict[str, Any] = {}
@@ -156,7 +161,10 @@ def evaluate_model(model_dir: Path, corpus: Path, cfg: PipelineConfig, out: Path
         sides = {"src2tgt": (src_text, tgt_text), "tgt2src": (tgt_text, src_text)}
         greedy_ids = {}
         for direction, (inputs, references) in sides.items():
-            encoded = encode_lines(sp, inputs)
+            encoded, inputs_cut[f"{split}.{direction}"] = cut_to([e[:-1] for e in encode_lines(sp, inputs)], limit)
+            if inputs_cut[f"{split}.{direction}"]:
+                log.warning("evaluate: %d %s %s inputs longer than the decoders read (%d pieces with EOS), cut to it "
+                            "(results.json: inputs_cut)", inputs_cut[f"{split}.{direction}"], split, direction, limit)
             line = []
             for decoder, translate in decoders.items():
                 progress.doing(f"{split} {direction} {decoder}")
@@ -196,11 +204,12 @@ def evaluate_model(model_dir: Path, corpus: Path, cfg: PipelineConfig, out: Path
                    bleu_signature=signatures["bleu"], chrf_signature=signatures["chrf"], mlflow_run_id=mlflow_run_id,
                    model_dir=str(model_dir), src_lang=meta["src_lang"], tgt_lang=meta["tgt_lang"],
                    blank_penalty=dict(model.blank_penalty), scores=scores,
-                   roundtrip=roundtrip, roundtrip_cut=roundtrip_cut)
+                   roundtrip=roundtrip, roundtrip_cut=roundtrip_cut, inputs_cut=inputs_cut)
     if evaluation.measure_speed:
         src_text, _ = read_text_split(corpus, headline_split, evaluation.max_sentences)
         log.info("evaluate: timing %d decoders (evaluate.measure_speed)", len(decoders))
-        results["speed"] = measure_speed(model, encode_lines(sp, src_text), decoders, evaluation)
+        results["speed"] = measure_speed(model, cut_to([e[:-1] for e in encode_lines(sp, src_text)], limit)[0], decoders,
+                                         evaluation)
     write_json(out / RESULTS_FILE, results)
     return {f"{headline_split}_{k}": results[k] for k in ("bleu_src2tgt", "bleu_tgt2src", "chrf_src2tgt",
                                                         "chrf_tgt2src", "roundtrip_bleu_src", "roundtrip_bleu_tgt")}

@@ -505,6 +505,7 @@ class Validator:
         self.references = {"src2tgt": [by_id[i][1] for i in kept], "tgt2src": [by_id[i][0] for i in kept]}
         self.sp = sentencepiece.SentencePieceProcessor(model_proto=spm_proto)
         self.blank_penalties = tuple(float(p) for p in blank_penalties)
+        self.warned: set[tuple[str, int]] = set()  # (direction, limit) whose cut inputs the log has named
 
     def __call__(self, model: torch.nn.Module) -> dict[str, float]:
         """Scores of `model` (REDER, one direction's teacher or CMLM, or a `ModelPair`: each direction decoded by
@@ -519,7 +520,7 @@ class Validator:
                     scores.update(self._penalised(model, direction))
                     continue
                 member = model[direction] if isinstance(model, ModelPair) else model
-                hypotheses = [self.sp.decode(h) for h in translate_ids(member, self.inputs[direction], direction)]
+                hypotheses = [self.sp.decode(h) for h in translate_ids(member, self._inputs(member, direction), direction)]
                 result = corpus_scores(hypotheses, self.references[direction])
                 scores[f"bleu_{direction}"], scores[f"valid_length_ratio_{direction}"] = result["bleu"], result["length_ratio"]
                 if isinstance(member, Transformer):
@@ -531,7 +532,7 @@ class Validator:
 
     def _penalised(self, model: REDER, direction: str) -> dict[str, float]:
         """Greedy BLEU of `direction` under each blank penalty: the best's, which penalty, the unpenalised."""
-        outputs = greedy_by_penalty(model, self.inputs[direction], direction, self.blank_penalties)
+        outputs = greedy_by_penalty(model, self._inputs(model, direction), direction, self.blank_penalties)
         scored = {penalty: corpus_bleu([self.sp.decode(h) for h in ids], self.references[direction])
                   for penalty, ids in outputs.items()}  # penalty → (BLEU, length ratio)
         best = best_setting({penalty: bleu for penalty, (bleu, _) in scored.items()})
@@ -541,15 +542,29 @@ class Validator:
             scores[f"bleu_{direction}_unpenalised"] = scored[0.0][0]
         return scores
 
+    def _inputs(self, model: torch.nn.Module, direction: str) -> list[list[int]]:
+        """The validation inputs of `direction` (ids with EOS), each cut to what `model` reads: tokenize does not
+        filter the validation split by max_positions, and one long sentence must not stop the training run (it is
+        scored as cut; `cut` counts them once per direction in the worker's log)."""
+        limit = model.max_input_length()
+        inputs = [s if len(s) <= limit else s[: limit - 1] + [EOS_ID] for s in self.inputs[direction]]
+        cut = sum(len(s) > limit for s in self.inputs[direction])
+        if cut and (direction, limit) not in self.warned:
+            self.warned.add((direction, limit))
+            log.warning("validation %s: %d sentences longer than the model reads (%d pieces with EOS), cut to it",
+                        direction, cut, limit)
+        return inputs
+
     @torch.no_grad()
     def _nll(self, model: Transformer, direction: str, batch_size: int = 64) -> float:
         """Token-weighted mean NLL of the references under the teacher (teacher forcing)."""
         back = "tgt2src" if direction == "src2tgt" else "src2tgt"
         device = next(model.parameters()).device
         total = tokens = 0.0
-        for start in range(0, len(self.inputs[direction]), batch_size):
-            src, src_lengths = pad_batch(self.inputs[direction][start : start + batch_size], device)
-            tgt, tgt_lengths = pad_batch(self.inputs[back][start : start + batch_size], device)
+        inputs, references = self._inputs(model, direction), self._inputs(model, back)
+        for start in range(0, len(inputs), batch_size):
+            src, src_lengths = pad_batch(inputs[start : start + batch_size], device)
+            tgt, tgt_lengths = pad_batch(references[start : start + batch_size], device)
             count = float(tgt_lengths.sum())
             total += float(model.loss(src, src_lengths, tgt, tgt_lengths)["nll"]) * count
             tokens += count

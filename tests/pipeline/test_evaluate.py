@@ -153,6 +153,15 @@ def test_a_greedy_output_longer_than_the_model_reads_back_is_cut_for_the_round_t
     for side in ("src", "tgt"):
         assert len((out / f"test.roundtrip_{side}.greedy.txt").read_text(encoding="utf-8").splitlines()) == len(pairs)
     assert evaluate.cut_to([[5] * 4, [5] * 2], 3) == ([[5, 5, 3], [5, 5, 3]], 1)  # EOS is 3
+    # A test sentence longer than the decoders read is cut for every decoder alike, and counted.
+    half = REDER(ModelConfig(vocab_size=VOCAB, d_model=8, n_heads=2, ffn_dim=16, layers_per_end=1, upsample_ratio=3,
+                             max_positions=3 * (longest // 2))).eval()
+    (out / "again").mkdir()
+    evaluate.evaluate_model(save_model_dir(tmp_path / "half", half, tmp_path / "spm.model", "en", "de"), corpus, cfg,
+                            out / "again", None)
+    cut = json.loads((out / "again" / evaluate.RESULTS_FILE).read_text())["inputs_cut"]
+    assert cut == {f"test.{d}": sum(len(ids) > longest // 2 for ids in encode_lines(sp, sides[side]))
+                   for d, side in (("src2tgt", "src"), ("tgt2src", "tgt"))} and min(cut.values()) > 0
 
 
 def _cmlm_stage(tmp_path):
