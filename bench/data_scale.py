@@ -10,11 +10,12 @@ bench/ingest_scale.py's `write_corpus`) is run through
 
 in the checkout `--repo` (so another commit's code can be measured with the same corpus and interpreter).
 The largest process is the largest peak RSS (VmHWM) of any process of the run's tree, the driver and Ray's
-processes alike, read from /proc every 0.2 s (`largest_process_mb`, with its command name), and, as a check,
+processes alike, read from /proc every 0.2 s (`largest_process_mb`; the four largest, each with the largest
+private (RssAnon) and shared-memory (RssShmem: Ray's object store) parts seen), and, as a check,
 GNU time's %M (the largest of the processes it reaped). Wall seconds of the whole command, each stage's
-seconds, directory and a digest of its files (from its manifest.json: equal digests, equal outputs) and the
-load average before and after go with it. Prints one JSON
-object; the generated files are removed.
+seconds, directory and a digest of its files but report.json (from its manifest.json: equal digests, equal
+outputs) and the load average before and after go with it. Prints one JSON object; the generated files are
+removed.
 """
 from __future__ import annotations
 
@@ -57,36 +58,42 @@ def _tree(root: int) -> list[int]:
     return found
 
 
-def _peak_mb(pid: int) -> tuple[float, str]:
-    """(VmHWM in MB, command name) of `pid`, or (0, '') once it is gone."""
+def _memory_mb(pid: int) -> tuple[float, float, float, str]:
+    """(VmHWM, RssAnon, RssShmem in MB, command name) of `pid`, or zeros once it is gone."""
     try:
         status = Path(f"/proc/{pid}/status").read_text()
     except OSError:
-        return 0.0, ""
+        return 0.0, 0.0, 0.0, ""
     fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
     if "VmHWM" not in fields:
-        return 0.0, ""
-    return int(fields["VmHWM"].split()[0]) / 1024, fields["Name"].strip()
+        return 0.0, 0.0, 0.0, ""
+    mb = [int(fields[name].split()[0]) / 1024 for name in ("VmHWM", "RssAnon", "RssShmem")]
+    return mb[0], mb[1], mb[2], fields["Name"].strip()
 
 
 class TreePeak(threading.Thread):
-    """Polls the process tree under `root` and keeps each process's latest peak RSS."""
+    """Polls the process tree under `root`: each process's peak RSS (VmHWM), and the largest private (RssAnon)
+    and shared-memory (RssShmem: Ray's object store, mapped into every worker that touches it) parts seen."""
 
     def __init__(self, root: int, every_s: float = 0.2) -> None:
         super().__init__(daemon=True)
         self.root, self.every_s, self.done = root, every_s, threading.Event()
-        self.peaks: dict[int, tuple[float, str]] = {}
+        self.peaks: dict[int, list] = {}  # pid -> [VmHWM, max RssAnon, max RssShmem, name]
 
     def run(self) -> None:
         while not self.done.is_set():
             for pid in _tree(self.root):
-                peak, name = _peak_mb(pid)
-                if peak > self.peaks.get(pid, (0.0, ""))[0]:
-                    self.peaks[pid] = (peak, name)
+                high, anon, shared, name = _memory_mb(pid)
+                seen = self.peaks.setdefault(pid, [0.0, 0.0, 0.0, name])
+                seen[0], seen[1], seen[2] = max(seen[0], high), max(seen[1], anon), max(seen[2], shared)
+                seen[3] = name or seen[3]
             self.done.wait(self.every_s)
 
-    def largest(self) -> tuple[float, str]:
-        return max(self.peaks.values(), default=(0.0, ""))
+    def largest(self, count: int = 4) -> list[dict]:
+        """The `count` processes with the largest peak RSS, largest first."""
+        ranked = sorted(self.peaks.values(), key=lambda seen: -seen[0])[:count]
+        return [{"name": name, "peak_rss_mb": round(high, 1), "max_rss_anon_mb": round(anon, 1),
+                 "max_rss_shmem_mb": round(shared, 1)} for high, anon, shared, name in ranked]
 
 
 def measure(repo: Path, corpus: Path, workdir: Path) -> dict:
@@ -110,16 +117,17 @@ def measure(repo: Path, corpus: Path, workdir: Path) -> dict:
     if returncode != 0:
         raise SystemExit(f"run_pipeline failed (exit {returncode}):\n{text[-3000:]}")
     time_mb = int(text.strip().splitlines()[-1]) / 1024
-    largest_mb, largest_name = sampler.largest()
+    largest = sampler.largest()
     stages = {}
     for stage in STAGES.split(","):  # the manifest's wall seconds of each stage
         manifests = list(workdir.glob(f"{stage}*/manifest.json")) + list(workdir.glob(f"*/{stage}*/manifest.json"))
         if manifests:
             manifest = json.loads(manifests[0].read_text())
-            files = json.dumps(manifest.get("files"), sort_keys=True).encode()
+            files = {name: entry for name, entry in (manifest.get("files") or {}).items() if name != "report.json"}
+            files = json.dumps(files, sort_keys=True).encode()  # report.json holds timings
             stages[stage] = {"seconds": manifest.get("seconds"), "directory": manifests[0].parent.name,
                              "files_sha256": hashlib.sha256(files).hexdigest()[:16]}
-    return {"seconds": round(seconds, 1), "largest_process_mb": round(largest_mb, 1), "largest_process": largest_name,
+    return {"seconds": round(seconds, 1), "largest_process_mb": largest[0]["peak_rss_mb"], "largest_processes": largest,
             "gnu_time_max_rss_mb": round(time_mb, 1), "stages": stages,
             "loadavg_before": [round(x, 2) for x in load_before], "loadavg_after": [round(x, 2) for x in os.getloadavg()]}
 
