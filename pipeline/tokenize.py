@@ -41,6 +41,7 @@ log = logging.getLogger(__name__)
 SCHEMA = pa.schema([("id", pa.int64()), ("src_ids", pa.list_(pa.int32())), ("tgt_ids", pa.list_(pa.int32())),
                     ("src_len", pa.int32()), ("tgt_len", pa.int32())])
 ROWS_PER_BLOCK = 50_000
+STORE_BUDGET_MB = 256  # object store one tokenize execution may fill (read-ahead, staged output)
 
 
 def build(run: StageRun, tmp: Path) -> dict[str, Any]:
@@ -170,6 +171,11 @@ def tokenize_on_ray(files: list[str], staging: Path, model_proto: bytes, upsampl
         Tokenizer, fn_constructor_kwargs={"model_proto": model_proto, "upsample_ratio": upsample_ratio, "head": head},
         batch_format="pyarrow", batch_size=batch_size, compute=ray.data.ActorPoolStrategy(size=actors),
         num_cpus=actor_cpus)
+    # Blocks read ahead of the actors wait in the object store, and every page of it an actor maps counts in
+    # that actor's RSS (at 100x Multi30k an actor had 300 MB of its own and 650 MB of the store's): a bound
+    # on the store this execution uses keeps the read-ahead, and with it the actors' RSS, small.
+    limits = dataset.context.execution_options.resource_limits
+    dataset.context.execution_options.resource_limits = limits.copy(object_store_memory=STORE_BUDGET_MB * 2**20)
     # a staged file is what the driver holds at once when it writes the splits (`in_id_order`)
     dataset.write_parquet(str(staging), max_rows_per_file=ROWS_PER_BLOCK, ray_remote_args={"num_cpus": io_cpus})
     return actors
