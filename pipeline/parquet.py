@@ -26,8 +26,8 @@ def write_split(table: pa.Table, out_dir: Path) -> None:
 class SplitWriter:
     """A split written as it comes: `write` takes tables (or `write_rows` columns of Python values) in row
     order and writes each `part-NNNNN.parquet` as soon as ROWS_PER_FILE rows are there, so at most one file's
-    rows are held; `close` writes the rest (or the one empty file). The layout is `write_split`'s (the ingest
-    stage's outputs are byte for byte those of `write_split` of the whole table: tests/pipeline/test_ingest_stream.py)."""
+    rows are held; `close` writes the rest (or the one empty file). The files are byte for byte those of
+    `write_split` of the whole table (tests/pipeline/test_parquet.py); ingest and tokenize write their splits so."""
 
     def __init__(self, out_dir: Path, schema: pa.Schema) -> None:
         self.out_dir, self.schema = Path(out_dir), schema

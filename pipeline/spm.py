@@ -14,6 +14,7 @@ import random
 from pathlib import Path
 from typing import Any
 
+import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import sentencepiece as sentencepiece
 from sentencepiece import sentencepiece_model_pb2
@@ -26,6 +27,7 @@ log = logging.getLogger(__name__)
 BLANK_PIECE = "<blank>"
 MODEL_FILE = "spm.model"
 VOCAB_FILE = "spm.vocab"
+SAMPLE_BATCH_ROWS = 65_536  # rows of one column read at a time while drawing the sample
 
 
 def build(run: StageRun, tmp: Path) -> dict[str, Any]:
@@ -45,12 +47,33 @@ def build(run: StageRun, tmp: Path) -> dict[str, Any]:
 
 
 def training_sample(train_dir: Path, size: int, seed: int) -> list[str]:
-    """Up to `size` sentences drawn (seeded) from both sides of the train split, pooled."""
-    table = pq.read_table(train_dir, columns=["src", "tgt"])
-    sentences = table.column("src").to_pylist() + table.column("tgt").to_pylist()
-    if len(sentences) > size:
-        sentences = random.Random(seed).sample(sentences, size)
-    return sentences
+    """Up to `size` sentences drawn (seeded) from both sides of the train split, pooled.
+
+    The pool is the src column then the tgt column (n = 2 x rows); with more than `size` sentences the sample
+    is `random.Random(seed).sample` of it, which draws from a sequence by its length and indices only, so
+    the indices are drawn from `range(n)` and the columns streamed a record batch at a time to pick them: the
+    same sentences in the same order as sampling the pooled list, without ever holding the corpus (memory:
+    the sample and one batch of one column)."""
+    files = ds.dataset(train_dir, format="parquet").files  # the files, in the order pq.read_table reads them
+    rows = sum(pq.ParquetFile(path).metadata.num_rows for path in files)
+    pooled = 2 * rows
+    chosen = random.Random(seed).sample(range(pooled), size) if pooled > size else range(pooled)
+    order = sorted(range(len(chosen)), key=chosen.__getitem__)  # sample positions by pooled index
+    sample: list[str] = [""] * len(chosen)
+    start, next_pick = 0, 0  # pooled index of the batch's first row; first of `order` not yet picked
+    for column in ("src", "tgt"):
+        for path in files:
+            for batch in pq.ParquetFile(path).iter_batches(batch_size=SAMPLE_BATCH_ROWS, columns=[column]):
+                stop, picks = start + batch.num_rows, []
+                while next_pick < len(order) and chosen[order[next_pick]] < stop:
+                    picks.append(order[next_pick])
+                    next_pick += 1
+                if picks:
+                    values = batch.column(0).take([chosen[p] - start for p in picks]).to_pylist()
+                    for position, value in zip(picks, values):
+                        sample[position] = value
+                start = stop
+    return sample
 
 
 def train(sentences: list[str], vocab_size: int, model_type: str = "bpe", character_coverage: float = 1.0,

@@ -2,10 +2,12 @@
 
 All splits in one Ray Data pass: `read_parquet` -> `map_batches(Tokenizer)` (a callable class holding
 the SentencePiece model, shipped as bytes, so no shared filesystem is needed) -> `write_parquet` into a
-staging directory. The driver then sorts the staged rows by `id`, counts and applies the CTC feasibility filter, and writes
-`part-NNNNN.parquet` files with a fixed layout, so the output is byte-identical whatever the number of
-workers (Ray's own file names and block boundaries vary between runs). Output columns: `id` int64,
-`src_ids`/`tgt_ids` list<int32> (pieces only: no BOS, no EOS), `src_len`/`tgt_len` int32.
+staging directory. The driver then streams each split's staged rows back in `id` order (`in_id_order`: a
+sweep over the staged files by smallest id, so it holds about one file, never the corpus), counts and applies
+the CTC feasibility filter, and writes `part-NNNNN.parquet` files with a fixed layout as the rows come, so the
+output is byte-identical whatever the number of workers (Ray's own file names and block boundaries vary
+between runs). Output columns: `id` int64, `src_ids`/`tgt_ids` list<int32> (pieces only: no BOS, no EOS),
+`src_len`/`tgt_len` int32.
 
 CTC feasibility, counting the EOS the model appends: with upsampling ratio r, a source of |x| pieces
 gives T = r·(|x|+1) output frames; a CTC path for y+EOS needs at least (|y|+1) + rep(y) frames, where
@@ -22,11 +24,12 @@ import logging
 import shutil
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable, Iterator
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from pipeline import ingest, parquet, spm
@@ -38,6 +41,7 @@ log = logging.getLogger(__name__)
 SCHEMA = pa.schema([("id", pa.int64()), ("src_ids", pa.list_(pa.int32())), ("tgt_ids", pa.list_(pa.int32())),
                     ("src_len", pa.int32()), ("tgt_len", pa.int32())])
 ROWS_PER_BLOCK = 50_000
+STORE_BUDGET_MB = 256  # object store one tokenize execution may fill (read-ahead, staged output)
 
 
 def build(run: StageRun, tmp: Path) -> dict[str, Any]:
@@ -63,11 +67,10 @@ def tokenize_files(files: list[Path], out: Path, model_proto: bytes, upsample_ra
     actors = tokenize_on_ray([str(p) for p in files], staging, model_proto, upsample_ratio, workers, batch_size, head)
     report: dict[str, Any] = {"upsample_ratio": upsample_ratio, **({"head": head} if head != "ctc" else {}), "workers": actors,
                               "ray_seconds": round(time.time() - started, 3), "splits": {}}
-    staged = pq.read_table(staging)
+    pieces = staged_pieces(staging)
     present = {Path(p).parent.name for p in files}
     for split in [s for s in ingest.SPLITS if s in present] + sorted(present - set(ingest.SPLITS)):
-        counts = finalize(staged.filter(pc.equal(staged.column("split"), split)), out / split,
-                          drop=(split == "train"))
+        counts = finalize(in_id_order(pieces.get(split, []), split), out / split, drop=(split == "train"))
         report["splits"][split] = counts
         log.debug("tokenize %s: %d pairs kept of %d", split, counts["kept"], counts["read"])
     shutil.rmtree(staging)
@@ -168,29 +171,70 @@ def tokenize_on_ray(files: list[str], staging: Path, model_proto: bytes, upsampl
         Tokenizer, fn_constructor_kwargs={"model_proto": model_proto, "upsample_ratio": upsample_ratio, "head": head},
         batch_format="pyarrow", batch_size=batch_size, compute=ray.data.ActorPoolStrategy(size=actors),
         num_cpus=actor_cpus)
-    dataset.write_parquet(str(staging), ray_remote_args={"num_cpus": io_cpus})
+    # Blocks read ahead of the actors wait in the object store, and every page of it an actor maps counts in
+    # that actor's RSS (at 100x Multi30k an actor had 300 MB of its own and 650 MB of the store's): a bound
+    # on the store this execution uses keeps the read-ahead, and with it the actors' RSS, small.
+    limits = dataset.context.execution_options.resource_limits
+    dataset.context.execution_options.resource_limits = limits.copy(object_store_memory=STORE_BUDGET_MB * 2**20)
+    # a staged file is what the driver holds at once when it writes the splits (`in_id_order`)
+    dataset.write_parquet(str(staging), max_rows_per_file=ROWS_PER_BLOCK, ray_remote_args={"num_cpus": io_cpus})
     return actors
 
 
-def finalize(table: pa.Table, out: Path, drop: bool) -> dict[str, Any]:
-    """Sort one split's staged rows by id, count (and on train drop) infeasible pairs, write files."""
-    table = table.sort_by("id")
-    forward, backward = table.column("feasible_src2tgt"), table.column("feasible_tgt2src")
-    feasible = pc.and_(forward, backward)
-    counts: dict[str, Any] = {
-        "read": table.num_rows,
-        "infeasible_src2tgt": table.num_rows - pc.sum(forward).as_py() if table.num_rows else 0,
-        "infeasible_tgt2src": table.num_rows - pc.sum(backward).as_py() if table.num_rows else 0,
-        "infeasible": table.num_rows - pc.sum(feasible).as_py() if table.num_rows else 0,
-    }
-    if drop:
-        table = table.filter(feasible)
-    counts["kept"] = table.num_rows
+def staged_pieces(staging: Path) -> dict[str, list[tuple[int, Path]]]:
+    """split -> (smallest id, file) of every staged file holding rows of that split, by smallest id (only the
+    `split` and `id` columns are read, one file at a time)."""
+    pieces: dict[str, list[tuple[int, Path]]] = {}
+    files, largest = ds.dataset(staging, format="parquet").files, 0  # what pq.read_table(staging) would read
+    for path in files:
+        keys = pq.read_table(path, columns=["split", "id"])
+        largest = max(largest, keys.num_rows)
+        keys = keys.group_by("split").aggregate([("id", "min")])
+        for split, smallest in zip(keys.column("split").to_pylist(), keys.column("id_min").to_pylist()):
+            pieces.setdefault(split, []).append((smallest, Path(path)))
+    log.info("tokenize: %d staged files of %d rows at most", len(files), largest)
+    return {split: sorted(found) for split, found in pieces.items()}
+
+
+def in_id_order(pieces: list[tuple[int, Path]], split: str) -> Iterator[pa.Table]:
+    """One split's staged rows as tables in id order, from its `staged_pieces`: a sweep by smallest id that
+    holds one piece plus the rows of earlier pieces not below the next piece's smallest id. A staged file is
+    what one Ray Data block of contiguous ingest rows became, so the pieces' id ranges are disjoint and
+    nothing is carried over; where they overlap, only the overlap is (correct in every case)."""
+    pending: pa.Table | None = None
+    for index, (_, path) in enumerate(pieces):
+        table = pq.read_table(path)
+        table = table.filter(pc.equal(table.column("split"), split))
+        pending = (table if pending is None else pa.concat_tables([pending, table])).sort_by("id")
+        if index + 1 < len(pieces):
+            ready = pc.sum(pc.less(pending.column("id"), pieces[index + 1][0])).as_py() or 0
+        else:
+            ready = pending.num_rows
+        yield pending.slice(0, ready)
+        pending = pending.slice(ready)
+
+
+def finalize(tables: Iterable[pa.Table], out: Path, drop: bool) -> dict[str, Any]:
+    """Write one split's staged rows (`tables`, in id order) into `out` as they come: count (and on train drop)
+    infeasible pairs; the files are those `parquet.write_split` gives for the whole split."""
+    counts = dict.fromkeys(("read", "infeasible_src2tgt", "infeasible_tgt2src", "infeasible", "kept", "dropped",
+                            "src_tokens", "tgt_tokens"), 0)
+    with parquet.SplitWriter(out, SCHEMA) as writer:
+        for table in tables:
+            forward, backward = table.column("feasible_src2tgt"), table.column("feasible_tgt2src")
+            feasible = pc.and_(forward, backward)
+            counts["read"] += table.num_rows
+            counts["infeasible_src2tgt"] += table.num_rows - (pc.sum(forward).as_py() or 0)
+            counts["infeasible_tgt2src"] += table.num_rows - (pc.sum(backward).as_py() or 0)
+            counts["infeasible"] += table.num_rows - (pc.sum(feasible).as_py() or 0)
+            if drop:
+                table = table.filter(feasible)
+            table = pa.table({name: table.column(name).combine_chunks() for name in SCHEMA.names}, schema=SCHEMA)
+            counts["kept"] += table.num_rows
+            counts["src_tokens"] += pc.sum(table.column("src_len")).as_py() or 0
+            counts["tgt_tokens"] += pc.sum(table.column("tgt_len")).as_py() or 0
+            writer.write(table)
     counts["dropped"] = counts["read"] - counts["kept"]
-    table = pa.table({name: table.column(name).combine_chunks() for name in SCHEMA.names}, schema=SCHEMA)
-    counts["src_tokens"] = pc.sum(table.column("src_len")).as_py() or 0
-    counts["tgt_tokens"] = pc.sum(table.column("tgt_len")).as_py() or 0
-    parquet.write_split(table, out)
     return counts
 
 

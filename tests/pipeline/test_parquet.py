@@ -103,3 +103,20 @@ def test_a_rank_without_rows_gets_an_empty_table_with_the_columns(tmp_path):
     assert empty.num_rows == 0 and empty.column_names == ["src_ids"]
     with pytest.raises(FileNotFoundError, match="no part"):
         read_shard(tmp_path / "missing", 0, 1)
+
+
+@pytest.mark.parametrize("pieces", [[0], [5, 0, 3], [ROWS_PER_FILE - 1, 1, 2 * ROWS_PER_FILE + 3, 0, 7], [3 * ROWS_PER_FILE]])
+def test_split_writer_writes_the_files_of_write_split(tmp_path, pieces):
+    """Tables of any sizes written in turn give byte for byte `write_split`'s files of their concatenation
+    (the tokenize driver writes its splits this way: tests/pipeline/test_tokenize.py)."""
+    table = make_table(sum(pieces))
+    write_split(table, tmp_path / "whole")
+    with parquet.SplitWriter(tmp_path / "streamed", SCHEMA) as writer:
+        start = 0
+        for rows in pieces:
+            writer.write(table.slice(start, rows))
+            start += rows
+    names = sorted(p.name for p in (tmp_path / "whole").iterdir())
+    assert names == sorted(p.name for p in (tmp_path / "streamed").iterdir())
+    for name in names:
+        assert (tmp_path / "streamed" / name).read_bytes() == (tmp_path / "whole" / name).read_bytes()

@@ -1,10 +1,14 @@
 import json
+import random
+import tracemalloc
 import unicodedata
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import sentencepiece
 
-from pipeline import graph, spm
+from pipeline import graph, parquet, spm
 from pipeline.config import load_config
 from pipeline.stage import StageError
 from reder.config import BOS_ID, EOS_ID, PAD_ID, UNK_ID
@@ -78,3 +82,52 @@ def test_stage_needs_ingest_and_writes_model_and_vocab(tmp_path):
     other = load_config(None, ["data.source=files", f"data.local_dir={corpus}", "data.tgt_lang=de",
                                "model.vocab_size=90", "spm.sample_size=200"])
     assert graph.output_dir(other, tmp_path / "w", "spm") != out
+
+
+def pooled_sample(train_dir, size, seed):
+    """The sample as it was drawn before issue 55 (the whole split pooled into Python strings): the reference."""
+    table = pq.read_table(train_dir, columns=["src", "tgt"])
+    sentences = table.column("src").to_pylist() + table.column("tgt").to_pylist()
+    if len(sentences) > size:
+        sentences = random.Random(seed).sample(sentences, size)
+    return sentences
+
+
+def write_train(directory, rows):
+    """A train split of `rows` pairs in ingest's layout (several part files), distinct sentences on each side."""
+    table = pa.table({"id": pa.array(range(rows), pa.int64()),
+                      "src": [f"source sentence {i} " + "x" * (i % 37) for i in range(rows)],
+                      "tgt": [f"Zielsatz {i} " + "y" * (i % 41) for i in range(rows)]})
+    parquet.write_split(table, directory)
+    return directory
+
+
+@pytest.mark.parametrize("size, seed", [(500, 0), (2000, 7), (2 * parquet.ROWS_PER_FILE + 400, 3), (10**6, 1)])
+def test_training_sample_is_the_pooled_sample_drawn_as_a_stream(tmp_path, monkeypatch, size, seed):
+    """The same sentences in the same order as sampling the pooled list (so the same model, the same stage
+    directory), across part files and record batches, also when every sentence is taken (n <= size)."""
+    train = write_train(tmp_path / "train", parquet.ROWS_PER_FILE + 700)
+    monkeypatch.setattr(spm, "SAMPLE_BATCH_ROWS", 1000)  # several batches per file
+    sample = spm.training_sample(train, size, seed)
+    assert sample == pooled_sample(train, size, seed)
+    assert len(sample) == min(size, 2 * (parquet.ROWS_PER_FILE + 700))
+
+
+def _python_peak(function, *args):
+    tracemalloc.start()
+    try:
+        function(*args)
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_training_sample_memory_does_not_grow_with_the_corpus(tmp_path):
+    """A corpus 10x larger, the same sample size: the Python memory peak stays put (the pooled reference's
+    grows with the corpus, by the 10x of its strings); Arrow holds one record batch of one column at a time."""
+    small, large = write_train(tmp_path / "small", 2_000), write_train(tmp_path / "large", 20_000)
+    corpora = (("small", small), ("large", large))
+    peaks = {name: _python_peak(spm.training_sample, path, 100, 0) for name, path in corpora}
+    assert peaks["large"] < 1.5 * peaks["small"] + 200_000, peaks
+    reference = {name: _python_peak(pooled_sample, path, 100, 0) for name, path in corpora}
+    assert reference["large"] > 5 * reference["small"], reference  # the check can see a corpus held whole

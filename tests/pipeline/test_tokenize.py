@@ -1,9 +1,12 @@
 import json
+import random
 
+import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline import graph, ingest, spm, tokenize
+from pipeline import graph, ingest, parquet, spm, tokenize
 from pipeline.config import load_config
 from pipeline.stage import StageError
 from reder.heads import CtcHead, DagHead, feasibility_rule
@@ -103,3 +106,96 @@ def test_tokenize_needs_spm_first(tmp_path):
     graph.run(cfg, tmp_path / "w", "ingest")
     with pytest.raises(StageError, match="stage 'spm' has no finished output"):
         graph.run(cfg, tmp_path / "w", "tokenize")
+
+
+STAGED = pa.schema([("split", pa.string()), ("id", pa.int64()), ("src_ids", pa.list_(pa.int32())),
+                    ("tgt_ids", pa.list_(pa.int32())), ("src_len", pa.int32()), ("tgt_len", pa.int32()),
+                    ("feasible_src2tgt", pa.bool_()), ("feasible_tgt2src", pa.bool_())])
+
+
+def _staged_rows(split, ids, seed):
+    rng = random.Random(seed)
+    rows = []
+    for row_id in ids:
+        src = [rng.randrange(100) for _ in range(rng.randint(0, 6))]
+        tgt = [rng.randrange(100) for _ in range(rng.randint(0, 6))]
+        rows.append({"split": split, "id": row_id, "src_ids": src, "tgt_ids": tgt, "src_len": len(src),
+                     "tgt_len": len(tgt), "feasible_src2tgt": rng.random() > 0.2, "feasible_tgt2src": rng.random() > 0.2})
+    return rows
+
+
+def _write_staging(staging, blocks, seed=0):
+    """Staged files as Ray Data writes them (names that do not sort by id, splits mixed, rows of a block
+    in id order); each of `blocks` is a list of (split, ids) runs."""
+    staging.mkdir()
+    for index, runs in enumerate(blocks):
+        rows = [row for k, (split, ids) in enumerate(runs) for row in _staged_rows(split, ids, seed + 31 * index + k)]
+        name = f"{(index * 7919) % 101:03d}_000000.parquet"
+        pq.write_table(pa.Table.from_pylist(rows, schema=STAGED), staging / name)
+
+
+def _finalize_whole(staging, split, out, drop):
+    """Before issue 55: every staged row read at once, the split filtered and sorted, written by write_split."""
+    staged = pq.read_table(staging)
+    table = staged.filter(pc.equal(staged.column("split"), split)).sort_by("id")
+    forward, backward = table.column("feasible_src2tgt"), table.column("feasible_tgt2src")
+    feasible = pc.and_(forward, backward)
+    counts = {"read": table.num_rows,
+              "infeasible_src2tgt": table.num_rows - pc.sum(forward).as_py() if table.num_rows else 0,
+              "infeasible_tgt2src": table.num_rows - pc.sum(backward).as_py() if table.num_rows else 0,
+              "infeasible": table.num_rows - pc.sum(feasible).as_py() if table.num_rows else 0}
+    if drop:
+        table = table.filter(feasible)
+    counts["kept"] = table.num_rows
+    counts["dropped"] = counts["read"] - counts["kept"]
+    table = pa.table({name: table.column(name).combine_chunks() for name in tokenize.SCHEMA.names},
+                     schema=tokenize.SCHEMA)
+    counts["src_tokens"] = pc.sum(table.column("src_len")).as_py() or 0
+    counts["tgt_tokens"] = pc.sum(table.column("tgt_len")).as_py() or 0
+    parquet.write_split(table, out)
+    return counts
+
+
+BLOCKS = {  # each a list of staged files, each a list of (split, ids) runs
+    "disjoint": [[("train", range(400, 650))], [("train", range(0, 400))],
+                 [("train", range(650, 700)), ("valid", range(0, 90))], [("test", range(5, 80, 2))],
+                 [("train", range(900, 1200))]],
+    "overlapping": [[("train", list(range(0, 300)) + list(range(800, 900)))], [("train", range(300, 800))],
+                    [("valid", range(50, 90)), ("train", range(950, 1000))],
+                    [("valid", range(0, 50)), ("train", range(900, 950))], [("test", [3])]],
+    "a split all dropped or absent": [[("valid", range(10))], [("train", range(0, 30))]],
+}
+
+
+@pytest.mark.parametrize("layout", list(BLOCKS))
+def test_streamed_finalize_writes_the_files_and_counts_of_the_whole_split(tmp_path, monkeypatch, layout):
+    """Byte for byte the files (and the counts) the driver wrote when it held every staged row, over staged
+    files with disjoint or interleaved id ranges, across several part files (ROWS_PER_FILE made small)."""
+    monkeypatch.setattr(parquet, "ROWS_PER_FILE", 64)
+    _write_staging(tmp_path / "staging", BLOCKS[layout])
+    if layout == "a split all dropped or absent":
+        table = pq.read_table(tmp_path / "staging" / "041_000000.parquet")
+        pq.write_table(table.set_column(6, "feasible_src2tgt", pa.array([False] * table.num_rows)),
+                       tmp_path / "staging" / "041_000000.parquet")
+    pieces = tokenize.staged_pieces(tmp_path / "staging")
+    for split in ingest.SPLITS:
+        drop = split == "train"
+        expected = _finalize_whole(tmp_path / "staging", split, tmp_path / "whole" / split, drop)
+        streamed = tokenize.in_id_order(pieces.get(split, []), split)
+        counts = tokenize.finalize(streamed, tmp_path / "stream" / split, drop)
+        assert counts == expected
+        names = sorted(p.name for p in (tmp_path / "whole" / split).iterdir())
+        assert names == sorted(p.name for p in (tmp_path / "stream" / split).iterdir())
+        for name in names:
+            assert (tmp_path / "stream" / split / name).read_bytes() == (tmp_path / "whole" / split / name).read_bytes()
+
+
+def test_in_id_order_holds_one_staged_file_when_their_id_ranges_are_disjoint(tmp_path):
+    """Memory: with disjoint pieces (what Ray Data's blocks of contiguous ingest rows give) each yielded table is
+    exactly one staged file's rows of the split, so nothing is carried from one file to the next."""
+    _write_staging(tmp_path / "staging", BLOCKS["disjoint"])
+    pieces = tokenize.staged_pieces(tmp_path / "staging")
+    assert [smallest for smallest, _ in pieces["train"]] == [0, 400, 650, 900]
+    tables = list(tokenize.in_id_order(pieces["train"], "train"))
+    assert [t.num_rows for t in tables] == [400, 250, 50, 300]
+    assert pa.concat_tables(tables).column("id").to_pylist() == list(range(700)) + list(range(900, 1200))
