@@ -10,6 +10,7 @@ from reder.config import DIRECTIONS, PAD_ID, LossConfig, ModelConfig
 from reder.ctc import valid_mask
 from reder.decode import CUTOFF_PROB, CUTOFF_TOP_N, strip_special
 from reder.heads import HEADS, HeadOutput, make_head
+from reder.inference import run_inference
 from reder.layers import ActNorm, DuplexLayer, LayerRng
 from reder.losses import forward_backward_agreement, glance_mask
 from reder.reversible import Op, invert_ops, run_trunk
@@ -51,6 +52,7 @@ class REDER(nn.Module):
         self.dropout = nn.Dropout(cfg.dropout)
         self.head = make_head(cfg)  # last: parameter order and initialisation are those of the model before heads
         self.blank_penalty: dict[str, float] = dict.fromkeys(DIRECTIONS, 0.0)
+        self.fast_inference = True  # eval without gradients: reder/inference.py's trunk (False: the reference path)
         self.register_state_dict_post_hook(_flatten_head_keys)
         self.register_load_state_dict_pre_hook(_nest_head_keys)
         self.register_load_state_dict_post_hook(_flatten_incompatible_keys)
@@ -62,7 +64,10 @@ class REDER(nn.Module):
         return [(layer, False) for layer in self.ends[reading]] + [(layer, True) for layer in reversed(self.ends[writing])]
 
     def layers(self, h: torch.Tensor, mask: torch.Tensor, direction: str) -> torch.Tensor:
-        """The trunk alone on continuous states h (B, T, 2D); layers(layers(h, m, d), m, reverse d) == h."""
+        """The trunk alone on continuous states h (B, T, 2D); layers(layers(h, m, d), m, reverse d) == h. In eval
+        mode without gradients (and `fast_inference`), reder/inference.py's trunk: padded positions come out zero."""
+        if self.fast_inference and not self.training and not torch.is_grad_enabled():
+            return run_inference(h, mask, self.ops(direction))
         states, _ = run_trunk(h, mask, self.ops(direction), self.cfg.memory_efficient)
         return states[-1]
 
