@@ -10,8 +10,8 @@ The model and sentences are bench.peers' (untrained d512 REDER, 6 layers per end
 trunk (reder/inference.py), `int8` the fast trunk with its linear layers dynamically quantized (CPU).
 
 Per path and batch size: the wall time per sentence without the profiler (median of `--repeats` passes over the
-sentences, the paths' passes interleaved, each pass: batch 1 = one call per sentence, batch N = one call over all in length-sorted batches), then
-one profiled pass: each op's self CPU time, the ops grouped as GEMM (aten::addmm/mm/bmm/baddbmm, quantized
+sentences, the paths' passes interleaved, each pass: batch 1 = one call per sentence, batch N = one call over all
+in length-sorted batches), then one profiled pass: each op's self CPU time, the ops grouped as GEMM (aten::addmm/mm/bmm/baddbmm, quantized
 linear), the fused attention kernel (SDPA: its q·k and p·v products and the softmax) and everything else. The
 non-GEMM share is 1 − (GEMM + attention kernel) / the profiled pass's wall time (Python between the ops included;
 both from the same pass, so a busy machine moves both; the profiler's own cost per op counts as non-GEMM, so the

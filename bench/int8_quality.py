@@ -3,9 +3,9 @@ decoded greedy both ways through the float32 inference path and through `reder.i
 linear layers int8): BLEU of each against the references, the share of sentences whose tokens are identical, and
 the batch-1 / batch-N speed of both in the same process.
 
-    python -m bench.int8_quality [--pairs 64] [--limit-s 240] [--threads 1] [--out FILE]
+    python -m bench.int8_quality [--pairs 64] [--limit-s 240] [--threads 1] [--d-model 128] [--out FILE]
 
-The model memorises `--pairs` Multi30k train pairs (whitespace words; d128, 4 heads, FFN 256, 2 layers per end,
+The model memorises `--pairs` Multi30k train pairs (whitespace words; by default d128, 4 heads, FFN 256, 2 layers per end,
 r = 3: the learning test's model) until both directions' greedy BLEU exceeds 90 or `--limit-s` runs out, then
 is scored on the same pairs: a trained, confident model on inputs it knows, not a held-out test set.
 """
@@ -30,6 +30,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--limit-s", type=float, default=240.0)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--d-model", type=int, default=128, help="FFN 2x, heads d_model / 32")
     parser.add_argument("--out")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -45,8 +46,9 @@ def main(argv: list[str] | None = None) -> dict:
     encode = lambda lines: pad_batch([[vocab[w] for w in line.split()] + [EOS_ID] for line in lines])  # noqa: E731
     src, src_lengths = encode(english)
     tgt, tgt_lengths = encode(german)
-    cfg = ModelConfig(vocab_size=len(vocab) + 5, d_model=128, n_heads=4, ffn_dim=256, layers_per_end=2, dropout=0.0,
-                      upsample_ratio=3, max_relative_distance=8, label_smoothing=0.0)
+    cfg = ModelConfig(vocab_size=len(vocab) + 5, d_model=args.d_model, n_heads=max(1, args.d_model // 32),
+                      ffn_dim=2 * args.d_model, layers_per_end=2, dropout=0.0, upsample_ratio=3, max_relative_distance=8,
+                      label_smoothing=0.0)
     model = REDER(cfg, LossConfig(lambda_fba=0.0, lambda_cc=0.0)).train()
     optimizer = torch.optim.Adam(model.parameters(), lr=2e-3, betas=(0.9, 0.98))
     inputs = {"src2tgt": (src, src_lengths, german), "tgt2src": (tgt, tgt_lengths, english)}
@@ -78,7 +80,8 @@ def main(argv: list[str] | None = None) -> dict:
     model.eval()
     int8 = quantized(model)
     float_scores, int8_scores = scores(model), scores(int8)
-    report = {"benchmark": "int8_quality", "pairs": args.pairs, "updates": step, "train_s": round(train_s, 1),
+    report = {"benchmark": "int8_quality", "pairs": args.pairs, "d_model": args.d_model, "updates": step,
+              "train_s": round(train_s, 1),
               "threads": args.threads, "load_before": [round(x, 2) for x in os.getloadavg()], "directions": {}}
     for direction in inputs:
         (bleu32, hyp32), (bleu8, hyp8) = float_scores[direction], int8_scores[direction]
