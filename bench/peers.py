@@ -30,7 +30,7 @@ Engines and decoders:
   - `teacher`: our Transformer, greedy and beam 4 (`Transformer.translate`);
   - `ct2`: CTranslate2 (optional extra) on the teacher converted by `reder.ct2` (float32), greedy and beam 4,
     one `translate_batch` per length-sorted batch, as one runs it (`ct2_mirror_beam4`: `reder.ct2.translate_ids`,
-    which reproduces our search's outputs, for KD); on CPU also greedy with compute_type int8 (`greedy_int8`).
+    which reproduces our search's outputs, for KD, with `--mirror`); on CPU also greedy with compute_type int8 (`greedy_int8`).
 FLOP floor (reder worker): REDER's forward FLOPs for each test sentence from the config (2·m·n·k per matmul:
 q/k/v and output projections, relative attention, FFN, tied output projection over r·|x| positions; no
 norms or softmaxes), over the float32 GEMM rate of the same shapes measured in the same process with the same
@@ -84,6 +84,7 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=5, help="calls at batch --batch per decoder (median, spread)")
     parser.add_argument("--latency-repeats", type=int, default=1, help="passes of batch-1 calls per decoder (median)")
     parser.add_argument("--out", help="also write the driver's JSON here")
+    parser.add_argument("--mirror", action="store_true", help="also time CTranslate2 mirroring our beam search (KD)")
     return parser.parse_args(argv)
 
 
@@ -271,8 +272,9 @@ def work_ct2(args: argparse.Namespace, sequences: list[list[int]], vocab: int, s
         timing = (args.batch, args.device, args.repeats, args.latency_repeats)
         out: dict[str, Any] = {name: _time(lambda batch, size, beam=beam: plain(batch, size, beam), sequences, *timing)
                                for name, beam in (("greedy", 1), ("beam4", 4))}
-        out["mirror_beam4"] = _time(lambda batch, size: ct2.translate_ids(translator, ct2_dir, batch, 4, 1.0, a, b,
-                                                                        batch_size=size), sequences, *timing)
+        if args.mirror:
+            out["mirror_beam4"] = _time(lambda batch, size: ct2.translate_ids(translator, ct2_dir, batch, 4, 1.0, a, b,
+                                                                            batch_size=size), sequences, *timing)
         if device == "cpu":  # equal precision against REDER's greedy_int8
             translator = ct2.load_translator(ct2_dir, device=device, threads=args.threads, compute_type="int8")
             out["greedy_int8"] = _time(lambda batch, size: plain(batch, size, 1), sequences, *timing)
