@@ -16,7 +16,9 @@ linear), the fused attention kernel (SDPA: its q·k and p·v products and the so
 non-GEMM share is 1 − (GEMM + attention kernel) / the profiled pass's wall time (Python between the ops included;
 both from the same pass, so a busy machine moves both; the profiler's own cost per op counts as non-GEMM, so the
 share is an upper bound). `gemm_only_share` counts the attention kernel as non-GEMM too. The load average is
-printed before and after: on a shared 2-core box, compare paths within one run.
+printed before and after: on a shared 2-core box, compare paths within one run. With one thread the process CPU time
+(`cpu_ms_per_sentence`, and the floor from a GEMM rate per CPU second) is what a quiet machine's wall time would
+be: the time the process was not scheduled is left out.
 """
 from __future__ import annotations
 
@@ -69,15 +71,15 @@ def split(events: Any, calls: int) -> dict[str, Any]:
             "other_ms": round(total - gemm - attention, 3), "profiled_ms": round(total, 3), "ops_per_call": round(ops)}
 
 
-def one_pass(decode: Callable[[list[list[int]], int], Any], sequences: list[list[int]], batch: int) -> float:
-    """ms per sentence of one pass: batch 1 = one call per sentence, else one call over all at `batch`."""
-    start = time.perf_counter()
+def one_pass(decode: Callable[[list[list[int]], int], Any], sequences: list[list[int]], batch: int) -> tuple[float, float]:
+    """Wall and process CPU ms per sentence of one pass: batch 1 = one call per sentence, else one call at `batch`."""
+    start, cpu = time.perf_counter(), time.process_time()
     if batch == 1:
         for sequence in sequences:
             decode([sequence], 1)
     else:
         decode(sequences, batch)
-    return 1000 * (time.perf_counter() - start) / len(sequences)
+    return 1000 * (time.perf_counter() - start) / len(sequences), 1000 * (time.process_time() - cpu) / len(sequences)
 
 
 def profiled(decode: Callable[[list[list[int]], int], Any], sequences: list[list[int]], batch: int,
@@ -86,7 +88,7 @@ def profiled(decode: Callable[[list[list[int]], int], Any], sequences: list[list
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU]) as prof:
-        wall = one_pass(decode, sequences, batch)
+        wall, _ = one_pass(decode, sequences, batch)
     events = prof.key_averages()
     parts = split(events, len(sequences))  # per sentence
     arithmetic = parts["gemm_ms"] + parts["attention_kernel_ms"]
@@ -124,7 +126,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     with torch.inference_mode():
         decoders = {path: decoder(base, path) for path in paths}
         for size in (1, args.batch):
-            walls: dict[str, list[float]] = {path: [] for path in paths}
+            walls: dict[str, list[tuple[float, float]]] = {path: [] for path in paths}
             for path in paths:
                 one_pass(decoders[path], sequences, size)  # warm-up: allocator, kernels
             for _ in range(args.repeats):  # the paths interleaved: a load change hits all of them
@@ -132,16 +134,22 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     walls[path].append(one_pass(decoders[path], sequences, size))
             for path in paths:
                 report["paths"].setdefault(path, {})[f"batch{size}"] = {
-                    "wall_ms_per_sentence": round(statistics.median(walls[path]), 3),
-                    "wall_ms_repeats": [round(w, 3) for w in walls[path]],
+                    "wall_ms_per_sentence": round(statistics.median(w for w, _ in walls[path]), 3),
+                    "wall_ms_repeats": [round(w, 3) for w, _ in walls[path]],
+                    "cpu_ms_per_sentence": round(statistics.median(c for _, c in walls[path]), 3),
+                    "cpu_ms_repeats": [round(c, 3) for _, c in walls[path]],
                     **profiled(decoders[path], sequences, size, args.top)}
         mean_length = round(sum(map(len, sequences)) / len(sequences))
         rate = peers.gemm_rate(base.cfg, mean_length, "cpu")
+        cpu_rate = peers.gemm_rate(base.cfg, mean_length, "cpu", clock=time.process_time)
     floor = 1000 * sum(peers.reder_flops(base.cfg, len(s)) for s in sequences) / len(sequences) / rate
-    report["floor"] = {"gemm_gflops_per_s": round(rate / 1e9, 1), "floor_ms": round(floor, 3)}
+    cpu_floor = floor * rate / cpu_rate
+    report["floor"] = {"gemm_gflops_per_s": round(rate / 1e9, 1), "floor_ms": round(floor, 3),
+                       "gemm_gflops_per_cpu_s": round(cpu_rate / 1e9, 1), "floor_cpu_ms": round(cpu_floor, 3)}
     for numbers in report["paths"].values():
         for entry in numbers.values():
             entry["over_floor"] = round(entry["wall_ms_per_sentence"] / floor, 2)
+            entry["cpu_over_floor"] = round(entry["cpu_ms_per_sentence"] / cpu_floor, 2)
     report["load_after"] = [round(x, 2) for x in os.getloadavg()]
     _print_tables(report)
     text = json.dumps(report, indent=2)
@@ -156,6 +164,7 @@ def _print_tables(report: dict[str, Any]) -> None:
     for path, numbers in report["paths"].items():
         for name, entry in numbers.items():
             print(f"## {path} {name}: {entry['wall_ms_per_sentence']} ms/sentence (over floor {entry['over_floor']}), "
+                  f"CPU {entry['cpu_ms_per_sentence']} ms (over the CPU-time floor {entry['cpu_over_floor']}), "
                   f"GEMM {entry['gemm_ms']} + attention {entry['attention_kernel_ms']} ms, non-GEMM share "
                   f"{entry['non_gemm_share']}, {entry['ops_per_call']} ops per sentence")
             for row in entry["top_ops"]:
