@@ -37,7 +37,9 @@ norms or softmaxes), over the float32 GEMM rate of the same shapes measured in t
 threads: the time a perfect implementation of these matmuls would need at batch 1. FLOP ceiling at batch N
 (`ceiling`): the same FLOPs over the GEMM rate of batch-N shapes (r·|x|·N rows): the sentences/s a perfect
 implementation would reach; `greedy_of_ceiling` is greedy's median sentences/s over it (padding counts against it).
-The driver's JSON (also written to `--out`) holds the load average before and after each worker.
+The driver's JSON (also written to `--out`) holds the load average before and after each worker. Beside every
+wall-clock figure, the process's CPU time (`cpu_latency_ms`, `sentences_per_cpu_s`, the floor and ceiling from
+GEMM rates per CPU second): with `--threads 1` on a busy shared machine, what a quiet one's wall time would be.
 """
 from __future__ import annotations
 
@@ -123,25 +125,30 @@ def _time(translate: Callable[[list[list[int]], int], Any], sequences: list[list
     translate(sequences[:1], 1)
     translate(sequences[:batch], batch)  # warm-up of both shapes (allocator, kernels, lazy init)
     sync()
-    latencies = []
+    latencies, cpu_latencies = [], []
     for _ in range(max(1, latency_repeats)):
-        times = []
+        times, cpu = [], time.process_time()
         for sequence in sequences:
             start = time.perf_counter()
             translate([sequence], 1)
             sync()
             times.append(time.perf_counter() - start)
         latencies.append(1000 * sum(times) / len(times))
-    rates = []
+        cpu_latencies.append(1000 * (time.process_time() - cpu) / len(sequences))
+    rates, cpu_rates = [], []
     for _ in range(max(1, repeats)):
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         translate(sequences, batch)
         sync()
         rates.append(len(sequences) / (time.perf_counter() - start))
-    rate = statistics.median(rates)
+        cpu_rates.append(len(sequences) / (time.process_time() - cpu))
+    rate, cpu_rate = statistics.median(rates), statistics.median(cpu_rates)
     return {"latency_ms": round(statistics.median(latencies), 3), "latency_ms_repeats": [round(x, 3) for x in latencies],
             "sentences_per_s": round(rate, 2), "sentences_per_s_repeats": [round(x, 2) for x in rates],
-            "sentences_per_s_spread": round((max(rates) - min(rates)) / rate, 3)}
+            "sentences_per_s_spread": round((max(rates) - min(rates)) / rate, 3),
+            "cpu_latency_ms": round(statistics.median(cpu_latencies), 3),
+            "sentences_per_cpu_s": round(cpu_rate, 2), "sentences_per_cpu_s_repeats": [round(x, 2) for x in cpu_rates],
+            "sentences_per_cpu_s_spread": round((max(cpu_rates) - min(cpu_rates)) / cpu_rate, 3)}
 
 
 def reder_model(args: argparse.Namespace, vocab: int) -> Any:
@@ -231,16 +238,25 @@ def work_reder(args: argparse.Namespace, sequences: list[list[int]], vocab: int)
                                        args.batch, args.device, args.repeats, args.latency_repeats)
     mean_length = round(sum(map(len, sequences)) / len(sequences))
     rate = gemm_rate(model.cfg, mean_length, args.device)
+    cpu_rate = gemm_rate(model.cfg, mean_length, args.device, clock=time.process_time)
     floor_ms = 1000 * sum(reder_flops(model.cfg, len(s)) for s in sequences) / len(sequences) / rate
     mean_flops = sum(reder_flops(model.cfg, len(s)) for s in sequences) / len(sequences)
     out["floor"] = {"gemm_gflops_per_s": round(rate / 1e9, 1), "mean_gflop": round(mean_flops / 1e9, 3),
                     "floor_ms": round(floor_ms, 3), **{f"{name}_over_floor": round(out[name]["latency_ms"] / floor_ms, 2)
-                                                       for name in ("greedy", "greedy_reference")}}
+                                                       for name in ("greedy", "greedy_reference")},
+                    "gemm_gflops_per_cpu_s": round(cpu_rate / 1e9, 1), "floor_cpu_ms": round(1000 * mean_flops / cpu_rate, 3),
+                    **{f"{name}_cpu_over_floor": round(out[name]["cpu_latency_ms"] / (1000 * mean_flops / cpu_rate), 2)
+                       for name in ("greedy", "greedy_reference")}}
     batch_rate = gemm_rate(model.cfg, mean_length, args.device, batch=min(args.batch, len(sequences)))
-    ceiling = batch_rate / mean_flops
+    cpu_batch_rate = gemm_rate(model.cfg, mean_length, args.device, batch=min(args.batch, len(sequences)),
+                               clock=time.process_time)
+    ceiling, cpu_ceiling = batch_rate / mean_flops, cpu_batch_rate / mean_flops
     out["ceiling"] = {"batch": args.batch, "gemm_gflops_per_s": round(batch_rate / 1e9, 1),
                       "sentences_per_s": round(ceiling, 2),
                       **{f"{name}_of_ceiling": round(out[name]["sentences_per_s"] / ceiling, 3)
+                         for name in ("greedy", "greedy_reference")},
+                      "gemm_gflops_per_cpu_s": round(cpu_batch_rate / 1e9, 1), "sentences_per_cpu_s": round(cpu_ceiling, 2),
+                      **{f"{name}_of_cpu_ceiling": round(out[name]["sentences_per_cpu_s"] / cpu_ceiling, 3)
                          for name in ("greedy", "greedy_reference")}}
     out["parameters"] = sum(p.numel() for p in model.parameters())
     return out
