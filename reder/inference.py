@@ -9,6 +9,7 @@ Same modules, same weights, same arithmetic per position; what differs is the wo
   - a padded batch is packed: the position-wise work (LayerNorm, the four linear layers, GELU, the residual
     updates) runs on the N real positions only, (N, D), and only the attention sees the padded (B, T) layout,
     its queries scattered in and its context gathered out. No FLOP is spent on padding outside the attention.
+The output projection (`REDER.project` with `rows`) likewise computes logits at real positions only.
 `REDER.layers` takes this path when the model is in eval mode, gradients are off and `REDER.fast_inference`
 is set (the default); `fast_inference = False` keeps the reference path, which the tests compare this one with
 token by token (tests/reder/test_inference.py). `quantized(model)`: a copy with the trunk's linear layers
@@ -48,9 +49,13 @@ class AttentionPlan:
         positions = torch.arange(length, device=mask.device)
         distance = (positions[None, :] - positions[:, None]).clamp(-reach, reach)  # (T, T)
         index = (distance + reach).expand(batch, n_heads, length, length)
-        padded = not bool(mask.all())  # one host sync per call: the whole layout depends on it
-        rows = mask.reshape(-1).nonzero().squeeze(1) if padded else None  # (N,)
-        return cls(batch, length, rows, reach, index, ~mask[:, None, None, :] if padded else None)
+        rows = real_rows(mask)
+        return cls(batch, length, rows, reach, index, ~mask[:, None, None, :] if rows is not None else None)
+
+
+def real_rows(mask: torch.Tensor) -> Optional[torch.Tensor]:
+    """The real positions' indices in the flattened (B·T) layout (N,), or None when nothing is padded (one host sync)."""
+    return None if bool(mask.all()) else mask.reshape(-1).nonzero().squeeze(1)
 
 
 def attention(branch: AttentionBranch, x: torch.Tensor, plan: AttentionPlan) -> torch.Tensor:
