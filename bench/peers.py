@@ -1,6 +1,7 @@
 """REDER against the engines people run: our AR teacher and CTranslate2, models of equal size, one process per engine.
 
     python -m bench.peers [--threads 2] [--sentences 100] [--device cpu|cuda] [--engines reder,teacher,ct2]
+        [--repeats 5] [--latency-repeats 1] [--out FILE]
         [--reder MODEL_DIR --teacher MODEL_DIR | --d-model 512 --heads 4 --ffn 1024 --layers 6]
 
 Each engine runs in its own Python process (`--worker ENGINE`), so no engine inherits another's threads,
@@ -15,20 +16,30 @@ long, EOS forced): the AR engines all do the same number of steps, as in the iss
 directories, each decodes as trained (default length limits), the CTranslate2 model converted from `--teacher`.
 
 Inputs: the first `--sentences` lines of Multi30k test-2016 English. Per engine and decoder:
-  - `latency_ms`: batch 1, each sentence its own call (mean over the sentences, after one warm-up call), the
-    user's path: ids in, ids out (`reder.translate.translate_ids`; CTranslate2's `translate_batch`);
-  - `sentences_per_s`: all sentences in one call at batch `--batch` (length-sorted batches).
+  - `latency_ms`: batch 1, each sentence its own call (mean over the sentences, after one warm-up call; the
+    median of `--latency-repeats` such passes, all of them in `latency_ms_repeats`), the user's path: ids in,
+    ids out (`reder.translate.translate_ids`; CTranslate2's `translate_batch`);
+  - `sentences_per_s`: all sentences in one call at batch `--batch` (length-sorted batches): the median of
+    `--repeats` calls, all of them in `sentences_per_s_repeats` and their spread (max − min) / median.
 Engines and decoders:
-  - `reder`: greedy and CTC prefix beam `--beam` (REDER.translate under inference mode); with `--compile` also
-    greedy with the trunk under `torch.compile(dynamic=True)` (`greedy_compiled`, and the compile time);
+  - `reder`: greedy (the inference trunk, reder/inference.py: packed batches, no padding outside the attention),
+    `greedy_reference` (the reference path, `fast_inference = False`: what greedy was before issue 58), on CPU
+    `greedy_int8` (the trunk's linear layers int8, `reder.inference.quantized`), and CTC prefix beam `--beam`
+    (REDER.translate under inference mode); with `--compile` also greedy with the trunk under
+    `torch.compile(dynamic=True)` (`greedy_compiled`, and the compile time);
   - `teacher`: our Transformer, greedy and beam 4 (`Transformer.translate`);
   - `ct2`: CTranslate2 (optional extra) on the teacher converted by `reder.ct2` (float32), greedy and beam 4,
     one `translate_batch` per length-sorted batch, as one runs it (`ct2_mirror_beam4`: `reder.ct2.translate_ids`,
-    which reproduces our search's outputs, for KD).
+    which reproduces our search's outputs, for KD, with `--mirror`); on CPU also greedy with compute_type int8 (`greedy_int8`).
 FLOP floor (reder worker): REDER's forward FLOPs for each test sentence from the config (2·m·n·k per matmul:
 q/k/v and output projections, relative attention, FFN, tied output projection over r·|x| positions; no
 norms or softmaxes), over the float32 GEMM rate of the same shapes measured in the same process with the same
-threads: the time a perfect implementation of these matmuls would need at batch 1.
+threads: the time a perfect implementation of these matmuls would need at batch 1. FLOP ceiling at batch N
+(`ceiling`): the same FLOPs over the GEMM rate of batch-N shapes (r·|x|·N rows): the sentences/s a perfect
+implementation would reach; `greedy_of_ceiling` is greedy's median sentences/s over it (padding counts against it).
+The driver's JSON (also written to `--out`) holds the load average before and after each worker. Beside every
+wall-clock figure, the process's CPU time (`cpu_latency_ms`, `sentences_per_cpu_s`, the floor and ceiling from
+GEMM rates per CPU second): with `--threads 1` on a busy shared machine, what a quiet one's wall time would be.
 """
 from __future__ import annotations
 
@@ -37,6 +48,7 @@ import importlib.util
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -71,6 +83,10 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--layers", type=int, default=6, help="AR: encoder and decoder layers each; REDER: per end")
     parser.add_argument("--ar-tokens", type=int, default=16, help="untrained AR outputs: forced length")
     parser.add_argument("--compile", action="store_true", help="also time REDER greedy with its trunk under torch.compile")
+    parser.add_argument("--repeats", type=int, default=5, help="calls at batch --batch per decoder (median, spread)")
+    parser.add_argument("--latency-repeats", type=int, default=1, help="passes of batch-1 calls per decoder (median)")
+    parser.add_argument("--out", help="also write the driver's JSON here")
+    parser.add_argument("--mirror", action="store_true", help="also time CTranslate2 mirroring our beam search (KD)")
     return parser.parse_args(argv)
 
 
@@ -99,8 +115,9 @@ def sources(args: argparse.Namespace, spm: Path) -> list[list[int]]:
 
 
 def _time(translate: Callable[[list[list[int]], int], Any], sequences: list[list[int]], batch: int,
-          device: str) -> dict[str, float]:
-    """Mean batch-1 latency (ms) over the sentences, and sentences/s of one call over all at `batch`."""
+          device: str, repeats: int = 1, latency_repeats: int = 1) -> dict[str, Any]:
+    """Batch-1 latency (ms; mean over the sentences, median of `latency_repeats` passes) and sentences/s of one
+    call over all at `batch` (median of `repeats` calls, with every call's figure and the spread)."""
     def sync() -> None:
         if device.startswith("cuda"):
             torch.cuda.synchronize()
@@ -108,17 +125,30 @@ def _time(translate: Callable[[list[list[int]], int], Any], sequences: list[list
     translate(sequences[:1], 1)
     translate(sequences[:batch], batch)  # warm-up of both shapes (allocator, kernels, lazy init)
     sync()
-    times = []
-    for sequence in sequences:
-        start = time.perf_counter()
-        translate([sequence], 1)
+    latencies, cpu_latencies = [], []
+    for _ in range(max(1, latency_repeats)):
+        times, cpu = [], time.process_time()
+        for sequence in sequences:
+            start = time.perf_counter()
+            translate([sequence], 1)
+            sync()
+            times.append(time.perf_counter() - start)
+        latencies.append(1000 * sum(times) / len(times))
+        cpu_latencies.append(1000 * (time.process_time() - cpu) / len(sequences))
+    rates, cpu_rates = [], []
+    for _ in range(max(1, repeats)):
+        start, cpu = time.perf_counter(), time.process_time()
+        translate(sequences, batch)
         sync()
-        times.append(time.perf_counter() - start)
-    start = time.perf_counter()
-    translate(sequences, batch)
-    sync()
-    return {"latency_ms": round(1000 * sum(times) / len(times), 3),
-            "sentences_per_s": round(len(sequences) / (time.perf_counter() - start), 2)}
+        rates.append(len(sequences) / (time.perf_counter() - start))
+        cpu_rates.append(len(sequences) / (time.process_time() - cpu))
+    rate, cpu_rate = statistics.median(rates), statistics.median(cpu_rates)
+    return {"latency_ms": round(statistics.median(latencies), 3), "latency_ms_repeats": [round(x, 3) for x in latencies],
+            "sentences_per_s": round(rate, 2), "sentences_per_s_repeats": [round(x, 2) for x in rates],
+            "sentences_per_s_spread": round((max(rates) - min(rates)) / rate, 3),
+            "cpu_latency_ms": round(statistics.median(cpu_latencies), 3),
+            "sentences_per_cpu_s": round(cpu_rate, 2), "sentences_per_cpu_s_repeats": [round(x, 2) for x in cpu_rates],
+            "sentences_per_cpu_s_spread": round((max(cpu_rates) - min(cpu_rates)) / cpu_rate, 3)}
 
 
 def reder_model(args: argparse.Namespace, vocab: int) -> Any:
@@ -162,45 +192,72 @@ def reder_flops(cfg: Any, source_length: int) -> int:
     return 2 * cfg.layers_per_end * layer + 2 * t * d * v
 
 
-def gemm_rate(cfg: Any, length: int, device: str, seconds: float = 2.0) -> float:
-    """FLOP/s of float32 matmuls of REDER's batch-1 shapes (T = r·length rows), measured for ~`seconds`."""
-    t, d, f, v = cfg.upsample_ratio * length, cfg.d_model, cfg.ffn_dim, cfg.vocab_size
+def gemm_rate(cfg: Any, length: int, device: str, seconds: float = 2.0, batch: int = 1,
+              clock: Callable[[], float] = time.perf_counter) -> float:
+    """FLOP/s of float32 matmuls of REDER's shapes at `batch` (T = r·length·batch rows), measured for ~`seconds` of
+    `clock` (time.process_time: FLOP per CPU second of this process)."""
+    t, d, f, v = cfg.upsample_ratio * length * batch, cfg.d_model, cfg.ffn_dim, cfg.vocab_size
     shapes = [(t, d, 3 * d), (t, d, d), (t, d, f), (t, f, d), (t, d, v)]
     pairs = [(torch.randn(m, k, device=device), torch.randn(k, n, device=device)) for m, k, n in shapes]
     flops = sum(2 * m * k * n for m, k, n in shapes)
     for a, b in pairs:
         a @ b
-    rounds, start = 0, time.perf_counter()
-    while time.perf_counter() - start < seconds:
+    rounds, start = 0, clock()
+    while clock() - start < seconds:
         for a, b in pairs:
             a @ b
         if device.startswith("cuda"):
             torch.cuda.synchronize()
         rounds += 1
-    return rounds * flops / (time.perf_counter() - start)
+    return rounds * flops / (clock() - start)
 
 
 def work_reder(args: argparse.Namespace, sequences: list[list[int]], vocab: int) -> dict[str, Any]:
     from reder.translate import translate_ids
 
+    from reder.inference import quantized
+
     model = reder_model(args, vocab)
+    int8 = quantized(model) if args.device == "cpu" else None
     out: dict[str, Any] = {}
-    for name, beam in (("greedy", 1), (f"beam{args.beam}", args.beam)):
-        out[name] = _time(lambda batch, size: translate_ids(model, batch, "src2tgt", beam, size), sequences,
-                          args.batch, args.device)
+    runs = [("greedy", model, True, 1), ("greedy_reference", model, False, 1)] + (
+        [("greedy_int8", int8, True, 1)] if int8 is not None else []) + [(f"beam{args.beam}", model, True, args.beam)]
+    for name, chosen, fast, beam in runs:
+        def run(batch: list[list[int]], size: int, chosen: Any = chosen, fast: bool = fast, beam: int = beam) -> Any:
+            chosen.fast_inference = fast
+            return translate_ids(chosen, batch, "src2tgt", beam, size)
+
+        out[name] = _time(run, sequences, args.batch, args.device, args.repeats, args.latency_repeats)
+    model.fast_inference = True
     if args.compile:  # the trunk through torch.compile (dynamic shapes), same path otherwise
         started = time.perf_counter()
         model.layers = torch.compile(model.layers, dynamic=True)
         translate_ids(model, sequences[:1], "src2tgt", 1, 1)
         out["compile_s"] = round(time.perf_counter() - started, 1)
         out["greedy_compiled"] = _time(lambda batch, size: translate_ids(model, batch, "src2tgt", 1, size), sequences,
-                                       args.batch, args.device)
+                                       args.batch, args.device, args.repeats, args.latency_repeats)
     mean_length = round(sum(map(len, sequences)) / len(sequences))
     rate = gemm_rate(model.cfg, mean_length, args.device)
+    cpu_rate = gemm_rate(model.cfg, mean_length, args.device, clock=time.process_time)
     floor_ms = 1000 * sum(reder_flops(model.cfg, len(s)) for s in sequences) / len(sequences) / rate
-    out["floor"] = {"gemm_gflops_per_s": round(rate / 1e9, 1), "mean_gflop": round(
-        sum(reder_flops(model.cfg, len(s)) for s in sequences) / len(sequences) / 1e9, 3), "floor_ms": round(floor_ms, 3),
-        "greedy_over_floor": round(out["greedy"]["latency_ms"] / floor_ms, 2)}
+    mean_flops = sum(reder_flops(model.cfg, len(s)) for s in sequences) / len(sequences)
+    out["floor"] = {"gemm_gflops_per_s": round(rate / 1e9, 1), "mean_gflop": round(mean_flops / 1e9, 3),
+                    "floor_ms": round(floor_ms, 3), **{f"{name}_over_floor": round(out[name]["latency_ms"] / floor_ms, 2)
+                                                       for name in ("greedy", "greedy_reference")},
+                    "gemm_gflops_per_cpu_s": round(cpu_rate / 1e9, 1), "floor_cpu_ms": round(1000 * mean_flops / cpu_rate, 3),
+                    **{f"{name}_cpu_over_floor": round(out[name]["cpu_latency_ms"] / (1000 * mean_flops / cpu_rate), 2)
+                       for name in ("greedy", "greedy_reference")}}
+    batch_rate = gemm_rate(model.cfg, mean_length, args.device, batch=min(args.batch, len(sequences)))
+    cpu_batch_rate = gemm_rate(model.cfg, mean_length, args.device, batch=min(args.batch, len(sequences)),
+                               clock=time.process_time)
+    ceiling, cpu_ceiling = batch_rate / mean_flops, cpu_batch_rate / mean_flops
+    out["ceiling"] = {"batch": args.batch, "gemm_gflops_per_s": round(batch_rate / 1e9, 1),
+                      "sentences_per_s": round(ceiling, 2),
+                      **{f"{name}_of_ceiling": round(out[name]["sentences_per_s"] / ceiling, 3)
+                         for name in ("greedy", "greedy_reference")},
+                      "gemm_gflops_per_cpu_s": round(cpu_batch_rate / 1e9, 1), "sentences_per_cpu_s": round(cpu_ceiling, 2),
+                      **{f"{name}_of_cpu_ceiling": round(out[name]["sentences_per_cpu_s"] / cpu_ceiling, 3)
+                         for name in ("greedy", "greedy_reference")}}
     out["parameters"] = sum(p.numel() for p in model.parameters())
     return out
 
@@ -230,10 +287,15 @@ def work_ct2(args: argparse.Namespace, sequences: list[list[int]], vocab: int, s
         def plain(batch: list[list[int]], size: int, beam: int) -> None:
             ct2.translate_plain(translator, ct2_dir, batch, beam, 1.0, a, b, batch_size=size, min_length=not args.teacher)
 
-        out: dict[str, Any] = {name: _time(lambda batch, size, beam=beam: plain(batch, size, beam), sequences,
-                                           args.batch, args.device) for name, beam in (("greedy", 1), ("beam4", 4))}
-        out["mirror_beam4"] = _time(lambda batch, size: ct2.translate_ids(translator, ct2_dir, batch, 4, 1.0, a, b,
-                                                                        batch_size=size), sequences, args.batch, args.device)
+        timing = (args.batch, args.device, args.repeats, args.latency_repeats)
+        out: dict[str, Any] = {name: _time(lambda batch, size, beam=beam: plain(batch, size, beam), sequences, *timing)
+                               for name, beam in (("greedy", 1), ("beam4", 4))}
+        if args.mirror:
+            out["mirror_beam4"] = _time(lambda batch, size: ct2.translate_ids(translator, ct2_dir, batch, 4, 1.0, a, b,
+                                                                            batch_size=size), sequences, *timing)
+        if device == "cpu":  # equal precision against REDER's greedy_int8
+            translator = ct2.load_translator(ct2_dir, device=device, threads=args.threads, compute_type="int8")
+            out["greedy_int8"] = _time(lambda batch, size: plain(batch, size, 1), sequences, *timing)
     out["version"] = ctranslate2.__version__
     return out
 
@@ -273,22 +335,29 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     spm_model(args)  # trained once, before the workers
     engines: dict[str, Any] = {}
     forwarded = [a for a in (argv if argv is not None else sys.argv[1:])]
+    loads: dict[str, Any] = {}
     for engine in args.engines.split(","):
         if engine == "ct2" and importlib.util.find_spec("ctranslate2") is None:
             engines[engine] = {"skipped": "CTranslate2 is not installed (pip install -e '.[ct2]')"}
             continue
+        loads[f"{engine}_before"] = [round(x, 2) for x in os.getloadavg()]
         done = subprocess.run([sys.executable, "-m", "bench.peers", *forwarded, "--worker", engine], cwd=REPO_ROOT,
                               capture_output=True, text=True)
         if done.returncode != 0:
             raise SystemExit(f"bench.peers: the {engine} worker failed:\n{done.stderr[-3000:]}")
         engines[engine] = json.loads(done.stdout.strip().splitlines()[-1])
+        loads[f"{engine}_after"] = [round(x, 2) for x in os.getloadavg()]
     report = {"benchmark": "peers", "device": args.device, "threads": args.threads, "sentences": args.sentences,
               "batch": args.batch, "torch": torch.__version__, "cpu": platform.processor() or platform.machine(),
               "cores": os.cpu_count(), "models": "given" if args.reder or args.teacher else
               f"untrained d{args.d_model} h{args.heads} ffn{args.ffn} layers {args.layers} vocab {args.vocab}"
               f"; AR outputs forced to {args.ar_tokens} tokens",
-              "engines": engines, "ratios": _ratios(engines)}
-    print(json.dumps(report, indent=2))
+              "load_average": loads, "engines": engines, "ratios": _ratios(engines)}
+    text = json.dumps(report, indent=2)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(text + "\n", encoding="utf-8")
+    print(text)
     return report
 
 

@@ -20,7 +20,7 @@ import torch
 from reder.checkpoint import SPM_FILE, direction_of, load_model_dir
 from reder.cmlm import CMLM
 from reder.text import line_problem
-from reder.translate import check_device, load_sentencepiece, translate_lines
+from reder.translate import check_device, int8_model, load_sentencepiece, translate_lines
 
 MAX_CHARS = 2000  # per sentence a service takes (pipeline.serve, the MLflow pyfunc): sentences, not books
 
@@ -46,10 +46,12 @@ class Translator:
     length candidates. `refiner` (a Translator of a CMLM for this direction) refines the output with
     `refine_steps` mask-predict iterations."""
 
-    def __init__(self, directory: str | Path, device: str = "cpu") -> None:
+    def __init__(self, directory: str | Path, device: str = "cpu", int8: bool = False) -> None:
         check_device(device)
         self.directory = Path(directory)
         self.model, self.meta = load_model_dir(self.directory, device)
+        if int8:
+            self.model = int8_model(self.model, device)
         self.sp = load_sentencepiece(self.directory / SPM_FILE)
         self.languages = (self.meta.get("src_lang"), self.meta.get("tgt_lang"))
 
@@ -82,6 +84,7 @@ class Translator:
         return f"Translator({str(self.directory)!r}, {kind}, {self.languages[0]}<->{self.languages[1]})"
 
 
-def load(directory: str | Path, device: str = "cpu") -> Translator:
-    """The model directory `directory` ready to translate (see the module doc)."""
-    return Translator(directory, device)
+def load(directory: str | Path, device: str = "cpu", int8: bool = False) -> Translator:
+    """The model directory `directory` ready to translate (see the module doc); `int8`: a REDER on CPU with its
+    trunk's linear layers dynamically quantized (reder.inference.quantized; faster, not bit-equal)."""
+    return Translator(directory, device, int8)

@@ -161,11 +161,13 @@ def convert(teacher_dir: Path, out_dir: Path, quantization: str | None = None) -
     return convert_model(model, Path(teacher_dir) / SPM_FILE, out_dir, quantization)
 
 
-def load_translator(ct2_dir: Path, device: str = "cpu", threads: int = 1) -> Any:
-    """A `ctranslate2.Translator` over a converted directory (one worker, `threads` threads per worker)."""
+def load_translator(ct2_dir: Path, device: str = "cpu", threads: int = 1, compute_type: str = "default") -> Any:
+    """A `ctranslate2.Translator` over a converted directory (one worker, `threads` threads per worker;
+    `compute_type` CTranslate2's: "default" keeps the converted float32, "int8" quantizes the weights)."""
     import ctranslate2
 
-    return ctranslate2.Translator(str(ct2_dir), device=device, inter_threads=1, intra_threads=threads)
+    return ctranslate2.Translator(str(ct2_dir), device=device, inter_threads=1, intra_threads=threads,
+                                  compute_type=compute_type)
 
 
 def _pieces_of(ct2_dir: Path) -> list[str]:

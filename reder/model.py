@@ -10,6 +10,7 @@ from reder.config import DIRECTIONS, PAD_ID, LossConfig, ModelConfig
 from reder.ctc import valid_mask
 from reder.decode import CUTOFF_PROB, CUTOFF_TOP_N, strip_special
 from reder.heads import HEADS, HeadOutput, make_head
+from reder.inference import real_rows, run_inference
 from reder.layers import ActNorm, DuplexLayer, LayerRng
 from reder.losses import forward_backward_agreement, glance_mask
 from reder.reversible import Op, invert_ops, run_trunk
@@ -51,6 +52,7 @@ class REDER(nn.Module):
         self.dropout = nn.Dropout(cfg.dropout)
         self.head = make_head(cfg)  # last: parameter order and initialisation are those of the model before heads
         self.blank_penalty: dict[str, float] = dict.fromkeys(DIRECTIONS, 0.0)
+        self.fast_inference = True  # eval without gradients: reder/inference.py's trunk (False: the reference path)
         self.register_state_dict_post_hook(_flatten_head_keys)
         self.register_load_state_dict_pre_hook(_nest_head_keys)
         self.register_load_state_dict_post_hook(_flatten_incompatible_keys)
@@ -62,7 +64,10 @@ class REDER(nn.Module):
         return [(layer, False) for layer in self.ends[reading]] + [(layer, True) for layer in reversed(self.ends[writing])]
 
     def layers(self, h: torch.Tensor, mask: torch.Tensor, direction: str) -> torch.Tensor:
-        """The trunk alone on continuous states h (B, T, 2D); layers(layers(h, m, d), m, reverse d) == h."""
+        """The trunk alone on continuous states h (B, T, 2D); layers(layers(h, m, d), m, reverse d) == h. In eval
+        mode without gradients (and `fast_inference`), reder/inference.py's trunk: padded positions come out zero."""
+        if self._fast_path():
+            return run_inference(h, mask, self.ops(direction))
         states, _ = run_trunk(h, mask, self.ops(direction), self.cfg.memory_efficient)
         return states[-1]
 
@@ -94,15 +99,21 @@ class REDER(nn.Module):
         return self.actnorm[end](h), mask, lengths
 
     def project(self, h: torch.Tensor, lengths: torch.Tensor, end: str, normalise: bool = True,
-                blank_penalty: float = 0.0) -> HeadOutput:
+                blank_penalty: float = 0.0, rows: Optional[torch.Tensor] = None) -> HeadOutput:
         """Writing end: inverse ActNorm, average the halves into output states o (B, T, D), tied logits →
         log-probs (B, T, V) in the head's dtype (float32 or wider), plus what the head adds over o. With
         normalise=False the log_probs field holds the logits themselves (for an argmax, which they share).
         `blank_penalty` c is subtracted from the blank's logit before normalising: P(blank) lowered by e^c
-        relative to every other token, a proper distribution still (decoding only)."""
+        relative to every other token, a proper distribution still (decoding only). `rows` (the inference path's
+        real positions in B·T, reder/inference.py): logits only there, zero logits at padded positions."""
         first, second = self.actnorm[end].inverse(h).chunk(2, dim=-1)
         states = (first + second) / 2  # (B, T, D)
-        logits = states @ self.embed.weight.t()  # (B, T, V)
+        if rows is None:
+            logits = states @ self.embed.weight.t()  # (B, T, V)
+        else:
+            batch, length, width = states.shape
+            packed = states.reshape(batch * length, width).index_select(0, rows) @ self.embed.weight.t()  # (N, V)
+            logits = packed.new_zeros(batch * length, packed.shape[-1]).index_copy_(0, rows, packed).view(batch, length, -1)
         if blank_penalty:
             logits = logits.clone()
             logits[..., self.cfg.blank_id] -= blank_penalty
@@ -116,7 +127,11 @@ class REDER(nn.Module):
         _check_direction(direction)
         reading, writing = ENDS[direction]
         h, mask, out_lengths = self.embed_input(tokens, lengths, reading)
-        return self.project(self.layers(h, mask, direction), out_lengths, writing, normalise, blank_penalty)
+        rows = real_rows(mask) if self._fast_path() else None  # the output projection skips padded positions too
+        return self.project(self.layers(h, mask, direction), out_lengths, writing, normalise, blank_penalty, rows)
+
+    def _fast_path(self) -> bool:
+        return self.fast_inference and not self.training and not torch.is_grad_enabled()
 
     def decoding_penalty(self, direction: str, blank_penalty: Optional[float] = None) -> float:
         """The blank penalty decoding `direction` applies: `blank_penalty` if given, else the model's own."""

@@ -1,7 +1,7 @@
 """Translate text with a model directory, in either direction.
 
     python -m reder.translate --checkpoint DIR (--src LANG --tgt LANG | --direction src2tgt|tgt2src)
-        [--blank-penalty C] [--beam N [--rerank self [--rerank-weight W] | --teacher DIR] [--cutoff-top-n N] [--cutoff-prob P]
+        [--blank-penalty C] [--int8] [--beam N [--rerank self [--rerank-weight W] | --teacher DIR] [--cutoff-top-n N] [--cutoff-prob P]
          | --decoder D] [--refine-steps K --refine-model CMLM_DIR] [--iterations T] [--batch-size B] < in > out
 
 (installed with `pip install -e .`: `duplex-translate ...`; from Python: `reder.load(DIR).translate(...)`.)
@@ -20,6 +20,9 @@ a Transformer model directory (the AR baseline): --direction must be the one it 
 --beam is its beam size (1 = greedy). --checkpoint may be a CMLM model directory (reder/cmlm.py, one direction):
 mask-predict with --iterations T and --beam l length candidates. --refine-steps K --refine-model DIR refine any
 model's output with K mask-predict iterations of the CMLM in DIR (the same direction).
+
+--int8 (a REDER model on CPU): the trunk's linear layers dynamically quantized to int8 (reder.inference.quantized),
+faster on CPU, not the float32 model's arithmetic (its output may differ).
 
 One sentence per line in, one per line out, in the input order. SentencePiece is applied inside: input is
 plain text, output is detokenized text. A line is what `reder.text` says (the ingest stage's rule too): it
@@ -47,6 +50,7 @@ from reder.config import DIRECTIONS, EOS_ID
 from reder.ctc import pad_batch
 from reder.decode import CUTOFF_PROB, CUTOFF_TOP_N, ctc_greedy, strip_special
 from reder.heads import all_decoders
+from reder.inference import quantized
 from reder.model import REDER
 from reder.rerank import RERANK_WEIGHT, RERANKERS, self_rerank
 from reder.rerank import rerank as teacher_rerank
@@ -196,6 +200,13 @@ def check_device(device: str) -> None:
         raise ValueError(f"--device {device}: CUDA is not available on this machine (use --device cpu)")
 
 
+def int8_model(model: REDER | Transformer | CMLM, device: str) -> REDER:
+    """The int8 option: a REDER on CPU with its trunk's linear layers dynamically quantized; ValueError otherwise."""
+    if not isinstance(model, REDER) or torch.device(device).type != "cpu":
+        raise ValueError(f"--int8 is for a REDER model on CPU (got a {type(model).__name__} on {device})")
+    return quantized(model)
+
+
 def translate_lines(model: REDER | Transformer | CMLM, sp: sentencepiece.SentencePieceProcessor, lines: list[str], direction: str,
                     beam_size: int = 1, batch_size: int = 64, decoder: str = "greedy",
                     teacher: Optional[Transformer] = None, notes: Optional[list[tuple[int, str]]] = None,
@@ -248,6 +259,8 @@ def _load_model(args: argparse.Namespace) -> tuple[REDER | Transformer | CMLM, O
     if args.rerank_weight < 0 or args.cutoff_top_n < 1 or not 0 < args.cutoff_prob <= 1:
         raise ValueError("need --rerank-weight >= 0, --cutoff-top-n >= 1 and 0 < --cutoff-prob <= 1")
     model, meta = load_model_dir(Path(args.checkpoint), args.device)
+    if args.int8:
+        model = int8_model(model, args.device)
     if args.src or args.tgt:
         if not (args.src and args.tgt) or args.direction:
             raise ValueError("name the direction either by --src LANG --tgt LANG (both) or by --direction")
@@ -313,6 +326,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="refuse the whole input (exit 2) at the first line that is not UTF-8, holds a control "
                              "character or line terminator, or is longer than the model reads; by default every line "
                              "is translated, such lines mended and each mended line named on stderr")
+    parser.add_argument("--int8", action="store_true",
+                        help="REDER on CPU: the trunk's linear layers dynamically quantized to int8 (faster, not bit-equal)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args(argv)
     try:

@@ -360,3 +360,18 @@ def test_python_m_reder_translate_runs_without_the_runpy_warning(model_dir):
                            str(model_dir), "--direction", "src2tgt"], input="the cat\n", capture_output=True,
                           text=True, cwd=Path(reder.__file__).parents[1])
     assert done.returncode == 0 and done.stderr == "" and len(done.stdout.splitlines()) == 1, done.stderr
+
+
+def test_int8_option_translates_every_line_and_refuses_a_teacher(model_dir, monkeypatch, capsys, tmp_path):
+    """--int8 (reder.inference.quantized): one output line per input line; a Transformer is refused in one line."""
+    code, out, err = _run(monkeypatch, capsys, ["--checkpoint", str(model_dir), "--direction", "src2tgt", "--int8"],
+                          b"the cat\na dog\n")
+    assert code == 0 and len(out.splitlines()) == 2, err
+    torch.manual_seed(0)
+    teacher_dir = tmp_path / "teacher"
+    from reder.checkpoint import save_model_dir
+    save_model_dir(teacher_dir, Transformer(TransformerConfig(vocab_size=12, d_model=8, n_heads=2, ffn_dim=16,
+                                                              encoder_layers=1, decoder_layers=1)),
+                   model_dir / SPM_FILE, "en", "de", extra={"direction": "src2tgt"})
+    code, out, err = _run(monkeypatch, capsys, ["--checkpoint", str(teacher_dir), "--direction", "src2tgt", "--int8"])
+    assert code == 2 and "--int8 is for a REDER model" in err

@@ -1,0 +1,175 @@
+"""Where a REDER greedy decode spends its time: torch.profiler of batch 1 and batch N on CPU, the top ops and
+the share that is not GEMM (issue 58, item 1).
+
+    python -m bench.decode_profile [--threads 2] [--sentences 100] [--batch 64] [--top 15] [--paths reference,fast]
+        [--repeats 5] [--reder MODEL_DIR | --d-model 512 --heads 4 --ffn 1024 --layers 6] [--out FILE]
+
+The model and sentences are bench.peers' (untrained d512 REDER, 6 layers per end, r = 2, CTC, the first
+`--sentences` lines of Multi30k test 2016 English), decoded by `reder.translate.translate_ids` greedy. Paths:
+`reference` is the plain trunk (`REDER.fast_inference = False`: the eager layers as trained), `fast` the inference
+trunk (reder/inference.py), `int8` the fast trunk with its linear layers dynamically quantized (CPU).
+
+Per path and batch size: the wall time per sentence without the profiler (median of `--repeats` passes over the
+sentences, the paths' passes interleaved, each pass: batch 1 = one call per sentence, batch N = one call over all
+in length-sorted batches), then one profiled pass: each op's self CPU time, the ops grouped as GEMM (aten::addmm/mm/bmm/baddbmm, quantized
+linear), the fused attention kernel (SDPA: its q·k and p·v products and the softmax) and everything else. The
+non-GEMM share is 1 − (GEMM + attention kernel) / the profiled pass's wall time (Python between the ops included;
+both from the same pass, so a busy machine moves both; the profiler's own cost per op counts as non-GEMM, so the
+share is an upper bound). `gemm_only_share` counts the attention kernel as non-GEMM too. The load average is
+printed before and after: on a shared 2-core box, compare paths within one run. With one thread the process CPU time
+(`cpu_ms_per_sentence`, and the floor from a GEMM rate per CPU second) is what a quiet machine's wall time would
+be: the time the process was not scheduled is left out.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from bench import peers
+
+GEMM_OPS = ("aten::addmm", "aten::mm", "aten::bmm", "aten::baddbmm", "aten::addmv", "aten::mv",
+            "quantized::linear_dynamic", "aten::_weight_int8pack_mm", "aten::_weight_int4pack_mm")
+ATTENTION_OPS = ("aten::_scaled_dot_product_flash_attention_for_cpu",)
+
+
+def _args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--threads", type=int, default=max(1, min(2, os.cpu_count() or 1)))
+    parser.add_argument("--sentences", type=int, default=100)
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--top", type=int, default=15)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--paths", default="reference,fast")
+    parser.add_argument("--out", help="also write the JSON here")
+    parser.add_argument("--data", default=str(peers.MULTI30K))
+    parser.add_argument("--work", default=str(Path(peers.tempfile.gettempdir()) / "duplex-bench-peers"))
+    parser.add_argument("--reder", help="a REDER model directory (default: untrained, of the size below)")
+    parser.add_argument("--vocab", type=int, default=8000)
+    parser.add_argument("--d-model", type=int, default=512)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--ffn", type=int, default=1024)
+    parser.add_argument("--layers", type=int, default=6)
+    args = parser.parse_args(argv)
+    args.device = "cpu"
+    return args
+
+
+def split(events: Any, calls: int) -> dict[str, Any]:
+    """Self CPU time (ms per decode call) of GEMM ops, the attention kernel and the rest, from key_averages."""
+    gemm = sum(e.self_cpu_time_total for e in events if e.key in GEMM_OPS) / 1000 / calls
+    attention = sum(e.self_cpu_time_total for e in events if e.key in ATTENTION_OPS) / 1000 / calls
+    total = sum(e.self_cpu_time_total for e in events) / 1000 / calls
+    ops = sum(e.count for e in events if not e.key.startswith("aten::as_strided")) / calls
+    return {"gemm_ms": round(gemm, 3), "attention_kernel_ms": round(attention, 3),
+            "other_ms": round(total - gemm - attention, 3), "profiled_ms": round(total, 3), "ops_per_call": round(ops)}
+
+
+def one_pass(decode: Callable[[list[list[int]], int], Any], sequences: list[list[int]], batch: int) -> tuple[float, float]:
+    """Wall and process CPU ms per sentence of one pass: batch 1 = one call per sentence, else one call at `batch`."""
+    start, cpu = time.perf_counter(), time.process_time()
+    if batch == 1:
+        for sequence in sequences:
+            decode([sequence], 1)
+    else:
+        decode(sequences, batch)
+    return 1000 * (time.perf_counter() - start) / len(sequences), 1000 * (time.process_time() - cpu) / len(sequences)
+
+
+def profiled(decode: Callable[[list[list[int]], int], Any], sequences: list[list[int]], batch: int,
+             top: int) -> dict[str, Any]:
+    """One profiled pass: the GEMM / attention kernel / other split per sentence and the top ops by self time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        wall, _ = one_pass(decode, sequences, batch)
+    events = prof.key_averages()
+    parts = split(events, len(sequences))  # per sentence
+    arithmetic = parts["gemm_ms"] + parts["attention_kernel_ms"]
+    rows = sorted(events, key=lambda e: e.self_cpu_time_total, reverse=True)[:top]
+    return {**parts, "profiled_wall_ms": round(wall, 3), "non_gemm_share": round(1 - arithmetic / wall, 3),
+            "gemm_only_share": round(1 - parts["gemm_ms"] / wall, 3),
+            "top_ops": [{"op": e.key, "self_ms_per_sentence": round(e.self_cpu_time_total / 1000 / len(sequences), 3),
+                         "calls_per_sentence": round(e.count / len(sequences), 1)} for e in rows]}
+
+
+def decoder(model: Any, path: str) -> Callable[[list[list[int]], int], Any]:
+    """Greedy `translate_ids` through `path`: reference (fast_inference off), fast, int8 (a quantized copy)."""
+    from reder.inference import quantized
+    from reder.translate import translate_ids
+
+    chosen = quantized(model) if path == "int8" else model
+
+    def decode(batch: list[list[int]], size: int) -> Any:
+        chosen.fast_inference = path != "reference"
+        return translate_ids(chosen, batch, "src2tgt", 1, size)
+
+    return decode
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = _args(argv)
+    torch.set_num_threads(args.threads)
+    spm = peers.spm_model(args)
+    sequences = peers.sources(args, spm)
+    base = peers.reder_model(args, args.vocab)
+    report: dict[str, Any] = {"benchmark": "decode_profile", "threads": args.threads, "sentences": len(sequences),
+                              "mean_source_pieces": round(sum(map(len, sequences)) / len(sequences), 2),
+                              "load_before": [round(x, 2) for x in os.getloadavg()], "paths": {}}
+    paths = args.paths.split(",")
+    with torch.inference_mode():
+        decoders = {path: decoder(base, path) for path in paths}
+        for size in (1, args.batch):
+            walls: dict[str, list[tuple[float, float]]] = {path: [] for path in paths}
+            for path in paths:
+                one_pass(decoders[path], sequences, size)  # warm-up: allocator, kernels
+            for _ in range(args.repeats):  # the paths interleaved: a load change hits all of them
+                for path in paths:
+                    walls[path].append(one_pass(decoders[path], sequences, size))
+            for path in paths:
+                report["paths"].setdefault(path, {})[f"batch{size}"] = {
+                    "wall_ms_per_sentence": round(statistics.median(w for w, _ in walls[path]), 3),
+                    "wall_ms_repeats": [round(w, 3) for w, _ in walls[path]],
+                    "cpu_ms_per_sentence": round(statistics.median(c for _, c in walls[path]), 3),
+                    "cpu_ms_repeats": [round(c, 3) for _, c in walls[path]],
+                    **profiled(decoders[path], sequences, size, args.top)}
+        mean_length = round(sum(map(len, sequences)) / len(sequences))
+        rate = peers.gemm_rate(base.cfg, mean_length, "cpu")
+        cpu_rate = peers.gemm_rate(base.cfg, mean_length, "cpu", clock=time.process_time)
+    floor = 1000 * sum(peers.reder_flops(base.cfg, len(s)) for s in sequences) / len(sequences) / rate
+    cpu_floor = floor * rate / cpu_rate
+    report["floor"] = {"gemm_gflops_per_s": round(rate / 1e9, 1), "floor_ms": round(floor, 3),
+                       "gemm_gflops_per_cpu_s": round(cpu_rate / 1e9, 1), "floor_cpu_ms": round(cpu_floor, 3)}
+    for numbers in report["paths"].values():
+        for entry in numbers.values():
+            entry["over_floor"] = round(entry["wall_ms_per_sentence"] / floor, 2)
+            entry["cpu_over_floor"] = round(entry["cpu_ms_per_sentence"] / cpu_floor, 2)
+    report["load_after"] = [round(x, 2) for x in os.getloadavg()]
+    _print_tables(report)
+    text = json.dumps(report, indent=2)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(text + "\n", encoding="utf-8")
+    print(text)
+    return report
+
+
+def _print_tables(report: dict[str, Any]) -> None:
+    for path, numbers in report["paths"].items():
+        for name, entry in numbers.items():
+            print(f"## {path} {name}: {entry['wall_ms_per_sentence']} ms/sentence (over floor {entry['over_floor']}), "
+                  f"CPU {entry['cpu_ms_per_sentence']} ms (over the CPU-time floor {entry['cpu_over_floor']}), "
+                  f"GEMM {entry['gemm_ms']} + attention {entry['attention_kernel_ms']} ms, non-GEMM share "
+                  f"{entry['non_gemm_share']}, {entry['ops_per_call']} ops per sentence")
+            for row in entry["top_ops"]:
+                print(f"  {row['op']:<55} {row['self_ms_per_sentence']:>9.3f} ms {row['calls_per_sentence']:>8.1f} calls")
+
+
+if __name__ == "__main__":
+    main()

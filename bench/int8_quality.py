@@ -1,0 +1,108 @@
+"""The int8 option's cost in output (issue 58, item 5): a small REDER trained here on CPU on Multi30k pairs, then
+decoded greedy both ways through the float32 inference path and through `reder.inference.quantized` (the trunk's
+linear layers int8): BLEU of each against the references, the share of sentences whose tokens are identical, and
+the batch-1 / batch-N speed of both in the same process.
+
+    python -m bench.int8_quality [--pairs 64] [--limit-s 240] [--threads 1] [--d-model 128] [--out FILE]
+
+The model memorises `--pairs` Multi30k train pairs (whitespace words; by default d128, 4 heads, FFN 256, 2 layers per end,
+r = 3: the learning test's model) until both directions' greedy BLEU exceeds 90 or `--limit-s` runs out, then
+is scored on the same pairs: a trained, confident model on inputs it knows, not a held-out test set.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+
+import sacrebleu
+import torch
+
+from bench import MULTI30K
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--pairs", type=int, default=64)
+    parser.add_argument("--limit-s", type=float, default=240.0)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--d-model", type=int, default=128, help="FFN 2x, heads d_model / 32")
+    parser.add_argument("--out")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    from reder import EOS_ID, LossConfig, ModelConfig, REDER
+    from reder.ctc import pad_batch
+    from reder.inference import quantized
+
+    english = (MULTI30K / "train.en").read_text(encoding="utf-8").splitlines()[: args.pairs]
+    german = (MULTI30K / "train.de").read_text(encoding="utf-8").splitlines()[: args.pairs]
+    vocab = {w: i + 4 for i, w in enumerate(sorted({w for line in english + german for w in line.split()}))}
+    words = {i: w for w, i in vocab.items()}
+    encode = lambda lines: pad_batch([[vocab[w] for w in line.split()] + [EOS_ID] for line in lines])  # noqa: E731
+    src, src_lengths = encode(english)
+    tgt, tgt_lengths = encode(german)
+    cfg = ModelConfig(vocab_size=len(vocab) + 5, d_model=args.d_model, n_heads=max(1, args.d_model // 32),
+                      ffn_dim=2 * args.d_model, layers_per_end=2, dropout=0.0, upsample_ratio=3, max_relative_distance=8,
+                      label_smoothing=0.0)
+    model = REDER(cfg, LossConfig(lambda_fba=0.0, lambda_cc=0.0)).train()
+    optimizer = torch.optim.Adam(model.parameters(), lr=2e-3, betas=(0.9, 0.98))
+    inputs = {"src2tgt": (src, src_lengths, german), "tgt2src": (tgt, tgt_lengths, english)}
+
+    def scores(chosen: REDER) -> dict[str, tuple[float, list[list[int]]]]:
+        out = {}
+        for direction, (tokens, lengths, references) in inputs.items():
+            with torch.inference_mode():
+                hypotheses = chosen.translate(tokens, lengths, direction)
+            text = [" ".join(words.get(t, "<unk>") for t in h) for h in hypotheses]
+            out[direction] = (sacrebleu.corpus_bleu(text, [references]).score, hypotheses)
+        return out
+
+    start, step = time.monotonic(), 0
+    while time.monotonic() - start < args.limit_s:
+        terms = model.loss(src, src_lengths, tgt, tgt_lengths, step)
+        optimizer.zero_grad()
+        terms["total"].backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        step += 1
+        if step % 25 == 0:
+            model.eval()
+            done = min(bleu for bleu, _ in scores(model).values()) > 90
+            model.train()
+            if done:
+                break
+    train_s = time.monotonic() - start
+    model.eval()
+    int8 = quantized(model)
+    float_scores, int8_scores = scores(model), scores(int8)
+    report = {"benchmark": "int8_quality", "pairs": args.pairs, "d_model": args.d_model, "updates": step,
+              "train_s": round(train_s, 1),
+              "threads": args.threads, "load_before": [round(x, 2) for x in os.getloadavg()], "directions": {}}
+    for direction in inputs:
+        (bleu32, hyp32), (bleu8, hyp8) = float_scores[direction], int8_scores[direction]
+        report["directions"][direction] = {"bleu_float32": round(bleu32, 2), "bleu_int8": round(bleu8, 2),
+                                           "identical_share": round(sum(a == b for a, b in zip(hyp32, hyp8)) / len(hyp32), 3)}
+    timings: dict[str, list[float]] = {"float32": [], "int8": []}
+    with torch.inference_mode():
+        for _ in range(args.repeats):  # interleaved: a load change hits both
+            for name, chosen in (("float32", model), ("int8", int8)):
+                started = time.perf_counter()
+                chosen.translate(src, src_lengths, "src2tgt")
+                timings[name].append(len(english) / (time.perf_counter() - started))
+    report["sentences_per_s"] = {name: round(statistics.median(values), 1) for name, values in timings.items()}
+    report["load_after"] = [round(x, 2) for x in os.getloadavg()]
+    text = json.dumps(report, indent=2)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(text + "\n", encoding="utf-8")
+    print(text)
+    return report
+
+
+if __name__ == "__main__":
+    main()
