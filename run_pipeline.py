@@ -274,6 +274,10 @@ def print_summary(summary: dict[str, dict], workdir: Path, tracker_note: str) ->
                   f"tgt2src {results['bleu_tgt2src']:.2f}   chrF {results['chrf_src2tgt']:.1f} / "
                   f"{results['chrf_tgt2src']:.1f}   round trip {results['roundtrip_bleu_src']:.1f} / "
                   f"{results['roundtrip_bleu_tgt']:.1f}")
+            for name, row in results.get("sets", {}).items():  # issue 56: every other scored set, a line each
+                if name != results["split"]:
+                    print(f"      {name} ({results['decoder']}):  BLEU src2tgt {row['bleu_src2tgt']:.2f}  tgt2src "
+                          f"{row['bleu_tgt2src']:.2f}   chrF {row['chrf_src2tgt']:.1f} / {row['chrf_tgt2src']:.1f}")
     print(f"  workdir {workdir}   {tracker_note}")
 
 

@@ -51,7 +51,7 @@ from pipeline import parquet, spm
 from pipeline.config import NO_BLANK_PENALTY, PipelineConfig, TrainConfig, from_dict
 from pipeline.harness import (EXAMPLE_COLUMNS, RANK_TOKENS_PER_S, SCORE, Batch, EpochBatches, ExampleTable, Harness,
                               all_reduce, distributed, epoch_batches, select_best)
-from pipeline.metrics import best_setting, corpus_bleu, corpus_scores
+from pipeline.metrics import best_setting, corpus_bleu, corpus_scores, shown
 from pipeline.progress import Progress
 from pipeline.stage import StageError, write_json
 from pipeline.tracking import validation_metric
@@ -734,7 +734,7 @@ class _MlflowLogger:
                     metrics, step, now = item
                     for run_id, values in route_metrics(metrics, self.target["run_id"],
                                                         self.target.get("runs", {})).items():
-                        client.log_batch(run_id, metrics=[Metric(k, v, now, step) for k, v in values.items()])
+                        client.log_batch(run_id, metrics=[Metric(k, shown(k, v), now, step) for k, v in values.items()])
             except BaseException as error:  # handed to the training thread
                 self.error = error
             finally:

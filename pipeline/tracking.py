@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from pipeline.config import TrackingConfig
+from pipeline.metrics import shown, test_splits
 from pipeline.stage import read_manifest
 
 log = logging.getLogger(__name__)
@@ -187,11 +188,12 @@ def config_params(config: dict[str, Any]) -> dict[str, str]:
 
 
 def numeric(values: dict[str, Any]) -> dict[str, float]:
-    """The finite numbers of a (flattened) dict, as floats: what MLflow can take as metrics."""
+    """The finite numbers of a (flattened) dict, as floats: what MLflow can take as metrics (BLEU and chrF at two
+    decimals, `pipeline.metrics.shown`)."""
     out = {}
     for key, value in flatten(values).items():
         if isinstance(value, (int, float)) and not isinstance(value, bool) and value == value and abs(value) != float("inf"):
-            out[key] = float(value)
+            out[key] = shown(key, float(value))
     return out
 
 
@@ -379,9 +381,11 @@ class Tracker:
         from mlflow.tracking import MlflowClient
 
         client = MlflowClient(self.uri)
-        for key in HEADLINE:
-            if key in results:
-                client.log_metric(self.run_id, f"{results['split']}_{key}", float(results[key]))
+        sets = results.get("sets", {results["split"]: results})  # a results.json from before issue 56: one split
+        for split in test_splits(results):
+            for key in HEADLINE:
+                if key in sets[split]:
+                    client.log_metric(self.run_id, f"{split}_{key}", shown(key, float(sets[split][key])))
         for key in ("bleu_signature", "chrf_signature"):
             if key in results:
                 client.set_tag(self.run_id, key, results[key])

@@ -174,13 +174,23 @@ def test_stage_runs_carry_their_config_and_the_experiment_opens_on_its_runs(tmp_
     tracker.begin_stage("spm")
     out = run_stage("spm", tmp_path / "spm-abc", lambda tmp: {"vocab_size": 64},
                     config={"spm": {"model_type": "bpe", "seed": 1}, "vocab_size": 64}, inputs={})
-    tracker.end_stage(out, {"vocab_size": 64}, [])
+    tracker.end_stage(out, {"vocab_size": 64, "test_bleu_src2tgt": 11.8404722, "length_ratio": 0.987654}, [])
+    # Issue 56: every scored test set its own metrics, BLEU and chrF as reported (two decimals); train and valid
+    # (scored into results.json only) none
+    row = {"bleu_src2tgt": 11.8404722, "bleu_tgt2src": 9.0, "chrf_src2tgt": 33.333333, "chrf_tgt2src": 30.0,
+           "roundtrip_bleu_src": 50.123, "roundtrip_bleu_tgt": 49.0, "sentences": 7}
+    tracker.log_results({"split": "test", **row, "sets": {"test": row, "t17": {**row, "bleu_src2tgt": 1.005}, "valid": row}})
     tracker.close()
     client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
     experiment = client.get_experiment_by_name("duplex")
     assert experiment.tags[EXPERIMENT_KIND] == "custom_model_development"
     stage = next(r for r in client.search_runs([experiment.experiment_id]) if r.data.tags["duplex.stage"] == "spm")
     assert stage.data.params == {"spm.model_type": "bpe", "spm.seed": "1", "vocab_size": "64"}
+    assert stage.data.metrics == {"vocab_size": 64, "test_bleu_src2tgt": 11.84, "length_ratio": 0.987654}
+    metrics = client.get_run(tracker.run_id).data.metrics
+    assert {key for key in metrics if key.endswith("bleu_src2tgt")} == {"test_bleu_src2tgt", "t17_bleu_src2tgt"}
+    assert (metrics["test_bleu_src2tgt"], metrics["t17_bleu_src2tgt"], metrics["t17_chrf_src2tgt"],
+            metrics["test_roundtrip_bleu_src"]) == (11.84, round(1.005, 2), 33.33, 50.12)
 
 
 def test_the_experiment_carries_the_runs_table_view_test_bleu_as_the_installed_ui_reads_it(tmp_path):
