@@ -205,7 +205,11 @@ def run(cfg: PipelineConfig, stages: list[str], force: bool = False, started: fl
                 tracker.end_stage(output, counts, stage_artifacts(output),
                                   model=output / train.MODEL_DIR if name == "train" else None)
             if name == "evaluate":
-                tracker.log_results(json.loads((output / evaluate.RESULTS_FILE).read_text(encoding="utf-8")))
+                results = json.loads((output / evaluate.RESULTS_FILE).read_text(encoding="utf-8"))
+                tracker.log_results(results)
+                promoted = tracker.promote(results, dirs["train"])
+                if promoted and status == "ran":
+                    print(f"      registry: {promoted}", flush=True)
     except BaseException as error:
         cause = interruption(error)
         reason = cause or error

@@ -8,7 +8,7 @@ Chromium (Debian's `chromium` package) after 15 s of virtual time, as text (`--d
 - pipeline: the pipeline run's page: its stage runs by name, its metrics `test_bleu_src2tgt` and
   `test_bleu_tgt2src` (a taller window: they are below the fold at 900 pixels);
 - run: the train stage's run, its artifact `training.png` shown as an image;
-- model: the registered model `reder-<src>-<tgt>` and its versions.
+- model: the registered model `reder-<src>-<tgt>` and its versions, the alias @champion on the best.
 
     python -m bench.mlflow_ui --workdir runs/smoke [--out docs/] [--dom DIR] [--budget-ms 15000]
 
@@ -70,7 +70,7 @@ def expected_texts(runs: list) -> tuple[dict[str, str], dict[str, list[str]]]:
     return links, {"runs": [run.info.run_name for run in runs] + ["Sort: test_bleu_src2tgt", *runs_table],
                    "pipeline": [pipeline.info.run_name, *stages, *(f"{key}{value}" for key, value in test_bleu)],
                    "run": [train.info.run_name, 'alt="training.png"'],
-                   "model": [model, "Version 1"]}
+                   "model": [model, "Version 1", "champion"]}  # issue 56: the alias on its version
 
 
 @contextlib.contextmanager

@@ -403,6 +403,16 @@ class TrackingConfig:
     # The train stage's model is logged as an MLflow pyfunc that translates (pipeline/mlflow_model.py) and
     # registered under this name ({src}, {tgt}: the language codes); empty: logged, not registered.
     registered_model: str = "reder-{src}-{tgt}"
+    # The registry alias (models:/<registered_model>@<alias>) that the evaluate stage moves to the new version only
+    # when it beats the holder: a higher mean of test BLEU src2tgt and tgt2src (greedy, the headline test split),
+    # scored on the same references; no holder: the first evaluated version takes it. Empty: no alias.
+    alias: str = "champion"
+
+    def __post_init__(self) -> None:
+        if self.alias and (not self.alias.replace("_", "").replace("-", "").isalnum() or self.alias.lower() == "latest"
+                           or self.alias[0].isdigit()):
+            raise FieldError("alias", f"an MLflow alias: letters, digits, _ and -, not starting with a digit nor "
+                                      f"'latest' (reserved), got {self.alias!r}")
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,7 @@ run id, every (split, direction, decoder) score under `scores`, and each scored 
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import time
 from pathlib import Path
@@ -200,10 +201,12 @@ def evaluate_model(model_dir: Path, corpus: Path, cfg: PipelineConfig, out: Path
     scores: dict[str, Any] = {}
     signatures: dict[str, str] = {}
     roundtrip: dict[str, Any] = {}
+    digests: dict[str, str] = {}
     progress = Progress("evaluate", len(evaluation.splits) * len(DIRECTIONS) * len(decoders), "decode")
     for split in evaluation.splits:
         src_text, tgt_text = read_split(corpus, split, cfg)
         sides = {"src2tgt": (src_text, tgt_text), "tgt2src": (tgt_text, src_text)}
+        digests[split] = references_digest(src_text, tgt_text)
         greedy_ids = {}
         for direction, (inputs, references) in sides.items():
             encoded = encode_lines(sp, inputs)
@@ -234,7 +237,8 @@ def evaluate_model(model_dir: Path, corpus: Path, cfg: PipelineConfig, out: Path
     headline_split = "test" if "test" in evaluation.splits else evaluation.splits[0]
     results: dict[str, Any] = {"split": headline_split, "decoder": "greedy",
                                "device": device_name(next(model.parameters()).device)}
-    sets = {split: headline(scores, roundtrip, split) for split in evaluation.splits}
+    sets = {split: {**headline(scores, roundtrip, split), "references_sha256": digests[split]}
+            for split in evaluation.splits}
     results.update(sets[headline_split])
     results.update(bleu_signature=signatures["bleu"], chrf_signature=signatures["chrf"], mlflow_run_id=mlflow_run_id,
                    model_dir=str(model_dir), src_lang=meta["src_lang"], tgt_lang=meta["tgt_lang"],
@@ -261,6 +265,11 @@ def headline(scores: dict[str, Any], roundtrip: dict[str, float], split: str) ->
         row[f"bleu_{direction}"], row[f"chrf_{direction}"] = entry["bleu"], entry["chrf"]
     return {**row, "roundtrip_bleu_src": roundtrip[f"{split}.src"], "roundtrip_bleu_tgt": roundtrip[f"{split}.tgt"],
             "sentences": scores[f"{split}.src2tgt.greedy"]["sentences"]}
+
+
+def references_digest(src_text: list[str], tgt_text: list[str]) -> str:
+    """SHA-256 of a scored set's two sides: which scores may be compared (the registry alias, tracking.alias)."""
+    return hashlib.sha256(json.dumps([src_text, tgt_text], ensure_ascii=False).encode("utf-8")).hexdigest()
 
 
 

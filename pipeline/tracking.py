@@ -369,6 +369,9 @@ class Tracker:
             with contextlib.redirect_stderr(io.StringIO()):  # MLflow prints "Successfully registered model ..."
                 info = log_translator(model, languages, registered)
             uri = f"models:/{registered}/{info.registered_model_version}" if registered else info.model_uri
+            if registered:  # which version this train stage's model is, for the alias after its evaluation
+                mlflow.MlflowClient(self.uri).set_model_version_tag(registered, str(info.registered_model_version),
+                                                                    TRAIN_DIR_TAG, str(output))
             mlflow.set_tag("model_uri", uri)
             log.info("%s: model logged to MLflow as %s (a pyfunc that translates both ways)", self.stage, uri)
         mlflow.end_run(status="FINISHED")
@@ -390,6 +393,48 @@ class Tracker:
             if key in results:
                 client.set_tag(self.run_id, key, results[key])
 
+    def promote(self, results: dict[str, Any], train_dir: Path) -> str:
+        """Record an evaluation's test scores on the registered version of `train_dir`'s model and move
+        `tracking.alias` to it when it beats the holder (`beats`); returns what was done, "" when there is no
+        registered version or no alias."""
+        if self.run_id is None or not self.cfg.alias or not self.cfg.registered_model:
+            return ""
+        from mlflow.exceptions import MlflowException
+        from mlflow.tracking import MlflowClient
+
+        name = self.cfg.registered_model.format(src=results["src_lang"], tgt=results["tgt_lang"])
+        client = MlflowClient(self.uri)
+        try:
+            versions = [v for v in client.search_model_versions(f"name = '{name}'")
+                        if v.tags.get(TRAIN_DIR_TAG) == str(train_dir)]
+        except MlflowException:  # no such registered model
+            return ""
+        if not versions:
+            return ""
+        version = max(versions, key=lambda v: int(v.version))
+        split = results["split"]
+        row = results.get("sets", {}).get(split, results)
+        scores = {ALIAS_TAGS[0]: row["bleu_src2tgt"], ALIAS_TAGS[1]: row["bleu_tgt2src"],
+                  ALIAS_TAGS[2]: row.get("references_sha256", ""), "test_split": split}
+        for key, value in scores.items():
+            client.set_model_version_tag(name, version.version, key, str(value))
+        try:
+            holder = client.get_model_version_by_alias(name, self.cfg.alias)
+        except MlflowException:
+            holder = None
+        if holder is not None and holder.version == version.version:
+            return f"models:/{name}@{self.cfg.alias} is version {version.version} already"
+        better, why = beats({k: str(v) for k, v in scores.items()}, holder.tags if holder is not None else None)
+        where = f"models:/{name}@{self.cfg.alias}"
+        if not better:
+            message = f"{where} stays version {holder.version}: version {version.version} {why}"
+        else:
+            client.set_registered_model_alias(name, self.cfg.alias, version.version)
+            message = f"{where} moved to version {version.version}: {why}"
+        client.set_tag(self.run_id, "alias", message)
+        log.info("%s", message)
+        return message
+
     def close(self, failed: bool = False, error: str = "", killed: bool = False) -> None:
         """End the open runs; a failure marks them FAILED (`killed`, an interruption: KILLED) with the error
         text as the `error` tag."""
@@ -409,6 +454,32 @@ class Tracker:
             mlflow.end_run(status=status)
             self.stage_run_id = None
         mlflow.end_run(status=status)
+
+
+TRAIN_DIR_TAG = "duplex.train_dir"  # a registered version's tag: the train stage output its model came from
+# A registered version's tags after its evaluation: its test BLEU both ways and the SHA-256 of the test references
+ALIAS_TAGS = ("test_bleu_src2tgt", "test_bleu_tgt2src", "test_references_sha256")
+
+
+def beats(new: dict[str, str], holder: dict[str, str] | None) -> tuple[bool, str]:
+    """Whether a version with test scores `new` (ALIAS_TAGS) takes the alias from `holder` (its version tags; None:
+    no version holds the alias), and why. The rule (docs/USAGE.md): both directions count, as their mean (the
+    sweep's valid_bleu is the same mean); the new version must be strictly better on the same references (a tie
+    keeps the holder); a holder without test scores (set by hand) or scored on other references is not beaten:
+    it keeps the alias, a person moves it (`mlflow.MlflowClient().set_registered_model_alias`)."""
+    def mean(tags: dict[str, str]) -> float:
+        return (float(tags[ALIAS_TAGS[0]]) + float(tags[ALIAS_TAGS[1]])) / 2
+
+    ours = f"mean test BLEU {mean(new):.2f} (src2tgt {float(new[ALIAS_TAGS[0]]):.2f}, tgt2src {float(new[ALIAS_TAGS[1]]):.2f})"
+    if holder is None:
+        return True, f"{ours}; no version held the alias"
+    if not all(key in holder for key in ALIAS_TAGS):
+        return False, f"has {ours}; the holder has no test scores to compare with"
+    if holder[ALIAS_TAGS[2]] != new[ALIAS_TAGS[2]]:
+        return False, f"has {ours}, scored on other test references than the holder"
+    if mean(new) > mean(holder):
+        return True, f"{ours} beats the holder's {mean(holder):.2f}"
+    return False, f"has {ours}, not above the holder's {mean(holder):.2f}"
 
 
 def log_translator(model_dir: Path, languages: tuple[str, str], registered_name: str = "") -> Any:

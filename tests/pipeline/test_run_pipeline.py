@@ -256,6 +256,9 @@ def test_smoke_config_end_to_end_with_tracking_then_skips(tmp_path, capsys, ray_
 
     # The published model is registered as a pyfunc that translates both ways, as the CLI does.
     assert by_name["train"].data.tags["model_uri"] == "models:/reder-en-es/1"
+    # issue 56: the first evaluated version takes the alias @champion
+    assert str(client.get_model_version_by_alias("reder-en-es", "champion").version) == "1"
+    assert "registry: models:/reder-en-es@champion moved to version 1: mean test BLEU" in out
     translator = mlflow.pyfunc.load_model("models:/reder-en-es/1")
     test_src, test_tgt = evaluate.read_text_split(Path(last["stages"]["ingest"]["output"]), "test", 50)
     rows = [{"text": text, "src": "en", "tgt": "es"} for text in test_src[:5]] + [{"text": test_tgt[0], "src": "es", "tgt": "en"}]

@@ -259,15 +259,38 @@ def test_the_trained_model_is_registered_as_a_pyfunc_that_translates_both_ways(t
     tracker.begin_stage("train", "train-0123456789ab")
     out = run_stage("train", tmp_path / "train-0123456789ab", lambda tmp: {}, config={}, inputs={})
     tracker.end_stage(out, {}, [], model=tiny_model_dir)
+    # Issue 56: the alias @champion goes to the first evaluated version, then only to a version that beats it
+    row = {"bleu_src2tgt": 10.0, "bleu_tgt2src": 10.0, "references_sha256": "abc"}
+    results = {"split": "test", "src_lang": "en", "tgt_lang": "de", "sets": {"test": row}}
+    assert tracker.promote(results, tmp_path / "nowhere") == ""  # no version of that train stage
+    assert "moved to version 1: mean test BLEU 10.00" in tracker.promote(results, out)
+    assert tracker.promote(results, out) == "models:/reder-en-de@champion is version 1 already"
+    tracker.begin_stage("train", "train-second")  # a second model: version 2, worse one way, better on the mean
+    second = run_stage("train", tmp_path / "train-second", lambda tmp: {}, config={}, inputs={})
+    tracker.end_stage(second, {}, [], model=tiny_model_dir)
+    worse = {**results, "sets": {"test": {**row, "bleu_src2tgt": 12.0, "bleu_tgt2src": 8.0}}}  # a tie: stays
+    assert tracker.promote(worse, second).startswith("models:/reder-en-de@champion stays version 1: version 2 has mean")
+    better = {**results, "sets": {"test": {**row, "bleu_src2tgt": 9.0, "bleu_tgt2src": 12.0}}}
+    assert "moved to version 2: mean test BLEU 10.50 (src2tgt 9.00, tgt2src 12.00) beats the holder's 10.00" in \
+        tracker.promote(better, second)
     tracker.close()
     client = MlflowClient(tracker.uri)
+    assert str(client.get_model_version_by_alias("reder-en-de", "champion").version) == "2"
+    assert client.get_model_version("reder-en-de", "1").tags["test_bleu_src2tgt"] == "10.0"
     run = client.get_run(tracker.run_id)
     assert run.info.run_name == "tiny-pipeline-0123456789ab"
-    stage = [r for r in client.search_runs([run.info.experiment_id]) if r.data.tags["duplex.stage"] == "train"][0]
+    stage = [r for r in client.search_runs([run.info.experiment_id]) if r.data.tags["duplex.stage"] == "train"][-1]
     assert stage.info.run_name == "tiny-train-0123456789ab" and stage.data.tags["model_uri"] == "models:/reder-en-de/1"
 
     served = mlflow.pyfunc.load_model("models:/reder-en-de/1")
     local = reder.load(tiny_model_dir)
+    # reder.load and the Serve backend take the alias's URI (MLflow from the environment's tracking URI)
+    from pipeline.serve import load_backend
+
+    mlflow.set_tracking_uri(tracker.uri)
+    by_alias = reder.load("models:/reder-en-de@champion")
+    assert by_alias.translate("the cat", "en", "de") == local.translate("the cat", "en", "de")
+    assert load_backend("models:/reder-en-de@champion", "torch", "cpu", 1).languages == local.languages
     rows = pd.DataFrame([{"text": "the cat", "src": "en", "tgt": "de"}, {"text": "a dog ran", "src": "de", "tgt": "en"},
                          {"text": "the bird", "src": "en", "tgt": "de"}])
     assert served.predict(rows) == [local.translate("the cat", "en", "de"), local.translate("a dog ran", "de", "en"),
@@ -288,6 +311,18 @@ def test_the_trained_model_is_registered_as_a_pyfunc_that_translates_both_ways(t
         with pytest.raises(MlflowException, match=re.escape(message)) as caught:
             served.predict(pd.DataFrame([{"text": "ok", "src": "en", "tgt": "de"}, bad]), params=params)
         assert caught.value.error_code == "INVALID_PARAMETER_VALUE"
+
+
+def test_the_alias_rule_counts_both_directions_and_compares_only_scores_on_the_same_references():
+    from pipeline.tracking import beats
+
+    def tags(forward: float, backward: float, references: str = "r") -> dict[str, str]:
+        return {"test_bleu_src2tgt": str(forward), "test_bleu_tgt2src": str(backward), "test_references_sha256": references}
+
+    assert beats(tags(1, 1), None)[0]
+    assert beats(tags(20, 11), tags(10, 20))[0] and not beats(tags(20, 10), tags(10, 20))[0]  # mean; a tie keeps it
+    assert not beats(tags(30, 30), tags(10, 10, "other"))[0]  # other references: not comparable
+    assert not beats(tags(30, 30), {"test_bleu_src2tgt": "1"})[0]  # a holder set by hand, unscored
 
 
 def test_mlflow_models_serve_translates_both_ways_from_one_endpoint(tiny_model_dir, tmp_path):
