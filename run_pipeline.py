@@ -202,6 +202,8 @@ def run(cfg: PipelineConfig, stages: list[str], force: bool = False, started: fl
             summary[name] = {"output": str(output), "status": status, "counts": counts,
                              "seconds": round(time.time() - started, 1)}
             if status == "ran":
+                if name == "evaluate":
+                    tracker.log_tables(output / evaluate.TRANSLATIONS_DIR)
                 tracker.end_stage(output, counts, stage_artifacts(output),
                                   model=output / train.MODEL_DIR if name == "train" else None)
             if name == "evaluate":

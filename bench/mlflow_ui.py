@@ -8,7 +8,9 @@ Chromium (Debian's `chromium` package) after 15 s of virtual time, as text (`--d
 - pipeline: the pipeline run's page: its stage runs by name, its metrics `test_bleu_src2tgt` and
   `test_bleu_tgt2src` (a taller window: they are below the fold at 900 pixels);
 - run: the train stage's run, its artifact `training.png` shown as an image;
-- model: the registered model `reder-<src>-<tgt>` and its versions, the alias @champion on the best.
+- model: the registered model `reder-<src>-<tgt>` and its versions, the alias @champion on the best;
+- translations: the evaluate run's table `translations/test.json` (mlflow.log_table): source, reference,
+  hypotheses both ways with sentence BLEU and chrF, sortable.
 
     python -m bench.mlflow_ui --workdir runs/smoke [--out docs/] [--dom DIR] [--budget-ms 15000]
 
@@ -48,11 +50,15 @@ def chromium() -> str | None:
     return shutil.which("chromium") or shutil.which("chromium-browser")
 
 
-def pages(experiment_id: str, pipeline_run_id: str, train_run_id: str, model: str) -> dict[str, str]:
+def pages(experiment_id: str, pipeline_run_id: str, train_run_id: str, model: str,
+          evaluate_run_id: str = "") -> dict[str, str]:
     """The URL fragment of each page (after http://host:port/)."""
     runs = f"#/experiments/{experiment_id}/runs"
-    return {"runs": runs_page(experiment_id), "pipeline": f"{runs}/{pipeline_run_id}?{RUNS_VIEW}",
-            "run": f"{runs}/{train_run_id}/artifacts/training.png?{RUNS_VIEW}", "model": f"#/models/{model}?{RUNS_VIEW}"}
+    links = {"runs": runs_page(experiment_id), "pipeline": f"{runs}/{pipeline_run_id}?{RUNS_VIEW}",
+             "run": f"{runs}/{train_run_id}/artifacts/training.png?{RUNS_VIEW}", "model": f"#/models/{model}?{RUNS_VIEW}"}
+    if evaluate_run_id:
+        links["translations"] = f"{runs}/{evaluate_run_id}/artifacts/translations/test.json?{RUNS_VIEW}"
+    return links
 
 
 def expected_texts(runs: list) -> tuple[dict[str, str], dict[str, list[str]]]:
@@ -62,7 +68,9 @@ def expected_texts(runs: list) -> tuple[dict[str, str], dict[str, list[str]]]:
     by_stage = {run.data.tags.get("duplex.stage"): run for run in runs}
     pipeline, train = by_stage["pipeline"], by_stage["train"]
     model = train.data.tags["model_uri"].split("/")[1]
-    links = pages(train.info.experiment_id, pipeline.info.run_id, train.info.run_id, model)
+    evaluate = by_stage.get("evaluate")
+    links = pages(train.info.experiment_id, pipeline.info.run_id, train.info.run_id, model,
+                  evaluate.info.run_id if evaluate is not None else "")
     # the metrics table's text: name, then the value as JavaScript writes it (Python's repr: the same shortest digits)
     test_bleu = [(key, repr(pipeline.data.metrics[key])) for key in ("test_bleu_src2tgt", "test_bleu_tgt2src")]
     stages = [run.info.run_name for run in runs if run.data.tags.get("mlflow.parentRunId") == pipeline.info.run_id]
@@ -70,7 +78,9 @@ def expected_texts(runs: list) -> tuple[dict[str, str], dict[str, list[str]]]:
     return links, {"runs": [run.info.run_name for run in runs] + ["Sort: test_bleu_src2tgt", *runs_table],
                    "pipeline": [pipeline.info.run_name, *stages, *(f"{key}{value}" for key, value in test_bleu)],
                    "run": [train.info.run_name, 'alt="training.png"'],
-                   "model": [model, "Version 1", "champion"]}  # issue 56: the alias on its version
+                   "model": [model, "Version 1", "champion"],  # issue 56: the alias on its version
+                   # issue 56: the evaluate run's translations table, its columns
+                   "translations": ["translations/test.json", "hypothesis_src2tgt", "bleu_src2tgt", "chrf_tgt2src"]}
 
 
 @contextlib.contextmanager

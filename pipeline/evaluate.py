@@ -47,7 +47,7 @@ import torch
 
 from pipeline import cmlm, teacher, train
 from pipeline.config import PipelineConfig
-from pipeline.metrics import corpus_scores, test_splits
+from pipeline.metrics import corpus_scores, sentence_scores, test_splits
 from pipeline.progress import Progress
 from pipeline.stage import StageError, StageRun, write_json, write_text
 from reder import DIRECTIONS, EOS_ID
@@ -57,6 +57,10 @@ from reder.translate import encode_lines, translate_ids
 log = logging.getLogger(__name__)
 
 RESULTS_FILE = "results.json"
+# Per scored set, `<split>.json`: its columns source, reference (the tgt side), hypothesis_src2tgt, bleu_src2tgt,
+# chrf_src2tgt, hypothesis_tgt2src (scored against source), bleu_tgt2src, chrf_tgt2src (greedy; sentence BLEU and
+# chrF by sacreBLEU), one row a sentence pair: logged to MLflow as a table (mlflow.log_table) to sort by.
+TRANSLATIONS_DIR = "translations"
 # What every timing of this module reads (the decodes' `seconds`, measure_speed's latencies and throughputs):
 # tests put a clock of known times here, so the speed-ups are checked against times they know.
 clock: Callable[[], float] = time.perf_counter
@@ -208,6 +212,7 @@ def evaluate_model(model_dir: Path, corpus: Path, cfg: PipelineConfig, out: Path
         sides = {"src2tgt": (src_text, tgt_text), "tgt2src": (tgt_text, src_text)}
         digests[split] = references_digest(src_text, tgt_text)
         greedy_ids = {}
+        table: dict[str, list] = {"source": src_text, "reference": tgt_text}  # one row a sentence pair, greedy both ways
         for direction, (inputs, references) in sides.items():
             encoded = encode_lines(sp, inputs)
             line = []
@@ -225,6 +230,8 @@ def evaluate_model(model_dir: Path, corpus: Path, cfg: PipelineConfig, out: Path
                 progress.update(progress.done + 1, f"last {split} {direction} {decoder}: BLEU {result['bleu']:.2f}")
                 if decoder == "greedy":
                     greedy_ids[direction] = ids
+                    table[f"hypothesis_{direction}"] = hypotheses
+                    table[f"bleu_{direction}"], table[f"chrf_{direction}"] = sentence_scores(hypotheses, references)
             log.info("evaluate %s %s (%d sentences), BLEU/chrF: %s", split, direction, len(inputs), ", ".join(line))
         for direction, (inputs, _) in sides.items():  # x -> ŷ -> x̂, scored against x
             back = "tgt2src" if direction == "src2tgt" else "src2tgt"
@@ -233,6 +240,8 @@ def evaluate_model(model_dir: Path, corpus: Path, cfg: PipelineConfig, out: Path
             text = [sp.decode(h) for h in restored]
             write_text(out / f"{split}.roundtrip_{side}.greedy.txt", "".join(h + "\n" for h in text))
             roundtrip[f"{split}.{side}"] = corpus_scores(text, inputs)["bleu"]
+        (out / TRANSLATIONS_DIR).mkdir(exist_ok=True)
+        write_text(out / TRANSLATIONS_DIR / f"{split}.json", json.dumps(table, ensure_ascii=False))  # columns in order
     progress.close()
     headline_split = "test" if "test" in evaluation.splits else evaluation.splits[0]
     results: dict[str, Any] = {"split": headline_split, "decoder": "greedy",

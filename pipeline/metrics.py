@@ -53,3 +53,13 @@ def test_splits(results: dict[str, Any]) -> list[str]:
     the headline split and every named test set; the ingested train and valid splits are in results.json only."""
     return [split for split in results.get("sets", {results["split"]: None})
             if split == results["split"] or split not in ("train", "valid")]
+
+
+def sentence_scores(hypotheses: list[str], references: list[str]) -> tuple[list[float], list[float]]:
+    """sacreBLEU's sentence BLEU (effective order, as sacreBLEU advises for single sentences) and sentence chrF of
+    each hypothesis against its reference, at two decimals: a translations table's columns to sort by."""
+    if len(hypotheses) != len(references):
+        raise ValueError(f"{len(hypotheses)} hypotheses for {len(references)} references")
+    bleu, chrf = sacrebleu.metrics.BLEU(effective_order=True), sacrebleu.metrics.CHRF()
+    return ([round(bleu.sentence_score(h, [r]).score, 2) for h, r in zip(hypotheses, references)],
+            [round(chrf.sentence_score(h, [r]).score, 2) for h, r in zip(hypotheses, references)])

@@ -377,6 +377,17 @@ class Tracker:
         mlflow.end_run(status="FINISHED")
         self.stage_run_id = None
 
+    def log_tables(self, directory: Path) -> None:
+        """Log every `<name>.json` of `directory` (a dict of columns) into the current stage's run as an MLflow table
+        `<directory name>/<name>.json` (the evaluate stage's translations: the UI shows them sortable)."""
+        if self.stage_run_id is None or not directory.is_dir():
+            return
+        import mlflow
+
+        for path in sorted(directory.glob("*.json")):
+            mlflow.log_table(json.loads(path.read_text(encoding="utf-8")), f"{directory.name}/{path.name}",
+                             run_id=self.stage_run_id)
+
     def log_results(self, results: dict[str, Any]) -> None:
         """Headline metrics on the parent run (the current stage run gets them from its counts)."""
         if self.run_id is None:

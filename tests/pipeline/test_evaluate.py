@@ -214,6 +214,14 @@ def test_named_test_sets_are_scored_both_ways_each_with_its_own_row_and_metrics(
     assert metrics["extra_bleu_tgt2src"] == expected and metrics["test_bleu_src2tgt"] == results["bleu_src2tgt"]
     assert set(metrics) == {f"{split}_{key}" for split in ("test", "extra") for key in evaluate.HEADLINE}
     assert (tmp_path / "out" / "extra.roundtrip_src.greedy.txt").is_file()
+    # the translations table of each set: a row a pair, greedy both ways, sacreBLEU's sentence BLEU and chrF
+    table = json.loads((out / evaluate.TRANSLATIONS_DIR / "extra.json").read_text(encoding="utf-8"))
+    assert list(table) == ["source", "reference", "hypothesis_src2tgt", "bleu_src2tgt", "chrf_src2tgt",
+                           "hypothesis_tgt2src", "bleu_tgt2src", "chrf_tgt2src"]
+    assert table["source"] == [s for s, _ in other] and table["hypothesis_tgt2src"] == hypotheses
+    assert table["bleu_tgt2src"][3] == round(sacrebleu.sentence_bleu(hypotheses[3], [other[3][0]]).score, 2)
+    assert table["chrf_tgt2src"][3] == round(sacrebleu.sentence_chrf(hypotheses[3], [other[3][0]]).score, 2)
+    assert sorted(p.name for p in (out / evaluate.TRANSLATIONS_DIR).iterdir()) == ["extra.json", "test.json"]
 
     missing = load_config(None, ["evaluate.splits=[test,wmt]", "evaluate.test_sets={wmt: {sacrebleu: wmt17}}",
                                  "data.tgt_lang=de"])

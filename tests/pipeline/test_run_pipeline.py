@@ -244,6 +244,10 @@ def test_smoke_config_end_to_end_with_tracking_then_skips(tmp_path, capsys, ray_
     assert "spm.model" in artifacts("spm")
     assert {"training.png", "history.json"} <= artifacts("train")
     assert {"results.json", "test.src2tgt.greedy.txt", "test.tgt2src.beam4.txt"} <= artifacts("evaluate")
+    # issue 56: a translations table per scored set, an MLflow table (sortable in the UI)
+    assert artifacts("evaluate", "translations") == {"translations/test.json", "translations/valid.json"}
+    table = mlflow.load_table("translations/test.json", run_ids=[by_name["evaluate"].info.run_id])
+    assert len(table) == 50 and table["hypothesis_src2tgt"].tolist() == hypotheses
     train_run = by_name["train"].info.run_id
     per_step = client.get_metric_history(train_run, "train_total")
     assert [m.step for m in per_step] == [5, 10, 15, 20, 25, 30]  # logged by rank 0 every log_every steps
@@ -338,7 +342,7 @@ def test_the_mlflow_ui_in_headless_chromium_shows_the_runs_the_plot_and_the_mode
     store = f"sqlite:///{workdir}/mlflow.db"
     mlflow.set_tracking_uri(store)
     links, expected = mlflow_ui.expected_texts(mlflow.search_runs(experiment_names=["duplex"], output_format="list"))
-    assert set(links) == {"runs", "pipeline", "run", "model"}
+    assert set(links) == {"runs", "pipeline", "run", "model", "translations"}
     assert len(expected["pipeline"]) == 1 + 7 + 2  # the pipeline run, its seven stage runs, two test BLEUs
     assert expected["runs"][-4:-2] == ["test_bleu_src2tgt", "test_bleu_tgt2src"]  # the view's columns, then values
     assert "viewStateShareKey=" in links["runs"]

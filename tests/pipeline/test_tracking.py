@@ -1,4 +1,5 @@
 """MLflow tracking helpers: the tune sweep's runs (SweepTracker) against a local sqlite store, no Ray."""
+import json
 import pickle
 import re
 
@@ -174,6 +175,10 @@ def test_stage_runs_carry_their_config_and_the_experiment_opens_on_its_runs(tmp_
     tracker.begin_stage("spm")
     out = run_stage("spm", tmp_path / "spm-abc", lambda tmp: {"vocab_size": 64},
                     config={"spm": {"model_type": "bpe", "seed": 1}, "vocab_size": 64}, inputs={})
+    tables = tmp_path / "translations"
+    tables.mkdir()
+    (tables / "test.json").write_text('{"source": ["a", "b"], "bleu_src2tgt": [1.5, 0.0]}', encoding="utf-8")
+    tracker.log_tables(tables)  # issue 56: an MLflow table the UI sorts
     tracker.end_stage(out, {"vocab_size": 64, "test_bleu_src2tgt": 11.8404722, "length_ratio": 0.987654}, [])
     # Issue 56: every scored test set its own metrics, BLEU and chrF as reported (two decimals); train and valid
     # (scored into results.json only) none
@@ -187,6 +192,11 @@ def test_stage_runs_carry_their_config_and_the_experiment_opens_on_its_runs(tmp_
     stage = next(r for r in client.search_runs([experiment.experiment_id]) if r.data.tags["duplex.stage"] == "spm")
     assert stage.data.params == {"spm.model_type": "bpe", "spm.seed": "1", "vocab_size": "64"}
     assert stage.data.metrics == {"vocab_size": 64, "test_bleu_src2tgt": 11.84, "length_ratio": 0.987654}
+    import mlflow
+
+    assert mlflow.load_table("translations/test.json", run_ids=[stage.info.run_id]).to_dict("list") == \
+        {"source": ["a", "b"], "bleu_src2tgt": [1.5, 0.0]}
+    assert json.loads(stage.data.tags["mlflow.loggedArtifacts"]) == [{"path": "translations/test.json", "type": "table"}]
     metrics = client.get_run(tracker.run_id).data.metrics
     assert {key for key in metrics if key.endswith("bleu_src2tgt")} == {"test_bleu_src2tgt", "t17_bleu_src2tgt"}
     assert (metrics["test_bleu_src2tgt"], metrics["t17_bleu_src2tgt"], metrics["t17_chrf_src2tgt"],
