@@ -34,7 +34,7 @@ from cluster.connect import check_shared_storage, cluster_overrides, connect
 from pipeline import evaluate, graph, ingest, train, tune
 from pipeline.config import ConfigError, PipelineConfig, load_config, to_yaml
 from pipeline.stage import StageError, is_done, read_manifest, write_json, write_text
-from pipeline.tracking import Tracker, browse_hint, tracking_uri
+from pipeline.tracking import Tracker, browse_hint, stage_datasets, tracking_uri
 
 REPO_ROOT = Path(__file__).resolve().parent
 DEFAULT_CONFIG = REPO_ROOT / "configs" / "default.yaml"
@@ -193,6 +193,7 @@ def run(cfg: PipelineConfig, stages: list[str], force: bool = False, started: fl
                 if graph.BY_NAME[name].uses_ray:
                     connect_ray(cfg)
                 tracker.begin_stage(name, expected.name)
+                tracker.log_datasets(stage_datasets(cfg, name, inputs))
             later = [n for n in stages[index:] if n in needed and (force or not is_done(dirs[n]))]
             cap = graph.time_cap(cfg, name, later, deadline - time.time())
             if status == "ran" and cap != float("inf"):

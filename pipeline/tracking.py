@@ -377,6 +377,23 @@ class Tracker:
         mlflow.end_run(status="FINISHED")
         self.stage_run_id = None
 
+    def log_datasets(self, datasets: list[Dataset]) -> None:
+        """Log `datasets` as the current stage run's inputs (mlflow.log_input of a metadata-only dataset: its name,
+        digest and source, the runs table's Dataset column; the data stays in the workdir)."""
+        if self.stage_run_id is None:
+            return
+        import warnings
+
+        import mlflow
+        from mlflow.data.dataset_source_registry import resolve_dataset_source
+        from mlflow.data.meta_dataset import MetaDataset
+
+        for dataset in datasets:
+            with warnings.catch_warnings():  # "can be interpreted in multiple ways": both are the local source
+                warnings.simplefilter("ignore", UserWarning)
+                source = resolve_dataset_source(str(dataset.source))
+            mlflow.log_input(MetaDataset(source, name=dataset.name, digest=dataset.digest), context=dataset.context)
+
     def log_tables(self, directory: Path) -> None:
         """Log every `<name>.json` of `directory` (a dict of columns) into the current stage's run as an MLflow table
         `<directory name>/<name>.json` (the evaluate stage's translations: the UI shows them sortable)."""
@@ -465,6 +482,32 @@ class Tracker:
             mlflow.end_run(status=status)
             self.stage_run_id = None
         mlflow.end_run(status=status)
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """A corpus a run read, as MLflow records it (`Tracker.log_datasets`): `name` (`multi30k-en-de-train-distilled`),
+    `digest` (of its files), `source` (its directory or file) and `context` (training, validation, evaluation)."""
+
+    name: str
+    digest: str
+    source: Path
+    context: str
+
+
+def stage_datasets(cfg: Any, stage: str, inputs: dict[str, Path]) -> list[Dataset]:
+    """What a training stage's run read (`inputs`: its input directories by label): the train split, `raw` (the
+    tokenized corpus) or `distilled` (the teachers' KD pairs), and the validation split; none for other stages."""
+    from pipeline.stage import split_digest
+
+    if stage not in ("teacher", "train", "cmlm") or stage == "teacher" and cfg.teacher.src2tgt_checkpoint:
+        return []  # not a training stage, or teachers given, not trained
+    corpus = f"{cfg.data.source}-{cfg.data.src_lang}-{cfg.data.tgt_lang}"
+    data = inputs["data"]
+    kind = "distilled" if data.name.startswith("distill-") else "raw"
+    valid = inputs.get("tokenize", data)  # teacher: its data is tokenize's
+    return [Dataset(f"{corpus}-train-{kind}", split_digest(data, "train"), data / "train", "training"),
+            Dataset(f"{corpus}-valid", split_digest(valid, "valid"), valid / "valid", "validation")]
 
 
 TRAIN_DIR_TAG = "duplex.train_dir"  # a registered version's tag: the train stage output its model came from

@@ -256,6 +256,13 @@ def test_smoke_config_end_to_end_with_tracking_then_skips(tmp_path, capsys, ray_
     for name in ("train_fba_src2tgt", "train_cc_tgt2src"):  # on from update 21 (aux_start_step 20): windows 25, 30
         assert [m.step for m in client.get_metric_history(train_run, name)] == [25, 30], name
     assert [m.step for m in client.get_metric_history(train_run, "valid_bleu_src2tgt")] == [10, 20, 30]
+    # issue 56: what each training run read, as MLflow datasets: REDER the distilled pairs, the teachers the raw ones
+    def datasets(stage: str) -> dict[str, str]:
+        return {i.dataset.name: {t.key: t.value for t in i.tags}["mlflow.data.context"]
+                for i in by_name[stage].inputs.dataset_inputs}
+
+    assert datasets("train") == {"files-en-es-train-distilled": "training", "files-en-es-valid": "validation"}
+    assert datasets("teacher") == {"files-en-es-train-raw": "training", "files-en-es-valid": "validation"}
     assert not [name for name in by_name["train"].data.metrics if name.startswith("bleu_")]
 
     # The published model is registered as a pyfunc that translates both ways, as the CLI does.

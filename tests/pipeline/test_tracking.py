@@ -2,6 +2,7 @@
 import json
 import pickle
 import re
+from pathlib import Path
 
 import pytest
 
@@ -179,6 +180,25 @@ def test_stage_runs_carry_their_config_and_the_experiment_opens_on_its_runs(tmp_
     tables.mkdir()
     (tables / "test.json").write_text('{"source": ["a", "b"], "bleu_src2tgt": [1.5, 0.0]}', encoding="utf-8")
     tracker.log_tables(tables)  # issue 56: an MLflow table the UI sorts
+    # issue 56: what a training stage read, as MLflow datasets: the distilled train split and the raw valid split
+    from pipeline.config import load_config
+    from pipeline.tracking import stage_datasets
+
+    def corpus(name: str) -> Path:
+        def build(tmp: Path) -> dict:
+            for split in ("train", "valid"):
+                (tmp / split).mkdir()
+                (tmp / split / "part-0.parquet").write_text(f"{name} {split}", encoding="utf-8")
+            return {}
+        return run_stage(name.split("-")[0], tmp_path / name, build, config={}, inputs={})
+
+    distilled, tokenized = corpus("distill-aaa"), corpus("tokenize-bbb")
+    datasets = stage_datasets(load_config(None, ["data.tgt_lang=de"]), "train", {"data": distilled, "tokenize": tokenized})
+    assert [(d.name, d.context) for d in datasets] == [("sword-en-de-train-distilled", "training"),
+                                                       ("sword-en-de-valid", "validation")]
+    assert stage_datasets(load_config(None, []), "teacher", {"data": tokenized})[0].name == "sword-en-es-train-raw"
+    assert stage_datasets(load_config(None, []), "evaluate", {"data": tokenized}) == []
+    tracker.log_datasets(datasets)
     tracker.end_stage(out, {"vocab_size": 64, "test_bleu_src2tgt": 11.8404722, "length_ratio": 0.987654}, [])
     # Issue 56: every scored test set its own metrics, BLEU and chrF as reported (two decimals); train and valid
     # (scored into results.json only) none
@@ -197,6 +217,10 @@ def test_stage_runs_carry_their_config_and_the_experiment_opens_on_its_runs(tmp_
     assert mlflow.load_table("translations/test.json", run_ids=[stage.info.run_id]).to_dict("list") == \
         {"source": ["a", "b"], "bleu_src2tgt": [1.5, 0.0]}
     assert json.loads(stage.data.tags["mlflow.loggedArtifacts"]) == [{"path": "translations/test.json", "type": "table"}]
+    logged = {(i.dataset.name, i.dataset.digest, json.loads(i.dataset.source)["uri"], i.dataset.source_type,
+               {t.key: t.value for t in i.tags}["mlflow.data.context"]) for i in stage.inputs.dataset_inputs}
+    assert logged == {(d.name, d.digest, str(d.source), "local", d.context) for d in datasets}
+    assert len({d.digest for d in datasets}) == 2 and all(len(d.digest) == 12 for d in datasets)
     metrics = client.get_run(tracker.run_id).data.metrics
     assert {key for key in metrics if key.endswith("bleu_src2tgt")} == {"test_bleu_src2tgt", "t17_bleu_src2tgt"}
     assert (metrics["test_bleu_src2tgt"], metrics["t17_bleu_src2tgt"], metrics["t17_chrf_src2tgt"],
