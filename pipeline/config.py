@@ -407,8 +407,14 @@ class TrackingConfig:
     # when it beats the holder: a higher mean of test BLEU src2tgt and tgt2src (greedy, the headline test split),
     # scored on the same references; no holder: the first evaluated version takes it. Empty: no alias.
     alias: str = "champion"
+    # MLflow's system metrics (CPU and GPU utilisation, GPU memory, host memory, disk, network: `system/node_<k>/...`)
+    # on the training runs (teacher, cmlm, train), sampled every system_metrics_interval_s by the first worker of each
+    # node. Needs psutil (and nvidia-ml-py for GPUs); without them, or off, a run records none and goes on.
+    system_metrics: bool = True
+    system_metrics_interval_s: float = 10.0
 
     def __post_init__(self) -> None:
+        require(self, system_metrics_interval_s="> 0")
         if self.alias and (not self.alias.replace("_", "").replace("-", "").isalnum() or self.alias.lower() == "latest"
                            or self.alias[0].isdigit()):
             raise FieldError("alias", f"an MLflow alias: letters, digits, _ and -, not starting with a digit nor "

@@ -561,6 +561,7 @@ def train_loop(config: dict[str, Any]) -> None:
         else (lambda _: {SCORE: math.nan})
     # Every rank logs its own throughput (`tokens_per_s_rank<r>`: a slow host shows); rank 0 everything else.
     mlflow = _MlflowLogger(config["mlflow"]) if config["mlflow"] else None
+    system = SystemMetrics(config["mlflow"], context.get_node_rank()) if context.get_local_rank() == 0 else None
     progress: dict[str, Any] = {}
     placement = gather_placement(world_size)
     if rank == 0 and config.get("progress"):
@@ -602,6 +603,8 @@ def train_loop(config: dict[str, Any]) -> None:
     try:
         harness.fit(harness.stream(lambda epoch: _epoch(examples, train, epoch, rank, group)), time_cap_s=config["time_cap_s"])
     finally:
+        if system is not None:
+            system.finish()
         if mlflow is not None:
             mlflow.close()  # what was queued is logged before the run's end is reported
     if mlflow is not None:
@@ -678,6 +681,41 @@ def route_metrics(metrics: dict[str, Any], run_id: str, runs: dict[str, str]) ->
         owner = next((runs[d] for d in runs if f"_{d}_" in f"_{key}_"), run_id)
         routed.setdefault(owner, {})[validation_metric(key)] = float(value)
     return routed
+
+
+class SystemMetrics:
+    """MLflow's system metrics monitor (mlflow.system_metrics) for this worker's node, logging into the stage's run
+    as `system/node_<node rank>/...` every `system_metrics_s` of the MLflow target (0 or no target: off). Built on a
+    thread of its own (MLflow's import stays off the path to the first update, as `_MlflowLogger`'s); anything it
+    lacks (psutil; pynvml is optional to MLflow) is one warning and no metrics, never a failed run."""
+
+    def __init__(self, target: Optional[dict[str, Any]], node_rank: int) -> None:
+        self.monitor: Any = None
+        interval = (target or {}).get("system_metrics_s", 0)
+        self.thread = threading.Thread(target=self._start, args=(target, node_rank, interval), daemon=True,
+                                       name="mlflow-system-metrics")
+        if interval:
+            self.thread.start()
+
+    def _start(self, target: dict[str, Any], node_rank: int, interval: float) -> None:
+        try:
+            from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+            # resume_logging: a restarted worker group goes on from the last step logged
+            monitor = SystemMetricsMonitor(target["run_id"], sampling_interval=interval, node_id=f"node_{node_rank}",
+                                           tracking_uri=target["uri"], resume_logging=True)
+            logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)  # its start and stop lines
+            monitor.start()
+            self.monitor = monitor
+        except Exception as error:  # e.g. no psutil: the run goes on without system metrics
+            log.warning("no system metrics in MLflow (tracking.system_metrics): %s: %s", type(error).__name__, error)
+
+    def finish(self) -> None:
+        """Stop sampling and log what was sampled."""
+        if self.thread.ident is not None:
+            self.thread.join()
+        if self.monitor is not None:
+            self.monitor.finish()
 
 
 class _MlflowLogger:

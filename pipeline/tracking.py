@@ -340,11 +340,13 @@ class Tracker:
         self.stage_run_id = mlflow.start_run(run_name=run_name(self.cfg, directory or stage), nested=True,
                                              tags={STAGE_TAG: stage}).info.run_id
 
-    def worker_target(self) -> dict[str, str] | None:
-        """Where Ray workers log their per-step metrics (absolute URI, the current stage's run)."""
+    def worker_target(self) -> dict[str, Any] | None:
+        """Where Ray workers log their per-step metrics (absolute URI, the current stage's run), and how often the
+        first worker of each node samples the system metrics into it (`system_metrics_s`, 0: never)."""
         if not self.cfg.enabled or self.stage_run_id is None:
             return None
-        return {"uri": self.uri, "run_id": self.stage_run_id}
+        interval = self.cfg.system_metrics_interval_s if self.cfg.system_metrics else 0
+        return {"uri": self.uri, "run_id": self.stage_run_id, "system_metrics_s": interval}
 
     def end_stage(self, output: Path, counts: dict[str, Any], artifacts: list[Path], model: Path | None = None) -> None:
         """Close the stage's nested run with its config (the manifest's: what its hash covers) as params, its

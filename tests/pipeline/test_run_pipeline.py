@@ -263,6 +263,9 @@ def test_smoke_config_end_to_end_with_tracking_then_skips(tmp_path, capsys, ray_
 
     assert datasets("train") == {"files-en-es-train-distilled": "training", "files-en-es-valid": "validation"}
     assert datasets("teacher") == {"files-en-es-train-raw": "training", "files-en-es-valid": "validation"}
+    if importlib.util.find_spec("psutil"):  # issue 56: MLflow's system metrics, sampled on the node (CI has psutil)
+        for stage in ("teacher", "train"):
+            assert "system/node_0/cpu_utilization_percentage" in by_name[stage].data.metrics, stage
     assert not [name for name in by_name["train"].data.metrics if name.startswith("bleu_")]
 
     # The published model is registered as a pyfunc that translates both ways, as the CLI does.
