@@ -564,7 +564,7 @@ def log_translator(model_dir: Path, languages: tuple[str, str], registered_name:
 
 # Short names of common searched keys in trial run names; any other key goes by its last part.
 SHORT_KEYS = {"loss.lambda_fba": "λfba", "loss.lambda_cc": "λcc", "model.upsample_ratio": "upsample",
-              "loss.aux_start_step": "aux_start"}
+              "loss.aux_start_step": "aux_start", "train.seed": "seed"}
 
 
 def trial_name(params: dict[str, Any]) -> str:
