@@ -29,6 +29,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from cluster.connect import actor_pool_options, remote_args_allowed
 from pipeline import ingest, parquet, spm
 from pipeline.stage import StageError, StageRun, write_json
 from reder import heads
@@ -164,10 +165,16 @@ def tokenize_on_ray(files: list[str], staging: Path, model_proto: bytes, upsampl
         dataset = ray.data.read_parquet(files, include_paths=True, num_cpus=io_cpus, override_num_blocks=blocks)
     finally:
         context.use_datasource_v2 = previous
-    dataset = dataset.map_batches(
-        Tokenizer, fn_constructor_kwargs={"model_proto": model_proto, "upsample_ratio": upsample_ratio, "head": head},
-        batch_format="pyarrow", batch_size=batch_size, compute=ray.data.ActorPoolStrategy(size=actors),
-        num_cpus=actor_cpus)
+    with remote_args_allowed():
+        dataset = dataset.map_batches(
+            Tokenizer, fn_constructor_kwargs={"model_proto": model_proto, "upsample_ratio": upsample_ratio, "head": head},
+            batch_format="pyarrow", batch_size=batch_size, compute=ray.data.ActorPoolStrategy(size=actors),
+            num_cpus=actor_cpus, **actor_pool_options())
+    # Ray Data warns that "the Ray cluster currently does not have any available CPUs. The Dataset job will hang"
+    # when ray.available_resources() shows none as the write starts; the read's metadata tasks have just ended
+    # then and the cluster's resource view lags them (a false alarm in every default run): wait until it shows
+    # the CPUs free again (a few hundred ms), so that the warning is left for a real hang.
+    free_cpus(settle_s=5.0, none_free_s=5.0)
     dataset.write_parquet(str(staging), ray_remote_args={"num_cpus": io_cpus})
     return actors
 
