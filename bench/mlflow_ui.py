@@ -1,6 +1,6 @@
 """The MLflow UI in a real browser (issue 42): `mlflow ui` on a run's store, four pages read by headless
 Chromium (Debian's `chromium` package) after 15 s of virtual time, as text (`--dump-dom`) and as screenshots
-(1500x900):
+(1500x900), issue 56's pages too:
 
 - runs: the experiment's runs table in the saved view "Test BLEU" that the pipeline tags the experiment with
   (pipeline/tracking.py `runs_view`, `runs_page`): columns test BLEU and chrF both ways, sorted by test BLEU
@@ -10,7 +10,11 @@ Chromium (Debian's `chromium` package) after 15 s of virtual time, as text (`--d
 - run: the train stage's run, its artifact `training.png` shown as an image;
 - model: the registered model `reder-<src>-<tgt>` and its versions, the alias @champion on the best;
 - translations: the evaluate run's table `translations/test.json` (mlflow.log_table): source, reference,
-  hypotheses both ways with sentence BLEU and chrF, sortable.
+  hypotheses both ways with sentence BLEU and chrF, sortable;
+- datasets: the runs table as it opens, its Dataset column naming what the training runs read (raw or distilled);
+- system: the train run's "System metrics" tab, MLflow's charts of CPU, memory (and GPU) over the run;
+- compare: with a sweep in the store (`run_pipeline.py tune`), its trials in MLflow's compare view, their values
+  and both validation BLEUs.
 
     python -m bench.mlflow_ui --workdir runs/smoke [--out docs/] [--dom DIR] [--budget-ms 15000]
 
@@ -51,13 +55,18 @@ def chromium() -> str | None:
 
 
 def pages(experiment_id: str, pipeline_run_id: str, train_run_id: str, model: str,
-          evaluate_run_id: str = "") -> dict[str, str]:
+          evaluate_run_id: str = "", trial_run_ids: tuple[str, ...] = ()) -> dict[str, str]:
     """The URL fragment of each page (after http://host:port/)."""
     runs = f"#/experiments/{experiment_id}/runs"
     links = {"runs": runs_page(experiment_id), "pipeline": f"{runs}/{pipeline_run_id}?{RUNS_VIEW}",
-             "run": f"{runs}/{train_run_id}/artifacts/training.png?{RUNS_VIEW}", "model": f"#/models/{model}?{RUNS_VIEW}"}
+             "run": f"{runs}/{train_run_id}/artifacts/training.png?{RUNS_VIEW}", "model": f"#/models/{model}?{RUNS_VIEW}",
+             # issue 56: the runs table as it opens (its Dataset column), the train run's system metrics
+             "datasets": f"{runs}?{RUNS_VIEW}", "system": f"{runs}/{train_run_id}/system-metrics?{RUNS_VIEW}"}
     if evaluate_run_id:
         links["translations"] = f"{runs}/{evaluate_run_id}/artifacts/translations/test.json?{RUNS_VIEW}"
+    if trial_run_ids:  # a sweep's trials side by side
+        ids = ",".join(f'"{run_id}"' for run_id in trial_run_ids)
+        links["compare"] = f"#/compare-runs?runs=[{ids}]&experiments=[\"{experiment_id}\"]&{RUNS_VIEW}"
     return links
 
 
@@ -69,8 +78,11 @@ def expected_texts(runs: list) -> tuple[dict[str, str], dict[str, list[str]]]:
     pipeline, train = by_stage["pipeline"], by_stage["train"]
     model = train.data.tags["model_uri"].split("/")[1]
     evaluate = by_stage.get("evaluate")
+    sweep = by_stage.get("tune")  # the latest sweep's trials, if the store has one
+    trials = [run for run in runs if sweep is not None and run.data.tags.get("mlflow.parentRunId") == sweep.info.run_id]
     links = pages(train.info.experiment_id, pipeline.info.run_id, train.info.run_id, model,
-                  evaluate.info.run_id if evaluate is not None else "")
+                  evaluate.info.run_id if evaluate is not None else "", tuple(run.info.run_id for run in trials))
+    datasets = sorted({i.dataset.name for i in train.inputs.dataset_inputs})
     # the metrics table's text: name, then the value as JavaScript writes it (Python's repr: the same shortest digits)
     test_bleu = [(key, repr(pipeline.data.metrics[key])) for key in ("test_bleu_src2tgt", "test_bleu_tgt2src")]
     stages = [run.info.run_name for run in runs if run.data.tags.get("mlflow.parentRunId") == pipeline.info.run_id]
@@ -80,7 +92,13 @@ def expected_texts(runs: list) -> tuple[dict[str, str], dict[str, list[str]]]:
                    "run": [train.info.run_name, 'alt="training.png"'],
                    "model": [model, "Version 1", "champion"],  # issue 56: the alias on its version
                    # issue 56: the evaluate run's translations table, its columns
-                   "translations": ["translations/test.json", "hypothesis_src2tgt", "bleu_src2tgt", "chrf_tgt2src"]}
+                   "translations": ["translations/test.json", "hypothesis_src2tgt", "bleu_src2tgt", "chrf_tgt2src"],
+                   # issue 56: the Dataset column names what the train run read; its system metrics' charts
+                   "datasets": ["Dataset", *datasets],
+                   "system": [train.info.run_name, "cpu_utilization_percentage", "system_memory_usage_megabytes"],
+                   # a sweep's compare view: each trial by name, its values and both BLEUs
+                   "compare": [*(run.info.run_name for run in trials), *sorted({k for run in trials for k in run.data.params}),
+                               "valid_bleu_src2tgt", "valid_bleu_tgt2src"]}
 
 
 @contextlib.contextmanager
