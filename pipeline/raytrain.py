@@ -701,10 +701,11 @@ class SystemMetrics:
         try:
             from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
 
+            # its INFO lines ("Skip logging GPU metrics" on a CPU host, start, stop) are nothing to act on
+            logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)
             # resume_logging: a restarted worker group goes on from the last step logged
             monitor = SystemMetricsMonitor(target["run_id"], sampling_interval=interval, node_id=f"node_{node_rank}",
                                            tracking_uri=target["uri"], resume_logging=True)
-            logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)  # its start and stop lines
             monitor.start()
             self.monitor = monitor
         except Exception as error:  # e.g. no psutil: the run goes on without system metrics
