@@ -147,6 +147,7 @@ def test_smoke_config_end_to_end_with_tracking_then_skips(tmp_path, capfd, ray_s
     # Issue 56: the two Ray lines nobody could act on are gone (capfd: Ray's C++ core writes to the descriptor)
     assert "has constructor arguments in the object store" not in err
     assert "does not have any available CPUs" not in err
+    assert "Skip logging GPU metrics" not in err  # MLflow's system metrics monitor, quiet
     # Issue 42: the summary says how to see the runs: `mlflow ui` on the store, the runs table in the view "Test BLEU"
     assert re.search(rf"browse: mlflow ui --backend-store-uri sqlite:///{re.escape(str(workdir.resolve()))}/mlflow.db   "
                      r"then http://127\.0\.0\.1:5000/#/experiments/\d+/runs\?viewStateShareKey=duplex-test-bleu&", out)
