@@ -11,7 +11,8 @@ Chromium (Debian's `chromium` package) after 15 s of virtual time, as text (`--d
 - model: the registered model `reder-<src>-<tgt>` and its versions, the alias @champion on the best;
 - translations: the evaluate run's table `translations/test.json` (mlflow.log_table): source, reference,
   hypotheses both ways with sentence BLEU and chrF, sortable;
-- datasets: the runs table as it opens, its Dataset column naming what the training runs read (raw or distilled);
+- datasets: the runs table searched for the runs that trained (`dataset.context = 'training'`), its Dataset column
+  naming what each read: the teachers the raw pairs, REDER the distilled ones;
 - system: the train run's "System metrics" tab, MLflow's charts of CPU, memory (and GPU) over the run;
 - compare: with a sweep in the store (`run_pipeline.py tune`), its trials in MLflow's compare view, their values
   and both validation BLEUs.
@@ -38,6 +39,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.parse
 import urllib.request
 from pathlib import Path
 from typing import Iterator
@@ -47,6 +49,8 @@ from pipeline.tracking import TEST_COLUMNS, runs_page
 
 RUNS_VIEW = "workflowType=machine_learning"
 WINDOWS = {"pipeline": "1500,1500"}  # the others 1500x900
+TRAINING_RUNS = urllib.parse.quote("dataset.context = 'training'")  # MLflow's search syntax, URL-quoted
+BY_VALID_BLEU = urllib.parse.quote("metrics.`valid_bleu`")
 
 
 def chromium() -> str | None:
@@ -60,8 +64,11 @@ def pages(experiment_id: str, pipeline_run_id: str, train_run_id: str, model: st
     runs = f"#/experiments/{experiment_id}/runs"
     links = {"runs": runs_page(experiment_id), "pipeline": f"{runs}/{pipeline_run_id}?{RUNS_VIEW}",
              "run": f"{runs}/{train_run_id}/artifacts/training.png?{RUNS_VIEW}", "model": f"#/models/{model}?{RUNS_VIEW}",
-             # issue 56: the runs table as it opens (its Dataset column), the train run's system metrics
-             "datasets": f"{runs}?{RUNS_VIEW}", "system": f"{runs}/{train_run_id}/system-metrics?{RUNS_VIEW}"}
+             # issue 56: the runs that trained (a search on their datasets' context, sorted by a metric so that they
+             # are listed flat, not folded under their pipeline run) with the Dataset column; the train run's
+             # system metrics
+             "datasets": f"{runs}?searchFilter={TRAINING_RUNS}&orderByKey={BY_VALID_BLEU}&orderByAsc=false&{RUNS_VIEW}",
+             "system": f"{runs}/{train_run_id}/system-metrics?{RUNS_VIEW}"}
     if evaluate_run_id:
         links["translations"] = f"{runs}/{evaluate_run_id}/artifacts/translations/test.json?{RUNS_VIEW}"
     if trial_run_ids:  # a sweep's trials side by side
@@ -82,7 +89,9 @@ def expected_texts(runs: list) -> tuple[dict[str, str], dict[str, list[str]]]:
     trials = [run for run in runs if sweep is not None and run.data.tags.get("mlflow.parentRunId") == sweep.info.run_id]
     links = pages(train.info.experiment_id, pipeline.info.run_id, train.info.run_id, model,
                   evaluate.info.run_id if evaluate is not None else "", tuple(run.info.run_id for run in trials))
-    datasets = sorted({i.dataset.name for i in train.inputs.dataset_inputs})
+    datasets = sorted({i.dataset.name for stage in ("train", "teacher") if stage in by_stage
+                       for i in by_stage[stage].inputs.dataset_inputs
+                       if {t.key: t.value for t in i.tags}.get("mlflow.data.context") == "training"})
     # the metrics table's text: name, then the value as JavaScript writes it (Python's repr: the same shortest digits)
     test_bleu = [(key, repr(pipeline.data.metrics[key])) for key in ("test_bleu_src2tgt", "test_bleu_tgt2src")]
     stages = [run.info.run_name for run in runs if run.data.tags.get("mlflow.parentRunId") == pipeline.info.run_id]
@@ -95,7 +104,7 @@ def expected_texts(runs: list) -> tuple[dict[str, str], dict[str, list[str]]]:
                    "translations": ["translations/test.json", "hypothesis_src2tgt", "bleu_src2tgt", "chrf_tgt2src"],
                    # issue 56: the Dataset column names what the train run read; its system metrics' charts
                    "datasets": ["Dataset", *datasets],
-                   "system": [train.info.run_name, "cpu_utilization_percentage", "system_memory_usage_megabytes"],
+                   "system": [train.info.run_name, "System metrics", "system/node_0"],
                    # a sweep's compare view: each trial by name, its values and both BLEUs
                    "compare": [*(run.info.run_name for run in trials), *sorted({k for run in trials for k in run.data.params}),
                                "valid_bleu_src2tgt", "valid_bleu_tgt2src"]}
@@ -107,8 +116,12 @@ def mlflow_ui(store: str, timeout_s: float = 120.0) -> Iterator[str]:
     port = free_port()
     mlflow = Path(sys.executable).with_name("mlflow")
     log = tempfile.TemporaryFile()
+    # One worker: uvicorn's supervisor of several kills a worker that answers its ping late, and on a loaded 2-core
+    # machine every worker still importing MLflow did, again and again ("Child process died"); one page at a time
+    # needs no more.
     server = subprocess.Popen([str(mlflow), "ui", "--backend-store-uri", store, "--host", "127.0.0.1", "--port",
-                               str(port)], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                               str(port), "--workers", "1"], stdout=log, stderr=subprocess.STDOUT,
+                              start_new_session=True)
     base = f"http://127.0.0.1:{port}/"
     try:
         deadline = time.monotonic() + timeout_s
@@ -126,7 +139,11 @@ def mlflow_ui(store: str, timeout_s: float = 120.0) -> Iterator[str]:
         yield base
     finally:
         os.killpg(server.pid, 15)  # its uvicorn workers too
-        server.wait(30)
+        try:
+            server.wait(30)
+        except subprocess.TimeoutExpired:  # a loaded machine: not stopped in 30 s
+            os.killpg(server.pid, 9)
+            server.wait(30)
         log.close()
 
 
