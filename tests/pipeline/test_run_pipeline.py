@@ -338,8 +338,9 @@ def test_the_mlflow_ui_in_headless_chromium_shows_the_runs_the_plot_and_the_mode
     training" pages, sorted by test BLEU, so nested runs are listed flat) names the pipeline run and every stage
     run and has the columns test_bleu_src2tgt and test_bleu_tgt2src with the pipeline run's values; the pipeline
     run's page lists its stage runs and shows both test BLEUs with their values; the train run's page shows
-    training.png as an image; the registered model's page lists version 1. Run alone, it makes the smoke run
-    first."""
+    training.png as an image; the registered model's page lists version 1 with the alias champion. Issue 56: the
+    runs that trained, with their Dataset column (the teachers' raw pairs, REDER's distilled ones); the train run's
+    System metrics tab; the evaluate run's translations table. Run alone, it makes the smoke run first."""
     from bench import mlflow_ui
 
     if mlflow_ui.chromium() is None:
