@@ -5,7 +5,7 @@ direction, on the two runs' hypotheses as MLflow keeps them.
 
 RUN_A (the baseline) and RUN_B are MLflow run ids of pipeline runs (their evaluate stage's run is read) or of
 evaluate runs. From each: results.json, the hypotheses `<set>.<direction>.<decoder>.txt` and the references of
-the translations tables (`translations/<set>.json`, issue 56). Every set both runs scored on the same references
+the translations tables (`translations/<set>.json`, issue 56: MLflow tables). Every set both runs scored on the same references
 is compared both ways with `sacrebleu.significance.PairedTest` — paired bootstrap resampling (`bs`, sacreBLEU's
 `--paired-bs`, 1000 resamples) or approximate randomisation (`ar`, `--paired-ar`, 10000 trials) — for BLEU and
 chrF, with sacreBLEU's defaults (signatures printed). A line per set, direction and metric: A's score, B's (with
@@ -15,6 +15,7 @@ The store is --tracking-uri, else $MLFLOW_TRACKING_URI (`sqlite:///runs/<name>/m
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import sys
@@ -51,6 +52,7 @@ def evaluate_run(client: Any, run_id: str) -> Any:
 
 def read_run(client: Any, run: Any, decoder: str, directory: Path) -> dict[str, dict[str, Any]]:
     """{set: {"references": {direction: lines}, "hypotheses": {direction: lines}}} of an evaluate run."""
+    import pandas
     from mlflow.artifacts import download_artifacts
 
     run_id = run.info.run_id
@@ -67,11 +69,11 @@ def read_run(client: Any, run: Any, decoder: str, directory: Path) -> dict[str, 
         hypotheses = {d: f"{name}.{d}.{decoder}.txt" for d in DIRECTIONS}
         if not all(path in logged for path in hypotheses.values()):
             continue  # another decoder set
-        try:
-            table = json.loads(fetch(table_path).read_text(encoding="utf-8"))
+        try:  # the set's MLflow table (mlflow.log_table writes pandas' "split" JSON): its source and reference columns
+            table = pandas.read_json(io.StringIO(fetch(table_path).read_text(encoding="utf-8")), orient="split")
         except Exception as error:  # a run from before the tables: no references kept
-            raise CompareError(f"run {run_id} has no {table_path} (evaluated before issue 56?): {error}") from error
-        sets[name] = {"references": {"src2tgt": table["reference"], "tgt2src": table["source"]},
+            raise CompareError(f"run {run_id} has no table {table_path} (evaluated before issue 56?): {error}") from error
+        sets[name] = {"references": {"src2tgt": table["reference"].tolist(), "tgt2src": table["source"].tolist()},
                       "hypotheses": {d: fetch(path).read_text(encoding="utf-8").splitlines() for d, path in hypotheses.items()}}
     return sets
 
@@ -105,7 +107,9 @@ def compare(baseline: dict[str, dict], system: dict[str, dict], test: str, sampl
 
 
 def verdict(row: dict[str, Any]) -> str:
-    if row["p_value"] is None or row["p_value"] >= SIGNIFICANCE:
+    """B better / B worse where p < SIGNIFICANCE and the scores differ (sacreBLEU's p-value counts resamples whose
+    difference exceeds the observed one, so two equal systems get p = 1/(n+1): no difference is none)."""
+    if row["p_value"] is None or row["p_value"] >= SIGNIFICANCE or row["delta"] == 0:
         return "no significant difference"
     return "B better" if row["delta"] > 0 else "B worse"
 
@@ -142,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
         print("error: no MLflow store: --tracking-uri sqlite:///runs/<name>/mlflow.db (or set MLFLOW_TRACKING_URI)",
               file=sys.stderr)
         return 2
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # a bar per downloaded file
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 
