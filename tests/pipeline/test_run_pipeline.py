@@ -298,6 +298,15 @@ def test_smoke_config_end_to_end_with_tracking_then_skips(tmp_path, capfd, ray_s
     assert translated.stdout.splitlines() == (evaluate_dir / "test.tgt2src.teacher_beam4.txt").read_text(
         encoding="utf-8").splitlines()
 
+    # issue 56: duplex-compare reads this run's hypotheses and tables back from MLflow (a run against itself: no
+    # difference on any line)
+    from pipeline import compare
+
+    capfd.readouterr()
+    assert compare.main([last["mlflow_run_id"], last["mlflow_run_id"], "--tracking-uri", uri, "--samples", "50",
+                         "--sets", "test"]) == 0
+    assert capfd.readouterr().out.count("no significant difference") == 4
+
     SMOKE_RUN["workdir"] = workdir  # its MLflow store, for the browser test
     # bench/ray_overhead.py: the same training budget through the harness alone, against this train stage.
     overhead = subprocess.run([sys.executable, "-m", "bench.ray_overhead", "--workdir", str(workdir), "--config",
