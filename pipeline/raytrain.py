@@ -712,11 +712,18 @@ class SystemMetrics:
             log.warning("no system metrics in MLflow (tracking.system_metrics): %s: %s", type(error).__name__, error)
 
     def finish(self) -> None:
-        """Stop sampling and log what was sampled."""
+        """Stop sampling and log what was sampled, with one last sample: MLflow's monitor logs only after each
+        interval, so a run shorter than one (a smoke run's teachers) would otherwise record nothing."""
         if self.thread.ident is not None:
             self.thread.join()
         if self.monitor is not None:
             self.monitor.finish()
+            try:
+                self.monitor.collect_metrics()
+                self.monitor.publish_metrics(self.monitor.aggregate_metrics())
+                self.monitor.mlflow_logger.flush()
+            except Exception as error:  # never the run's failure
+                log.warning("system metrics: the last sample was not logged: %s", error)
 
 
 class _MlflowLogger:

@@ -446,6 +446,10 @@ def test_the_first_worker_of_a_node_samples_mlflows_system_metrics_into_the_run_
         assert not logged and "no system metrics in MLflow" in caplog.text
     else:
         assert {"system/node_1/cpu_utilization_percentage", "system/node_1/system_memory_usage_megabytes"} <= logged
+        short = client.create_run(client.get_run(run).info.experiment_id).info.run_id  # shorter than its interval
+        system = raytrain.SystemMetrics({"uri": uri, "run_id": short, "system_metrics_s": 60}, 0)
+        system.finish()
+        assert "system/node_0/cpu_utilization_percentage" in client.get_run(short).data.metrics  # the last sample
     raytrain.SystemMetrics(None, 0).finish()  # tracking off
 
 
