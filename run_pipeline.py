@@ -34,7 +34,7 @@ from cluster.connect import check_shared_storage, cluster_overrides, connect
 from pipeline import evaluate, graph, ingest, raytrain, train, tune
 from pipeline.config import ConfigError, PipelineConfig, load_config, to_yaml
 from pipeline.stage import StageError, is_done, read_manifest, write_json, write_text
-from pipeline.tracking import Tracker, browse_hint, tracking_uri
+from pipeline.tracking import Tracker, browse_hint, stage_datasets, tracking_uri
 
 REPO_ROOT = Path(__file__).resolve().parent
 DEFAULT_CONFIG = REPO_ROOT / "configs" / "default.yaml"
@@ -194,6 +194,7 @@ def run(cfg: PipelineConfig, stages: list[str], force: bool = False, started: fl
                 if graph.BY_NAME[name].uses_ray:
                     connect_ray(cfg)
                 tracker.begin_stage(name, expected.name)
+                tracker.log_datasets(stage_datasets(cfg, name, inputs))
             later = [n for n in stages[index:] if n in needed and (force or not is_done(dirs[n]))]
             cap = graph.time_cap(cfg, name, later, deadline - time.time())
             if status == "ran" and cap != float("inf"):
@@ -203,10 +204,16 @@ def run(cfg: PipelineConfig, stages: list[str], force: bool = False, started: fl
             summary[name] = {"output": str(output), "status": status, "counts": counts,
                              "seconds": round(time.time() - started, 1)}
             if status == "ran":
+                if name == "evaluate":
+                    tracker.log_tables(output / evaluate.TRANSLATIONS_DIR)
                 tracker.end_stage(output, counts, stage_artifacts(output),
                                   model=output / train.MODEL_DIR if name == "train" else None)
             if name == "evaluate":
-                tracker.log_results(json.loads((output / evaluate.RESULTS_FILE).read_text(encoding="utf-8")))
+                results = json.loads((output / evaluate.RESULTS_FILE).read_text(encoding="utf-8"))
+                tracker.log_results(results)
+                promoted = tracker.promote(results, dirs["train"])
+                if promoted and status == "ran":
+                    print(f"      registry: {promoted}", flush=True)
     except BaseException as error:
         cause = interruption(error)
         reason = cause or error
@@ -289,6 +296,10 @@ def print_summary(summary: dict[str, dict], workdir: Path, tracker_note: str) ->
                   f"tgt2src {results['bleu_tgt2src']:.2f}   chrF {results['chrf_src2tgt']:.1f} / "
                   f"{results['chrf_tgt2src']:.1f}   round trip {results['roundtrip_bleu_src']:.1f} / "
                   f"{results['roundtrip_bleu_tgt']:.1f}")
+            for name, row in results.get("sets", {}).items():  # issue 56: every other scored set, a line each
+                if name != results["split"]:
+                    print(f"      {name} ({results['decoder']}):  BLEU src2tgt {row['bleu_src2tgt']:.2f}  tgt2src "
+                          f"{row['bleu_tgt2src']:.2f}   chrF {row['chrf_src2tgt']:.1f} / {row['chrf_tgt2src']:.1f}")
     print(f"  workdir {workdir}   {tracker_note}")
 
 

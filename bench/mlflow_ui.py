@@ -1,6 +1,6 @@
 """The MLflow UI in a real browser (issue 42): `mlflow ui` on a run's store, four pages read by headless
 Chromium (Debian's `chromium` package) after 15 s of virtual time, as text (`--dump-dom`) and as screenshots
-(1500x900):
+(1500x900), issue 56's pages too:
 
 - runs: the experiment's runs table in the saved view "Test BLEU" that the pipeline tags the experiment with
   (pipeline/tracking.py `runs_view`, `runs_page`): columns test BLEU and chrF both ways, sorted by test BLEU
@@ -8,7 +8,14 @@ Chromium (Debian's `chromium` package) after 15 s of virtual time, as text (`--d
 - pipeline: the pipeline run's page: its stage runs by name, its metrics `test_bleu_src2tgt` and
   `test_bleu_tgt2src` (a taller window: they are below the fold at 900 pixels);
 - run: the train stage's run, its artifact `training.png` shown as an image;
-- model: the registered model `reder-<src>-<tgt>` and its versions.
+- model: the registered model `reder-<src>-<tgt>` and its versions, the alias @champion on the best;
+- translations: the evaluate run's table `translations/test.json` (mlflow.log_table): source, reference,
+  hypotheses both ways with sentence BLEU and chrF, sortable;
+- datasets: the runs table searched for the runs that trained (`dataset.context = 'training'`), its Dataset column
+  naming what each read: the teachers the raw pairs, REDER the distilled ones;
+- system: the train run's "System metrics" tab, MLflow's charts of CPU, memory (and GPU) over the run;
+- compare: with a sweep in the store (`run_pipeline.py tune`), its trials in MLflow's compare view, their values
+  and both validation BLEUs.
 
     python -m bench.mlflow_ui --workdir runs/smoke [--out docs/] [--dom DIR] [--budget-ms 15000]
 
@@ -32,6 +39,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.parse
 import urllib.request
 from pathlib import Path
 from typing import Iterator
@@ -41,6 +49,8 @@ from pipeline.tracking import TEST_COLUMNS, runs_page
 
 RUNS_VIEW = "workflowType=machine_learning"
 WINDOWS = {"pipeline": "1500,1500"}  # the others 1500x900
+TRAINING_RUNS = urllib.parse.quote("dataset.context = 'training'")  # MLflow's search syntax, URL-quoted
+BY_VALID_BLEU = urllib.parse.quote("metrics.`valid_bleu`")
 
 
 def chromium() -> str | None:
@@ -48,11 +58,23 @@ def chromium() -> str | None:
     return shutil.which("chromium") or shutil.which("chromium-browser")
 
 
-def pages(experiment_id: str, pipeline_run_id: str, train_run_id: str, model: str) -> dict[str, str]:
+def pages(experiment_id: str, pipeline_run_id: str, train_run_id: str, model: str,
+          evaluate_run_id: str = "", trial_run_ids: tuple[str, ...] = ()) -> dict[str, str]:
     """The URL fragment of each page (after http://host:port/)."""
     runs = f"#/experiments/{experiment_id}/runs"
-    return {"runs": runs_page(experiment_id), "pipeline": f"{runs}/{pipeline_run_id}?{RUNS_VIEW}",
-            "run": f"{runs}/{train_run_id}/artifacts/training.png?{RUNS_VIEW}", "model": f"#/models/{model}?{RUNS_VIEW}"}
+    links = {"runs": runs_page(experiment_id), "pipeline": f"{runs}/{pipeline_run_id}?{RUNS_VIEW}",
+             "run": f"{runs}/{train_run_id}/artifacts/training.png?{RUNS_VIEW}", "model": f"#/models/{model}?{RUNS_VIEW}",
+             # issue 56: the runs that trained (a search on their datasets' context, sorted by a metric so that they
+             # are listed flat, not folded under their pipeline run) with the Dataset column; the train run's
+             # system metrics
+             "datasets": f"{runs}?searchFilter={TRAINING_RUNS}&orderByKey={BY_VALID_BLEU}&orderByAsc=false&{RUNS_VIEW}",
+             "system": f"{runs}/{train_run_id}/system-metrics?{RUNS_VIEW}"}
+    if evaluate_run_id:
+        links["translations"] = f"{runs}/{evaluate_run_id}/artifacts/translations/test.json?{RUNS_VIEW}"
+    if trial_run_ids:  # a sweep's trials side by side
+        ids = ",".join(f'"{run_id}"' for run_id in trial_run_ids)
+        links["compare"] = f"#/compare-runs?runs=[{ids}]&experiments=[\"{experiment_id}\"]&{RUNS_VIEW}"
+    return links
 
 
 def expected_texts(runs: list) -> tuple[dict[str, str], dict[str, list[str]]]:
@@ -62,7 +84,14 @@ def expected_texts(runs: list) -> tuple[dict[str, str], dict[str, list[str]]]:
     by_stage = {run.data.tags.get("duplex.stage"): run for run in runs}
     pipeline, train = by_stage["pipeline"], by_stage["train"]
     model = train.data.tags["model_uri"].split("/")[1]
-    links = pages(train.info.experiment_id, pipeline.info.run_id, train.info.run_id, model)
+    evaluate = by_stage.get("evaluate")
+    sweep = by_stage.get("tune")  # the latest sweep's trials, if the store has one
+    trials = [run for run in runs if sweep is not None and run.data.tags.get("mlflow.parentRunId") == sweep.info.run_id]
+    links = pages(train.info.experiment_id, pipeline.info.run_id, train.info.run_id, model,
+                  evaluate.info.run_id if evaluate is not None else "", tuple(run.info.run_id for run in trials))
+    datasets = sorted({i.dataset.name for stage in ("train", "teacher") if stage in by_stage
+                       for i in by_stage[stage].inputs.dataset_inputs
+                       if {t.key: t.value for t in i.tags}.get("mlflow.data.context") == "training"})
     # the metrics table's text: name, then the value as JavaScript writes it (Python's repr: the same shortest digits)
     test_bleu = [(key, repr(pipeline.data.metrics[key])) for key in ("test_bleu_src2tgt", "test_bleu_tgt2src")]
     stages = [run.info.run_name for run in runs if run.data.tags.get("mlflow.parentRunId") == pipeline.info.run_id]
@@ -70,7 +99,15 @@ def expected_texts(runs: list) -> tuple[dict[str, str], dict[str, list[str]]]:
     return links, {"runs": [run.info.run_name for run in runs] + ["Sort: test_bleu_src2tgt", *runs_table],
                    "pipeline": [pipeline.info.run_name, *stages, *(f"{key}{value}" for key, value in test_bleu)],
                    "run": [train.info.run_name, 'alt="training.png"'],
-                   "model": [model, "Version 1"]}
+                   "model": [model, "Version 1", "champion"],  # issue 56: the alias on its version
+                   # issue 56: the evaluate run's translations table, its columns
+                   "translations": ["translations/test.json", "hypothesis_src2tgt", "bleu_src2tgt", "chrf_tgt2src"],
+                   # issue 56: the Dataset column names what the train run read; its system metrics' charts
+                   "datasets": ["Dataset", *datasets],
+                   "system": [train.info.run_name, "System metrics", "system/node_0"],
+                   # a sweep's compare view: each trial by name, its values and both BLEUs
+                   "compare": [*(run.info.run_name for run in trials), *sorted({k for run in trials for k in run.data.params}),
+                               "valid_bleu_src2tgt", "valid_bleu_tgt2src"]}
 
 
 @contextlib.contextmanager
@@ -79,8 +116,12 @@ def mlflow_ui(store: str, timeout_s: float = 120.0) -> Iterator[str]:
     port = free_port()
     mlflow = Path(sys.executable).with_name("mlflow")
     log = tempfile.TemporaryFile()
+    # One worker: uvicorn's supervisor of several kills a worker that answers its ping late, and on a loaded 2-core
+    # machine every worker still importing MLflow did, again and again ("Child process died"); one page at a time
+    # needs no more.
     server = subprocess.Popen([str(mlflow), "ui", "--backend-store-uri", store, "--host", "127.0.0.1", "--port",
-                               str(port)], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                               str(port), "--workers", "1"], stdout=log, stderr=subprocess.STDOUT,
+                              start_new_session=True)
     base = f"http://127.0.0.1:{port}/"
     try:
         deadline = time.monotonic() + timeout_s
@@ -98,7 +139,11 @@ def mlflow_ui(store: str, timeout_s: float = 120.0) -> Iterator[str]:
         yield base
     finally:
         os.killpg(server.pid, 15)  # its uvicorn workers too
-        server.wait(30)
+        try:
+            server.wait(30)
+        except subprocess.TimeoutExpired:  # a loaded machine: not stopped in 30 s
+            os.killpg(server.pid, 9)
+            server.wait(30)
         log.close()
 
 

@@ -3,13 +3,15 @@ pick up the cluster file the head node writes (cluster/head.py), so that on a cl
 finds the Ray address, the MLflow server and the shared workdir without any option."""
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import sys
 import uuid
+import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from cluster import ClusterError
 
@@ -65,6 +67,28 @@ LOCAL_ENV = {"RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0",
 # on every start, which nobody can act on but by turning it off. Dropped from this process's log (setting
 # RAY_AUTH_MODE=token instead is too late once ray is imported: Ray reads it into a config cached at import).
 TOKEN_AUTH_NOTICE = "Token authentication is enabled for this Ray cluster"
+
+
+def actor_pool_options() -> dict[str, int]:
+    """Extra `map_batches` options of our Ray Data actor pools (tokenize, distill): on a one-node cluster (the
+    default local instance) no actor restarts (`max_restarts=0`). Ray Data restarts its actors forever by default,
+    and Ray's core then prints an error-level line at the first pool, "has constructor arguments in the object
+    store and max_restarts > 0 ... the actor restart will fail" (ray issue 53727), which a user cannot act on. On
+    one node a restart only follows a crash of the actor itself; without it the stage fails, leaves nothing
+    behind and runs again. A multi-node cluster keeps Ray's restarts (a lost node's actors come back elsewhere)."""
+    import ray
+
+    return {"max_restarts": 0} if len([node for node in ray.nodes() if node.get("Alive")]) == 1 else {}
+
+
+@contextlib.contextmanager
+def remote_args_allowed() -> Iterator[None]:
+    """Around a `map_batches` given `actor_pool_options`: Ray 2.60 warns that passing remote args as keywords is
+    deprecated ("use the named remote parameters instead"), but `max_restarts` has no named parameter (Ray Data's
+    own comment still says map_batches(..., max_restarts=0)): that one warning is silenced here, no other."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="`ray_remote_args` is deprecated")
+        yield
 
 
 class _DropTokenAuthNotice(logging.Filter):

@@ -189,7 +189,15 @@ NO_BLANK_PENALTY = (0.0,)
 class EvaluateConfig:
     """Evaluation (pipeline/evaluate.py): decoders, splits and the speed measurements."""
 
+    # What is decoded and scored: the ingested splits (train, valid, test) and the names of `test_sets`. Each is
+    # scored both ways with every decoder; test and each named set get their own metrics (`<name>_bleu_src2tgt`,
+    # ...) in MLflow and their own row under results.json's `sets`.
     splits: tuple[str, ...] = ("test", "valid")
+    # More test sets by name, each listed in `splits` to be scored: {src: FILE, tgt: FILE} (plain text, one
+    # sentence a line, src_lang and tgt_lang sides; paths relative to the config file) or {sacrebleu: NAME} with
+    # an optional langpair (default "<src_lang>-<tgt_lang>"), a sacreBLEU test set its cache already holds
+    # (`sacrebleu -t NAME -l PAIR --echo src` fetches it). Hashed only when set (added after outputs existed).
+    test_sets: dict = field(default_factory=dict)
     beam_size: int = 5  # CTC prefix beam search (greedy always runs too); 1 = greedy only
     batch_size: int = 64
     max_sentences: int = 0  # per split, 0 = all
@@ -221,8 +229,12 @@ class EvaluateConfig:
     refine_steps: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
-        if not self.splits or set(self.splits) - {"train", "valid", "test"}:
-            raise FieldError("splits", f"must be a non-empty list of train, valid, test, got {list(self.splits)}")
+        for name, spec in self.test_sets.items():
+            _check_test_set(f"test_sets.{name}", name, spec)
+        known = {"train", "valid", "test", *self.test_sets}
+        if not self.splits or set(self.splits) - known or len(set(self.splits)) < len(self.splits):
+            raise FieldError("splits", f"must be a non-empty list of distinct names of {sorted(known)} (train, "
+                                       f"valid, test and the names of test_sets), got {list(self.splits)}")
         require(self, beam_size=">= 1", batch_size=">= 1", max_sentences=">= 0", latency_sentences=">= 0",
                 throughput_batch=">= 1", teacher_beam_size=">= 1", rerank_weight=">= 0", cutoff_top_n=">= 1",
                 dag_max_transition=">= 0", dag_no_repeat_ngram=">= 0", dag_length_penalty=">= 0", cmlm_length_beam=">= 1")
@@ -237,6 +249,18 @@ class EvaluateConfig:
         if not self.blank_penalties or len(set(self.blank_penalties)) < len(self.blank_penalties):
             raise FieldError("blank_penalties", f"must be a non-empty list of distinct numbers ([0]: no penalty), "
                                                 f"got {list(self.blank_penalties)}")
+
+
+def _check_test_set(key: str, name: str, spec: Any) -> None:
+    """One `evaluate.test_sets` entry: {src: FILE, tgt: FILE} or {sacrebleu: NAME[, langpair: "xx-yy"]}."""
+    if name in ("train", "valid", "test") or not str(name).replace("_", "").replace("-", "").isalnum():
+        raise FieldError(key, "a test set's name is letters, digits, _ and - (not train, valid or test: those are "
+                              f"the ingested splits), got {name!r}")
+    files = isinstance(spec, dict) and set(spec) == {"src", "tgt"}
+    named = isinstance(spec, dict) and "sacrebleu" in spec and set(spec) <= {"sacrebleu", "langpair"}
+    if not (files or named) or not all(isinstance(value, str) and value for value in spec.values()):
+        raise FieldError(key, f"expected {{src: FILE, tgt: FILE}} or {{sacrebleu: NAME, langpair: xx-yy}} (strings), "
+                              f"got {spec!r}")
 
 
 @dataclass(frozen=True)
@@ -379,6 +403,22 @@ class TrackingConfig:
     # The train stage's model is logged as an MLflow pyfunc that translates (pipeline/mlflow_model.py) and
     # registered under this name ({src}, {tgt}: the language codes); empty: logged, not registered.
     registered_model: str = "reder-{src}-{tgt}"
+    # The registry alias (models:/<registered_model>@<alias>) that the evaluate stage moves to the new version only
+    # when it beats the holder: a higher mean of test BLEU src2tgt and tgt2src (greedy, the headline test split),
+    # scored on the same references; no holder: the first evaluated version takes it. Empty: no alias.
+    alias: str = "champion"
+    # MLflow's system metrics (CPU and GPU utilisation, GPU memory, host memory, disk, network: `system/node_<k>/...`)
+    # on the training runs (teacher, cmlm, train), sampled every system_metrics_interval_s by the first worker of each
+    # node. Needs psutil (and nvidia-ml-py for GPUs); without them, or off, a run records none and goes on.
+    system_metrics: bool = True
+    system_metrics_interval_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        require(self, system_metrics_interval_s="> 0")
+        if self.alias and (not self.alias.replace("_", "").replace("-", "").isalnum() or self.alias.lower() == "latest"
+                           or self.alias[0].isdigit()):
+            raise FieldError("alias", f"an MLflow alias: letters, digits, _ and -, not starting with a digit nor "
+                                      f"'latest' (reserved), got {self.alias!r}")
 
 
 @dataclass(frozen=True)
@@ -666,10 +706,18 @@ def _teacher_vocabulary(raw: dict[str, Any]) -> dict[str, Any]:
 
 
 def _resolve_local_dir(raw: dict[str, Any], base: Path) -> dict[str, Any]:
-    """Make data.local_dir relative to the YAML file, so configs work from any current directory."""
+    """Make data.local_dir and the files of evaluate.test_sets relative to the YAML file, so configs work from
+    any current directory."""
     data = raw.get("data")
     if isinstance(data, dict) and isinstance(data.get("local_dir"), str) and data["local_dir"]:
         local = Path(data["local_dir"]).expanduser()
         if not local.is_absolute():
             raw = {**raw, "data": {**data, "local_dir": str((base / local).resolve())}}
+    evaluation = raw.get("evaluate")
+    sets = evaluation.get("test_sets") if isinstance(evaluation, dict) else None
+    if isinstance(sets, dict):
+        resolved = {name: {side: str((base / Path(value).expanduser()).resolve()) if side in ("src", "tgt") and
+                           isinstance(value, str) and value else value for side, value in spec.items()}
+                    if isinstance(spec, dict) else spec for name, spec in sets.items()}
+        raw = {**raw, "evaluate": {**evaluation, "test_sets": resolved}}
     return raw

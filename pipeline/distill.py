@@ -41,6 +41,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import torch
 
+from cluster.connect import actor_pool_options, remote_args_allowed
 from pipeline import spm, teacher, tokenize
 from pipeline.config import DistillConfig, PipelineConfig
 from pipeline.metrics import corpus_scores
@@ -307,10 +308,12 @@ def distill_on_ray(train: pa.Table, teacher_dirs: dict[str, str], vocab_size: in
     actors, resources = plan_actors(distill)
     threads = max(1, int(resources.get("num_cpus", 1)))
     decoding = {k: getattr(distill, k) for k in DECODING_KEYS}
-    dataset = ray.data.from_arrow(work_blocks(train, distill)).map_batches(
-        TeacherDecoder, fn_constructor_kwargs={"teacher_dirs": teacher_dirs, "vocab_size": vocab_size,
-                                               "decoding": decoding, "threads": threads, "ct2_dirs": ct2_dirs},
-        batch_format="pyarrow", batch_size=None, compute=ray.data.ActorPoolStrategy(size=actors), **resources)
+    with remote_args_allowed():
+        dataset = ray.data.from_arrow(work_blocks(train, distill)).map_batches(
+            TeacherDecoder, fn_constructor_kwargs={"teacher_dirs": teacher_dirs, "vocab_size": vocab_size,
+                                                   "decoding": decoding, "threads": threads, "ct2_dirs": ct2_dirs},
+            batch_format="pyarrow", batch_size=None, compute=ray.data.ActorPoolStrategy(size=actors), **resources,
+            **actor_pool_options())
     # Batches come back to the driver as the actors finish them: a progress line off a terminal (on one,
     # Ray Data's bars); each sentence must come back exactly once.
     outputs: dict[str, list[Any]] = {direction: [None] * train.num_rows for direction, _, _ in DIRECTIONS}

@@ -1,6 +1,7 @@
 """Evaluate stage: decode valid/test in both directions, score with sacreBLEU, time the decoders.
 
-For each split in `evaluate.splits` (the ingested text, encoded with the run's SentencePiece model) and
+For each split in `evaluate.splits` (the ingested text, or a named test set of `evaluate.test_sets`: a pair of
+local files or a sacreBLEU test set in its cache; encoded with the run's SentencePiece model) and
 each direction: greedy CTC decoding and (beam_size > 1) CTC prefix beam search — for a DAG model (head "dag")
 its greedy, lookahead and Viterbi decoders instead; detokenized hypotheses are
 written to `<split>.<direction>.<decoder>.txt` and scored against the original text with sacreBLEU's BLEU
@@ -29,13 +30,16 @@ the greedy decoder without it, for comparison.
 
 `results.json` holds the headline numbers (test split, greedy), the blank penalty (`blank_penalty`): `bleu_src2tgt`, `bleu_tgt2src`,
 `chrf_src2tgt`, `chrf_tgt2src`, `roundtrip_bleu_src`, `roundtrip_bleu_tgt`, the signatures, the MLflow
-run id, and every (split, direction, decoder) score under `scores`. The round trip feeds each greedy output back
-in, cut to the model's input limit where it is longer (`roundtrip_cut` counts them per split and side); a test
-sentence longer than every decoder reads (the model's, the teachers' and CMLMs' max_positions) is cut to it for all
-(`inputs_cut`, per split and direction).
+run id, every (split, direction, decoder) score under `scores`, and each scored set's headline row under `sets`
+(exact; MLflow gets `<set>_bleu_src2tgt`, ... for test and each named set, at two decimals). The round trip feeds
+each greedy output back in, cut to the model's input limit where it is longer (`roundtrip_cut` counts them per
+split and side); a test sentence longer than every decoder reads (the model's, the teachers' and CMLMs'
+max_positions) is cut to it for all (`inputs_cut`, per split and direction).
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import time
 from pathlib import Path
@@ -46,9 +50,9 @@ import torch
 
 from pipeline import cmlm, teacher, train
 from pipeline.config import PipelineConfig
-from pipeline.metrics import corpus_scores
+from pipeline.metrics import corpus_scores, sentence_scores, test_splits
 from pipeline.progress import Progress
-from pipeline.stage import StageRun, write_json, write_text
+from pipeline.stage import StageError, StageRun, write_json, write_text
 from reder import DIRECTIONS, EOS_ID
 from reder.checkpoint import SPM_FILE, load_cmlm_dir, load_model_dir
 from reder.translate import encode_lines, translate_ids
@@ -56,6 +60,10 @@ from reder.translate import encode_lines, translate_ids
 log = logging.getLogger(__name__)
 
 RESULTS_FILE = "results.json"
+# Per scored set, `<split>.json`: its columns source, reference (the tgt side), hypothesis_src2tgt, bleu_src2tgt,
+# chrf_src2tgt, hypothesis_tgt2src (scored against source), bleu_tgt2src, chrf_tgt2src (greedy; sentence BLEU and
+# chrF by sacreBLEU), one row a sentence pair: logged to MLflow as a table (mlflow.log_table) to sort by.
+TRANSLATIONS_DIR = "translations"
 # What every timing of this module reads (the decodes' `seconds`, measure_speed's latencies and throughputs):
 # tests put a clock of known times here, so the speed-ups are checked against times they know.
 clock: Callable[[], float] = time.perf_counter
@@ -75,6 +83,63 @@ def read_text_split(corpus: Path, split: str, limit: int = 0) -> tuple[list[str]
     if limit:
         table = table.slice(0, limit)
     return table.column("src").to_pylist(), table.column("tgt").to_pylist()
+
+
+def test_set_files(spec: dict[str, str], src_lang: str, tgt_lang: str) -> tuple[Path, Path]:
+    """The (src_lang, tgt_lang) text files of an `evaluate.test_sets` entry: its own two files, or the source and
+    reference files of a sacreBLEU test set in sacreBLEU's cache (never downloaded here: a StageError says how)."""
+    if "sacrebleu" in spec:
+        from sacrebleu.dataset import DATASETS
+
+        name, pair = spec["sacrebleu"], spec.get("langpair", f"{src_lang}-{tgt_lang}")
+        if name not in DATASETS:
+            raise StageError(f"evaluate.test_sets: sacreBLEU has no test set {name!r}")
+        if pair not in (pairs := DATASETS[name].langpairs):
+            raise StageError(f"evaluate.test_sets: sacreBLEU's {name} has no language pair {pair} "
+                             f"(it has {', '.join(sorted(pairs)) or 'none'})")
+        if pair.split("-") not in ([src_lang, tgt_lang], [tgt_lang, src_lang]):
+            raise StageError(f"evaluate.test_sets: {name}'s langpair {pair} is not {src_lang}-{tgt_lang} or "
+                             f"{tgt_lang}-{src_lang}")
+        dataset = DATASETS[name]
+        # its text files, or the raw download they are made from (get_files makes them, downloading what is absent)
+        texts = [Path(dataset._get_txt_file_path(pair, field)) for field in dataset.fieldnames(pair)]
+        if not all(path.is_file() for path in texts) and not all(
+                (Path(dataset._rawdir) / url.rsplit("/", 1)[-1]).is_file() for url in dataset.data or ()):
+            raise StageError(f"evaluate.test_sets: sacreBLEU's {name} {pair} is not in its cache; fetch it once: "
+                             f"sacrebleu -t {name} -l {pair} --echo src > /dev/null")
+        files = (Path(dataset.get_source_file(pair)), Path(dataset.get_reference_files(pair)[0]))
+        return files if pair.split("-") == [src_lang, tgt_lang] else files[::-1]
+    files = (Path(spec["src"]), Path(spec["tgt"]))
+    for path in files:
+        if not path.is_file():
+            raise StageError(f"evaluate.test_sets: {path}: no such file")
+    return files
+
+
+def read_test_set(spec: dict[str, str], src_lang: str, tgt_lang: str, limit: int = 0) -> tuple[list[str], list[str]]:
+    """The (src, tgt) text of an `evaluate.test_sets` entry, line by line (the first `limit` lines; 0 = all)."""
+    sides = [path.read_text(encoding="utf-8").splitlines() for path in test_set_files(spec, src_lang, tgt_lang)]
+    if len(sides[0]) != len(sides[1]):
+        raise StageError(f"evaluate.test_sets {spec}: {len(sides[0])} source lines but {len(sides[1])} references")
+    return (sides[0][:limit], sides[1][:limit]) if limit else (sides[0], sides[1])
+
+
+def test_sets_key(cfg: PipelineConfig) -> dict[str, Any]:
+    """`evaluate.test_sets` as the evaluate stage's key has it: each entry with the SHA-256 of its two files, so a
+    changed file is a new evaluation (files of sets not listed in `splits` are not read)."""
+    key = {}
+    for name, spec in cfg.evaluate.test_sets.items():
+        files = test_set_files(spec, cfg.data.src_lang, cfg.data.tgt_lang) if name in cfg.evaluate.splits else ()
+        key[name] = {**spec, "sha256": [hashlib.sha256(path.read_bytes()).hexdigest() for path in files]}
+    return key
+
+
+def read_split(corpus: Path, split: str, cfg: PipelineConfig) -> tuple[list[str], list[str]]:
+    """The (src, tgt) text that `split` names: an ingested split or an `evaluate.test_sets` entry."""
+    limit = cfg.evaluate.max_sentences
+    if split in cfg.evaluate.test_sets:
+        return read_test_set(cfg.evaluate.test_sets[split], cfg.data.src_lang, cfg.data.tgt_lang, limit)
+    return read_text_split(corpus, split, limit)
 
 
 Decoder = Callable[[list[list[int]], str, int], list[list[int]]]  # (encoded inputs, direction, batch size) → ids
@@ -155,11 +220,14 @@ def evaluate_model(model_dir: Path, corpus: Path, cfg: PipelineConfig, out: Path
     signatures: dict[str, str] = {}
     roundtrip: dict[str, Any] = {}
     roundtrip_cut: dict[str, int] = {}  # split.side → outputs cut to the model's input limit for the round trip
+    digests: dict[str, str] = {}
     progress = Progress("evaluate", len(evaluation.splits) * len(DIRECTIONS) * len(decoders), "decode")
     for split in evaluation.splits:
-        src_text, tgt_text = read_text_split(corpus, split, evaluation.max_sentences)
+        src_text, tgt_text = read_split(corpus, split, cfg)
         sides = {"src2tgt": (src_text, tgt_text), "tgt2src": (tgt_text, src_text)}
+        digests[split] = references_digest(src_text, tgt_text)
         greedy_ids = {}
+        table: dict[str, list] = {"source": src_text, "reference": tgt_text}  # one row a sentence pair, greedy both ways
         for direction, (inputs, references) in sides.items():
             encoded, inputs_cut[f"{split}.{direction}"] = cut_to([e[:-1] for e in encode_lines(sp, inputs)], limit)
             if inputs_cut[f"{split}.{direction}"]:
@@ -180,6 +248,8 @@ def evaluate_model(model_dir: Path, corpus: Path, cfg: PipelineConfig, out: Path
                 progress.update(progress.done + 1, f"last {split} {direction} {decoder}: BLEU {result['bleu']:.2f}")
                 if decoder == "greedy":
                     greedy_ids[direction] = ids
+                    table[f"hypothesis_{direction}"] = hypotheses
+                    table[f"bleu_{direction}"], table[f"chrf_{direction}"] = sentence_scores(hypotheses, references)
             log.info("evaluate %s %s (%d sentences), BLEU/chrF: %s", split, direction, len(inputs), ", ".join(line))
         for direction, (inputs, _) in sides.items():  # x -> ŷ -> x̂, scored against x
             back = "tgt2src" if direction == "src2tgt" else "src2tgt"
@@ -193,26 +263,47 @@ def evaluate_model(model_dir: Path, corpus: Path, cfg: PipelineConfig, out: Path
             text = [sp.decode(h) for h in restored]
             write_text(out / f"{split}.roundtrip_{side}.greedy.txt", "".join(h + "\n" for h in text))
             roundtrip[f"{split}.{side}"] = corpus_scores(text, inputs)["bleu"]
+        (out / TRANSLATIONS_DIR).mkdir(exist_ok=True)
+        write_text(out / TRANSLATIONS_DIR / f"{split}.json", json.dumps(table, ensure_ascii=False))  # columns in order
     progress.close()
     headline_split = "test" if "test" in evaluation.splits else evaluation.splits[0]
     results: dict[str, Any] = {"split": headline_split, "decoder": "greedy",
                                "device": device_name(next(model.parameters()).device)}
-    for direction in DIRECTIONS:
-        entry = scores[f"{headline_split}.{direction}.greedy"]
-        results[f"bleu_{direction}"], results[f"chrf_{direction}"] = entry["bleu"], entry["chrf"]
-    results.update(roundtrip_bleu_src=roundtrip[f"{headline_split}.src"], roundtrip_bleu_tgt=roundtrip[f"{headline_split}.tgt"],
-                   bleu_signature=signatures["bleu"], chrf_signature=signatures["chrf"], mlflow_run_id=mlflow_run_id,
+    sets = {split: {**headline(scores, roundtrip, split), "references_sha256": digests[split]}
+            for split in evaluation.splits}
+    results.update(sets[headline_split])
+    results.update(bleu_signature=signatures["bleu"], chrf_signature=signatures["chrf"], mlflow_run_id=mlflow_run_id,
                    model_dir=str(model_dir), src_lang=meta["src_lang"], tgt_lang=meta["tgt_lang"],
                    blank_penalty=dict(model.blank_penalty), scores=scores,
-                   roundtrip=roundtrip, roundtrip_cut=roundtrip_cut, inputs_cut=inputs_cut)
+                   roundtrip=roundtrip, roundtrip_cut=roundtrip_cut, inputs_cut=inputs_cut, sets=sets)
     if evaluation.measure_speed:
-        src_text, _ = read_text_split(corpus, headline_split, evaluation.max_sentences)
+        src_text, _ = read_split(corpus, headline_split, cfg)
         log.info("evaluate: timing %d decoders (evaluate.measure_speed)", len(decoders))
         results["speed"] = measure_speed(model, cut_to([e[:-1] for e in encode_lines(sp, src_text)], limit)[0], decoders,
                                          evaluation)
     write_json(out / RESULTS_FILE, results)
-    return {f"{headline_split}_{k}": results[k] for k in ("bleu_src2tgt", "bleu_tgt2src", "chrf_src2tgt",
-                                                        "chrf_tgt2src", "roundtrip_bleu_src", "roundtrip_bleu_tgt")}
+    return {f"{split}_{key}": value for split in test_splits(results) for key, value in sets[split].items()
+            if key in HEADLINE}
+
+
+HEADLINE = ("bleu_src2tgt", "bleu_tgt2src", "chrf_src2tgt", "chrf_tgt2src", "roundtrip_bleu_src", "roundtrip_bleu_tgt")
+
+
+def headline(scores: dict[str, Any], roundtrip: dict[str, float], split: str) -> dict[str, Any]:
+    """The headline numbers of one scored split or test set (greedy): BLEU and chrF both ways, both round trips,
+    and its sentences."""
+    row: dict[str, Any] = {}
+    for direction in DIRECTIONS:
+        entry = scores[f"{split}.{direction}.greedy"]
+        row[f"bleu_{direction}"], row[f"chrf_{direction}"] = entry["bleu"], entry["chrf"]
+    return {**row, "roundtrip_bleu_src": roundtrip[f"{split}.src"], "roundtrip_bleu_tgt": roundtrip[f"{split}.tgt"],
+            "sentences": scores[f"{split}.src2tgt.greedy"]["sentences"]}
+
+
+def references_digest(src_text: list[str], tgt_text: list[str]) -> str:
+    """SHA-256 of a scored set's two sides: which scores may be compared (the registry alias, tracking.alias)."""
+    return hashlib.sha256(json.dumps([src_text, tgt_text], ensure_ascii=False).encode("utf-8")).hexdigest()
+
 
 
 def device_name(device: torch.device) -> str:

@@ -16,7 +16,7 @@ finished outputs keep their directories (tests/pipeline/test_graph.py pins them)
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, fields
+from dataclasses import MISSING, asdict, fields
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +34,8 @@ ADDED_LATER = {"model": ("dag_dp",),
                # compile: inductor's dropout draws other masks
                "train": ("batch_tokens", "max_time", "patience", "lr_scheduler", "warmup_fraction", "compile"),
                "evaluate": ("rerank_weight", "cutoff_top_n", "cutoff_prob", "dag_max_transition", "dag_no_repeat_ngram",
-                            "dag_length_penalty", "cmlm_iterations", "cmlm_length_beam", "refine_steps")}
+                            "dag_length_penalty", "cmlm_iterations", "cmlm_length_beam", "refine_steps",
+                            "test_sets")}  # test_sets: issue 56
 # Named in the teacher and cmlm stages' keys since both directions train in one Ray Train run (issue 53: each
 # update trains both models, which draws initialisation and dropout from one random stream): a new output, a new
 # directory.
@@ -46,7 +47,7 @@ OPTIONAL = ("cmlm",)
 
 def section_key(name: str, section: Any) -> dict[str, Any]:
     """`asdict(section)` less the ADDED_LATER keys of section `name` at their defaults."""
-    defaults = {f.name: f.default for f in fields(section)}
+    defaults = {f.name: f.default_factory() if f.default is MISSING else f.default for f in fields(section)}
     return {k: v for k, v in asdict(section).items() if k not in ADDED_LATER.get(name, ()) or v != defaults[k]}
 
 
@@ -76,6 +77,8 @@ def _evaluate_key(cfg: PipelineConfig) -> dict[str, Any]:
     (the self-reranking weight, the CTC beam's cutoffs) only where they differ from their defaults."""
     key = section_key("evaluate", cfg.evaluate)
     key.pop("blank_penalties")  # the train stage tunes it into the model directory: its key (and name) has it
+    if "test_sets" in key:  # named test sets with their files' SHA-256: a changed file is a new evaluation
+        key["test_sets"] = evaluate.test_sets_key(cfg)
     rerank = key.pop("rerank")
     key["rerank_with_teacher"] = rerank == "teacher"
     if rerank == "self":

@@ -35,3 +35,31 @@ def best_setting(scores: dict[float, float]) -> float:
     """The setting of a decoding knob (a grid point) with the highest score; of equals the one nearest 0, the
     knob's off position, then the smaller (the self-reranking weight, the CTC blank penalty)."""
     return max(scores, key=lambda setting: (scores[setting], -abs(setting), -setting))
+
+
+SHOWN_DECIMALS = 2  # BLEU and chrF as they are reported (and as MLflow's runs table has room for)
+
+
+def shown(key: str, value: float) -> float:
+    """A metric as MLflow records it: BLEU and chrF (a name holding `bleu` or `chrf`) rounded to two decimals, as
+    BLEU is reported, so the runs table shows 11.84 rather than 11.8404722… cut by its column; anything else as
+    is. results.json keeps the exact values."""
+    name = key.rsplit(".", 1)[-1].lower()
+    return round(value, SHOWN_DECIMALS) if "bleu" in name or "chrf" in name else value
+
+
+def test_splits(results: dict[str, Any]) -> list[str]:
+    """The sets of an evaluation's results.json that get their own metrics in MLflow (`<set>_bleu_src2tgt`, ...):
+    the headline split and every named test set; the ingested train and valid splits are in results.json only."""
+    return [split for split in results.get("sets", {results["split"]: None})
+            if split == results["split"] or split not in ("train", "valid")]
+
+
+def sentence_scores(hypotheses: list[str], references: list[str]) -> tuple[list[float], list[float]]:
+    """sacreBLEU's sentence BLEU (effective order, as sacreBLEU advises for single sentences) and sentence chrF of
+    each hypothesis against its reference, at two decimals: a translations table's columns to sort by."""
+    if len(hypotheses) != len(references):
+        raise ValueError(f"{len(hypotheses)} hypotheses for {len(references)} references")
+    bleu, chrf = sacrebleu.metrics.BLEU(effective_order=True), sacrebleu.metrics.CHRF()
+    return ([round(bleu.sentence_score(h, [r]).score, 2) for h, r in zip(hypotheses, references)],
+            [round(chrf.sentence_score(h, [r]).score, 2) for h, r in zip(hypotheses, references)])

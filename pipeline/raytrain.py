@@ -52,7 +52,7 @@ from pipeline import parquet, spm
 from pipeline.config import NO_BLANK_PENALTY, PipelineConfig, TrainConfig, from_dict
 from pipeline.harness import (EXAMPLE_COLUMNS, RANK_TOKENS_PER_S, SCORE, Batch, EpochBatches, ExampleTable, Harness,
                               all_reduce, distributed, epoch_batches, select_best)
-from pipeline.metrics import best_setting, corpus_bleu, corpus_scores
+from pipeline.metrics import best_setting, corpus_bleu, corpus_scores, shown
 from pipeline.progress import Progress
 from pipeline.stage import StageError, write_json
 from pipeline.tracking import validation_metric
@@ -603,6 +603,7 @@ def train_loop(config: dict[str, Any]) -> None:
         else (lambda _: {SCORE: math.nan})
     # Every rank logs its own throughput (`tokens_per_s_rank<r>`: a slow host shows); rank 0 everything else.
     mlflow = _MlflowLogger(config["mlflow"]) if config["mlflow"] else None
+    system = SystemMetrics(config["mlflow"], context.get_node_rank()) if context.get_local_rank() == 0 else None
     progress: dict[str, Any] = {}
     placement = gather_placement(world_size)
     if rank == 0 and config.get("progress"):
@@ -648,6 +649,8 @@ def train_loop(config: dict[str, Any]) -> None:
     try:
         harness.fit(harness.stream(lambda epoch: _epoch(examples, train, epoch, rank, group)), time_cap_s=config["time_cap_s"])
     finally:
+        if system is not None:
+            system.finish()
         if mlflow is not None:
             mlflow.close()  # what was queued is logged before the run's end is reported
     if mlflow is not None:
@@ -726,6 +729,49 @@ def route_metrics(metrics: dict[str, Any], run_id: str, runs: dict[str, str]) ->
     return routed
 
 
+class SystemMetrics:
+    """MLflow's system metrics monitor (mlflow.system_metrics) for this worker's node, logging into the stage's run
+    as `system/node_<node rank>/...` every `system_metrics_s` of the MLflow target (0 or no target: off). Built on a
+    thread of its own (MLflow's import stays off the path to the first update, as `_MlflowLogger`'s); anything it
+    lacks (psutil; pynvml is optional to MLflow) is one warning and no metrics, never a failed run."""
+
+    def __init__(self, target: Optional[dict[str, Any]], node_rank: int) -> None:
+        self.monitor: Any = None
+        interval = (target or {}).get("system_metrics_s", 0)
+        self.thread = threading.Thread(target=self._start, args=(target, node_rank, interval), daemon=True,
+                                       name="mlflow-system-metrics")
+        if interval:
+            self.thread.start()
+
+    def _start(self, target: dict[str, Any], node_rank: int, interval: float) -> None:
+        try:
+            from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+            # its INFO lines ("Skip logging GPU metrics" on a CPU host, start, stop) are nothing to act on
+            logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)
+            # resume_logging: a restarted worker group goes on from the last step logged
+            monitor = SystemMetricsMonitor(target["run_id"], sampling_interval=interval, node_id=f"node_{node_rank}",
+                                           tracking_uri=target["uri"], resume_logging=True)
+            monitor.start()
+            self.monitor = monitor
+        except Exception as error:  # e.g. no psutil: the run goes on without system metrics
+            log.warning("no system metrics in MLflow (tracking.system_metrics): %s: %s", type(error).__name__, error)
+
+    def finish(self) -> None:
+        """Stop sampling and log what was sampled, with one last sample: MLflow's monitor logs only after each
+        interval, so a run shorter than one (a smoke run's teachers) would otherwise record nothing."""
+        if self.thread.ident is not None:
+            self.thread.join()
+        if self.monitor is not None:
+            self.monitor.finish()
+            try:
+                self.monitor.collect_metrics()
+                self.monitor.publish_metrics(self.monitor.aggregate_metrics())
+                self.monitor.mlflow_logger.flush()
+            except Exception as error:  # never the run's failure
+                log.warning("system metrics: the last sample was not logged: %s", error)
+
+
 class _MlflowLogger:
     """Rank 0 logs per-step metrics into the stage's MLflow run (tracking URI and run id from the driver; with
     "runs", a pair's direction-named metrics into each direction's run: `route_metrics`). MLflow is imported, its
@@ -780,7 +826,7 @@ class _MlflowLogger:
                     metrics, step, now = item
                     for run_id, values in route_metrics(metrics, self.target["run_id"],
                                                         self.target.get("runs", {})).items():
-                        client.log_batch(run_id, metrics=[Metric(k, v, now, step) for k, v in values.items()])
+                        client.log_batch(run_id, metrics=[Metric(k, shown(k, v), now, step) for k, v in values.items()])
             except BaseException as error:  # handed to the training thread
                 self.error = error
             finally:

@@ -3,6 +3,9 @@
     serve run pipeline.serve:app model_dir=runs/<workdir>/train-<hash>/model [engine=torch|ct2]
         [max_batch_size=64] [batch_wait_timeout_s=0.01] [num_replicas=1] [device=cpu] [threads=1]
 
+`model_dir` may be a registered model's URI instead, `model_dir=models:/reder-en-de@champion` (the alias that the
+pipeline moves to a better version, tracking.alias) or `models:/reder-en-de/3`, with MLFLOW_TRACKING_URI set
+(engine torch; reder.load fetches it).
 (`serve run` is Ray Serve's CLI; on a cluster started with `ray up` it joins that cluster — `serve run
 --address auto ...` on the head — and `serve deploy` takes the same import path and args from a config file.)
 Then:

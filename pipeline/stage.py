@@ -120,6 +120,13 @@ def read_manifest(path: Path) -> dict[str, Any]:
                          f"{Path(path).name.rsplit('-', 1)[0]} --force") from error
 
 
+def split_digest(directory: Path, split: str, length: int = 12) -> str:
+    """A short digest of the files of a finished output's `split/` (from the SHA-256s its manifest recorded; no file
+    is read): a dataset's fingerprint (the MLflow runs' datasets, pipeline/tracking.py)."""
+    files = read_manifest(directory).get("files") or {}
+    return digest({name: entry["sha256"] for name, entry in files.items() if name.startswith(f"{split}/")}, length)
+
+
 def fingerprint(directory: Path) -> dict[str, dict[str, Any]]:
     """Every file under `directory` but manifest.json and _SUCCESS: relative path -> {bytes, sha256}."""
     files = {}

@@ -32,6 +32,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
+from cluster.connect import actor_pool_options, remote_args_allowed
 from pipeline import ingest, parquet, spm
 from pipeline.stage import StageError, StageRun, write_json
 from reder import heads
@@ -167,15 +168,21 @@ def tokenize_on_ray(files: list[str], staging: Path, model_proto: bytes, upsampl
         dataset = ray.data.read_parquet(files, include_paths=True, num_cpus=io_cpus, override_num_blocks=blocks)
     finally:
         context.use_datasource_v2 = previous
-    dataset = dataset.map_batches(
-        Tokenizer, fn_constructor_kwargs={"model_proto": model_proto, "upsample_ratio": upsample_ratio, "head": head},
-        batch_format="pyarrow", batch_size=batch_size, compute=ray.data.ActorPoolStrategy(size=actors),
-        num_cpus=actor_cpus)
+    with remote_args_allowed():
+        dataset = dataset.map_batches(
+            Tokenizer, fn_constructor_kwargs={"model_proto": model_proto, "upsample_ratio": upsample_ratio, "head": head},
+            batch_format="pyarrow", batch_size=batch_size, compute=ray.data.ActorPoolStrategy(size=actors),
+            num_cpus=actor_cpus, **actor_pool_options())
     # Blocks read ahead of the actors wait in the object store, and every page of it an actor maps counts in
     # that actor's RSS (at 100x Multi30k an actor had 300 MB of its own and 650 MB of the store's): a bound
     # on the store this execution uses keeps the read-ahead, and with it the actors' RSS, small.
     limits = dataset.context.execution_options.resource_limits
     dataset.context.execution_options.resource_limits = limits.copy(object_store_memory=STORE_BUDGET_MB * 2**20)
+    # Ray Data warns that "the Ray cluster currently does not have any available CPUs. The Dataset job will hang"
+    # when ray.available_resources() shows none as the write starts; the read's metadata tasks have just ended
+    # then and the cluster's resource view lags them (a false alarm in every default run): wait until it shows
+    # the CPUs free again (a few hundred ms), so that the warning is left for a real hang.
+    free_cpus(settle_s=5.0, none_free_s=5.0)
     # a staged file is what the driver holds at once when it writes the splits (`in_id_order`)
     dataset.write_parquet(str(staging), max_rows_per_file=ROWS_PER_BLOCK, ray_remote_args={"num_cpus": io_cpus})
     return actors

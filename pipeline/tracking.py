@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from pipeline.config import TrackingConfig
+from pipeline.metrics import shown, test_splits
 from pipeline.stage import read_manifest
 
 log = logging.getLogger(__name__)
@@ -187,11 +188,12 @@ def config_params(config: dict[str, Any]) -> dict[str, str]:
 
 
 def numeric(values: dict[str, Any]) -> dict[str, float]:
-    """The finite numbers of a (flattened) dict, as floats: what MLflow can take as metrics."""
+    """The finite numbers of a (flattened) dict, as floats: what MLflow can take as metrics (BLEU and chrF at two
+    decimals, `pipeline.metrics.shown`)."""
     out = {}
     for key, value in flatten(values).items():
         if isinstance(value, (int, float)) and not isinstance(value, bool) and value == value and abs(value) != float("inf"):
-            out[key] = float(value)
+            out[key] = shown(key, float(value))
     return out
 
 
@@ -338,11 +340,13 @@ class Tracker:
         self.stage_run_id = mlflow.start_run(run_name=run_name(self.cfg, directory or stage), nested=True,
                                              tags={STAGE_TAG: stage}).info.run_id
 
-    def worker_target(self) -> dict[str, str] | None:
-        """Where Ray workers log their per-step metrics (absolute URI, the current stage's run)."""
+    def worker_target(self) -> dict[str, Any] | None:
+        """Where Ray workers log their per-step metrics (absolute URI, the current stage's run), and how often the
+        first worker of each node samples the system metrics into it (`system_metrics_s`, 0: never)."""
         if not self.cfg.enabled or self.stage_run_id is None:
             return None
-        return {"uri": self.uri, "run_id": self.stage_run_id}
+        interval = self.cfg.system_metrics_interval_s if self.cfg.system_metrics else 0
+        return {"uri": self.uri, "run_id": self.stage_run_id, "system_metrics_s": interval}
 
     def end_stage(self, output: Path, counts: dict[str, Any], artifacts: list[Path], model: Path | None = None) -> None:
         """Close the stage's nested run with its config (the manifest's: what its hash covers) as params, its
@@ -367,10 +371,41 @@ class Tracker:
             with contextlib.redirect_stderr(io.StringIO()):  # MLflow prints "Successfully registered model ..."
                 info = log_translator(model, languages, registered)
             uri = f"models:/{registered}/{info.registered_model_version}" if registered else info.model_uri
+            if registered:  # which version this train stage's model is, for the alias after its evaluation
+                mlflow.MlflowClient(self.uri).set_model_version_tag(registered, str(info.registered_model_version),
+                                                                    TRAIN_DIR_TAG, str(output))
             mlflow.set_tag("model_uri", uri)
             log.info("%s: model logged to MLflow as %s (a pyfunc that translates both ways)", self.stage, uri)
         mlflow.end_run(status="FINISHED")
         self.stage_run_id = None
+
+    def log_datasets(self, datasets: list[Dataset]) -> None:
+        """Log `datasets` as the current stage run's inputs (mlflow.log_input of a metadata-only dataset: its name,
+        digest and source, the runs table's Dataset column; the data stays in the workdir)."""
+        if self.stage_run_id is None:
+            return
+        import warnings
+
+        import mlflow
+        from mlflow.data.dataset_source_registry import resolve_dataset_source
+        from mlflow.data.meta_dataset import MetaDataset
+
+        for dataset in datasets:
+            with warnings.catch_warnings():  # "can be interpreted in multiple ways": both are the local source
+                warnings.simplefilter("ignore", UserWarning)
+                source = resolve_dataset_source(str(dataset.source))
+            mlflow.log_input(MetaDataset(source, name=dataset.name, digest=dataset.digest), context=dataset.context)
+
+    def log_tables(self, directory: Path) -> None:
+        """Log every `<name>.json` of `directory` (a dict of columns) into the current stage's run as an MLflow table
+        `<directory name>/<name>.json` (the evaluate stage's translations: the UI shows them sortable)."""
+        if self.stage_run_id is None or not directory.is_dir():
+            return
+        import mlflow
+
+        for path in sorted(directory.glob("*.json")):
+            mlflow.log_table(json.loads(path.read_text(encoding="utf-8")), f"{directory.name}/{path.name}",
+                             run_id=self.stage_run_id)
 
     def log_results(self, results: dict[str, Any]) -> None:
         """Headline metrics on the parent run (the current stage run gets them from its counts)."""
@@ -379,12 +414,56 @@ class Tracker:
         from mlflow.tracking import MlflowClient
 
         client = MlflowClient(self.uri)
-        for key in HEADLINE:
-            if key in results:
-                client.log_metric(self.run_id, f"{results['split']}_{key}", float(results[key]))
+        sets = results.get("sets", {results["split"]: results})  # a results.json from before issue 56: one split
+        for split in test_splits(results):
+            for key in HEADLINE:
+                if key in sets[split]:
+                    client.log_metric(self.run_id, f"{split}_{key}", shown(key, float(sets[split][key])))
         for key in ("bleu_signature", "chrf_signature"):
             if key in results:
                 client.set_tag(self.run_id, key, results[key])
+
+    def promote(self, results: dict[str, Any], train_dir: Path) -> str:
+        """Record an evaluation's test scores on the registered version of `train_dir`'s model and move
+        `tracking.alias` to it when it beats the holder (`beats`); returns what was done, "" when there is no
+        registered version or no alias."""
+        if self.run_id is None or not self.cfg.alias or not self.cfg.registered_model:
+            return ""
+        from mlflow.exceptions import MlflowException
+        from mlflow.tracking import MlflowClient
+
+        name = self.cfg.registered_model.format(src=results["src_lang"], tgt=results["tgt_lang"])
+        client = MlflowClient(self.uri)
+        try:
+            versions = [v for v in client.search_model_versions(f"name = '{name}'")
+                        if v.tags.get(TRAIN_DIR_TAG) == str(train_dir)]
+        except MlflowException:  # no such registered model
+            return ""
+        if not versions:
+            return ""
+        version = max(versions, key=lambda v: int(v.version))
+        split = results["split"]
+        row = results.get("sets", {}).get(split, results)
+        scores = {ALIAS_TAGS[0]: row["bleu_src2tgt"], ALIAS_TAGS[1]: row["bleu_tgt2src"],
+                  ALIAS_TAGS[2]: row.get("references_sha256", ""), "test_split": split}
+        for key, value in scores.items():
+            client.set_model_version_tag(name, version.version, key, str(value))
+        try:
+            holder = client.get_model_version_by_alias(name, self.cfg.alias)
+        except MlflowException:
+            holder = None
+        if holder is not None and holder.version == version.version:
+            return f"models:/{name}@{self.cfg.alias} is version {version.version} already"
+        better, why = beats({k: str(v) for k, v in scores.items()}, holder.tags if holder is not None else None)
+        where = f"models:/{name}@{self.cfg.alias}"
+        if not better:
+            message = f"{where} stays version {holder.version}: version {version.version} {why}"
+        else:
+            client.set_registered_model_alias(name, self.cfg.alias, version.version)
+            message = f"{where} moved to version {version.version}: {why}"
+        client.set_tag(self.run_id, "alias", message)
+        log.info("%s", message)
+        return message
 
     def close(self, failed: bool = False, error: str = "", killed: bool = False) -> None:
         """End the open runs; a failure marks them FAILED (`killed`, an interruption: KILLED) with the error
@@ -405,6 +484,58 @@ class Tracker:
             mlflow.end_run(status=status)
             self.stage_run_id = None
         mlflow.end_run(status=status)
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """A corpus a run read, as MLflow records it (`Tracker.log_datasets`): `name` (`multi30k-en-de-train-distilled`),
+    `digest` (of its files), `source` (its directory or file) and `context` (training, validation, evaluation)."""
+
+    name: str
+    digest: str
+    source: Path
+    context: str
+
+
+def stage_datasets(cfg: Any, stage: str, inputs: dict[str, Path]) -> list[Dataset]:
+    """What a training stage's run read (`inputs`: its input directories by label): the train split, `raw` (the
+    tokenized corpus) or `distilled` (the teachers' KD pairs), and the validation split; none for other stages."""
+    from pipeline.stage import split_digest
+
+    if stage not in ("teacher", "train", "cmlm") or stage == "teacher" and cfg.teacher.src2tgt_checkpoint:
+        return []  # not a training stage, or teachers given, not trained
+    corpus = f"{cfg.data.source}-{cfg.data.src_lang}-{cfg.data.tgt_lang}"
+    data = inputs["data"]
+    kind = "distilled" if data.name.startswith("distill-") else "raw"
+    valid = inputs.get("tokenize", data)  # teacher: its data is tokenize's
+    return [Dataset(f"{corpus}-train-{kind}", split_digest(data, "train"), data / "train", "training"),
+            Dataset(f"{corpus}-valid", split_digest(valid, "valid"), valid / "valid", "validation")]
+
+
+TRAIN_DIR_TAG = "duplex.train_dir"  # a registered version's tag: the train stage output its model came from
+# A registered version's tags after its evaluation: its test BLEU both ways and the SHA-256 of the test references
+ALIAS_TAGS = ("test_bleu_src2tgt", "test_bleu_tgt2src", "test_references_sha256")
+
+
+def beats(new: dict[str, str], holder: dict[str, str] | None) -> tuple[bool, str]:
+    """Whether a version with test scores `new` (ALIAS_TAGS) takes the alias from `holder` (its version tags; None:
+    no version holds the alias), and why. The rule (docs/USAGE.md): both directions count, as their mean (the
+    sweep's valid_bleu is the same mean); the new version must be strictly better on the same references (a tie
+    keeps the holder); a holder without test scores (set by hand) or scored on other references is not beaten:
+    it keeps the alias, a person moves it (`mlflow.MlflowClient().set_registered_model_alias`)."""
+    def mean(tags: dict[str, str]) -> float:
+        return (float(tags[ALIAS_TAGS[0]]) + float(tags[ALIAS_TAGS[1]])) / 2
+
+    ours = f"mean test BLEU {mean(new):.2f} (src2tgt {float(new[ALIAS_TAGS[0]]):.2f}, tgt2src {float(new[ALIAS_TAGS[1]]):.2f})"
+    if holder is None:
+        return True, f"{ours}; no version held the alias"
+    if not all(key in holder for key in ALIAS_TAGS):
+        return False, f"has {ours}; the holder has no test scores to compare with"
+    if holder[ALIAS_TAGS[2]] != new[ALIAS_TAGS[2]]:
+        return False, f"has {ours}, scored on other test references than the holder"
+    if mean(new) > mean(holder):
+        return True, f"{ours} beats the holder's {mean(holder):.2f}"
+    return False, f"has {ours}, not above the holder's {mean(holder):.2f}"
 
 
 def log_translator(model_dir: Path, languages: tuple[str, str], registered_name: str = "") -> Any:
@@ -434,7 +565,7 @@ def log_translator(model_dir: Path, languages: tuple[str, str], registered_name:
 
 # Short names of common searched keys in trial run names; any other key goes by its last part.
 SHORT_KEYS = {"loss.lambda_fba": "λfba", "loss.lambda_cc": "λcc", "model.upsample_ratio": "upsample",
-              "loss.aux_start_step": "aux_start"}
+              "loss.aux_start_step": "aux_start", "train.seed": "seed"}
 
 
 def trial_name(params: dict[str, Any]) -> str:

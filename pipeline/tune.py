@@ -9,7 +9,8 @@ trial is a driver function (Ray 2.60's Train V2 pattern) that builds the train s
 its config, with `TuneReportCallback` forwarding rank 0's reports to Tune; ASHA (or FIFO) stops weak
 trials on `tune.metric` (validation BLEU, the mean of both directions) over training steps. A trial that
 fails is retried `tune.max_failures` times and then reported; the sweep goes on. `--samples N`
-(tune.num_samples) draws the space N times: each grid point is run N times.
+(tune.num_samples) draws the space N times: each grid point is run N times, each repeat with its own seed
+(`trial_seed`: train.seed + the sample's number), so repeats show the spread of a point, not one result N times.
 
 Finished only when every trial ended (finished, stopped early by the scheduler, failed after its retries):
 Ctrl-C, SIGTERM or `tune.time_budget_s` stop the sweep through Tune's graceful stop, publish nothing and
@@ -22,7 +23,7 @@ MLflow: one parent run "tune" (the base config as params), one nested run per tr
 params, per-step training metrics, `valid_bleu`, `bleu_src2tgt`, `bleu_tgt2src` of its best validation);
 trials stopped early are closed FINISHED with the tag `stopped_early`, failed ones FAILED with the error.
 
-Output `<workdir>/tune-<hash>/`: `trials.csv` (one row per trial: id, status, sampled values, steps, best
+Output `<workdir>/tune-<hash>/`: `trials.csv` (one row per trial: id, status, sampled values, seed, steps, best
 metric and both directions' BLEU), `bleu_vs_params.png` (validation BLEU against each searched key), and
 `best.yaml` (the base config with the best trial's values: `run_pipeline.py --config best.yaml` trains it).
 """
@@ -31,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import csv
+import hashlib
 import io
 import logging
 import math
@@ -109,6 +111,34 @@ def trial_config(base: PipelineConfig, params: dict[str, Any]) -> PipelineConfig
     return cfg
 
 
+SEED = "train.seed"
+
+
+def trial_seed(cfg: PipelineConfig, trial_id: str) -> int:
+    """A trial's training seed: `train.seed` plus the number of the sample (of `tune.num_samples`) that drew it.
+    Tune's default search numbers its trials in draw order (`<prefix>_00007`), each sample drawing every grid point
+    once: trial k belongs to sample k // (grid points). So the repeats of a grid point train with seeds
+    train.seed, +1, +2, ... (a spread, not one result N times), the points of one sample share a seed (compared on
+    equal terms), and a point that random draws (`choice`, `uniform`) happen to repeat gets another seed too. A
+    searcher's trial (optuna: an id without a number) gets a seed from its id; a swept `train.seed` is left alone."""
+    if SEED in cfg.tune.space:
+        return cfg.train.seed
+    number = trial_id.rsplit("_", 1)[-1]
+    if number.isdigit() and "_" in trial_id:
+        points = math.prod(len(spec["grid"]) for spec in cfg.tune.space.values() if "grid" in spec)
+        return cfg.train.seed + int(number) // points
+    return cfg.train.seed + int(hashlib.sha256(trial_id.encode()).hexdigest(), 16) % 2**31
+
+
+def trial_values(cfg: PipelineConfig, params: dict[str, Any], keys: list[str], trial_id: str) -> dict[str, Any]:
+    """A trial's dotted values: the sampled keys, and its seed (`trial_seed`) where seeds vary across the sweep's
+    trials (num_samples > 1): its MLflow run's params and name show it then."""
+    values = {k: params[k] for k in keys}
+    if cfg.tune.num_samples > 1 and SEED not in values:
+        values[SEED] = trial_seed(cfg, trial_id)
+    return values
+
+
 def _trial(params: dict[str, Any], *, base: dict, keys: list[str], inputs: dict[str, str], storage: str,
            tracker: SweepTracker | None, progress_bars: bool = False) -> None:
     """One trial (runs in a Tune actor): the train stage's trainer (raytrain) for this config, reports forwarded.
@@ -118,9 +148,10 @@ def _trial(params: dict[str, Any], *, base: dict, keys: list[str], inputs: dict[
     from ray.tune.integration.ray_train import TuneReportCallback
 
     ray.data.DataContext.get_current().enable_progress_bars = progress_bars
-    cfg = trial_config(from_dict(PipelineConfig, base), {k: params[k] for k in keys})
     trial_id = ray.tune.get_context().get_trial_id()
-    target = tracker.trial_run(trial_id, {k: params[k] for k in keys}) if tracker is not None else None
+    values = trial_values(from_dict(PipelineConfig, base), params, keys, trial_id)
+    cfg = trial_config(from_dict(PipelineConfig, base), values)
+    target = tracker.trial_run(trial_id, values) if tracker is not None else None
     trainer = raytrain.make_trainer(cfg, f"trial-{trial_id}", Path(storage), Path(inputs["train_data"]),
                                  Path(inputs["tokenize"]), Path(inputs["ingest"]), Path(inputs["spm"]),
                                  target, (TuneReportCallback(),))
@@ -299,7 +330,7 @@ def _sweep(cfg: PipelineConfig, workdir: Path, name: str, inputs: dict[str, Path
         _release_all(ray.get_runtime_context().get_job_id())  # not after an abort: Ray is shut down then
         trials = grid._experiment_analysis.trials  # in the results' order; a trial never started has no result config
         ended = [callback.ended.get(trial.trial_id, False) for trial in trials]
-        rows = [_row(result, keys, cfg, done, trial.config) for result, done, trial in zip(grid, ended, trials)]
+        rows = [_row(result, keys, cfg, done, trial.config, trial.trial_id) for result, done, trial in zip(grid, ended, trials)]
         if interrupted:  # Tune saved the experiment's state: --resume continues it; nothing is published
             if tracker is not None:
                 tracker.close_trials(rows, killed=True)
@@ -414,7 +445,7 @@ def _counts(rows: list[dict[str, Any]]) -> str:
 
 
 def _row(result: Any, keys: list[str], cfg: PipelineConfig, ended: bool = True,
-         params: dict[str, Any] | None = None) -> dict[str, Any]:
+         params: dict[str, Any] | None = None, trial_id: str = "") -> dict[str, Any]:
     frame = result.metrics_dataframe
     reports = frame.to_dict("records") if frame is not None else []
     validated = [r for r in reports if isinstance(r.get("valid_bleu"), float) and math.isfinite(r["valid_bleu"])]
@@ -424,10 +455,11 @@ def _row(result: Any, keys: list[str], cfg: PipelineConfig, ended: bool = True,
     # time budget cut short is "unfinished", one that never reported "not run".
     status = "error" if result.error else "not run" if not reports else "unfinished" if not ended else \
         "stopped early" if steps < cfg.train.max_steps else "finished"
-    trial_id = Path(result.path).name if result.path else ""
-    trial_id = result.metrics.get("trial_id", trial_id) if result.metrics else trial_id
+    if not trial_id:
+        trial_id = Path(result.path).name if result.path else ""
+        trial_id = result.metrics.get("trial_id", trial_id) if result.metrics else trial_id
     row = {"trial_id": trial_id, "status": status, **{k: (params or result.config or {}).get(k) for k in keys},
-           "steps": steps,
+           "seed": trial_seed(cfg, trial_id), "steps": steps,
            cfg.tune.metric: best.get(cfg.tune.metric, math.nan), "valid_bleu": best.get("valid_bleu", math.nan),
            "best_step": best.get("step", math.nan),
            "bleu_src2tgt": best.get("bleu_src2tgt", math.nan), "bleu_tgt2src": best.get("bleu_tgt2src", math.nan),
@@ -457,7 +489,7 @@ def _publish(cfg: PipelineConfig, rows: list[dict[str, Any]], keys: list[str], t
     if not scored:
         raise StageError(f"tune: no trial reached a validation ({counts}); see {tmp / 'trials.csv'} for errors")
     best = (max if cfg.tune.mode == "max" else min)(scored, key=lambda r: r[metric])
-    best_cfg = trial_config(cfg, {k: best[k] for k in keys})
+    best_cfg = trial_config(cfg, {**{k: best[k] for k in keys}, SEED: best["seed"]})
     write_text(tmp / "best.yaml", f"# best of {len(rows)} trials by {metric} ({best[metric]:.2f}, trial "
                                   f"{best['trial_id']}): {', '.join(f'{k}={best[k]}' for k in keys)}\n"
                                   + to_yaml(best_cfg))

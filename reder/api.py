@@ -5,7 +5,7 @@
     model.translate(["A man is walking."], src="en", tgt="de", beam=5)   # -> ["Ein Mann geht."]
 
 `load` reads a model directory (what the train stage publishes; `python -m reder.translate` reads the
-same): a REDER translates both ways with the same weights, a Transformer teacher or a CMLM only its own
+same), or a registered model's URI (`reder.load("models:/reder-en-de@champion")`, MLflow installed): a REDER translates both ways with the same weights, a Transformer teacher or a CMLM only its own
 direction. A CMLM (another Translator) can refine any model's output: `translate(..., refiner=cmlm, refine_steps=K)`.
 Languages are the codes the directory records (`Translator.languages`). Text in, detokenized text out;
 SentencePiece is applied inside.
@@ -84,7 +84,23 @@ class Translator:
         return f"Translator({str(self.directory)!r}, {kind}, {self.languages[0]}<->{self.languages[1]})"
 
 
+REGISTRY = "models:/"
+
+
 def load(directory: str | Path, device: str = "cpu", int8: bool = False) -> Translator:
-    """The model directory `directory` ready to translate (see the module doc); `int8`: a REDER on CPU with its
-    trunk's linear layers dynamically quantized (reder.inference.quantized; faster, not bit-equal)."""
+    """The model directory `directory` ready to translate (see the module doc); or a model the pipeline registered
+    in MLflow, by URI: `models:/reder-en-de@champion` (an alias), `models:/reder-en-de/3` (a version). `int8`: a
+    REDER on CPU with its trunk's linear layers dynamically quantized (reder.inference.quantized; faster, not
+    bit-equal)."""
+    if str(directory).startswith(REGISTRY):
+        directory = registered_model_dir(str(directory))
     return Translator(directory, device, int8)
+
+
+def registered_model_dir(uri: str) -> Path:
+    """The local model directory of a registered pyfunc (pipeline/mlflow_model.py keeps it as its artifact `model`),
+    downloaded by MLflow from the tracking server that $MLFLOW_TRACKING_URI names. MLflow is imported here only:
+    reder needs it for registry URIs alone."""
+    import mlflow.artifacts
+
+    return Path(mlflow.artifacts.download_artifacts(artifact_uri=uri)) / "artifacts" / "model"

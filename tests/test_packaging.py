@@ -1,4 +1,4 @@
-"""pyproject.toml: `pip install -e .` installs every package of the repository and two working commands."""
+"""pyproject.toml: `pip install -e .` installs every package of the repository and three working commands."""
 import importlib
 import tomllib
 from pathlib import Path
@@ -13,7 +13,7 @@ def test_every_package_is_installed_and_the_commands_resolve():
              for init in (REPO / top).rglob("__init__.py")}
     assert listed == found  # a new subpackage must be listed, or an installed copy would lack it
     scripts = project["project"]["scripts"]
-    assert set(scripts) == {"duplex-pipeline", "duplex-translate"}
+    assert set(scripts) == {"duplex-pipeline", "duplex-translate", "duplex-compare"}
     for target in scripts.values():
         module, function = target.split(":")
         assert callable(getattr(importlib.import_module(module), function)), target

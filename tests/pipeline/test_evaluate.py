@@ -217,3 +217,66 @@ def test_cmlm_decoder_options_are_checked():
     assert load_config(None, ["model.vocab_size=300"]).cmlm.model.vocab_size == 300
     with pytest.raises(ConfigError, match="cmlm.model.vocab_size"):
         load_config(None, ["model.vocab_size=300", "cmlm.model.vocab_size=200"])
+
+
+def test_named_test_sets_are_scored_both_ways_each_with_its_own_row_and_metrics(tmp_path):
+    """Issue 56: `evaluate.test_sets` names pairs of local files; each listed in `splits` is decoded both ways with
+    the same decoders and signatures as the ingested test split, gets its own row under results.json's `sets`
+    (exact) and its own metrics (`<name>_bleu_src2tgt`, ...); a sacreBLEU set its cache lacks is a clear error."""
+    import sacrebleu
+
+    from pipeline.stage import StageError
+
+    pairs, corpus = _corpus(tmp_path)
+    other = list(reversed(pairs))[:7]  # another set: other lines, another length
+    (tmp_path / "extra.en").write_text("".join(s + "\n" for s, _ in other), encoding="utf-8")
+    (tmp_path / "extra.de").write_text("".join(t + "\n" for _, t in other), encoding="utf-8")
+    cfg = load_config(None, [f"model.vocab_size={VOCAB}", "data.tgt_lang=de", "evaluate.splits=[test,extra]",
+                             f"evaluate.test_sets={{extra: {{src: {tmp_path / 'extra.en'}, tgt: {tmp_path / 'extra.de'}}}}}",
+                             "evaluate.measure_speed=false", "evaluate.teacher_baseline=false", "evaluate.beam_size=1"])
+    model = REDER(ModelConfig(vocab_size=VOCAB, d_model=8, n_heads=2, ffn_dim=16, layers_per_end=1, max_positions=128)).eval()
+    model_dir = save_model_dir(tmp_path / "model", model, tmp_path / "spm.model", "en", "de")
+    out = tmp_path / "out"
+    out.mkdir()
+    metrics = evaluate.evaluate_model(model_dir, corpus, cfg, out, None)
+    results = json.loads((out / evaluate.RESULTS_FILE).read_text())
+    assert set(results["sets"]) == {"test", "extra"} and results["split"] == "test"
+    assert (results["sets"]["test"]["sentences"], results["sets"]["extra"]["sentences"]) == (12, 7)
+    hypotheses = (out / "extra.tgt2src.greedy.txt").read_text(encoding="utf-8").splitlines()
+    sp = sentencepiece.SentencePieceProcessor(model_file=str(tmp_path / "spm.model"))
+    assert hypotheses == [sp.decode(h) for h in translate_ids(model, encode_lines(sp, [t for _, t in other]), "tgt2src")]
+    expected = sacrebleu.corpus_bleu(hypotheses, [[s for s, _ in other]]).score
+    assert results["sets"]["extra"]["bleu_tgt2src"] == results["scores"]["extra.tgt2src.greedy"]["bleu"] == expected
+    assert metrics["extra_bleu_tgt2src"] == expected and metrics["test_bleu_src2tgt"] == results["bleu_src2tgt"]
+    assert set(metrics) == {f"{split}_{key}" for split in ("test", "extra") for key in evaluate.HEADLINE}
+    assert (tmp_path / "out" / "extra.roundtrip_src.greedy.txt").is_file()
+    # the translations table of each set: a row a pair, greedy both ways, sacreBLEU's sentence BLEU and chrF
+    table = json.loads((out / evaluate.TRANSLATIONS_DIR / "extra.json").read_text(encoding="utf-8"))
+    assert list(table) == ["source", "reference", "hypothesis_src2tgt", "bleu_src2tgt", "chrf_src2tgt",
+                           "hypothesis_tgt2src", "bleu_tgt2src", "chrf_tgt2src"]
+    assert table["source"] == [s for s, _ in other] and table["hypothesis_tgt2src"] == hypotheses
+    assert table["bleu_tgt2src"][3] == round(sacrebleu.sentence_bleu(hypotheses[3], [other[3][0]]).score, 2)
+    assert table["chrf_tgt2src"][3] == round(sacrebleu.sentence_chrf(hypotheses[3], [other[3][0]]).score, 2)
+    assert sorted(p.name for p in (out / evaluate.TRANSLATIONS_DIR).iterdir()) == ["extra.json", "test.json"]
+
+    missing = load_config(None, ["evaluate.splits=[test,wmt]", "evaluate.test_sets={wmt: {sacrebleu: wmt17}}",
+                                 "data.tgt_lang=de"])
+    with pytest.raises(StageError, match=r"sacrebleu -t wmt17 -l en-de --echo src"):
+        evaluate.read_split(corpus, "wmt", missing)
+    with pytest.raises(StageError, match="no language pair en-xx"):
+        evaluate.read_split(corpus, "wmt", load_config(None, ["evaluate.splits=[wmt]", "data.tgt_lang=xx",
+                                                              "evaluate.test_sets={wmt: {sacrebleu: wmt17}}"]))
+
+
+def test_test_sets_are_checked_and_their_files_resolved_against_the_config_file(tmp_path):
+    from pipeline.config import ConfigError
+
+    for bad, message in (("evaluate.splits=[test,extra]", "splits"),
+                         ("evaluate.test_sets={test: {src: a, tgt: b}}", "test_sets.test"),
+                         ("evaluate.test_sets={x: {src: a}}", "test_sets.x"),
+                         ("evaluate.test_sets={x: {sacrebleu: wmt17, tgt: b}}", "test_sets.x")):
+        with pytest.raises(ConfigError, match=message):
+            load_config(None, [bad])
+    (tmp_path / "run.yaml").write_text("evaluate:\n  splits: [test, t17]\n  test_sets:\n    t17: {src: d/a.en, tgt: /abs/b.de}\n")
+    cfg = load_config(tmp_path / "run.yaml")
+    assert cfg.evaluate.test_sets == {"t17": {"src": str(tmp_path / "d" / "a.en"), "tgt": "/abs/b.de"}}

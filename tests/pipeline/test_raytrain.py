@@ -463,7 +463,7 @@ def test_the_mlflow_logger_logs_on_its_own_thread_and_close_waits_for_it(tmp_pat
     logger = raytrain._MlflowLogger({"uri": uri, "run_id": stage, "runs": {"src2tgt": a, "tgt2src": b}})
     started = time.perf_counter()
     for step in (1, 2, 3):
-        logger.log({"step": step, "train_total": float(step), "train_nll_src2tgt": 0.5 * step, "bleu_tgt2src": 9.0}, step)
+        logger.log({"step": step, "train_total": float(step), "train_nll_src2tgt": 0.5 * step, "bleu_tgt2src": 9.0061}, step)
     assert time.perf_counter() - started < 0.5  # nothing was waited for
     logger.flush()
     assert [m.value for m in client.get_metric_history(stage, "train_total")] == [1.0, 2.0, 3.0]
@@ -473,6 +473,7 @@ def test_the_mlflow_logger_logs_on_its_own_thread_and_close_waits_for_it(tmp_pat
     assert [m.value for m in client.get_metric_history(stage, "train_total")] == [1.0, 2.0, 3.0, 4.0]
     assert [m.step for m in client.get_metric_history(a, "train_nll_src2tgt")] == [1, 2, 3]
     assert [m.step for m in client.get_metric_history(b, "valid_bleu_tgt2src")] == [1, 2, 3]
+    assert client.get_metric_history(b, "valid_bleu_tgt2src")[0].value == 9.01  # issue 56: BLEU as reported
     assert not client.get_metric_history(stage, "train_nll_src2tgt")
     broken = raytrain._MlflowLogger({"uri": uri, "run_id": "no-such-run"})
     broken.log({"step": 1, "lr": 0.1}, 1)
@@ -485,6 +486,32 @@ def test_the_mlflow_logger_logs_on_its_own_thread_and_close_waits_for_it(tmp_pat
         unreachable.log({"step": 1, "lr": 0.1}, 1)
         unreachable.flush()  # returns: every item is handled, logged or not
     unreachable.close()
+
+
+def test_the_first_worker_of_a_node_samples_mlflows_system_metrics_into_the_run_and_never_fails_it(tmp_path, caplog):
+    """Issue 56: with psutil installed (requirements.txt), MLflow's monitor logs CPU and host memory as
+    `system/node_<rank>/...` into the stage's run; without it, or off, nothing is logged and nothing raises."""
+    import importlib.util
+
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    client = MlflowClient(uri)
+    run = client.create_run(client.create_experiment("t")).info.run_id
+    raytrain.SystemMetrics({"uri": uri, "run_id": run, "system_metrics_s": 0}, 0).finish()  # off: no thread
+    system = raytrain.SystemMetrics({"uri": uri, "run_id": run, "system_metrics_s": 0.2}, 1)
+    time.sleep(1.5)
+    system.finish()
+    logged = set(client.get_run(run).data.metrics)
+    if importlib.util.find_spec("psutil") is None:
+        assert not logged and "no system metrics in MLflow" in caplog.text
+    else:
+        assert {"system/node_1/cpu_utilization_percentage", "system/node_1/system_memory_usage_megabytes"} <= logged
+        short = client.create_run(client.get_run(run).info.experiment_id).info.run_id  # shorter than its interval
+        system = raytrain.SystemMetrics({"uri": uri, "run_id": short, "system_metrics_s": 60}, 0)
+        system.finish()
+        assert "system/node_0/cpu_utilization_percentage" in client.get_run(short).data.metrics  # the last sample
+    raytrain.SystemMetrics(None, 0).finish()  # tracking off
 
 
 def test_the_validator_is_built_at_the_first_validation_and_decodes_a_pair_by_direction(tiny_model_dir, tmp_path):

@@ -142,7 +142,7 @@ def test_a_training_stage_the_cluster_cannot_hold_fails_before_the_first_stage_n
 
 
 @pytest.mark.slow
-def test_smoke_config_end_to_end_with_tracking_then_skips(tmp_path, capsys, ray_session, monkeypatch):
+def test_smoke_config_end_to_end_with_tracking_then_skips(tmp_path, capfd, ray_session, monkeypatch):
     """All seven stages through Ray (AR teachers on Ray Train, KD on Ray Data with the default engine, REDER with
     2 training workers and gloo DDP on the distilled pairs), tracked in MLflow; every score in results.json is
     sacreBLEU's command line on the hypothesis files, every speed-up the one the (fake) clock's times give; then
@@ -156,8 +156,12 @@ def test_smoke_config_end_to_end_with_tracking_then_skips(tmp_path, capsys, ray_
                           "teacher_greedy": (0.01, 0.25), "teacher_beam4": (0.04, 0.5)}).install(monkeypatch)
     monkeypatch.setattr(progress, "LINE_EVERY_S", 0.0)  # a progress line per report: the run is under a minute a stage
     assert run_pipeline.main(args) == 0
-    out, err = capsys.readouterr()
+    out, err = capfd.readouterr()
     assert "[7/7] evaluate: running" in out and "vocab_size 256 (blank id 255)" in out
+    # Issue 56: the two Ray lines nobody could act on are gone (capfd: Ray's C++ core writes to the descriptor)
+    assert "has constructor arguments in the object store" not in err
+    assert "does not have any available CPUs" not in err
+    assert "Skip logging GPU metrics" not in err  # MLflow's system metrics monitor, quiet
     # Issue 42: the summary says how to see the runs: `mlflow ui` on the store, the runs table in the view "Test BLEU"
     assert re.search(rf"browse: mlflow ui --backend-store-uri sqlite:///{re.escape(str(workdir.resolve()))}/mlflow.db   "
                      r"then http://127\.0\.0\.1:5000/#/experiments/\d+/runs\?viewStateShareKey=duplex-test-bleu&", out)
@@ -243,8 +247,9 @@ def test_smoke_config_end_to_end_with_tracking_then_skips(tmp_path, capsys, ray_
     assert [m.step for m in client.get_metric_history(by_name["teacher"].info.run_id, "valid_bleu")] == [10, 20]
     assert "teacher_bleu_src2tgt" in by_name["distill"].data.metrics
     for run in (parent, by_name["evaluate"]):  # test BLEU is test_*, validation BLEU valid_* (train, teachers)
-        assert run.data.metrics["test_bleu_src2tgt"] == pytest.approx(results["bleu_src2tgt"])
-        assert run.data.metrics["test_bleu_tgt2src"] == pytest.approx(results["bleu_tgt2src"])
+        # issue 56: in MLflow as reported, two decimals; exact in results.json
+        assert run.data.metrics["test_bleu_src2tgt"] == round(results["bleu_src2tgt"], 2)
+        assert run.data.metrics["test_chrf_tgt2src"] == round(results["chrf_tgt2src"], 2)
         assert not [name for name in run.data.metrics if name.startswith("bleu_")]
     assert parent.data.params["model.vocab_size"] == "256" and parent.data.params["train.num_workers"] == "2"
     assert parent.data.tags["bleu_signature"] == results["bleu_signature"]
@@ -257,6 +262,10 @@ def test_smoke_config_end_to_end_with_tracking_then_skips(tmp_path, capsys, ray_
     assert "spm.model" in artifacts("spm")
     assert {"training.png", "history.json"} <= artifacts("train")
     assert {"results.json", "test.src2tgt.greedy.txt", "test.tgt2src.beam4.txt"} <= artifacts("evaluate")
+    # issue 56: a translations table per scored set, an MLflow table (sortable in the UI)
+    assert artifacts("evaluate", "translations") == {"translations/test.json", "translations/valid.json"}
+    table = mlflow.load_table("translations/test.json", run_ids=[by_name["evaluate"].info.run_id])
+    assert len(table) == 50 and table["hypothesis_src2tgt"].tolist() == hypotheses
     train_run = by_name["train"].info.run_id
     per_step = client.get_metric_history(train_run, "train_total")
     assert [m.step for m in per_step] == [5, 10, 15, 20, 25, 30]  # logged by rank 0 every log_every steps
@@ -265,10 +274,23 @@ def test_smoke_config_end_to_end_with_tracking_then_skips(tmp_path, capsys, ray_
     for name in ("train_fba_src2tgt", "train_cc_tgt2src"):  # on from update 21 (aux_start_step 20): windows 25, 30
         assert [m.step for m in client.get_metric_history(train_run, name)] == [25, 30], name
     assert [m.step for m in client.get_metric_history(train_run, "valid_bleu_src2tgt")] == [10, 20, 30]
+    # issue 56: what each training run read, as MLflow datasets: REDER the distilled pairs, the teachers the raw ones
+    def datasets(stage: str) -> dict[str, str]:
+        return {i.dataset.name: {t.key: t.value for t in i.tags}["mlflow.data.context"]
+                for i in by_name[stage].inputs.dataset_inputs}
+
+    assert datasets("train") == {"files-en-es-train-distilled": "training", "files-en-es-valid": "validation"}
+    assert datasets("teacher") == {"files-en-es-train-raw": "training", "files-en-es-valid": "validation"}
+    if importlib.util.find_spec("psutil"):  # issue 56: MLflow's system metrics, sampled on the node (CI has psutil)
+        for stage in ("teacher", "train"):
+            assert "system/node_0/cpu_utilization_percentage" in by_name[stage].data.metrics, stage
     assert not [name for name in by_name["train"].data.metrics if name.startswith("bleu_")]
 
     # The published model is registered as a pyfunc that translates both ways, as the CLI does.
     assert by_name["train"].data.tags["model_uri"] == "models:/reder-en-es/1"
+    # issue 56: the first evaluated version takes the alias @champion
+    assert str(client.get_model_version_by_alias("reder-en-es", "champion").version) == "1"
+    assert "registry: models:/reder-en-es@champion moved to version 1: mean test BLEU" in out
     translator = mlflow.pyfunc.load_model("models:/reder-en-es/1")
     test_src, test_tgt = evaluate.read_text_split(Path(last["stages"]["ingest"]["output"]), "test", 50)
     rows = [{"text": text, "src": "en", "tgt": "es"} for text in test_src[:5]] + [{"text": test_tgt[0], "src": "es", "tgt": "en"}]
@@ -290,6 +312,15 @@ def test_smoke_config_end_to_end_with_tracking_then_skips(tmp_path, capsys, ray_
     assert translated.stdout.splitlines() == (evaluate_dir / "test.tgt2src.teacher_beam4.txt").read_text(
         encoding="utf-8").splitlines()
 
+    # issue 56: duplex-compare reads this run's hypotheses and tables back from MLflow (a run against itself: no
+    # difference on any line)
+    from pipeline import compare
+
+    capfd.readouterr()
+    assert compare.main([last["mlflow_run_id"], last["mlflow_run_id"], "--tracking-uri", uri, "--samples", "50",
+                         "--sets", "test"]) == 0
+    assert capfd.readouterr().out.count("no significant difference") == 4
+
     SMOKE_RUN["workdir"] = workdir  # its MLflow store, for the browser test
     # bench/ray_overhead.py: the same training budget through the harness alone, against this train stage.
     overhead = subprocess.run([sys.executable, "-m", "bench.ray_overhead", "--workdir", str(workdir), "--config",
@@ -302,12 +333,12 @@ def test_smoke_config_end_to_end_with_tracking_then_skips(tmp_path, capsys, ray_
     assert [entry["step"] for entry in measured["harness_valid_bleu"]] == [10, 20, 30]
 
     assert run_pipeline.main(args) == 0  # second run: everything finished already
-    assert capsys.readouterr().out.count("skipped (finished earlier)") == 14  # progress lines + summary
+    assert capfd.readouterr().out.count("skipped (finished earlier)") == 14  # progress lines + summary
     assert len(mlflow.search_runs(experiment_names=["duplex"], output_format="list")) == 10  # no run opened
 
     started = time.monotonic()
     assert run_pipeline.main(args + ["train.use_gpu=true", "train.start_timeout_s=1", "--stages", "train"]) == 2
-    assert "GPU: need 2, cluster has 0" in capsys.readouterr().err
+    assert "GPU: need 2, cluster has 0" in capfd.readouterr().err
     assert time.monotonic() - started < 30
 
     # A teacher checkpoint that is not a teacher for this run: a REDER model directory, then a missing one.
@@ -315,11 +346,11 @@ def test_smoke_config_end_to_end_with_tracking_then_skips(tmp_path, capsys, ray_
     wrong = args + [f"teacher.src2tgt_checkpoint={reder_dir}", f"teacher.tgt2src_checkpoint={reder_dir}",
                     "--stages", "teacher"]
     assert run_pipeline.main(wrong) == 2
-    assert "teacher.src2tgt_checkpoint" in capsys.readouterr().err
+    assert "teacher.src2tgt_checkpoint" in capfd.readouterr().err
     missing = args + [f"teacher.src2tgt_checkpoint={tmp_path / 'nowhere'}", f"teacher.tgt2src_checkpoint={teacher_dir}",
                       "--stages", "teacher"]
     assert run_pipeline.main(missing) == 2
-    err = capsys.readouterr().err
+    err = capfd.readouterr().err
     assert "nowhere" in err and "teacher.src2tgt_checkpoint" in err
 
 
@@ -330,8 +361,9 @@ def test_the_mlflow_ui_in_headless_chromium_shows_the_runs_the_plot_and_the_mode
     training" pages, sorted by test BLEU, so nested runs are listed flat) names the pipeline run and every stage
     run and has the columns test_bleu_src2tgt and test_bleu_tgt2src with the pipeline run's values; the pipeline
     run's page lists its stage runs and shows both test BLEUs with their values; the train run's page shows
-    training.png as an image; the registered model's page lists version 1. Run alone, it makes the smoke run
-    first."""
+    training.png as an image; the registered model's page lists version 1 with the alias champion. Issue 56: the
+    runs that trained, with their Dataset column (the teachers' raw pairs, REDER's distilled ones); the train run's
+    System metrics tab; the evaluate run's translations table. Run alone, it makes the smoke run first."""
     from bench import mlflow_ui
 
     if mlflow_ui.chromium() is None:
@@ -348,7 +380,9 @@ def test_the_mlflow_ui_in_headless_chromium_shows_the_runs_the_plot_and_the_mode
     store = f"sqlite:///{workdir}/mlflow.db"
     mlflow.set_tracking_uri(store)
     links, expected = mlflow_ui.expected_texts(mlflow.search_runs(experiment_names=["duplex"], output_format="list"))
-    assert set(links) == {"runs", "pipeline", "run", "model"}
+    assert set(links) == {"runs", "pipeline", "run", "model", "translations", "datasets", "system"}  # no sweep here
+    if not importlib.util.find_spec("psutil"):  # no system metrics were sampled (CI installs psutil)
+        del links["system"]
     assert len(expected["pipeline"]) == 1 + 7 + 2  # the pipeline run, its seven stage runs, two test BLEUs
     assert expected["runs"][-4:-2] == ["test_bleu_src2tgt", "test_bleu_tgt2src"]  # the view's columns, then values
     assert "viewStateShareKey=" in links["runs"]

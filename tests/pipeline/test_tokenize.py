@@ -57,6 +57,10 @@ def test_one_and_two_workers_give_identical_output_that_matches_plain_sentencepi
     base = ["data.source=files", f"data.local_dir={corpus}", "data.tgt_lang=de", "data.max_length_ratio=100",
             "data.dedupe=false", "model.vocab_size=120", "tokenize.batch_size=64"]
     outputs = {}
+    from cluster.connect import actor_pool_options
+
+    # issue 56: on one node no actor restarts, so Ray's core prints no "constructor arguments ... max_restarts > 0"
+    assert actor_pool_options() == {"max_restarts": 0}
     for workers in (1, 2):
         cfg = load_config(None, base + [f"tokenize.workers={workers}"])
         workdir = tmp_path / f"w{workers}"

@@ -1,6 +1,8 @@
 """MLflow tracking helpers: the tune sweep's runs (SweepTracker) against a local sqlite store, no Ray."""
+import json
 import pickle
 import re
+from pathlib import Path
 
 import pytest
 
@@ -174,13 +176,55 @@ def test_stage_runs_carry_their_config_and_the_experiment_opens_on_its_runs(tmp_
     tracker.begin_stage("spm")
     out = run_stage("spm", tmp_path / "spm-abc", lambda tmp: {"vocab_size": 64},
                     config={"spm": {"model_type": "bpe", "seed": 1}, "vocab_size": 64}, inputs={})
-    tracker.end_stage(out, {"vocab_size": 64}, [])
+    tables = tmp_path / "translations"
+    tables.mkdir()
+    (tables / "test.json").write_text('{"source": ["a", "b"], "bleu_src2tgt": [1.5, 0.0]}', encoding="utf-8")
+    tracker.log_tables(tables)  # issue 56: an MLflow table the UI sorts
+    # issue 56: what a training stage read, as MLflow datasets: the distilled train split and the raw valid split
+    from pipeline.config import load_config
+    from pipeline.tracking import stage_datasets
+
+    def corpus(name: str) -> Path:
+        def build(tmp: Path) -> dict:
+            for split in ("train", "valid"):
+                (tmp / split).mkdir()
+                (tmp / split / "part-0.parquet").write_text(f"{name} {split}", encoding="utf-8")
+            return {}
+        return run_stage(name.split("-")[0], tmp_path / name, build, config={}, inputs={})
+
+    distilled, tokenized = corpus("distill-aaa"), corpus("tokenize-bbb")
+    datasets = stage_datasets(load_config(None, ["data.tgt_lang=de"]), "train", {"data": distilled, "tokenize": tokenized})
+    assert [(d.name, d.context) for d in datasets] == [("sword-en-de-train-distilled", "training"),
+                                                       ("sword-en-de-valid", "validation")]
+    assert stage_datasets(load_config(None, []), "teacher", {"data": tokenized})[0].name == "sword-en-es-train-raw"
+    assert stage_datasets(load_config(None, []), "evaluate", {"data": tokenized}) == []
+    tracker.log_datasets(datasets)
+    tracker.end_stage(out, {"vocab_size": 64, "test_bleu_src2tgt": 11.8404722, "length_ratio": 0.987654}, [])
+    # Issue 56: every scored test set its own metrics, BLEU and chrF as reported (two decimals); train and valid
+    # (scored into results.json only) none
+    row = {"bleu_src2tgt": 11.8404722, "bleu_tgt2src": 9.0, "chrf_src2tgt": 33.333333, "chrf_tgt2src": 30.0,
+           "roundtrip_bleu_src": 50.123, "roundtrip_bleu_tgt": 49.0, "sentences": 7}
+    tracker.log_results({"split": "test", **row, "sets": {"test": row, "t17": {**row, "bleu_src2tgt": 1.005}, "valid": row}})
     tracker.close()
     client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
     experiment = client.get_experiment_by_name("duplex")
     assert experiment.tags[EXPERIMENT_KIND] == "custom_model_development"
     stage = next(r for r in client.search_runs([experiment.experiment_id]) if r.data.tags["duplex.stage"] == "spm")
     assert stage.data.params == {"spm.model_type": "bpe", "spm.seed": "1", "vocab_size": "64"}
+    assert stage.data.metrics == {"vocab_size": 64, "test_bleu_src2tgt": 11.84, "length_ratio": 0.987654}
+    import mlflow
+
+    assert mlflow.load_table("translations/test.json", run_ids=[stage.info.run_id]).to_dict("list") == \
+        {"source": ["a", "b"], "bleu_src2tgt": [1.5, 0.0]}
+    assert json.loads(stage.data.tags["mlflow.loggedArtifacts"]) == [{"path": "translations/test.json", "type": "table"}]
+    logged = {(i.dataset.name, i.dataset.digest, json.loads(i.dataset.source)["uri"], i.dataset.source_type,
+               {t.key: t.value for t in i.tags}["mlflow.data.context"]) for i in stage.inputs.dataset_inputs}
+    assert logged == {(d.name, d.digest, str(d.source), "local", d.context) for d in datasets}
+    assert len({d.digest for d in datasets}) == 2 and all(len(d.digest) == 12 for d in datasets)
+    metrics = client.get_run(tracker.run_id).data.metrics
+    assert {key for key in metrics if key.endswith("bleu_src2tgt")} == {"test_bleu_src2tgt", "t17_bleu_src2tgt"}
+    assert (metrics["test_bleu_src2tgt"], metrics["t17_bleu_src2tgt"], metrics["t17_chrf_src2tgt"],
+            metrics["test_roundtrip_bleu_src"]) == (11.84, round(1.005, 2), 33.33, 50.12)
 
 
 def test_the_experiment_carries_the_runs_table_view_test_bleu_as_the_installed_ui_reads_it(tmp_path):
@@ -249,15 +293,38 @@ def test_the_trained_model_is_registered_as_a_pyfunc_that_translates_both_ways(t
     tracker.begin_stage("train", "train-0123456789ab")
     out = run_stage("train", tmp_path / "train-0123456789ab", lambda tmp: {}, config={}, inputs={})
     tracker.end_stage(out, {}, [], model=tiny_model_dir)
+    # Issue 56: the alias @champion goes to the first evaluated version, then only to a version that beats it
+    row = {"bleu_src2tgt": 10.0, "bleu_tgt2src": 10.0, "references_sha256": "abc"}
+    results = {"split": "test", "src_lang": "en", "tgt_lang": "de", "sets": {"test": row}}
+    assert tracker.promote(results, tmp_path / "nowhere") == ""  # no version of that train stage
+    assert "moved to version 1: mean test BLEU 10.00" in tracker.promote(results, out)
+    assert tracker.promote(results, out) == "models:/reder-en-de@champion is version 1 already"
+    tracker.begin_stage("train", "train-second")  # a second model: version 2, worse one way, better on the mean
+    second = run_stage("train", tmp_path / "train-second", lambda tmp: {}, config={}, inputs={})
+    tracker.end_stage(second, {}, [], model=tiny_model_dir)
+    worse = {**results, "sets": {"test": {**row, "bleu_src2tgt": 12.0, "bleu_tgt2src": 8.0}}}  # a tie: stays
+    assert tracker.promote(worse, second).startswith("models:/reder-en-de@champion stays version 1: version 2 has mean")
+    better = {**results, "sets": {"test": {**row, "bleu_src2tgt": 9.0, "bleu_tgt2src": 12.0}}}
+    assert "moved to version 2: mean test BLEU 10.50 (src2tgt 9.00, tgt2src 12.00) beats the holder's 10.00" in \
+        tracker.promote(better, second)
     tracker.close()
     client = MlflowClient(tracker.uri)
+    assert str(client.get_model_version_by_alias("reder-en-de", "champion").version) == "2"
+    assert client.get_model_version("reder-en-de", "1").tags["test_bleu_src2tgt"] == "10.0"
     run = client.get_run(tracker.run_id)
     assert run.info.run_name == "tiny-pipeline-0123456789ab"
-    stage = [r for r in client.search_runs([run.info.experiment_id]) if r.data.tags["duplex.stage"] == "train"][0]
+    stage = [r for r in client.search_runs([run.info.experiment_id]) if r.data.tags["duplex.stage"] == "train"][-1]
     assert stage.info.run_name == "tiny-train-0123456789ab" and stage.data.tags["model_uri"] == "models:/reder-en-de/1"
 
     served = mlflow.pyfunc.load_model("models:/reder-en-de/1")
     local = reder.load(tiny_model_dir)
+    # reder.load and the Serve backend take the alias's URI (MLflow from the environment's tracking URI)
+    from pipeline.serve import load_backend
+
+    mlflow.set_tracking_uri(tracker.uri)
+    by_alias = reder.load("models:/reder-en-de@champion")
+    assert by_alias.translate("the cat", "en", "de") == local.translate("the cat", "en", "de")
+    assert load_backend("models:/reder-en-de@champion", "torch", "cpu", 1).languages == local.languages
     rows = pd.DataFrame([{"text": "the cat", "src": "en", "tgt": "de"}, {"text": "a dog ran", "src": "de", "tgt": "en"},
                          {"text": "the bird", "src": "en", "tgt": "de"}])
     assert served.predict(rows) == [local.translate("the cat", "en", "de"), local.translate("a dog ran", "de", "en"),
@@ -283,6 +350,18 @@ def test_the_trained_model_is_registered_as_a_pyfunc_that_translates_both_ways(t
     with caplog.at_level("WARNING"):
         assert served.predict(mended) == [local.translate("ok", "en", "de"), local.translate("the cat", "en", "de")]
     assert "row 1: text U+2029 (PARAGRAPH SEPARATOR) at character 4 replaced by a space" in caplog.text
+
+
+def test_the_alias_rule_counts_both_directions_and_compares_only_scores_on_the_same_references():
+    from pipeline.tracking import beats
+
+    def tags(forward: float, backward: float, references: str = "r") -> dict[str, str]:
+        return {"test_bleu_src2tgt": str(forward), "test_bleu_tgt2src": str(backward), "test_references_sha256": references}
+
+    assert beats(tags(1, 1), None)[0]
+    assert beats(tags(20, 11), tags(10, 20))[0] and not beats(tags(20, 10), tags(10, 20))[0]  # mean; a tie keeps it
+    assert not beats(tags(30, 30), tags(10, 10, "other"))[0]  # other references: not comparable
+    assert not beats(tags(30, 30), {"test_bleu_src2tgt": "1"})[0]  # a holder set by hand, unscored
 
 
 def test_mlflow_models_serve_translates_both_ways_from_one_endpoint(tiny_model_dir, tmp_path):

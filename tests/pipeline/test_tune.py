@@ -10,7 +10,7 @@ import pytest
 import run_pipeline
 from pipeline import tune
 from pipeline.config import ConfigError, load_config
-from pipeline.tracking import STAGE_TAG
+from pipeline.tracking import STAGE_TAG, trial_name
 
 SMOKE = Path(run_pipeline.__file__).resolve().parent / "configs" / "smoke.yaml"
 
@@ -90,6 +90,7 @@ def test_three_trial_sweep_tracks_every_trial_and_writes_a_trainable_best_yaml(t
     assert set(rows) == {0.002, 0.001, 0.000001}
     assert rows[0.000001]["status"] == "stopped early" and 20 <= int(rows[0.000001]["steps"]) < 30
     assert rows[0.001]["status"] == "finished"
+    assert {row["seed"] for row in rows.values()} == {"1"}  # one sample: the config's seed (issue 56)
     best_row = min(rows.values(), key=lambda r: float(r["train_ctc_src2tgt"]))
     best = load_config(tune_dir / "best.yaml")
     assert best.train.lr == float(best_row["train.lr"]) and best.train.lr > 0.000001
@@ -199,6 +200,26 @@ def test_ctrl_c_or_sigterm_during_a_sweep_stops_it_gracefully_then_raises_the_si
     finally:
         signal.signal(signal.SIGUSR1, old_usr1)
         signal.signal(signal.SIGTERM, old_term)
+
+
+def test_repeats_of_a_point_train_with_their_own_seeds():
+    """Issue 56: `tune --samples 3` over two choices drew one point twice and trained it twice with one seed. Tune
+    numbers trials in draw order, each sample drawing the grid once: a trial's seed is train.seed + its sample."""
+    issue = load_config(SMOKE, ["tune.space={model.upsample_ratio: {choice: [2, 3]}, loss.lambda_cc: {choice: [0.0, 0.1]}}",
+                                "tune.num_samples=3", "train.seed=7"])
+    assert [tune.trial_seed(issue, f"ab12c_{k:05d}") for k in range(3)] == [7, 8, 9]  # every draw its own seed
+    grid = load_config(SMOKE, ["tune.num_samples=2", "train.seed=7"])  # lambda_fba: a 3-point grid, twice
+    assert [tune.trial_seed(grid, f"ab12c_{k:05d}") for k in range(6)] == [7, 7, 7, 8, 8, 8]
+    assert tune.trial_values(grid, {"loss.lambda_fba": 0.1}, ["loss.lambda_fba"], "ab12c_00004") == \
+        {"loss.lambda_fba": 0.1, "train.seed": 8}
+    once = load_config(SMOKE, [])  # one sample: every trial the config's seed, named by its values alone
+    assert tune.trial_values(once, {"loss.lambda_fba": 0.1}, ["loss.lambda_fba"], "ab12c_00002") == {"loss.lambda_fba": 0.1}
+    searched = tune.trial_seed(issue, "3f2a9c1d")  # a searcher's id (optuna): a seed from the id
+    assert searched != 7 and searched == tune.trial_seed(issue, "3f2a9c1d")
+    swept = load_config(SMOKE, ["tune.space={train.seed: {grid: [1, 2]}}", "tune.num_samples=2"])
+    assert tune.trial_seed(swept, "ab12c_00003") == swept.train.seed  # a swept seed is the trial's own value
+    assert tune.trial_values(swept, {"train.seed": 2}, ["train.seed"], "ab12c_00003") == {"train.seed": 2}
+    assert trial_name({"loss.lambda_cc": 0.1, "train.seed": 8}) == "λcc=0.1 seed=8"
 
 
 def test_trial_runs_are_named_by_their_values():
