@@ -170,7 +170,8 @@ def run(cfg: PipelineConfig, stages: list[str], force: bool = False, started: fl
     dirs = graph.output_dirs(cfg, workdir)
     if cfg.ray.address:  # on a cluster: connect and check the shared storage before anything runs
         connect_ray(cfg)
-    check_training_resources(cfg, [name for name in stages if name in needed and (force or not is_done(dirs[name]))])
+    to_run = [name for name in stages if name in needed and (force or not is_done(dirs[name]))]
+    checked = bool(cfg.ray.address) and check_training_resources(cfg, to_run)  # a cluster: before anything runs
     summary: dict[str, dict] = {}
     tracker = Tracker(cfg.tracking, workdir, cfg.to_dict(), to_yaml(cfg), target=dirs[stages[-1]].name)
     try:
@@ -193,6 +194,7 @@ def run(cfg: PipelineConfig, stages: list[str], force: bool = False, started: fl
                 inputs = graph.check_inputs(cfg, workdir, name)  # a missing or changed input fails before Ray and MLflow
                 if graph.BY_NAME[name].uses_ray:
                     connect_ray(cfg)
+                    checked = checked or check_training_resources(cfg, to_run)  # local: Ray starts here
                 tracker.begin_stage(name, expected.name)
                 tracker.log_datasets(stage_datasets(cfg, name, inputs))
             later = [n for n in stages[index:] if n in needed and (force or not is_done(dirs[n]))]
@@ -226,18 +228,21 @@ def run(cfg: PipelineConfig, stages: list[str], force: bool = False, started: fl
     return summary
 
 
-def check_training_resources(cfg: PipelineConfig, to_run: list[str]) -> None:
-    """Before the first stage runs: whether the cluster can hold the worker group of every training stage that
-    will run (raytrain.check_resources, each waiting its start_timeout_s for an autoscaler), so that a config
-    the cluster cannot train fails now, naming the stage's keys, rather than after the stages before it."""
+def check_training_resources(cfg: PipelineConfig, to_run: list[str]) -> bool:
+    """Whether the cluster can hold the worker group of every training stage that will run
+    (raytrain.check_resources, each waiting its start_timeout_s for an autoscaler), so that a config the cluster
+    cannot train fails at once, naming the stage's keys, rather than after the stages before it. Checked on a
+    cluster before the first stage, on a local run before the first stage that starts Ray (tokenize: ingest
+    and spm need no Ray, and a local Ray started for them alone would cost their starts its start-up).
+    Returns True (checked)."""
     checks = [(graph.train_section(cfg, name), graph.train_keys(name)) for name in to_run if name in graph.TRAINING]
     if "tune" in to_run:
         checks.append((cfg.train, "train"))  # a trial trains with the train section
-    if not checks:
-        return
-    connect_ray(cfg)
+    if checks:
+        connect_ray(cfg)
     for section, keys in checks:
         raytrain.check_resources(section, section.start_timeout_s, keys)
+    return True
 
 
 def sweep(cfg: PipelineConfig, force: bool = False, resume: bool = False) -> Path:

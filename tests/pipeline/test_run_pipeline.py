@@ -127,10 +127,11 @@ def test_bad_input_is_one_error_line_and_exit_code_2(tmp_path, capsys):
     assert not list((tmp_path / "work").glob("ingest-*"))
 
 
-def test_a_training_stage_the_cluster_cannot_hold_fails_before_the_first_stage_naming_its_keys(tmp_path, capsys,
-                                                                                               ray_session):
-    """Issue 55: the teacher stage's worker group is checked before ingest runs, and the error names the keys of
-    the stage that cannot be placed (teacher.train.*), not the train section's."""
+def test_a_training_stage_the_cluster_cannot_hold_fails_before_the_first_ray_stage_naming_its_keys(tmp_path, capsys,
+                                                                                                   ray_session):
+    """Issue 55: the teacher stage's worker group is checked before the first stage that uses Ray (tokenize, on a
+    local run; on a cluster before ingest), and the error names the keys of the stage that cannot be placed
+    (teacher.train.*), not the train section's."""
     argv = ["--config", str(SMOKE), f"workdir={tmp_path}", "tracking.enabled=false", "distill.enabled=true",
             "teacher.train.use_gpu=true", "teacher.train.num_workers=64", "teacher.train.start_timeout_s=0.1"]
     assert run_pipeline.main(argv) == 2
@@ -138,7 +139,7 @@ def test_a_training_stage_the_cluster_cannot_hold_fails_before_the_first_stage_n
     assert re.search(r"^error: teacher\.train: the cluster cannot hold 64 worker\(s\) \(.*GPU: need 64, cluster has "
                      r"\d+\); lower teacher\.train\.num_workers / teacher\.train\.cpus_per_worker, or set "
                      r"teacher\.train\.use_gpu=false, or add nodes$", err, re.MULTILINE), err
-    assert not list(tmp_path.glob("ingest-*"))  # checked before the first stage: nothing ran
+    assert list(tmp_path.glob("spm-*")) and not list(tmp_path.glob("tokenize-*"))  # checked before the first Ray stage
 
 
 @pytest.mark.slow
