@@ -185,15 +185,8 @@ def test_killed_inside_every_stage_then_run_again_and_corrupted_artifacts_are_re
         assert not left, f"{where}: processes of the run still alive after 30 s: {left}"
         killed.append(start)
 
-    # The completing start as a user runs it, without the suite's RAY_TMPDIR: Ray's files go to the user's own
-    # <temp>/duplex-<uid> (mode 700), not the machine-wide /tmp/ray (issue 55). A short path: Ray's socket names
-    # must fit 107 bytes.
-    own_tmp = Path(tempfile.mkdtemp(prefix="dpx-", dir="/tmp"))
-    request.addfinalizer(lambda: shutil.rmtree(own_tmp, ignore_errors=True))
-    final = Start(workdir, len(KILLS), tmpdir=own_tmp)
+    final = Start(workdir, len(KILLS))
     assert final.proc.wait(timeout=600) == 0, final.text()[-5000:]
-    private = own_tmp / f"duplex-{os.getuid()}"
-    assert (private.stat().st_mode & 0o777) == 0o700 and list((private / "ray").glob("session_*/logs"))
     out = final.stdout.read_text(encoding="utf-8")
     assert "[7/7] evaluate: running" in out and out.count("skipped (finished earlier)") == 2 * 6
     last = json.loads((workdir / "last_run.json").read_text(encoding="utf-8"))
@@ -222,13 +215,20 @@ def test_killed_inside_every_stage_then_run_again_and_corrupted_artifacts_are_re
     assert sorted(killed_teacher) == ["teacher src2tgt", "teacher tgt2src"]
 
     # A sweep on the finished run's data, stopped by SIGTERM while its first trial trains, then resumed.
-    sweep = Start(workdir, len(KILLS) + 1, command=("tune",))
+    # Started as a user starts it, without the suite's RAY_TMPDIR: Ray's files go to the user's own
+    # <temp>/duplex-<uid> (mode 700), not the machine-wide /tmp/ray (issue 55). A short path: Ray's socket names
+    # must fit 107 bytes.
+    own_tmp = Path(tempfile.mkdtemp(prefix="dpx-", dir="/tmp"))
+    request.addfinalizer(lambda: shutil.rmtree(own_tmp, ignore_errors=True))
+    sweep = Start(workdir, len(KILLS) + 1, command=("tune",), tmpdir=own_tmp)
     sweep.wait_for(lambda: registered_under(workdir / "ray_results", "tune-*/**"), "a trial's checkpoint")
     took["stopped in tune with SIGTERM"] = sweep.stop(
         signal.SIGTERM, "stopped in tune with SIGTERM", "finished stages are kept, the sweep published nothing and "
         "kept its state: the same command with --resume continues it")
     assert not _files(workdir, "tune-*/" + SUCCESS) and not _files(workdir, ".*.tmp")
     assert not sweep.processes_left(30, agents=False)
+    private = own_tmp / f"duplex-{os.getuid()}"
+    assert (private.stat().st_mode & 0o777) == 0o700 and list((private / "ray").glob("session_*/logs"))
     runs = mlflow.search_runs(experiment_names=["duplex"], output_format="list")
     assert not [r.info.run_name for r in runs if r.info.status == "RUNNING"]
     assert [r.info.status for r in runs if r.data.tags[STAGE_TAG] == "tune"] == ["KILLED"]
