@@ -11,3 +11,15 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def emit(report: dict, out: str | None) -> dict:
+    """Print a bench's report as JSON, and write it to `out` (a path, its directory made) when given."""
+    import json
+
+    text = json.dumps(report, indent=2)
+    if out:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(text + "\n", encoding="utf-8")
+    print(text)
+    return report

@@ -23,7 +23,6 @@ be: the time the process was not scheduled is left out.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import time
@@ -32,7 +31,7 @@ from typing import Any, Callable
 
 import torch
 
-from bench import peers
+from bench import emit, peers
 
 GEMM_OPS = ("aten::addmm", "aten::mm", "aten::bmm", "aten::baddbmm", "aten::addmv", "aten::mv",
             "quantized::linear_dynamic", "aten::_weight_int8pack_mm", "aten::_weight_int4pack_mm")
@@ -152,12 +151,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             entry["cpu_over_floor"] = round(entry["cpu_ms_per_sentence"] / cpu_floor, 2)
     report["load_after"] = [round(x, 2) for x in os.getloadavg()]
     _print_tables(report)
-    text = json.dumps(report, indent=2)
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(text + "\n", encoding="utf-8")
-    print(text)
-    return report
+    return emit(report, args.out)
 
 
 def _print_tables(report: dict[str, Any]) -> None:

@@ -12,16 +12,14 @@ is scored on the same pairs: a trained, confident model on inputs it knows, not 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import time
-from pathlib import Path
 
 import sacrebleu
 import torch
 
-from bench import MULTI30K
+from bench import MULTI30K, emit
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -96,12 +94,7 @@ def main(argv: list[str] | None = None) -> dict:
                 timings[name].append(len(english) / (time.perf_counter() - started))
     report["sentences_per_s"] = {name: round(statistics.median(values), 1) for name, values in timings.items()}
     report["load_after"] = [round(x, 2) for x in os.getloadavg()]
-    text = json.dumps(report, indent=2)
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(text + "\n", encoding="utf-8")
-    print(text)
-    return report
+    return emit(report, args.out)
 
 
 if __name__ == "__main__":

@@ -58,7 +58,7 @@ from typing import Any, Callable
 
 import torch
 
-from bench import MULTI30K, REPO_ROOT
+from bench import MULTI30K, REPO_ROOT, emit
 
 ENGINES = ("reder", "teacher", "ct2")
 
@@ -353,12 +353,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
               f"untrained d{args.d_model} h{args.heads} ffn{args.ffn} layers {args.layers} vocab {args.vocab}"
               f"; AR outputs forced to {args.ar_tokens} tokens",
               "load_average": loads, "engines": engines, "ratios": _ratios(engines)}
-    text = json.dumps(report, indent=2)
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(text + "\n", encoding="utf-8")
-    print(text)
-    return report
+    return emit(report, args.out)
 
 
 if __name__ == "__main__":
