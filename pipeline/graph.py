@@ -25,14 +25,17 @@ from pipeline.config import NO_BLANK_PENALTY, PipelineConfig, TrainConfig
 from pipeline.stage import Stage, StageError, StageRun, is_done, require_done, run_stage, stage_dir
 from reder import heads
 
-# Keys of a train section that change neither the data order nor the optimisation: not hashed.
-NOT_HASHED = ("log_every", "max_failures", "storage_path", "fail_at_step", "start_timeout_s", "valid_max_sentences")
+# Keys of a train section that change neither the data order nor the optimisation: not hashed. min_workers does
+# only once a host is lost, and a run that stopped for a lost host must find its checkpoints with it set.
+NOT_HASHED = ("log_every", "max_failures", "storage_path", "fail_at_step", "start_timeout_s", "valid_max_sentences",
+              "min_workers")
 # Keys added to a hashed section after outputs existed (issues 26, 44): hashed only when set away from their
 # default, which is the behaviour from before them, so finished outputs keep their directories.
 ADDED_LATER = {"model": ("dag_dp",),
                "loss": ("fba_start_step", "cc_start_step", "directions", "glance_start", "glance_end", "glance_steps"),
                # compile: inductor's dropout draws other masks
-               "train": ("batch_tokens", "max_time", "patience", "lr_scheduler", "warmup_fraction", "compile"),
+               "train": ("batch_tokens", "max_time", "patience", "lr_scheduler", "warmup_fraction", "compile",
+                         "min_workers"),
                "evaluate": ("rerank_weight", "cutoff_top_n", "cutoff_prob", "dag_max_transition", "dag_no_repeat_ngram",
                             "dag_length_penalty", "cmlm_iterations", "cmlm_length_beam", "refine_steps",
                             "test_sets")}  # test_sets: issue 56
