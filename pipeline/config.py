@@ -586,7 +586,7 @@ class _PlainLoader(yaml.SafeLoader):
 
     def _key_text(self, node: yaml.Node) -> str:
         """A key as `from_dict` spells it in a path: its constructed value (`on:` is the key True)."""
-        if isinstance(node, yaml.ScalarNode) and node.tag != "tag:yaml.org,2002:merge":
+        if isinstance(node, yaml.ScalarNode):
             try:
                 return str(self.construct_object(node))
             except yaml.YAMLError:
@@ -597,10 +597,13 @@ class _PlainLoader(yaml.SafeLoader):
         lines: dict[Any, int] = {}
         for key_node, _ in node.value:
             line = key_node.start_mark.line + 1
-            if key_node.tag == "tag:yaml.org,2002:merge":
+            if key_node.tag == _MERGE or isinstance(key_node, yaml.ScalarNode) and key_node.value == "<<" and not key_node.style:
                 raise ConfigError(f"{self.where}:{line}: a merge key (<<) is not plain data, in "
                                   f"'{self.paths.get(id(node), '').rstrip('.') or 'the top level'}'; write the keys out")
             key = self.construct_object(key_node, deep=True)
+            if not isinstance(key, typing.Hashable):
+                raise ConfigError(f"{self.where}:{line}: a key that is a {_kind(key)[2:]}, in "
+                                  f"'{self.paths.get(id(node), '').rstrip('.') or 'the top level'}'; keys are names")
             if key in lines:
                 raise ConfigError(f"{self.where}:{line}: key '{self.paths.get(id(node), '')}{key}' given twice "
                                   f"(lines {lines[key]} and {line}); the second would silently replace the first: "
@@ -610,8 +613,9 @@ class _PlainLoader(yaml.SafeLoader):
 
 
 _INT, _FLOAT = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"
+_MERGE, _VALUE = "tag:yaml.org,2002:merge", "tag:yaml.org,2002:value"  # `<<` and `=`: strings here (a key `<<` refused)
 _PlainLoader.yaml_implicit_resolvers = {
-    first: [(tag, pattern) for tag, pattern in resolvers if tag not in (_INT, _FLOAT)]
+    first: [(tag, pattern) for tag, pattern in resolvers if tag not in (_INT, _FLOAT, _MERGE, _VALUE)]
     for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
 _PlainLoader.add_implicit_resolver(_INT, re.compile(r"^(?:[-+]?(?:0|[1-9][0-9_]*)|0x[0-9a-fA-F_]+|0o[0-7_]+)$"),
                                    list("-+0123456789"))
@@ -677,6 +681,8 @@ def _yaml_problem(error: yaml.YAMLError, where: str, with_line: bool = True) -> 
     if mark is not None and with_line:
         where = f"{where}:{mark.line + 1}:{mark.column + 1}"
     problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+    if problem.startswith("but ") and getattr(error, "context", None):  # "but found another document"
+        problem = f"{error.context} {problem}"
     return f"{where}: invalid YAML ({problem})"
 
 
