@@ -26,17 +26,20 @@ SWORD_INSTALL = "apt-get update && apt-get install -y sword-text-web sword-text-
 
 _NOTE = re.compile(r"<note\b[^>]*>.*?</note>", re.DOTALL)
 _TAG = re.compile(r"<[^>]*>")
-_GAP = re.compile(r"(?<=\w)\x00+(?=\w)")
+_WORD_END, _WORD_START = re.compile(r"\w$"), re.compile(r"\w")  # a footnote between two words is a space
 
 
 def clean_osis(raw: str) -> str:
     """Plain verse text from OSIS markup: footnotes removed, tags stripped, entities decoded.
 
     A footnote sitting between two words (`God</w><note>…</note><w>created`) becomes a space, which
-    pysword's own cleaner loses ("Godcreated")."""
-    text = _NOTE.sub("\x00", raw)
-    text = html.unescape(_TAG.sub("", text))
-    text = _GAP.sub(" ", text).replace("\x00", "")
+    pysword's own cleaner loses ("Godcreated"). Every other character is kept (a NUL too, which `checked` then
+    names): whitespace is folded to single spaces."""
+    text = ""
+    for piece in (html.unescape(_TAG.sub("", piece)) for piece in _NOTE.split(raw)):  # the text between footnotes
+        if _WORD_END.search(text) and _WORD_START.match(piece):
+            text += " "
+        text += piece
     return " ".join(text.split())
 
 
