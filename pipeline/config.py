@@ -35,7 +35,7 @@ class DataConfig:
     source: Literal["sword", "multi30k", "iwslt14", "wmt16_enro", "wmt14_ende", "files", "tsv"] = "sword"
     src_lang: str = "en"
     tgt_lang: str = "es"
-    # Directory holding local copies (`<split>.<lang>` text files, optionally .gz; for `tsv`,
+    # Directory holding local copies (`<split>.<lang>` text files, optionally .gz/.bz2/.xz/.lzma; for `tsv`,
     # `<split>.tsv`). Relative paths are resolved against the config file's directory.
     local_dir: str = ""
     download: bool = True  # named corpora: fetch what local_dir lacks (into cache_dir)

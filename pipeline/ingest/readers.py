@@ -1,12 +1,14 @@
-"""Reading local corpus files: `files` (`<split>.<lang>[.gz]`) and `tsv` (`<split>.tsv[.gz]`), streamed.
+"""Reading local corpus files: `files` (`<split>.<lang>[.gz|.bz2|.xz|.lzma]`) and `tsv` (`<split>.tsv[...]`), streamed.
 
 Also what every reader shares: the split names, the `RawSplit` a reader returns and `CorpusError`. A file is
 read chunk by chunk and its lines are yielded one at a time, so memory does not grow with the corpus. A line
 is what `reder.text` says (docs/DESIGN.md, "Text"): it ends at "\n" or "\r\n"; a BOM at the start of a file is
-removed and counted; another line terminator or control character but TAB inside a line is an error naming
-file, line and character, or with `data.bad_characters=replace` a space, counted. Misaligned sides, a tsv line
-without exactly one tab, invalid UTF-8 (unless `lenient`), missing files, two files for one split and language
-(`find_file`), corrupt gzip data and a file larger than `data.max_input_mb` (decompressed; so a decompression
+removed and counted; another line terminator, control character but TAB or lone surrogate inside a line is an
+error naming file, line and character, or with `data.bad_characters=replace` a space, counted (`checked`, the rule
+the SWORD reader applies too). Misaligned sides, a tsv line without exactly one tab, invalid UTF-8 (unless
+`lenient`), a UTF-16/32 byte order mark, missing files, two files for one split and language (`find_file`: a plain
+file and any compressed sibling), a compression Python cannot read or a suffix that says another format than the
+bytes (`compression`), corrupt compressed data and a file larger than `data.max_input_mb` (decompressed; so a decompression
 bomb stops at the cap) are errors naming the file (and line); `id` is the 1-based line number in the source file.
 """
 from __future__ import annotations
