@@ -358,3 +358,23 @@ def test_a_bzip2_corpus_ingests_to_the_same_tables_as_the_plain_one(tmp_path):
         assert pq.read_table(packed_out / split).equals(pq.read_table(plain / split))
     assert json.loads((packed_out / "report.json").read_text())["splits"] == \
         json.loads((plain / "report.json").read_text())["splits"]
+
+
+# --- the other reader of reference text: evaluate.test_sets files
+
+
+@pytest.mark.parametrize("char", [c for c in FAMILY["bad"] if c != "\n"], ids=lambda c: f"U+{ord(c):04X}")
+def test_a_test_set_file_follows_the_training_data_policy(tmp_path, char):
+    """`evaluate.test_sets` files are references: read as ingest reads a corpus file. A bad character is an error
+    naming file, line and code point (str.splitlines split U+2028, FF, NEL... into two lines, misaligning the pairs
+    scored after it, and kept a BOM in the first source sentence); a leading BOM is removed; compressed is read."""
+    from pipeline.evaluate import read_test_set
+
+    src, tgt = tmp_path / "set.en", tmp_path / "set.de"
+    src.write_bytes(f"\ufeffone\nt{char}wo\nthree\n".encode("utf-8"))
+    tgt.write_bytes(gzip.compress("eins\nzwei\ndrei\n".encode("utf-8")))
+    spec = {"src": str(src), "tgt": str(tgt)}
+    with pytest.raises(CorpusError, match=rf"^{re.escape(str(src))}:2: U\+{ord(char):04X} "):
+        read_test_set(spec, "en", "de")
+    src.write_bytes("\ufeffone\ntwo\nthree\n".encode("utf-8"))
+    assert read_test_set(spec, "en", "de") == (["one", "two", "three"], ["eins", "zwei", "drei"])
