@@ -515,7 +515,8 @@ def _located(error: ConfigError, path: Path, lines: dict[str, int], overridden: 
 
 def _kind(value: Any) -> str:
     """A YAML value's kind in words, for messages."""
-    return {dict: "a mapping", list: "a list", type(None): "null (an empty document)"}.get(type(value), type(value).__name__)
+    kinds = {dict: "a mapping", list: "a list", type(None): "null (an empty document)"}
+    return kinds.get(type(value), type(value).__name__)
 
 
 def _read_yaml(path: Path, lines: dict[str, int] | None = None) -> Any:
@@ -597,7 +598,8 @@ class _PlainLoader(yaml.SafeLoader):
         lines: dict[Any, int] = {}
         for key_node, _ in node.value:
             line = key_node.start_mark.line + 1
-            if key_node.tag == _MERGE or isinstance(key_node, yaml.ScalarNode) and key_node.value == "<<" and not key_node.style:
+            plain_merge = isinstance(key_node, yaml.ScalarNode) and key_node.value == "<<" and not key_node.style
+            if key_node.tag == _MERGE or plain_merge:
                 raise ConfigError(f"{self.where}:{line}: a merge key (<<) is not plain data, in "
                                   f"'{self.paths.get(id(node), '').rstrip('.') or 'the top level'}'; write the keys out")
             key = self.construct_object(key_node, deep=True)

@@ -6,7 +6,8 @@ format it names. Python 3.11's standard library reads four of them (`READABLE`: 
 `.Z`, brotli, lz4, 7-Zip, zip and tar archives) are errors naming the file and its format: decompress it first.
 The bytes decide how a file is read (`codec_of`): a file starts with its format's magic bytes, and a name
 whose suffix says another format than its bytes is an error (a `.gz` that holds plain text, a `train.en` that
-is zstd). Only `.lzma` (the old "alone" format) has no magic bytes: its suffix alone says it.
+is zstd). Only `.lzma` (the old "alone" format) has no magic bytes: its suffix alone says it. A suffix is what a
+name adds to the name it was looked up by (`readers.find_file`): in `train.br`, Breton, `.br` is no brotli.
 """
 from __future__ import annotations
 

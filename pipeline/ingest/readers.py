@@ -8,8 +8,9 @@ error naming file, line and character, or with `data.bad_characters=replace` a s
 the SWORD reader applies too). Misaligned sides, a tsv line without exactly one tab, invalid UTF-8 (unless
 `lenient`), a UTF-16/32 byte order mark, missing files, two files for one split and language (`find_file`: a plain
 file and any compressed sibling), a compression Python cannot read or a suffix that says another format than the
-bytes (`compression`), corrupt compressed data and a file larger than `data.max_input_mb` (decompressed; so a decompression
-bomb stops at the cap) are errors naming the file (and line); `id` is the 1-based line number in the source file.
+bytes (`compression`), corrupt compressed data and a file larger than `data.max_input_mb` (decompressed; so a
+decompression bomb stops at the cap) are errors naming the file (and line); `id` is the 1-based line number in
+the source file.
 """
 from __future__ import annotations
 

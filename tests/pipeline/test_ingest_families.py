@@ -284,6 +284,18 @@ def test_a_compressed_file_alone_is_read_like_the_plain_one_or_named_as_unreadab
     assert [src for _, src, _ in split.rows] == blob.decode("utf-8").splitlines()
 
 
+def test_a_language_code_that_is_also_a_suffix_names_no_compression(tmp_path):
+    """Breton's `br` is brotli's suffix: `train.br`, looked up as `train.br`, is a plain file; `train.br.gz` beside
+    it is its compressed sibling."""
+    corpus = write_files_corpus(tmp_path / "corpus", langs=("en", "br"))
+    assert find_file(corpus, "train.br") == corpus / "train.br"
+    assert [src for _, _, src in read_parallel(corpus / "train.en", corpus / "train.br").rows][:1] == \
+        (corpus / "train.br").read_text(encoding="utf-8").splitlines()[:1]
+    (corpus / "train.br.gz").write_bytes(gzip.compress((corpus / "train.br").read_bytes()))
+    with pytest.raises(CorpusError, match=r"ambiguous input .*: train\.br and train\.br\.gz"):
+        find_file(corpus, "train.br")
+
+
 @pytest.mark.parametrize("suffix", [s for s in compression.SUFFIXES if compression.SUFFIXES[s].open])
 def test_a_suffix_that_says_another_format_than_the_bytes_is_an_error(tmp_path, suffix):
     """A `.gz` (any readable suffix) holding plain text or another format's bytes: an error naming the file, its
