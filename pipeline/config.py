@@ -52,9 +52,10 @@ class DataConfig:
     max_length_ratio: float = 3.0  # max(len)/min(len) in characters, both sides
     dedupe: bool = True  # drop repeated (src, tgt) pairs within train
     lenient: bool = False  # invalid UTF-8: drop and count the pair instead of failing
-    # A line terminator other than \n / \r\n (lone CR, U+2028, U+2029, NEL, VT, FF) or a control character but
-    # TAB inside a line (reder.text): "error" names file, line and character; "replace" makes each a space,
-    # counted per character in report.json. Hashed only when set to replace (added after outputs existed).
+    # A line terminator other than \n / \r\n (lone CR, U+2028, U+2029, NEL, VT, FF), a control character but
+    # TAB or a lone surrogate inside a line (reder.text), in any reader (files, downloads, SWORD verses): "error"
+    # names file, line and character; "replace" makes each a space, counted per character in report.json. Hashed
+    # only when set to replace (added after outputs existed).
     bad_characters: Literal["error", "replace"] = "error"
     # SWORD (the embedded default): two Bible modules, verse-aligned.
     sword_path: str = "/usr/share/sword"
