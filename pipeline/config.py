@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,7 +35,7 @@ class DataConfig:
     source: Literal["sword", "multi30k", "iwslt14", "wmt16_enro", "wmt14_ende", "files", "tsv"] = "sword"
     src_lang: str = "en"
     tgt_lang: str = "es"
-    # Directory holding local copies (`<split>.<lang>` text files, optionally .gz; for `tsv`,
+    # Directory holding local copies (`<split>.<lang>` text files, optionally .gz/.bz2/.xz/.lzma; for `tsv`,
     # `<split>.tsv`). Relative paths are resolved against the config file's directory.
     local_dir: str = ""
     download: bool = True  # named corpora: fetch what local_dir lacks (into cache_dir)
@@ -51,9 +52,10 @@ class DataConfig:
     max_length_ratio: float = 3.0  # max(len)/min(len) in characters, both sides
     dedupe: bool = True  # drop repeated (src, tgt) pairs within train
     lenient: bool = False  # invalid UTF-8: drop and count the pair instead of failing
-    # A line terminator other than \n / \r\n (lone CR, U+2028, U+2029, NEL, VT, FF) or a control character but
-    # TAB inside a line (reder.text): "error" names file, line and character; "replace" makes each a space,
-    # counted per character in report.json. Hashed only when set to replace (added after outputs existed).
+    # A line terminator other than \n / \r\n (lone CR, U+2028, U+2029, NEL, VT, FF), a control character but
+    # TAB or a lone surrogate inside a line (reder.text), in any reader (files, downloads, SWORD verses): "error"
+    # names file, line and character; "replace" makes each a space, counted per character in report.json. Hashed
+    # only when set to replace (added after outputs existed).
     bad_characters: Literal["error", "replace"] = "error"
     # SWORD (the embedded default): two Bible modules, verse-aligned.
     sword_path: str = "/usr/share/sword"
@@ -472,13 +474,17 @@ class PipelineConfig:
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> PipelineConfig:
     """Load a YAML file (or the defaults when None), apply `a.b=value` overrides, and validate."""
     raw: dict[str, Any] = {}
+    lines: dict[str, int] = {}  # dotted key path (`train.adam_betas[1]`) -> its line in the file
     if path is not None:
         path = Path(path)
         if not path.is_file():
             raise ConfigError(f"config file not found: {path}")
-        raw = _read_yaml(path) or {}
+        raw = _read_yaml(path, lines)
+        if raw is None:  # empty, or comments only: the defaults
+            raw = {}
         if not isinstance(raw, dict):
-            raise ConfigError(f"{path}: top level must be a mapping, got {type(raw).__name__}")
+            raise ConfigError(f"{path}:{lines.get('', 1)}: top level must be a mapping of sections (data:, "
+                              f"train:, ...), got {_kind(raw)} {raw!r}")
         raw = _resolve_local_dir(raw, path.parent)
     for override in overrides:
         _apply_override(raw, override)
@@ -487,13 +493,44 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
         if isinstance(raw["tracking"], dict):
             raw["tracking"]["run_prefix"] = path.stem
     raw = _teacher_vocabulary(raw)
-    cfg = from_dict(PipelineConfig, raw)
-    check_consistency(cfg)
+    try:
+        cfg = from_dict(PipelineConfig, raw)
+        check_consistency(cfg)
+    except ConfigError as error:
+        if path is None:
+            raise
+        overridden = [override.partition("=")[0] for override in overrides]
+        raise _located(error, path, lines, overridden) from error
     return cfg
 
 
-def _read_yaml(path: Path) -> Any:
-    """The YAML document in `path`; unreadable bytes and syntax errors name the file and line."""
+_KEY = re.compile(r"^([^\s:]+): ")  # a ConfigError's message starts with the key's path
+
+
+def _located(error: ConfigError, path: Path, lines: dict[str, int], overridden: list[str]) -> ConfigError:
+    """`error` (naming a key's path) prefixed with the file and the line that set the key (or the list holding the
+    item it names). Unchanged where the file did not set it: an override did, which the message names as the
+    command line spelled it, or the key kept its default and a check relating it to another failed."""
+    found = getattr(error, "key", "") or (_KEY.match(str(error)) or [None, ""])[1]
+    if any(found == key or found.startswith((f"{key}.", f"{key}[")) for key in overridden):
+        return error
+    where = found
+    while where not in lines and re.search(r"\[\d+\]$", where):
+        where = re.sub(r"\[\d+\]$", "", where)
+    if not where or where not in lines:
+        return error
+    return ConfigError(f"{path}:{lines[where]}: {error}", getattr(error, "key", ""))
+
+
+def _kind(value: Any) -> str:
+    """A YAML value's kind in words, for messages."""
+    kinds = {dict: "a mapping", list: "a list", type(None): "null (an empty document)"}
+    return kinds.get(type(value), type(value).__name__)
+
+
+def _read_yaml(path: Path, lines: dict[str, int] | None = None) -> Any:
+    """The YAML document in `path`; unreadable bytes and syntax errors name the file and line. `lines` gets the line
+    of every key and list item, by dotted path (`load_yaml`)."""
     try:
         blob = path.read_bytes()
     except OSError as error:
@@ -505,49 +542,79 @@ def _read_yaml(path: Path) -> Any:
         raise ConfigError(f"{path}:{line}: not UTF-8 ({error.reason} at byte {error.start}); save the config "
                           f"as UTF-8") from error
     try:
-        return load_yaml(text, str(path), in_file=True)
+        return load_yaml(text, str(path), in_file=True, lines=lines)
     except yaml.YAMLError as error:
         raise ConfigError(f"{_yaml_problem(error, str(path))}; fix the YAML syntax") from error
 
 
 class _PlainLoader(yaml.SafeLoader):
     """SafeLoader for plain data only. Explicit tags (`!!str`, `!!set`), anchors (`&name`) and aliases
-    (`*name`) are errors naming the line (`compose_node`); `construct_mapping` refuses a key given twice in
-    one mapping (SafeLoader keeps the last silently, so a second `train:` section would replace the first
-    whole) and merge keys (`<<`), naming the key's path and both lines."""
+    (`*name`) are errors naming the line and the key (`compose_node`); `construct_mapping` refuses a key given twice
+    in one mapping (SafeLoader keeps the last silently, so a second `train:` section would replace the first
+    whole) and merge keys (`<<`), naming the key's path and both lines. Scalars resolve as YAML 1.1 does (so `yes`,
+    `no`, `on`, `off` are booleans: a str field refuses them, naming the key) but for the numbers it reads where
+    YAML 1.2 and people read something else: `1:20` (sexagesimal 80) and `010` (octal 8) stay strings, which a
+    number field refuses, and `1e-3` is a float (YAML 1.1: a string)."""
 
     def __init__(self, text: str, where: str) -> None:
         super().__init__(text)
         self.where = where
         self.paths: dict[int, str] = {}  # id of a mapping node -> its dotted path, for the messages
+        self.lines: dict[str, int] = {}  # dotted path of every key and list item -> its 1-based line
+        self.composing: list[str] = []  # dotted paths of the nodes being composed, outermost first
 
     def compose_node(self, parent: Any, index: Any) -> Any:
         event = self.peek_event()
+        outer = self.composing[-1] if self.composing else ""
+        here = (f"{outer}[{index}]" if isinstance(index, int) else
+                f"{outer}.{index.value}".lstrip(".") if isinstance(index, yaml.ScalarNode) else outer)
         construct = ("an alias (*)" if isinstance(event, yaml.AliasEvent) else
                      f"an anchor (&{event.anchor})" if event.anchor else
                      f"a tag ({event.tag})" if getattr(event, "tag", None) else "")
         if construct:
-            raise ConfigError(f"{self.where}:{event.start_mark.line + 1}: {construct} is not plain data; the "
-                              f"config takes mappings, lists and scalars only (write the value out)")
-        return super().compose_node(parent, index)
+            at = f"key '{here}'" if here else "the top level"
+            raise ConfigError(f"{self.where}:{event.start_mark.line + 1}: {construct} is not plain data, at {at}; "
+                              f"the config takes mappings, lists and scalars only (write the value out)")
+        self.composing.append(here)
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self.composing.pop()
 
     def index_paths(self, node: yaml.Node, prefix: str = "") -> None:
-        """Record every mapping's dotted path under `node` (composed, not yet constructed)."""
+        """Record every mapping's dotted path under `node` (composed, not yet constructed), and the line of every
+        key and list item by the path a config error names it by (`data.max_chars`, `train.adam_betas[1]`)."""
         if isinstance(node, yaml.MappingNode):
             self.paths[id(node)] = prefix
             for key, value in node.value:
                 self.index_paths(value, f"{prefix}{key.value if isinstance(key, yaml.ScalarNode) else '?'}.")
+                self.lines.setdefault(f"{prefix}{self._key_text(key)}", key.start_mark.line + 1)
         elif isinstance(node, yaml.SequenceNode):
             for index, value in enumerate(node.value):
                 self.index_paths(value, f"{prefix}{index}.")
+                self.lines.setdefault(f"{prefix.rstrip('.')}[{index}]", value.start_mark.line + 1)
+
+    def _key_text(self, node: yaml.Node) -> str:
+        """A key as `from_dict` spells it in a path: its constructed value (`on:` is the key True)."""
+        if isinstance(node, yaml.ScalarNode):
+            try:
+                return str(self.construct_object(node))
+            except yaml.YAMLError:
+                pass
+        return str(getattr(node, "value", "?"))
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         lines: dict[Any, int] = {}
         for key_node, _ in node.value:
             line = key_node.start_mark.line + 1
-            if key_node.tag == "tag:yaml.org,2002:merge":
-                raise ConfigError(f"{self.where}:{line}: a merge key (<<) is not plain data; write the keys out")
+            plain_merge = isinstance(key_node, yaml.ScalarNode) and key_node.value == "<<" and not key_node.style
+            if key_node.tag == _MERGE or plain_merge:
+                raise ConfigError(f"{self.where}:{line}: a merge key (<<) is not plain data, in "
+                                  f"'{self.paths.get(id(node), '').rstrip('.') or 'the top level'}'; write the keys out")
             key = self.construct_object(key_node, deep=True)
+            if not isinstance(key, typing.Hashable):
+                raise ConfigError(f"{self.where}:{line}: a key that is a {_kind(key)[2:]}, in "
+                                  f"'{self.paths.get(id(node), '').rstrip('.') or 'the top level'}'; keys are names")
             if key in lines:
                 raise ConfigError(f"{self.where}:{line}: key '{self.paths.get(id(node), '')}{key}' given twice "
                                   f"(lines {lines[key]} and {line}); the second would silently replace the first: "
@@ -556,14 +623,31 @@ class _PlainLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep)
 
 
-def load_yaml(text: str, where: str, in_file: bool = False) -> Any:
+_INT, _FLOAT = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"
+_MERGE, _VALUE = "tag:yaml.org,2002:merge", "tag:yaml.org,2002:value"  # `<<` and `=`: strings here (a key `<<` refused)
+_PlainLoader.yaml_implicit_resolvers = {
+    first: [(tag, pattern) for tag, pattern in resolvers if tag not in (_INT, _FLOAT, _MERGE, _VALUE)]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+_PlainLoader.add_implicit_resolver(_INT, re.compile(r"^(?:[-+]?(?:0|[1-9][0-9_]*)|0x[0-9a-fA-F_]+|0o[0-7_]+)$"),
+                                   list("-+0123456789"))
+_PlainLoader.add_implicit_resolver(_FLOAT, re.compile(
+    r"^(?:[-+]?[0-9][0-9_]*\.[0-9_]*(?:[eE][-+]?[0-9]+)?|[-+]?\.[0-9][0-9_]*(?:[eE][-+]?[0-9]+)?"
+    r"|[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"), list("-+0123456789."))
+
+
+def load_yaml(text: str, where: str, in_file: bool = False, lines: dict[str, int] | None = None) -> Any:
     """The one YAML document in `text` as plain data by `_PlainLoader`'s rules (`where` names it in errors);
     `in_file`: dotted keys (`data.max_chars: 5`, a command-line override's spelling) are refused too, outside
-    `tune.space`, whose keys name swept config keys."""
+    `tune.space`, whose keys name swept config keys. `lines` gets the line of every key and list item by dotted
+    path, and '' the document's first line."""
     loader = _PlainLoader(text, where)
     try:
         node = loader.get_single_node()
-        loader.index_paths(node)
+        if node is not None:
+            loader.index_paths(node)
+            loader.lines[""] = node.start_mark.line + 1
+        if lines is not None:
+            lines.update(loader.lines)
         if in_file and isinstance(node, yaml.MappingNode):
             _refuse_dotted_keys(node, (), where)
         return loader.construct_document(node) if node is not None else None
@@ -608,6 +692,8 @@ def _yaml_problem(error: yaml.YAMLError, where: str, with_line: bool = True) -> 
     if mark is not None and with_line:
         where = f"{where}:{mark.line + 1}:{mark.column + 1}"
     problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+    if problem.startswith("but ") and getattr(error, "context", None):  # "but found another document"
+        problem = f"{error.context} {problem}"
     return f"{where}: invalid YAML ({problem})"
 
 
@@ -650,7 +736,10 @@ def to_yaml(cfg: PipelineConfig) -> str:
 
 
 class _PlainDumper(yaml.SafeDumper):
-    """SafeDumper that writes a value seen twice out twice: no anchors or aliases, which `load_yaml` refuses."""
+    """SafeDumper that writes a value seen twice out twice: no anchors or aliases, which `load_yaml` refuses; and
+    quotes a string by `_PlainLoader`'s reading of scalars (`1e-3`, a string, is written '1e-3')."""
+
+    yaml_implicit_resolvers = _PlainLoader.yaml_implicit_resolvers
 
     def ignore_aliases(self, data: Any) -> bool:
         return True

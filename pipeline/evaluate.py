@@ -42,6 +42,7 @@ import hashlib
 import json
 import logging
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any, Callable
 
@@ -50,6 +51,7 @@ import torch
 
 from pipeline import cmlm, teacher, train
 from pipeline.config import PipelineConfig
+from pipeline.ingest.readers import TextFile, TextRules
 from pipeline.metrics import corpus_scores, sentence_scores, test_splits
 from pipeline.progress import Progress
 from pipeline.stage import StageError, StageRun, write_json, write_text
@@ -117,8 +119,12 @@ def test_set_files(spec: dict[str, str], src_lang: str, tgt_lang: str) -> tuple[
 
 
 def read_test_set(spec: dict[str, str], src_lang: str, tgt_lang: str, limit: int = 0) -> tuple[list[str], list[str]]:
-    """The (src, tgt) text of an `evaluate.test_sets` entry, line by line (the first `limit` lines; 0 = all)."""
-    sides = [path.read_text(encoding="utf-8").splitlines() for path in test_set_files(spec, src_lang, tgt_lang)]
+    """The (src, tgt) text of an `evaluate.test_sets` entry, line by line (the first `limit` lines; 0 = all). Read as
+    ingest reads a corpus file (`TextFile`, strict: docs/USAGE.md, "Bad input"): a line ends at "\n" or "\r\n" only,
+    a leading BOM is removed, and a control character, another line terminator, invalid UTF-8 or a UTF-16 file is
+    an error naming file and line; a reference split elsewhere (`str.splitlines` split at U+2028, FF, NEL...)
+    would misalign the pairs it is scored on."""
+    sides = [list(TextFile(path, TextRules(), Counter()).lines()) for path in test_set_files(spec, src_lang, tgt_lang)]
     if len(sides[0]) != len(sides[1]):
         raise StageError(f"evaluate.test_sets {spec}: {len(sides[0])} source lines but {len(sides[1])} references")
     return (sides[0][:limit], sides[1][:limit]) if limit else (sides[0], sides[1])

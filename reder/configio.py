@@ -23,7 +23,12 @@ T = TypeVar("T")
 
 
 class ConfigError(ValueError):
-    """A bad key, value or type in a config; the message names the key's path."""
+    """A bad key, value or type in a config; the message names the key's path (`key`, where it is not the path the
+    message starts with: the first unknown key)."""
+
+    def __init__(self, message: str, key: str = "") -> None:
+        super().__init__(message)
+        self.key = key
 
 
 class FieldError(ValueError):
@@ -76,7 +81,7 @@ def from_dict(cls: type[T], values: Any, path: str = "") -> T:
     unknown = sorted(set(values) - known, key=str)
     if unknown:
         paths = [_join(path, key) for key in unknown]
-        raise ConfigError(f"{where}: unknown keys {paths}; known keys are {sorted(known)}")
+        raise ConfigError(f"{where}: unknown keys {paths}; known keys are {sorted(known)}", paths[0])
     kwargs = {key: _convert(hints[key], value, _join(path, key)) for key, value in values.items()}
     try:
         return cls(**kwargs)
@@ -118,8 +123,8 @@ def _convert(hint: Any, value: Any, path: str) -> Any:
     origin = typing.get_origin(hint)
     if origin is Literal:
         choices = typing.get_args(hint)
-        if value not in choices:
-            raise ConfigError(f"{path}: expected one of {list(choices)}, got {value!r}")
+        if value not in choices or type(value) is not type(choices[0]):
+            raise ConfigError(f"{path}: expected one of {list(choices)}, got {value!r}{_unquoted(value)}")
         return value
     if origin in (Union, types.UnionType):
         errors = []
@@ -158,6 +163,17 @@ def _convert(hint: Any, value: Any, path: str) -> Any:
         return dict(value)
     if hint in (str, bool):
         if not isinstance(value, hint):
-            raise ConfigError(f"{path}: expected {hint.__name__}, got {type(value).__name__} {value!r}")
+            hint_text = _unquoted(value) if hint is str else ""
+            raise ConfigError(f"{path}: expected {hint.__name__}, got {type(value).__name__} {value!r}{hint_text}")
         return value
     raise ConfigError(f"{path}: unsupported field type {hint}")
+
+
+def _unquoted(value: Any) -> str:
+    """Why a value that is no string was likely meant as one: YAML reads bare yes/no/on/off/true/false as booleans,
+    numbers and dates as such, and an empty value as null."""
+    if value is None:
+        return " (an empty value is null: write one, or leave the key out for its default)"
+    if isinstance(value, (bool, int, float)) or type(value).__name__ in ("date", "datetime"):
+        return " (YAML reads a bare yes, no, on, off, true, false, number or date as no string: put it in quotes)"
+    return ""

@@ -4,9 +4,10 @@ Serve app and the MLflow pyfunc (docs/DESIGN.md, "Text").
 A line ends at "\\n"; a "\\r" just before it belongs to the ending ("\\r\\n"). Inside a line every character is
 text except the other line terminators (a lone CR, VT, FF, NEL U+0085, LINE SEPARATOR U+2028, PARAGRAPH
 SEPARATOR U+2029) and the other control characters (Unicode category Cc, U+0000-U+001F and U+007F-U+009F) but
-TAB: `BAD` matches exactly those. A byte order mark (U+FEFF) at the very start of a file or stream is no text
-and is removed (`strip_bom`); elsewhere U+FEFF is a character like any other format character (category Cf).
-Pure Python: no torch, no Ray.
+TAB: `BAD` matches exactly those, and a lone surrogate (category Cs, U+D800-U+DFFF: no character, which no
+UTF-8 decoder gives but a JSON "\\ud800" escape or a library's text can hold, and which cannot be written as
+UTF-8). A byte order mark (U+FEFF) at the very start of a file or stream is no text and is removed (`strip_bom`);
+elsewhere U+FEFF is a character like any other format character (category Cf). Pure Python: no torch, no Ray.
 """
 from __future__ import annotations
 
@@ -14,8 +15,8 @@ import re
 from typing import Optional
 
 BOM = "\ufeff"
-BAD = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029]")
-BAD_BUT_LF = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029]")  # for many lines joined by "\n" at once
+BAD = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff]")
+BAD_BUT_LF = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff]")  # for many lines joined by "\n" at once
 _NAMES = {"\x00": "NUL", "\x0a": "LINE FEED", "\x0b": "VERTICAL TAB", "\x0c": "FORM FEED", "\x0d": "CARRIAGE RETURN",
           "\x1b": "ESCAPE", "\x7f": "DELETE", "\x85": "NEXT LINE", "\u2028": "LINE SEPARATOR",
           "\u2029": "PARAGRAPH SEPARATOR"}
@@ -29,6 +30,8 @@ def code_point(char: str) -> str:
 
 def describe(char: str) -> str:
     """`U+000D (CARRIAGE RETURN)`; a control character without a common name is `U+0001 (a control character)`."""
+    if "\ud800" <= char <= "\udfff":
+        return f"{code_point(char)} (a lone surrogate)"
     return f"{code_point(char)} ({_NAMES.get(char, 'a control character')})"
 
 
@@ -39,6 +42,8 @@ def why_bad(char: str) -> str:
     if char == "\r":
         return ("lines end at \\n or \\r\\n only, so a lone CR is inside a line (old Mac line endings?): "
                 "convert the file, e.g. tr '\\r' '\\n'")
+    if "\ud800" <= char <= "\udfff":
+        return "half of a UTF-16 pair, no character: it cannot be written as UTF-8; fix what produced the text"
     if char in _TERMINATORS:
         return "a line terminator other than \\n is no line break here: replace it by \\n or a space"
     return "a control character (of those only TAB is text): remove it, or fix the file's encoding"

@@ -1,6 +1,6 @@
 """Named corpora (`multi30k`, `iwslt14`, `wmt16_enro`, `wmt14_ende`): where each split comes from.
 
-A split is read from `data.local_dir` when it holds the split's `<stem>.<lang>[.gz]` files, otherwise
+A split is read from `data.local_dir` when it holds the split's `<stem>.<lang>[.gz|...]` files, otherwise
 downloaded once into the cache (`data.cache_dir`, default `<workdir>/downloads`) when `data.download`
 allows: archives are fetched and their members concatenated, WMT test sets come through sacreBLEU, and
 IWSLT14 is split the way fairseq's prepare-iwslt14.sh splits it (without its tokenization).
@@ -38,7 +38,7 @@ class Archive:
 
 @dataclass(frozen=True)
 class SplitSource:
-    stem: str  # local file names: <stem>.<lang>[.gz]
+    stem: str  # local file names: <stem>.<lang>, or compressed (readers.find_file)
     archives: tuple[Archive, ...] = ()  # concatenated in order when downloaded
     sacrebleu: str = ""  # or: a sacreBLEU test set name
 

@@ -1,26 +1,28 @@
-"""Reading local corpus files: `files` (`<split>.<lang>[.gz]`) and `tsv` (`<split>.tsv[.gz]`), streamed.
+"""Reading local corpus files: `files` (`<split>.<lang>[.gz|.bz2|.xz|.lzma]`) and `tsv` (`<split>.tsv[...]`), streamed.
 
 Also what every reader shares: the split names, the `RawSplit` a reader returns and `CorpusError`. A file is
 read chunk by chunk and its lines are yielded one at a time, so memory does not grow with the corpus. A line
 is what `reder.text` says (docs/DESIGN.md, "Text"): it ends at "\n" or "\r\n"; a BOM at the start of a file is
-removed and counted; another line terminator or control character but TAB inside a line is an error naming
-file, line and character, or with `data.bad_characters=replace` a space, counted. Misaligned sides, a tsv line
-without exactly one tab, invalid UTF-8 (unless `lenient`), missing files, two files for one split and language
-(`find_file`), corrupt gzip data and a file larger than `data.max_input_mb` (decompressed; so a decompression
-bomb stops at the cap) are errors naming the file (and line); `id` is the 1-based line number in the source file.
+removed and counted; another line terminator, control character but TAB or lone surrogate inside a line is an
+error naming file, line and character, or with `data.bad_characters=replace` a space, counted (`checked`, the rule
+the SWORD reader applies too). Misaligned sides, a tsv line without exactly one tab, invalid UTF-8 (unless
+`lenient`), a UTF-16/32 byte order mark, missing files, two files for one split and language (`find_file`: a plain
+file and any compressed sibling), a compression Python cannot read or a suffix that says another format than the
+bytes (`compression`), corrupt compressed data and a file larger than `data.max_input_mb` (decompressed; so a
+decompression bomb stops at the cap) are errors naming the file (and line); `id` is the 1-based line number in
+the source file.
 """
 from __future__ import annotations
 
-import gzip
 import itertools
 import os
-import zlib
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, Iterable, Iterator, Optional
 
 from pipeline.config import DataConfig
+from pipeline.ingest.compression import ERRORS, HEAD, READABLE, SUFFIXES, CompressionError, codec_of
 from pipeline.stage import StageError
 from reder import text
 
@@ -118,12 +120,14 @@ def read_tsv(path: Path, rules: TextRules = TextRules()) -> RawSplit:
 
 
 def find_file(directory: Path, name: str, rivals: tuple[str, ...] = (), required: bool = True) -> Optional[Path]:
-    """The one file of `directory` that is `name` or `name.gz`. Every file that could be meant — those two,
-    a name differing only in case, a `rival` (`train.tsv` beside `train.en`) — is a candidate: more than one
-    is an error listing them, and so is one that is not exactly `name[.gz]`; none is "not found" (None when
-    not `required`)."""
-    wanted = {name, f"{name}.gz"}
-    lowered = {candidate.lower() for candidate in (*wanted, *rivals, *(f"{r}.gz" for r in rivals))}
+    """The one file of `directory` that is `name`, or `name` compressed in a format Python reads (`name.gz`,
+    `.bz2`, `.xz`, `.lzma`: `compression.READABLE`). Every file that could be meant — `name` with any suffix of
+    `compression.SUFFIXES` (readable or not), a name differing only in case, a `rival` (`train.tsv` beside
+    `train.en`) — is a candidate: more than one is an error listing them, and so is one that is not exactly
+    `name[.gz|.bz2|.xz|.lzma]`, one compressed in a format Python cannot read (`.zst`, `.zip`, ...) and one whose
+    suffix says another format than its bytes; none is "not found" (None when not `required`)."""
+    wanted = {name, *(f"{name}{suffix}" for suffix in READABLE)}
+    lowered = {f"{candidate}{suffix}".lower() for candidate in (name, *rivals) for suffix in ("", *SUFFIXES)}
     try:
         names = sorted(entry.name for entry in os.scandir(directory) if entry.is_file() and entry.name.lower() in lowered)
     except OSError:
@@ -131,15 +135,23 @@ def find_file(directory: Path, name: str, rivals: tuple[str, ...] = (), required
     if len(names) > 1:
         raise CorpusError(f"ambiguous input in {directory}: {' and '.join(names)} could each be the file for "
                           f"{name}; ingest reads exactly one file per split and language: remove or rename the others")
+    if names and names[0].lower().startswith(name.lower()) and names[0][len(name):].lower() in SUFFIXES:
+        path, suffix = Path(directory) / names[0], names[0][len(name):]
+        try:
+            with open(path, "rb") as handle:
+                codec_of(handle.read(HEAD), suffix)
+        except CompressionError as error:
+            raise CorpusError(f"{path}: {error}") from error
     if names and names[0] in wanted:
         return Path(directory) / names[0]
+    also = f" (nor {name} with {', '.join(READABLE)})"
     if names:
-        raise CorpusError(f"corpus file not found: {Path(directory) / name} (nor {name}.gz) in {directory}; "
+        raise CorpusError(f"corpus file not found: {Path(directory) / name}{also} in {directory}; "
                           f"{names[0]} is there, which ingest does not read for it (names are matched exactly, "
                           f"and data.source says files or tsv): rename it or fix data.source")
     if not required:
         return None
-    raise CorpusError(f"corpus file not found: {Path(directory) / name} (nor {name}.gz) in {directory}")
+    raise CorpusError(f"corpus file not found: {Path(directory) / name}{also} in {directory}")
 
 
 class TextFile:
@@ -160,6 +172,8 @@ class TextFile:
 
     def _blocks(self) -> Iterator[list[Optional[str]]]:
         for block in raw_blocks(self.path, self.rules.max_input_mb):
+            if self.count == 0:
+                refuse_other_encodings(block, self.path)
             lines = self._fast(block)
             if lines is None:
                 lines = [to_text(line, self.path, self.count + i, self.rules, self.counts)
@@ -184,7 +198,7 @@ class TextFile:
 
 def to_text(line: bytes, path: Path, number: int, rules: TextRules, counts: Counter[str]) -> Optional[str]:
     """One raw line (its "\n" gone) as text: a CRLF's "\r" dropped, UTF-8 decoded (None when undecodable and
-    lenient), a BOM at the start of the file removed, a bad character an error or (replace) a space; counted."""
+    lenient), a BOM at the start of the file removed, then `checked`."""
     if line.endswith(b"\r"):
         line = line[:-1]
     try:
@@ -198,46 +212,70 @@ def to_text(line: bytes, path: Path, number: int, rules: TextRules, counts: Coun
         decoded, had_bom = text.strip_bom(decoded)
         if had_bom:
             counts["bom_removed"] += 1
-    index = text.bad_character(decoded)
-    if index is None:
-        return decoded
+    return checked(decoded, f"{path}:{number}", rules, counts)
+
+
+def checked(line: str, where: str, rules: TextRules, counts: Counter[str]) -> str:
+    """A decoded line of training data by the one rule of every reader (files, downloads, SWORD verses): a
+    character `reder.text.BAD` matches is an error naming `where` (file and line) and the character, or (replace)
+    a space, counted as `replaced U+<hex>`; every other character is kept."""
+    if text.bad_character(line) is None:
+        return line
     if not rules.replace:
-        raise CorpusError(f"{path}:{number}: {text.line_problem(decoded)}; or set data.bad_characters=replace "
+        raise CorpusError(f"{where}: {text.line_problem(line)}; or set data.bad_characters=replace "
                           f"to make each such character a space (counted in report.json)")
-    decoded, replaced = text.replace_bad(decoded)
+    line, replaced = text.replace_bad(line)
     counts.update(f"replaced {text.code_point(char)}" for char in replaced)
-    return decoded
+    return line
+
+
+# Byte order marks of the encodings ingest does not read, longest first (UTF-32 LE's starts with UTF-16 LE's).
+OTHER_BOMS = ((b"\xff\xfe\x00\x00", "UTF-32", "little-endian"), (b"\x00\x00\xfe\xff", "UTF-32", "big-endian"),
+              (b"\xff\xfe", "UTF-16", "little-endian"), (b"\xfe\xff", "UTF-16", "big-endian"))
+
+
+def refuse_other_encodings(head: bytes, path: Path) -> None:
+    """A file that starts with the byte order mark of UTF-16 or UTF-32 is an error naming its encoding, lenient or
+    not: ingest reads UTF-8 only, and such a file would be all undecodable lines (or NULs), not a few bad ones."""
+    for bom, encoding, order in OTHER_BOMS:
+        if head.startswith(bom):
+            raise CorpusError(f"{path}:1: {encoding} ({order}) text, by its byte order mark; ingest reads UTF-8 "
+                              f"only: convert it, e.g. iconv -f {encoding} -t UTF-8")
 
 
 def raw_blocks(path: Path, max_input_mb: int) -> Iterator[bytes]:
-    """A (possibly gzipped) file in blocks of whole lines (each ending in "\n", but a last line without one),
-    read chunk by chunk; at most `max_input_mb` MB are read (after decompression)."""
+    """A (possibly compressed: `compression.codec_of` of its bytes) file in blocks of whole lines (each ending in
+    "\n", but a last line without one), read chunk by chunk; at most `max_input_mb` MB are read (decompressed)."""
     if not Path(path).is_file():
         raise CorpusError(f"corpus file not found: {path}")
-    with open(path, "rb") as handle:
-        gzipped = handle.read(2) == b"\x1f\x8b"
-    size = reached = 0
-    rest = b""
-    with (gzip.open if gzipped else open)(path, "rb") as handle:
-        while True:
-            try:
-                chunk = handle.read(CHUNK)
-            except (OSError, EOFError, zlib.error) as error:  # gzip.BadGzipFile is an OSError
-                problem = "corrupt gzip file" if gzipped else "unreadable file"
-                raise CorpusError(f"{path}:{reached + 1}: {problem} ({error}), after {reached} complete lines; "
-                                  f"fetch or compress the file again") from error
-            if not chunk:
-                break
-            size += len(chunk)
-            if size > max_input_mb * MB:
-                raise too_big(str(path), max_input_mb, gzipped)
-            cut = chunk.rfind(b"\n") + 1
-            if cut:
-                block, rest = rest + chunk[:cut], chunk[cut:]
-                reached += block.count(b"\n")
-                yield block
-            else:
-                rest += chunk
+    with open(path, "rb") as raw:
+        try:
+            codec = codec_of(raw.read(HEAD), ".lzma" if Path(path).name.lower().endswith(".lzma") else "")
+        except CompressionError as error:
+            raise CorpusError(f"{path}: {error}") from error
+        raw.seek(0)
+        size = reached = 0
+        rest = b""
+        with codec.open(raw) if codec else raw as handle:
+            while True:
+                try:
+                    chunk = handle.read(CHUNK)
+                except ERRORS as error:
+                    problem = f"corrupt {codec.name} file" if codec else "unreadable file"
+                    raise CorpusError(f"{path}:{reached + 1}: {problem} ({error}), after {reached} complete lines; "
+                                      f"fetch or compress the file again") from error
+                if not chunk:
+                    break
+                size += len(chunk)
+                if size > max_input_mb * MB:
+                    raise too_big(str(path), max_input_mb, codec is not None)
+                cut = chunk.rfind(b"\n") + 1
+                if cut:
+                    block, rest = rest + chunk[:cut], chunk[cut:]
+                    reached += block.count(b"\n")
+                    yield block
+                else:
+                    rest += chunk
     if rest:
         yield rest
 
@@ -257,20 +295,23 @@ def too_big(what: str, max_input_mb: int, decompressed: bool) -> CorpusError:
 
 
 def copy_capped(stream: BinaryIO, out: BinaryIO, what: str, max_input_mb: int) -> bytes:
-    """Copy a binary stream (gunzipped when it starts with gzip's magic bytes) into `out` chunk by chunk,
-    refusing more than `max_input_mb` MB; corrupt data is a CorpusError naming `what` too. Returns the last
-    byte written (b"" when none), so that a caller joining parts can end each with a newline."""
-    gzipped = stream.peek(2)[:2] == b"\x1f\x8b"
+    """Copy a binary stream (decompressed when its bytes are gzip, bzip2 or xz: `compression.codec_of`) into `out`
+    chunk by chunk, refusing more than `max_input_mb` MB; corrupt data, or a format Python cannot read, is a
+    CorpusError naming `what` too. Returns the last byte written (b"" when none), so that a caller joining parts
+    can end each with a newline."""
+    try:
+        codec = codec_of(stream.peek(HEAD)[:HEAD])
+    except CompressionError as error:
+        raise CorpusError(f"{what}: {error}") from error
     size, last = 0, b""
     try:
-        reader = gzip.GzipFile(fileobj=stream) if gzipped else stream
+        reader = codec.open(stream) if codec else stream
         while chunk := reader.read(CHUNK):
             size += len(chunk)
             if size > max_input_mb * MB:
-                raise too_big(what, max_input_mb, gzipped)
+                raise too_big(what, max_input_mb, codec is not None)
             out.write(chunk)
             last = chunk[-1:]
-    except (OSError, EOFError, zlib.error) as error:
-        raise CorpusError(f"{what}: corrupt {'gzip ' if gzipped else ''}data ({error}); fetch it again") from error
+    except ERRORS as error:
+        raise CorpusError(f"{what}: corrupt {codec.name + ' ' if codec else ''}data ({error}); fetch it again") from error
     return last
-

@@ -2,7 +2,10 @@
 
 Verses are aligned by reference, their OSIS markup cleaned to plain text, and the pairs split into
 train/valid/test deterministically by a seeded hash of the reference; `id` is the verse's position in
-canonical order.
+canonical order. A cleaned verse follows the text rule of every reader (`readers.checked`): a control
+character is an error naming the module and verse, or with `data.bad_characters=replace` a space, counted in
+report.json's `text`. Whitespace, line terminators included, is folded by `clean_osis` first: in OSIS markup it is
+layout, not text.
 """
 from __future__ import annotations
 
@@ -11,11 +14,11 @@ import hashlib
 import html
 import logging
 import re
-from typing import Any
+from collections import Counter
+from typing import Any, Optional
 
 from pipeline.config import DataConfig
-from pipeline.ingest.readers import MB, CorpusError, RawSplit, too_big
-from reder import text
+from pipeline.ingest.readers import MB, CorpusError, RawSplit, TextRules, checked, too_big
 
 log = logging.getLogger(__name__)
 
@@ -23,17 +26,20 @@ SWORD_INSTALL = "apt-get update && apt-get install -y sword-text-web sword-text-
 
 _NOTE = re.compile(r"<note\b[^>]*>.*?</note>", re.DOTALL)
 _TAG = re.compile(r"<[^>]*>")
-_GAP = re.compile(r"(?<=\w)\x00+(?=\w)")
+_WORD_END, _WORD_START = re.compile(r"\w$"), re.compile(r"\w")  # a footnote between two words is a space
 
 
 def clean_osis(raw: str) -> str:
     """Plain verse text from OSIS markup: footnotes removed, tags stripped, entities decoded.
 
     A footnote sitting between two words (`God</w><note>…</note><w>created`) becomes a space, which
-    pysword's own cleaner loses ("Godcreated")."""
-    text = _NOTE.sub("\x00", raw)
-    text = html.unescape(_TAG.sub("", text))
-    text = _GAP.sub(" ", text).replace("\x00", "")
+    pysword's own cleaner loses ("Godcreated"). Every other character is kept (a NUL too, which `checked` then
+    names): whitespace is folded to single spaces."""
+    text = ""
+    for piece in (html.unescape(_TAG.sub("", piece)) for piece in _NOTE.split(raw)):  # the text between footnotes
+        if _WORD_END.search(text) and _WORD_START.match(piece):
+            text += " "
+        text += piece
     return " ".join(text.split())
 
 
@@ -42,7 +48,9 @@ def read_sword(data: DataConfig) -> tuple[dict[str, RawSplit], dict[str, Any]]:
 
     Verses empty in either module (omitted verses, or books one module lacks text for) are not pairs
     at all: they are left out before the split and counted as `sword_empty_verses`."""
-    every = read_sword_pairs(data.sword_path, data.sword_src_module, data.sword_tgt_module, data.max_input_mb)
+    counts: Counter[str] = Counter()
+    every = read_sword_pairs(data.sword_path, data.sword_src_module, data.sword_tgt_module, data.max_input_mb,
+                             TextRules.of(data), counts)
     pairs = [pair for pair in every if pair[1] and pair[2]]
     if not pairs:
         raise CorpusError(f"empty corpus: SWORD modules {data.sword_src_module} and {data.sword_tgt_module} "
@@ -59,13 +67,18 @@ def read_sword(data: DataConfig) -> tuple[dict[str, RawSplit], dict[str, Any]]:
     for split, indices in chosen.items():
         indices = sorted(indices)
         splits[split] = RawSplit([(pairs[i][3], pairs[i][1], pairs[i][2]) for i in indices], f"{origin} ({split})")
-    return splits, {"sword_verses": len(every), "sword_empty_verses": len(every) - len(pairs)}
+    notes: dict[str, Any] = {"sword_verses": len(every), "sword_empty_verses": len(every) - len(pairs)}
+    if counts:
+        notes["text"] = dict(sorted(counts.items()))
+    return splits, notes
 
 
 def read_sword_pairs(sword_path: str, src_module: str, tgt_module: str,
-                     max_input_mb: int = DataConfig.max_input_mb) -> list[tuple[str, str, str, int]]:
+                     max_input_mb: int = DataConfig.max_input_mb, rules: TextRules = TextRules(),
+                     counts: Optional[Counter[str]] = None) -> list[tuple[str, str, str, int]]:
     """(reference, src text, tgt text, id) for every verse both modules have, in canonical order; the id
-    is the 1-based position in that order. More than `max_input_mb` MB of verse text (both modules, as
+    is the 1-based position in that order; each verse as `checked` by `rules` (replacements counted in
+    `counts`). More than `max_input_mb` MB of verse text (both modules, as
     pysword returns it) is an error: SWORD modules are compressed.
 
     Verses are matched by (book, chapter, verse); where the two versifications differ (e.g. NRSVA vs
@@ -93,6 +106,7 @@ def read_sword_pairs(sword_path: str, src_module: str, tgt_module: str,
     src_bible, tgt_bible = bibles
     tgt_structure = tgt_bible.get_structure()
     pairs, size = [], 0
+    counts = Counter() if counts is None else counts
     for books in src_bible.get_structure().get_books().values():
         for book in books:
             try:
@@ -112,14 +126,8 @@ def read_sword_pairs(sword_path: str, src_module: str, tgt_module: str,
                     raise too_big(f"SWORD modules {src_module} and {tgt_module} in {sword_path}", max_input_mb, True)
                 for verse, (a, b) in enumerate(zip(src, tgt), start=1):
                     reference = f"{book.osis_name}.{chapter}.{verse}"
-                    pairs.append((reference, _checked(clean_osis(a), src_module, reference),
-                                  _checked(clean_osis(b), tgt_module, reference), len(pairs) + 1))
+                    src_text = checked(clean_osis(a), f"SWORD module {src_module} {reference}", rules, counts)
+                    tgt_text = checked(clean_osis(b), f"SWORD module {tgt_module} {reference}", rules, counts)
+                    pairs.append((reference, src_text, tgt_text, len(pairs) + 1))
     return pairs
 
-
-def _checked(verse: str, module: str, reference: str) -> str:
-    """A cleaned verse, which must be one line of text (reder.text; clean_osis already folds whitespace)."""
-    problem = text.line_problem(verse)
-    if problem:
-        raise CorpusError(f"SWORD module {module} {reference}: {problem}")
-    return verse

@@ -82,14 +82,14 @@ def test_model_and_loss_sections_go_through_the_same_typed_loader(tmp_path):
     """reder's configs are loaded by the pipeline's one loader: their errors carry the section path."""
     path = tmp_path / "bad.yaml"
     for text, message in [
-        ("model:\n  dropout: high\n", r"^model\.dropout: expected float, got str 'high'$"),
-        ("teacher:\n  model:\n    encoder_layers: 2.5\n", r"^teacher\.model\.encoder_layers: expected int, got float 2\.5$"),
-        ("loss:\n  aux_start_step: '10'\n", r"^loss\.aux_start_step: expected int, got str '10'$"),
-        ("model:\n  d_modle: 8\n", r"^model: unknown keys \['model\.d_modle'\]; known keys are \[.*'d_model'"),
-        ("teacher:\n  model:\n    layers: 2\n", r"^teacher\.model: unknown keys \['teacher\.model\.layers'\]"),
+        ("model:\n  dropout: high\n", r":2: model\.dropout: expected float, got str 'high'$"),
+        ("teacher:\n  model:\n    encoder_layers: 2.5\n", r":3: teacher\.model\.encoder_layers: expected int, got float 2\.5$"),
+        ("loss:\n  aux_start_step: '10'\n", r":2: loss\.aux_start_step: expected int, got str '10'$"),
+        ("model:\n  d_modle: 8\n", r":2: model: unknown keys \['model\.d_modle'\]; known keys are \[.*'d_model'"),
+        ("teacher:\n  model:\n    layers: 2\n", r":3: teacher\.model: unknown keys \['teacher\.model\.layers'\]"),
     ]:
         path.write_text(text, encoding="utf-8")
-        with pytest.raises(ConfigError, match=message):
+        with pytest.raises(ConfigError, match=f"^{re.escape(str(path))}{message}"):
             load_config(path)
     path.write_text("model:\n  head: dag\n  graph_upsample_ratio: 4\n", encoding="utf-8")
     cfg = load_config(path)

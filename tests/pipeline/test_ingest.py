@@ -412,7 +412,7 @@ def test_max_input_mb_caps_the_decompressed_bytes_of_a_file(tmp_path, monkeypatc
     (corpus / "valid.en").unlink()
     (corpus / "valid.en.gz").write_bytes(gzip.compress(b"Hello.\n" * 300_000))  # 2.1 MB from ~4 kB
     reads = []
-    real_open = gzip.open
+    real_open = gzip.GzipFile
 
     def counting_open(*args, **kwargs):
         handle = real_open(*args, **kwargs)
@@ -420,7 +420,7 @@ def test_max_input_mb_caps_the_decompressed_bytes_of_a_file(tmp_path, monkeypatc
         handle.read = lambda size=-1: reads.append(size) or read(size)
         return handle
 
-    monkeypatch.setattr(gzip, "open", counting_open)
+    monkeypatch.setattr(gzip, "GzipFile", counting_open)
     with pytest.raises(CorpusError, match=rf"^{corpus / 'valid.en.gz'}: more than data.max_input_mb=1 MB once "
                                           r"decompressed; .* raise data.max_input_mb"):
         graph.run(files_config(corpus, "data.max_input_mb=1"), tmp_path / "work", "ingest")
