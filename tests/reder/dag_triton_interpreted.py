@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from reder import LossConfig
-from reder.dag import dag_loss, target_emissions
+from reder.dag import target_emissions
+from reder.objectives.terms import dag_loss
 
 from tests.reder.helpers import dp_differences, random_batch, random_dag_batch, tiny_model
 
