@@ -181,7 +181,7 @@ def _why_new(cfg: PipelineConfig, dirs: dict[str, Path], name: str) -> str:
                 nearest, closest = changed, other
     if nearest is None:
         return "no finished directory of this stage"
-    shown = ", ".join(key.split(".", 1)[1] for key in nearest[:6]) + (f" (+{len(nearest) - 6} more)" if len(nearest) > 6 else "")
+    shown = ", ".join(key.removeprefix("config.") for key in nearest[:6])  # an input stays `inputs.<label>` + (f" (+{len(nearest) - 6} more)" if len(nearest) > 6 else "")
     return f"nearest finished {closest.name} differs in {shown or 'nothing recorded (key version)'}"
 
 
