@@ -111,6 +111,10 @@ class TrainConfig:
     "Training"), the shipped configs size the run."""
 
     num_workers: int = 1  # Ray Train workers (DDP ranks)
+    # > 0: elastic (Ray Train's num_workers=(min, max)): a group that lost a host goes on with as few as min_workers
+    # ranks, each update made up to num_workers' batch by gradient accumulation; 0 = exactly num_workers, and a
+    # group that cannot be placed again stops the stage (train.start_timeout_s per try, max_failures + 1 tries)
+    min_workers: int = 0
     use_gpu: bool = False
     cpus_per_worker: float = 1.0
     gpus_per_worker: float = 1.0  # only with use_gpu; a fraction (0.25) packs that many Tune trials on one GPU
@@ -138,7 +142,8 @@ class TrainConfig:
     storage_path: str = ""  # Ray Train storage; empty = <workdir>/ray_results (shared storage on a cluster)
     seed: int = 1
     fail_at_step: int = 0  # fault drill: raise once after this step in a run that did not resume (0 = off)
-    start_timeout_s: float = 60.0  # how long the driver waits for the requested resources to exist
+    # how long the driver waits for the requested resources to exist, and Ray Train for each placement of its group
+    start_timeout_s: float = 60.0
     placement_strategy: str = "PACK"  # Ray placement of the workers: PACK, SPREAD (across nodes), STRICT_*
     # Stopping by time and by plateau (issue 53). max_time: seconds of the training loop (updates and validations,
     # summed over resumes; the worker group's start comes on top), 0 = no limit: fairseq's --stop-time-hours. The
@@ -173,6 +178,9 @@ class TrainConfig:
             raise FieldError("average_best", f"must be <= keep_checkpoints ({self.keep_checkpoints}), got "
                              f"{self.average_best}", ("keep_checkpoints",))
         require(self, max_failures=">= -1", fail_at_step=">= 0", start_timeout_s="> 0", max_time=">= 0", patience=">= 0")
+        if not 0 <= self.min_workers <= self.num_workers:
+            raise FieldError("min_workers", f"must be in [0, num_workers ({self.num_workers})], got {self.min_workers}",
+                             ("num_workers",))
         if not 0 <= self.warmup_fraction < 1:
             raise FieldError("warmup_fraction", f"must be in [0, 1), got {self.warmup_fraction}")
         if self.placement_strategy not in PLACEMENT_STRATEGIES:

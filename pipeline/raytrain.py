@@ -40,7 +40,7 @@ import socket
 import tempfile
 import threading
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, Sequence
 
@@ -72,6 +72,7 @@ HISTORY_FILE = "history.json"
 TRAIN_STATE_FILE = "train_state.pt"
 PROGRESS_FILE = "progress.json"  # rank 0's latest report, in the Ray Train run's directory: the driver's bar
 WORKERS_FILE = "workers.json"  # where the worker group's ranks run (node, host), beside it
+START_TIMEOUT_ENV = "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"  # Ray Train's wait for a group's placement (default 60 s)
 KD_COLUMNS = EXAMPLE_COLUMNS[2:]  # kd_tgt_ids, kd_src_ids
 
 
@@ -81,13 +82,14 @@ def worker_resources(train: TrainConfig) -> dict[str, float]:
 
 
 def check_resources(train: TrainConfig, timeout_s: float, keys: str = "train") -> None:
-    """Fail fast, with the numbers, when the cluster cannot hold the worker group (Ray Train would retry
-    forever). Waits up to `timeout_s` for an autoscaling cluster to add the nodes. `keys`: where `train` sits
+    """Fail fast, with the numbers, when the cluster cannot hold the worker group (its smallest, with
+    train.min_workers). Waits up to `timeout_s` for an autoscaling cluster to add the nodes. `keys`: where `train` sits
     in the config (train, teacher.train, cmlm.train), so that the error names the keys that change it."""
     import ray
 
     per_worker = worker_resources(train)
-    need = {k: train.num_workers * v for k, v in per_worker.items()}
+    least = train.min_workers or train.num_workers  # an elastic group starts with as few as min_workers
+    need = {k: least * v for k, v in per_worker.items()}
     deadline = time.monotonic() + timeout_s
     while True:
         have = ray.cluster_resources()
@@ -95,14 +97,14 @@ def check_resources(train: TrainConfig, timeout_s: float, keys: str = "train") -
         if train.placement_strategy == "STRICT_SPREAD":  # one worker per node: enough nodes that fit one
             fit = sum(1 for node in ray.nodes() if node["Alive"] and
                       all(node["Resources"].get(k, 0.0) >= v for k, v in per_worker.items()))
-            if fit < train.num_workers:
-                short["nodes (STRICT_SPREAD)"] = (train.num_workers, fit)
+            if fit < least:
+                short["nodes (STRICT_SPREAD)"] = (least, fit)
         if not short:
             return
         if time.monotonic() >= deadline:
             what = ", ".join(f"{k}: need {n:g}, cluster has {h:g}" for k, (n, h) in short.items())
             gpu = f", or set {keys}.use_gpu=false" if train.use_gpu else ""
-            raise StageError(f"{keys}: the cluster cannot hold {train.num_workers} worker(s) ({what}); lower "
+            raise StageError(f"{keys}: the cluster cannot hold {least} worker(s) ({what}); lower "
                              f"{keys}.num_workers / {keys}.cpus_per_worker{gpu}, or add nodes")
         time.sleep(1.0)
 
@@ -152,7 +154,7 @@ def make_trainer(cfg: PipelineConfig, name: str, storage: Path, train_data: Path
     resources = worker_resources(train)
     return TorchTrainer(
         train_loop, train_loop_config=loop_config,
-        scaling_config=ray.train.ScalingConfig(num_workers=train.num_workers, use_gpu=train.use_gpu,
+        scaling_config=ray.train.ScalingConfig(num_workers=worker_count(train), use_gpu=train.use_gpu,
                                                resources_per_worker=resources,
                                                placement_strategy=train.placement_strategy),
         run_config=ray.train.RunConfig(
@@ -160,10 +162,40 @@ def make_trainer(cfg: PipelineConfig, name: str, storage: Path, train_data: Path
             # The controller's and workers' INFO lines (every report's TrainingReport(...)) stay in Ray's
             # log files; the driver shows a progress bar instead (`fit_and_average`).
             logging_config=ray.train.LoggingConfig(log_level="WARNING"),
-            failure_config=ray.train.FailureConfig(max_failures=train.max_failures),
+            # A group that cannot be placed again (a host lost for good) is a controller failure, which Ray
+            # retries without end by default: bounded by the same max_failures, each try start_timeout_s long.
+            failure_config=ray.train.FailureConfig(max_failures=train.max_failures,
+                                                   controller_failure_limit=train.max_failures),
             checkpoint_config=ray.train.CheckpointConfig(num_to_keep=train.keep_checkpoints,
                                                          checkpoint_score_attribute=SCORE,
                                                          checkpoint_score_order="max")))
+
+
+def worker_count(train: TrainConfig) -> int | tuple[int, int]:
+    """Ray Train's num_workers: fixed, or (min, max) for an elastic group (train.min_workers)."""
+    return (train.min_workers, train.num_workers) if 0 < train.min_workers < train.num_workers else train.num_workers
+
+
+def accumulation(train: TrainConfig, world_size: int) -> TrainConfig:
+    """`train` with update_freq raised so that a group of `world_size` ranks, fewer than num_workers (an elastic
+    group after a lost host), updates on about the batch that num_workers ranks would (fairseq's --update-freq)."""
+    scale = math.ceil(train.num_workers / world_size)
+    return replace(train, update_freq=train.update_freq * scale) if scale > 1 else train
+
+
+def placement_failure(error: BaseException, train: dict[str, Any], keys: str, run_path: Path) -> str | None:
+    """The message for a fit that stopped because its group could not be placed again (Ray Train's
+    WorkerGroupStartupTimeoutError, the last of max_failures + 1 tries): what happened, what is kept, what to
+    run. None for any other failure."""
+    cause = getattr(error, "controller_failure", None)
+    if type(cause).__name__ != "WorkerGroupStartupTimeoutError":
+        return None
+    tries = train["max_failures"] + 1
+    return (f"{keys}: Ray Train could not place its {train['num_workers']} worker(s) within "
+            f"{keys}.start_timeout_s={train['start_timeout_s']:g} s, {tries} tr{'y' if tries == 1 else 'ies'} (a host "
+            f"lost for good?); its checkpoints are kept under {run_path}: run the same command again once the "
+            f"cluster has the resources, or add {keys}.min_workers=1 to go on from the last checkpoint with the hosts "
+            f"that remain")
 
 
 def fit_and_average(trainer: Any, run_path: Path, average_best: int, model: torch.nn.Module) -> dict[str, Any]:
@@ -173,12 +205,17 @@ def fit_and_average(trainer: Any, run_path: Path, average_best: int, model: torc
     config = trainer.train_loop_config
     task = config["task"]
     what = task["kind"] if task["kind"] != "reder" else "train"
+    # How long Ray Train's controller waits for each placement of the group: read from the environment of the
+    # process that calls fit, which Ray Train passes on to its controller.
+    os.environ[START_TIMEOUT_ENV] = str(config["train"]["start_timeout_s"])
     try:
         limit = min(config["train"]["max_time"] or math.inf, config["time_cap_s"])
         with progress_bar(Path(config["progress"]), config["train"]["max_steps"], what, limit):
             result = off_main_thread(trainer.fit)
     except Exception as error:  # TrainingFailedError wraps the worker's exception
-        raise StageError(f"train: Ray Train failed: {first_failure(error)}") from error
+        keys = "train" if task["kind"] == "reder" else f"{task['kind']}.train"
+        raise StageError(placement_failure(error, config["train"], keys, run_path)
+                         or f"train: Ray Train failed: {first_failure(error)}") from error
     scored = [(m[SCORE], m["step"], c) for c, m in result.best_checkpoints if SCORE in m]
     if not scored:
         raise StageError(f"train: the run under {run_path} produced no validated checkpoint")
@@ -533,6 +570,11 @@ def train_loop(config: dict[str, Any]) -> None:
     quiet_reports()
     context = ray.train.get_context()
     rank, world_size = context.get_world_rank(), context.get_world_size()
+    if world_size < train.num_workers:  # an elastic group that lost a host: the same batch per update
+        train = accumulation(train, world_size)
+        if rank == 0:
+            log.warning("train: %d of %d workers (a host lost): update_freq %d", world_size, train.num_workers,
+                        train.update_freq)
     torch.manual_seed(train.seed)
     device = ray.train.torch.get_device()
     model, objective, directions = build_task(config)

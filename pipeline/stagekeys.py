@@ -26,8 +26,10 @@ from pipeline import distill, evaluate, ingest, teacher
 from pipeline.config import NO_BLANK_PENALTY, PipelineConfig, TrainConfig
 from reder import heads
 
-# Keys of a train section that change neither the data order nor the optimisation: not hashed.
-NOT_HASHED = ("log_every", "max_failures", "storage_path", "fail_at_step", "start_timeout_s", "valid_max_sentences")
+# Keys of a train section that change neither the data order nor the optimisation: not hashed. min_workers does
+# only once a host is lost, and a run that stopped for a lost host must find its checkpoints with it set.
+NOT_HASHED = ("log_every", "max_failures", "storage_path", "fail_at_step", "start_timeout_s", "valid_max_sentences",
+              "min_workers")
 # Keys added to a hashed section after outputs existed (issues 26, 44, 56 and the ingest's `bad_characters`), with
 # the value each was added with: hashed only away from it, the behaviour from before them.
 ADDED_LATER: dict[str, dict[str, Any]] = {
@@ -36,7 +38,7 @@ ADDED_LATER: dict[str, dict[str, Any]] = {
     "loss": {"fba_start_step": None, "cc_start_step": None, "directions": ("src2tgt", "tgt2src"), "glance_start": 0.0,
              "glance_end": 0.0, "glance_steps": 0},
     "train": {"batch_tokens": "sum", "max_time": 0.0, "patience": 0, "lr_scheduler": "inverse_sqrt",
-              "warmup_fraction": 0.0, "compile": False},  # compile: inductor's dropout draws other masks
+              "warmup_fraction": 0.0, "compile": False, "min_workers": 0},  # compile: inductor's dropout draws other masks
     "evaluate": {"rerank_weight": 1.0, "cutoff_top_n": 40, "cutoff_prob": 1.0, "dag_max_transition": 0,
                  "dag_no_repeat_ngram": 0, "dag_length_penalty": 1.0, "cmlm_iterations": (), "cmlm_length_beam": 5,
                  "refine_steps": (), "test_sets": {}},  # test_sets: issue 56

@@ -94,6 +94,10 @@ def test_a_change_reaches_exactly_the_stages_downstream_of_it(tmp_path):
         assert [s for s in base if base[s] != changed[s]] == ["train", "evaluate", "tune"], dp
     changed = graph.output_dirs(load_config(None, BASE + ["train.log_every=7", "tokenize.workers=3"]), tmp_path)
     assert [s for s in base if base[s] != changed[s]] == ["tune"]  # only the sweep hashes its whole train section
+    # issue 55: a run that stopped for a lost host finds its checkpoints with min_workers set (elastic)
+    two = graph.output_dirs(load_config(None, BASE + ["train.num_workers=2"]), tmp_path)
+    changed = graph.output_dirs(load_config(None, BASE + ["train.num_workers=2", "train.min_workers=1"]), tmp_path)
+    assert [s for s in two if two[s] != changed[s]] == ["tune"]
 
 
 def test_the_distill_engine_names_its_output_only_when_it_is_ctranslate2(tmp_path, monkeypatch):

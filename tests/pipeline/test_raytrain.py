@@ -536,3 +536,28 @@ def test_the_validator_is_built_at_the_first_validation_and_decodes_a_pair_by_di
         assert {k: v for k, v in scores.items() if k.endswith(direction)} == {k: v for k, v in alone.items() if k != "valid_bleu"}
     assert scores["valid_bleu"] == pytest.approx((scores["bleu_src2tgt"] + scores["bleu_tgt2src"]) / 2)
     assert {"valid_nll_src2tgt", "valid_nll_tgt2src"} <= set(scores)
+
+
+def test_a_group_that_lost_a_host_keeps_its_batch_and_one_that_cannot_be_placed_says_what_to_do(tmp_path):
+    """Issue 55 item 2: min_workers makes the group elastic; fewer ranks make up the batch by accumulation; a
+    fit stopped by Ray Train's placement timeout names the keys and the command to go on."""
+    from ray.train.v2._internal.exceptions import WorkerGroupStartupTimeoutError
+    from ray.train.v2.api.exceptions import ControllerError
+
+    assert raytrain.worker_count(TrainConfig(num_workers=2)) == 2
+    assert raytrain.worker_count(TrainConfig(num_workers=4, min_workers=1)) == (1, 4)
+    assert raytrain.worker_count(TrainConfig(num_workers=2, min_workers=2)) == 2  # min = max: fixed
+    four = TrainConfig(num_workers=4, min_workers=1, update_freq=2)
+    assert [raytrain.accumulation(four, world).update_freq for world in (4, 3, 2, 1)] == [2, 4, 4, 8]
+    with pytest.raises(ValueError, match=r"min_workers: must be in \[0, num_workers \(2\)\], got 3"):
+        TrainConfig(num_workers=2, min_workers=3)
+
+    train = dataclasses.asdict(TrainConfig(num_workers=2, max_failures=1, start_timeout_s=5))
+    timeout = ControllerError(WorkerGroupStartupTimeoutError(num_workers=2))
+    message = raytrain.placement_failure(timeout, train, "teacher.train", tmp_path)
+    assert message == (f"teacher.train: Ray Train could not place its 2 worker(s) within teacher.train.start_timeout_s=5 "
+                       f"s, 2 tries (a host lost for good?); its checkpoints are kept under {tmp_path}: run the same "
+                       f"command again once the cluster has the resources, or add teacher.train.min_workers=1 to go "
+                       f"on from the last checkpoint with the hosts that remain")
+    assert raytrain.placement_failure(ControllerError(RuntimeError("other")), train, "train", tmp_path) is None
+    assert raytrain.placement_failure(RuntimeError("a worker's"), train, "train", tmp_path) is None
