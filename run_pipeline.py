@@ -2,6 +2,7 @@
 
     python run_pipeline.py [--config configs/X.yaml] [key=value ...]
                            [--stages ingest,spm,tokenize,teacher,distill,train,cmlm,evaluate] [--force] [--address auto]
+                           [--dry-run]
     python run_pipeline.py tune [--config configs/X.yaml] [key=value ...] [--samples N] [--resume] [--force]
                                 [--address auto]
 
@@ -12,6 +13,8 @@ teacher baseline and reranking need the teachers. Otherwise they are reported as
 (pipeline/cmlm.py) runs, and is listed, only when the evaluation asks for the CMLMs or --stages names it.
 `tune` sweeps the training stage over the config's `tune.space` with Ray Tune (pipeline/tune.py); see
 `python run_pipeline.py tune --help`.
+`--dry-run` prints, per stage, whether a run would run it or reuse its directory (or not need it), and why: the
+deciding keys, or what differs from the nearest finished directory of the stage (pipeline/graph.py, `plan`).
 Ray is connected once, here, before the first stage that runs on it.
 On a cluster started with `ray up cluster.yaml`, the head's cluster file (cluster/head.py) supplies the Ray
 address, the MLflow server and the shared workdir root (docs/cluster.md); options and overrides still win.
@@ -22,66 +25,22 @@ import argparse
 import gc
 import json
 import logging
-import signal
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any, Callable
 
 from cluster import ClusterError
 from cluster.connect import check_shared_storage, cluster_overrides, connect
-from pipeline import evaluate, graph, ingest, raytrain, train, tune
+from pipeline import evaluate, graph, raytrain, train, tune
 from pipeline.config import ConfigError, PipelineConfig, load_config, to_yaml
-from pipeline.stage import StageError, is_done, read_manifest, write_json, write_text
+from pipeline.signals import Terminated, forget, handle_sigterm, interruption
+from pipeline.stage import StageError, read_manifest, write_json, write_text
 from pipeline.tracking import Tracker, browse_hint, stage_datasets, tracking_uri
 
 REPO_ROOT = Path(__file__).resolve().parent
 DEFAULT_CONFIG = REPO_ROOT / "configs" / "default.yaml"
 STAGES = graph.PIPELINE  # in run order
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM (`kill PID`, `ray job stop`, a scheduler's preemption): raised in the main thread like Ctrl-C's
-    KeyboardInterrupt, so the running stage removes its temporary output and its MLflow runs end KILLED.
-    A KeyboardInterrupt because `ray.get` answers only those at once: it re-raises them as a bare
-    KeyboardInterrupt, and any other exception a signal handler raises inside it surfaces as a SystemError
-    only when the awaited object is ready (minutes into a training run). Which signal it was is therefore
-    kept here, by the handlers (`interruption`)."""
-
-
-_received: list[KeyboardInterrupt] = []  # what this process's signal handlers raised, latest last
-
-
-def _raise_terminated(signum: int, frame: object) -> None:
-    _received.append(Terminated(f"SIGTERM (signal {signum})"))
-    raise _received[-1]
-
-
-def _raise_interrupted(signum: int, frame: object) -> None:
-    _received.append(KeyboardInterrupt(f"Ctrl-C (signal {signum})"))
-    raise _received[-1]
-
-
-def handle_sigterm() -> None:
-    """SIGTERM raises `Terminated`, SIGINT KeyboardInterrupt, each remembered (main thread only; `ray.init`
-    installs its own SIGTERM handler, a sys.exit: call again after)."""
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, _raise_terminated)
-        signal.signal(signal.SIGINT, _raise_interrupted)
-
-
-def interruption(error: BaseException) -> BaseException | None:
-    """The Ctrl-C or SIGTERM behind `error`, if any: the latest our handlers raised when `error`, its cause
-    or its context (a library that catches what the signal raised inside it and raises its own error, as
-    Ray Train's fit does) is a KeyboardInterrupt, which `ray.get` may have made of our Terminated."""
-    seen = set()
-    while error is not None and id(error) not in seen:
-        if isinstance(error, KeyboardInterrupt):
-            return _received[-1] if _received else error
-        seen.add(id(error))
-        error = error.__cause__ or error.__context__
-    return None
 
 
 CONTINUE = "finished stages are kept and the interrupted one left nothing behind: run the same command again to continue"
@@ -109,6 +68,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         f"and {', '.join(graph.OPTIONAL)} when the evaluation needs it)")
     parser.add_argument("--force", action="store_true", help="redo the selected stages even when finished")
     parser.add_argument("--address", default="", help="Ray cluster address ('auto' for `ray up`/`ray start`)")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="print, per stage, whether it would run or reuse a directory and why; run nothing")
     return parser.parse_intermixed_args(argv)  # key=value may come before and after the options
 
 
@@ -166,26 +127,21 @@ def run(cfg: PipelineConfig, stages: list[str], force: bool = False, started: fl
     deadline = (time.time() if started is None else started) + cfg.budget.max_time
     workdir = Path(cfg.workdir).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
-    needed = graph.needed(cfg, ("evaluate", *[name for name in stages if name in graph.OPTIONAL]))  # named: wanted
+    steps = {step.name: step for step in graph.plan(cfg, workdir, stages, force)}
     dirs = graph.output_dirs(cfg, workdir)
     if cfg.ray.address:  # on a cluster: connect and check the shared storage before anything runs
         connect_ray(cfg)
-    to_run = [name for name in stages if name in needed and (force or not is_done(dirs[name]))]
+    to_run = [name for name, step in steps.items() if step.action == "run"]
     checked = bool(cfg.ray.address) and check_training_resources(cfg, to_run)  # a cluster: before anything runs
     summary: dict[str, dict] = {}
     tracker = Tracker(cfg.tracking, workdir, cfg.to_dict(), to_yaml(cfg), target=dirs[stages[-1]].name)
     try:
         for index, name in enumerate(stages, start=1):
-            if name not in needed:
-                print(f"[{index}/{len(stages)}] {name}: not needed (distill.enabled={cfg.distill.enabled}, "
-                      f"distill.corpus={cfg.distill.corpus or 'unset'}, "
-                      f"evaluate.teacher_baseline={cfg.evaluate.teacher_baseline}, "
-                      f"evaluate.rerank={cfg.evaluate.rerank}, evaluate.cmlm_iterations="
-                      f"{list(cfg.evaluate.cmlm_iterations)}, evaluate.refine_steps={list(cfg.evaluate.refine_steps)})",
-                      flush=True)
+            if steps[name].action == "not needed":
+                print(f"[{index}/{len(stages)}] {name}: not needed ({steps[name].reason})", flush=True)
                 continue
             expected = dirs[name]
-            status = "skipped (finished earlier)" if is_done(expected) and not force else "ran"
+            status = "ran" if steps[name].action == "run" else "skipped (finished earlier)"
             print(f"[{index}/{len(stages)}] {name}: {'running' if status == 'ran' else status} -> {expected}",
                   flush=True)
             started = time.time()
@@ -197,7 +153,7 @@ def run(cfg: PipelineConfig, stages: list[str], force: bool = False, started: fl
                     checked = checked or check_training_resources(cfg, to_run)  # local: Ray starts here
                 tracker.begin_stage(name, expected.name)
                 tracker.log_datasets(stage_datasets(cfg, name, inputs))
-            later = [n for n in stages[index:] if n in needed and (force or not is_done(dirs[n]))]
+            later = [n for n in stages[index:] if n in to_run]
             cap = graph.time_cap(cfg, name, later, deadline - time.time())
             if status == "ran" and cap != float("inf"):
                 print(f"      {name}: {cap:.0f} s of the run's budget (budget.max_time={cfg.budget.max_time:g})", flush=True)
@@ -265,47 +221,21 @@ def stage_artifacts(output: Path) -> list[Path]:
 
 
 def print_summary(summary: dict[str, dict], workdir: Path, tracker_note: str) -> None:
-    """Where each stage's output is, and what was kept and dropped per split."""
+    """Where each stage's output is, and each stage's own lines (`Stage.summary`: kept and dropped per split, ...)."""
     print("\nsummary")
     for name, entry in summary.items():
         print(f"  {name:<9} {entry['status']:<26} {entry['seconds']:>7.1f} s  {entry['output']}")
-        for split in ingest.SPLITS:
-            counts = entry["counts"].get(split)
-            if not isinstance(counts, dict):
-                continue
-            if name == "tokenize":  # the CTC feasibility filter, by direction
-                reasons = {k: counts[k] for k in ("infeasible_src2tgt", "infeasible_tgt2src") if counts[k]}
-            else:
-                reasons = {**counts["dropped"], **counts.get("flagged", {})}
-            what = "dropped" if split == "train" else "flagged (kept)"
-            print(f"      {split:<5} kept {counts['kept']:>8} of {counts['read']:>8}   {what}: {json.dumps(reasons)}")
-        if name == "spm":
-            print(f"      vocab_size {entry['counts']['vocab_size']} (blank id {entry['counts']['blank_id']})")
-        if name == "teacher":
-            for direction in ("src2tgt", "tgt2src"):
-                counts = entry["counts"][direction]
-                print(f"      {direction}: " + (f"{counts['steps']} steps, best validation BLEU {counts['best_valid_bleu']:.2f}"
-                                                if "steps" in counts else "given checkpoint"))
-        if name == "distill":
-            counts = entry["counts"]
-            print(f"      {counts['rows']} pairs; teacher BLEU vs reference {counts['teacher_bleu_src2tgt']:.2f} / "
-                  f"{counts['teacher_bleu_tgt2src']:.2f}; length ratio {counts['length_ratio_src2tgt']:.2f} / "
-                  f"{counts['length_ratio_tgt2src']:.2f}; reference fallbacks {counts['fallback_src2tgt']} / "
-                  f"{counts['fallback_tgt2src']}")
-        if name == "train":
-            print(f"      {entry['counts']['steps']} steps, best validation BLEU {entry['counts']['best_valid_bleu']:.2f}, "
-                  f"model: {Path(entry['output']) / train.MODEL_DIR}")
-        if name == "evaluate":
-            results = json.loads((Path(entry["output"]) / evaluate.RESULTS_FILE).read_text(encoding="utf-8"))
-            print(f"      {results['split']} ({results['decoder']}):  BLEU src2tgt {results['bleu_src2tgt']:.2f}  "
-                  f"tgt2src {results['bleu_tgt2src']:.2f}   chrF {results['chrf_src2tgt']:.1f} / "
-                  f"{results['chrf_tgt2src']:.1f}   round trip {results['roundtrip_bleu_src']:.1f} / "
-                  f"{results['roundtrip_bleu_tgt']:.1f}")
-            for name, row in results.get("sets", {}).items():  # issue 56: every other scored set, a line each
-                if name != results["split"]:
-                    print(f"      {name} ({results['decoder']}):  BLEU src2tgt {row['bleu_src2tgt']:.2f}  tgt2src "
-                          f"{row['bleu_tgt2src']:.2f}   chrF {row['chrf_src2tgt']:.1f} / {row['chrf_tgt2src']:.1f}")
+        for line in graph.BY_NAME[name].summary(Path(entry["output"]), entry["counts"]):
+            print(f"      {line}")
     print(f"  workdir {workdir}   {tracker_note}")
+
+
+def print_plan(cfg: PipelineConfig, stages: list[str], force: bool) -> None:
+    """--dry-run: per stage, what a run would do (run, reuse, not needed), its directory, and why."""
+    workdir = Path(cfg.workdir).resolve()
+    for index, step in enumerate(graph.plan(cfg, workdir, stages, force), start=1):
+        where = "" if step.action == "not needed" else f" -> {step.output}"
+        print(f"[{index}/{len(stages)}] {step.name}: {step.action}{where}\n      why: {step.reason}", flush=True)
 
 
 def guarded(work: Callable[[], tuple[Any, Any]], how_to_continue: str = CONTINUE
@@ -313,7 +243,7 @@ def guarded(work: Callable[[], tuple[Any, Any]], how_to_continue: str = CONTINUE
     """Run a command's `work` -> (0, its result); a user-facing error is one `error:` line and exit code 2,
     Ctrl-C or SIGTERM exit 130 or 143 (`interrupted`), each -> (code, (None, None))."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    _received.clear()
+    forget()
     handle_sigterm()
     try:
         return 0, work()
@@ -368,13 +298,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     overrides = list(args.overrides) + ([f"ray.address={args.address}"] if args.address else [])
 
-    def work() -> tuple[PipelineConfig, dict[str, dict]]:
+    def work() -> tuple[PipelineConfig, dict[str, dict] | None]:
         cfg = load_run_config(args.config, overrides)
-        return cfg, run(cfg, select_stages(args.stages) if args.stages else graph.pipeline_stages(cfg), force=args.force,
-                        started=started)
+        stages = select_stages(args.stages) if args.stages else graph.pipeline_stages(cfg)
+        if args.dry_run:
+            print_plan(cfg, stages, args.force)
+            return cfg, None
+        return cfg, run(cfg, stages, force=args.force, started=started)
 
     code, (cfg, summary) = guarded(work)
-    if code:
+    if code or summary is None:
         return code
     workdir = Path(cfg.workdir).resolve()
     note = "mlflow: off"

@@ -10,7 +10,7 @@ output, against the AR teachers, at the same number of updates, on one device wi
 - `train`: one CMLM per direction (the `cmlm` section of the config, e.g. `cmlm.model.d_model=256`; the
   training core, pipeline/harness.py, with the `cmlm.train` section and the command line's budget: --steps
   updates of --max-tokens, as the teachers and REDER got) on the teachers phase's KD pairs (src2tgt learns
-  x → teacher(x), tgt2src y → teacher(y), pipeline.raytrain.CmlmObjective), saved as model directories
+  x → teacher(x), tgt2src y → teacher(y), reder.objectives.directional.CmlmObjective), saved as model directories
   C/cmlm-<direction>; writes C/train.json.
 - `eval`: the teachers (greedy, beam 4), REDER's greedy output, REDER's greedy output refined by K mask-predict
   iterations of the CMLM of its direction (each --refine-steps K; without --reder, the teachers' greedy output
@@ -37,7 +37,7 @@ BASELINE = "teacher_beam4"
 
 
 def train_phase(args: argparse.Namespace, cfg, device: str) -> dict:
-    from pipeline.raytrain import CmlmObjective
+    from reder.objectives.directional import CmlmObjective
     from reder import CMLM
     from reder.checkpoint import save_model_dir
 

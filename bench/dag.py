@@ -26,7 +26,7 @@ issue 44's Triton DP (reder/dag_triton.py) instead, at the same token batch as a
 S input tokens (BOS and EOS included) and S target tokens, vocabulary 1000; the DAG graph has int(λ·S)
 vertices, CTC (r = 2) 2·S frames. Per λ, batch and tile bound (`--max-blocks`, the kernels' MAX_BLOCK):
 forward + backward of the DAG loss (`dag_loss`: the emissions' gather and the DP) with model.dag_dp=torch
-and =triton, and of the CTC loss (`smoothed_ctc_loss`) on the CTC head's log-probs; the largest differences
+and =triton, and of the CTC loss (`ctc_loss`) on the CTC head's log-probs; the largest differences
 between the two DAG losses and their gradients; median seconds (`step_s`; `first_s`, the first call,
 includes Triton's compilation) and on CUDA the peak memory above the inputs (`peak_mb`). With
 `--update-grid`: whole REDER updates (both directions, AdamW; multi30k.yaml's model, no FBA/CC) with the CTC
@@ -165,8 +165,7 @@ def kernel_rows(args: argparse.Namespace) -> list[dict]:
     import torch
 
     from reder import dag_triton
-    from reder.ctc import smoothed_ctc_loss
-    from reder.dag import dag_loss
+    from reder.objectives.terms import ctc_loss, dag_loss
 
     rows = []
     for ratio in args.ratios:
@@ -185,7 +184,7 @@ def kernel_rows(args: argparse.Namespace) -> list[dict]:
 
             def ctc_step() -> None:
                 ctc_log_probs.grad = None
-                smoothed_ctc_loss(ctc_log_probs, 2 * lengths, targets, lengths, VOCAB - 1, 0.1).backward()
+                ctc_loss(ctc_log_probs, 2 * lengths, targets, lengths, VOCAB - 1, 0.1).backward()
 
             for block in args.max_blocks:
                 dag_triton.MAX_BLOCK = block

@@ -72,7 +72,7 @@ def _train(dirs: dict[str, str], english: list[list[int]], german: list[list[int
     updates) and save it back; returns the last training loss per direction."""
     from pipeline.config import TrainConfig
     from pipeline.harness import Harness
-    from pipeline.raytrain import TeacherObjective
+    from reder.objectives.directional import TeacherObjective
     from reder.checkpoint import load_model_dir, save_model_dir
 
     train = TrainConfig(max_steps=steps, lr=7e-4, warmup_steps=1000, max_tokens=max_tokens)

@@ -160,7 +160,7 @@ def teachers_phase(args: argparse.Namespace, cfg, device: str) -> dict:
 
     from pipeline import distill, spm
     from pipeline.evaluate import measure_speed
-    from pipeline.raytrain import TeacherObjective
+    from reder.objectives.directional import TeacherObjective
     from reder import TransformerConfig
     from reder.autoregressive import Transformer
     from reder.checkpoint import save_model_dir

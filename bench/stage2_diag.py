@@ -128,7 +128,7 @@ def term_gradients(model: REDER, terms: dict[str, torch.Tensor], loss_config: Lo
     weighted = {}
     for d in DIRECTIONS:
         weighted[f"{name}_{d}"] = terms[f"{name}_{d}"]
-        if f"fba_{d}" in terms:  # present only while on (REDER.loss)
+        if f"fba_{d}" in terms:  # present only while on (duplex_loss, reder/objectives/duplex.py)
             weighted[f"fba_{d}"] = loss_config.lambda_fba * terms[f"fba_{d}"]
         if f"cc_{d}" in terms:
             weighted[f"cc_{d}"] = loss_config.lambda_cc * terms[f"cc_{d}"]

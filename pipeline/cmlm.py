@@ -4,7 +4,7 @@ The CMLMs are a second non-autoregressive baseline (mask-predict with T iteratio
 the refiner of REDER's output (REDER's greedy translation, then K mask-predict iterations), both decoders of the
 evaluate stage (`evaluate.cmlm_iterations`, `evaluate.refine_steps`): the stage runs when one of them is set, or
 when named (`--stages cmlm`). Both directions are one Ray Train run of the training core with a cmlm task
-(a `raytrain.PairObjective` of two `raytrain.CmlmObjective`s), like the teachers (`teacher.train_pair`), on
+(a `PairObjective` of two `CmlmObjective`s, reder/objectives/directional.py), like the teachers (`teacher.train_pair`), on
 REDER's training split: the distill stage's KD pairs with `distill.enabled` (src2tgt learns x → teacher(x),
 tgt2src y → teacher(y)), else the references; validated by mask-predict BLEU on the validation split. Sizes and budget come from the `cmlm`
 section (`cmlm.model`, `cmlm.train`); the vocabulary is the run's joint SentencePiece model.

@@ -127,6 +127,14 @@ def engine(distill: DistillConfig) -> str:
     return engine_choice(distill)[0]
 
 
+def summary(output: Path, counts: dict[str, Any]) -> list[str]:
+    """The pairs written, the teachers' BLEU against the references, length ratios, and reference fallbacks."""
+    return [f"{counts['rows']} pairs; teacher BLEU vs reference {counts['teacher_bleu_src2tgt']:.2f} / "
+            f"{counts['teacher_bleu_tgt2src']:.2f}; length ratio {counts['length_ratio_src2tgt']:.2f} / "
+            f"{counts['length_ratio_tgt2src']:.2f}; reference fallbacks {counts['fallback_src2tgt']} / "
+            f"{counts['fallback_tgt2src']}"]
+
+
 def build(run: StageRun, tmp: Path) -> dict[str, Any]:
     """Distill input `tokenize`'s train split with input `teacher`'s models (or check and adopt
     `distill.corpus`) into `tmp`."""

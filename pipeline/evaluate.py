@@ -71,6 +71,20 @@ TRANSLATIONS_DIR = "translations"
 clock: Callable[[], float] = time.perf_counter
 
 
+def summary(output: Path, counts: dict[str, Any]) -> list[str]:
+    """BLEU, chrF and round-trip BLEU of the test split, then a line per other scored set (issue 56)."""
+    results = json.loads((output / RESULTS_FILE).read_text(encoding="utf-8"))
+    lines = [f"{results['split']} ({results['decoder']}):  BLEU src2tgt {results['bleu_src2tgt']:.2f}  "
+             f"tgt2src {results['bleu_tgt2src']:.2f}   chrF {results['chrf_src2tgt']:.1f} / "
+             f"{results['chrf_tgt2src']:.1f}   round trip {results['roundtrip_bleu_src']:.1f} / "
+             f"{results['roundtrip_bleu_tgt']:.1f}"]
+    for name, row in results.get("sets", {}).items():
+        if name != results["split"]:
+            lines.append(f"{name} ({results['decoder']}):  BLEU src2tgt {row['bleu_src2tgt']:.2f}  tgt2src "
+                         f"{row['bleu_tgt2src']:.2f}   chrF {row['chrf_src2tgt']:.1f} / {row['chrf_tgt2src']:.1f}")
+    return lines
+
+
 def build(run: StageRun, tmp: Path) -> dict[str, Any]:
     """Evaluate input `train`'s model on `ingest`'s splits (with input `teacher`'s models when the config
     asks for the baseline or reranking, input `cmlm`'s when it asks for the CMLM decoders) into `tmp`."""

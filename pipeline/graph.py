@@ -10,53 +10,25 @@ hashed `inputs` (pipeline/stage.py). A stage is needed when a target (evaluate f
 for a sweep) reaches it through inputs and reads: teacher only for KD without a given corpus, the teacher
 baseline or reranking; distill only with `distill.enabled`; cmlm only for the evaluation's CMLM decoders
 (`evaluate.cmlm_iterations`, `evaluate.refine_steps`). `run_pipeline.py` and the sweep walk this graph;
-no stage computes another stage's path. Keys are those the stages had before the graph existed, so
-finished outputs keep their directories (tests/pipeline/test_graph.py pins them).
+no stage computes another stage's path. What each stage hashes (its key): pipeline/stagekeys.py, one versioned
+scheme; finished outputs keep their directories (tests/pipeline/test_graph.py pins them). `plan` says per stage
+whether a run would run it or reuse its directory, and why (`run_pipeline.py --dry-run`).
 """
 from __future__ import annotations
 
+import json
 import math
-from dataclasses import MISSING, asdict, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeline import cmlm, distill, evaluate, ingest, spm, teacher, tokenize, train, tune
-from pipeline.config import NO_BLANK_PENALTY, PipelineConfig, TrainConfig
-from pipeline.stage import Stage, StageError, StageRun, is_done, require_done, run_stage, stage_dir
-from reder import heads
+from pipeline import cmlm, distill, evaluate, ingest, spm, stagekeys, teacher, tokenize, train, tune
+from pipeline.config import PipelineConfig, TrainConfig
+from pipeline.stage import Stage, StageError, StageRun, is_done, read_manifest, require_done, run_stage, stage_dir
 
-# Keys of a train section that change neither the data order nor the optimisation: not hashed. min_workers does
-# only once a host is lost, and a run that stopped for a lost host must find its checkpoints with it set.
-NOT_HASHED = ("log_every", "max_failures", "storage_path", "fail_at_step", "start_timeout_s", "valid_max_sentences",
-              "min_workers")
-# Keys added to a hashed section after outputs existed (issues 26, 44): hashed only when set away from their
-# default, which is the behaviour from before them, so finished outputs keep their directories.
-ADDED_LATER = {"model": ("dag_dp",),
-               "loss": ("fba_start_step", "cc_start_step", "directions", "glance_start", "glance_end", "glance_steps"),
-               # compile: inductor's dropout draws other masks
-               "train": ("batch_tokens", "max_time", "patience", "lr_scheduler", "warmup_fraction", "compile",
-                         "min_workers"),
-               "evaluate": ("rerank_weight", "cutoff_top_n", "cutoff_prob", "dag_max_transition", "dag_no_repeat_ngram",
-                            "dag_length_penalty", "cmlm_iterations", "cmlm_length_beam", "refine_steps",
-                            "test_sets")}  # test_sets: issue 56
-# Named in the teacher and cmlm stages' keys since both directions train in one Ray Train run (issue 53: each
-# update trains both models, which draws initialisation and dropout from one random stream): a new output, a new
-# directory.
-PAIR = {"training": "both directions in one run"}
 # Stages a pipeline run lists only when it needs them (added after outputs existed; a run without them reads
 # as it did before them).
 OPTIONAL = ("cmlm",)
-
-
-def section_key(name: str, section: Any) -> dict[str, Any]:
-    """`asdict(section)` less the ADDED_LATER keys of section `name` at their defaults."""
-    defaults = {f.name: f.default_factory() if f.default is MISSING else f.default for f in fields(section)}
-    return {k: v for k, v in asdict(section).items() if k not in ADDED_LATER.get(name, ()) or v != defaults[k]}
-
-
-def train_key(section: TrainConfig) -> dict[str, Any]:
-    """The hashed part of a train section (REDER's or the teachers')."""
-    return {k: v for k, v in section_key("train", section).items() if k not in NOT_HASHED}
 
 
 def training_data(cfg: PipelineConfig) -> str:
@@ -74,85 +46,32 @@ def uses_cmlm(cfg: PipelineConfig) -> bool:
     return bool(cfg.evaluate.cmlm_iterations or cfg.evaluate.refine_steps)
 
 
-def _evaluate_key(cfg: PipelineConfig) -> dict[str, Any]:
-    """The evaluate section as it was hashed before issue 26, so finished evaluations keep their directories:
-    `rerank` none/teacher as the old `rerank_with_teacher` bool (self as `rerank`), the ADDED_LATER keys
-    (the self-reranking weight, the CTC beam's cutoffs) only where they differ from their defaults."""
-    key = section_key("evaluate", cfg.evaluate)
-    key.pop("blank_penalties")  # the train stage tunes it into the model directory: its key (and name) has it
-    if "test_sets" in key:  # named test sets with their files' SHA-256: a changed file is a new evaluation
-        key["test_sets"] = evaluate.test_sets_key(cfg)
-    rerank = key.pop("rerank")
-    key["rerank_with_teacher"] = rerank == "teacher"
-    if rerank == "self":
-        key["rerank"] = rerank
-    return key
-
-
-def _decoding_key(cfg: PipelineConfig) -> dict[str, Any]:
-    """What the train stage (and a sweep's trials) decode validation with beyond the defaults of before issue 41:
-    the grid of blank penalties it tunes (`evaluate.blank_penalties`), named unless it is [0], the behaviour
-    from before it (so a run that asks for no penalty keeps its directory; the default grid trains anew)."""
-    penalties = cfg.evaluate.blank_penalties
-    if penalties == NO_BLANK_PENALTY or not heads.head_class(cfg.model.head).emits_blank:  # DAG: no penalty
-        return {}
-    return {"blank_penalties": list(penalties)}
-
-
-def _teacher_key(cfg: PipelineConfig) -> dict[str, Any]:
-    given = teacher.given_checkpoints(cfg)
-    if given:
-        return {"checkpoints": {d: str(p) for d, p in given.items()}}
-    return {"model": asdict(cfg.teacher.model), "train": train_key(cfg.teacher.train), **PAIR}
-
-
-def _sweep_key(cfg: PipelineConfig) -> dict[str, Any]:
-    """The tune section without its watchdog (`time_budget_s`): a resumed sweep may get another budget."""
-    return {k: v for k, v in asdict(cfg.tune).items() if k != "time_budget_s"}
-
-
-def _distill_key(cfg: PipelineConfig) -> dict[str, Any]:
-    """What changes distill's output: the given corpus, or the decoding options and the engine (named only when
-    it is CTranslate2, so directories made by our search keep their names; `auto` as resolved on this driver).
-    Not the batching (`max_tokens`, `batch_size`) nor the actors: they change no output."""
-    if cfg.distill.corpus:
-        source = {"corpus": str(Path(cfg.distill.corpus).expanduser().resolve())}
-    else:
-        source = {"decoding": {k: getattr(cfg.distill, k) for k in distill.DECODING_KEYS}}
-        if distill.engine(cfg.distill) == "ctranslate2":
-            source["engine"] = "ctranslate2"
-    return {**source, "feasibility": heads.feasibility_key(cfg.model)}
-
-
 STAGES = (
-    Stage("ingest", ingest.build, sections=("data",),
-          key=lambda cfg: ingest.stage_key(cfg.data)),
-    Stage("spm", spm.build, sections=("spm",),
-          key=lambda cfg: {"spm": {k: v for k, v in asdict(cfg.spm).items() if k != "num_threads"},
-                           "vocab_size": cfg.model.vocab_size},
+    Stage("ingest", ingest.build, sections=("data",), summary=ingest.summary, key=stagekeys.ingest_key),
+    Stage("spm", spm.build, sections=("spm",), summary=spm.summary, key=stagekeys.spm_key,
           inputs=lambda cfg: {"ingest": "ingest"}),
-    Stage("tokenize", tokenize.build, sections=("tokenize",), uses_ray=True,
-          key=lambda cfg: heads.feasibility_key(cfg.model), inputs=lambda cfg: {"spm": "spm", "ingest": "ingest"}),
-    Stage("teacher", teacher.build, sections=("teacher",), uses_ray=True, key=_teacher_key,
+    Stage("tokenize", tokenize.build, sections=("tokenize",), uses_ray=True, summary=tokenize.summary,
+          key=stagekeys.tokenize_key, inputs=lambda cfg: {"spm": "spm", "ingest": "ingest"}),
+    Stage("teacher", teacher.build, sections=("teacher",), uses_ray=True, key=stagekeys.teacher_key, summary=teacher.summary,
+          needed_when=("distill.enabled", "distill.corpus", "evaluate.teacher_baseline", "evaluate.rerank"),
           inputs=lambda cfg: {"spm": "spm", "data": "tokenize"}, reads=lambda cfg: ("ingest",)),
-    Stage("distill", distill.build, sections=("distill",), uses_ray=True, key=_distill_key,
+    Stage("distill", distill.build, sections=("distill",), uses_ray=True, key=stagekeys.distill_key, summary=distill.summary,
+          needed_when=("distill.enabled",),
           inputs=lambda cfg: {"tokenize": "tokenize", **({} if cfg.distill.corpus else {"teacher": "teacher"})},
           reads=lambda cfg: ("spm",)),
-    Stage("train", train.build, sections=("model", "loss", "train"), uses_ray=True,
-          key=lambda cfg: {"model": section_key("model", cfg.model), "loss": section_key("loss", cfg.loss),
-                           "train": train_key(cfg.train),
-                           **_decoding_key(cfg)},
+    Stage("train", train.build, sections=("model", "loss", "train"), uses_ray=True, summary=train.summary,
+          key=stagekeys.train_stage_key,
           inputs=lambda cfg: {"data": training_data(cfg)}, reads=lambda cfg: ("tokenize", "ingest", "spm")),
     Stage("cmlm", cmlm.build, sections=("cmlm",), uses_ray=True,
-          key=lambda cfg: {"model": asdict(cfg.cmlm.model), "train": train_key(cfg.cmlm.train), **PAIR},
+          needed_when=("evaluate.cmlm_iterations", "evaluate.refine_steps"),
+          key=stagekeys.cmlm_key,
           inputs=lambda cfg: {"data": training_data(cfg)}, reads=lambda cfg: ("tokenize", "ingest", "spm")),
-    Stage("evaluate", evaluate.build, sections=("evaluate",),
-          key=lambda cfg: {"evaluate": _evaluate_key(cfg)},
+    Stage("evaluate", evaluate.build, sections=("evaluate",), summary=evaluate.summary,
+          key=stagekeys.evaluate_key,
           inputs=lambda cfg: {"train": "train", "ingest": "ingest", **({"teacher": "teacher"} if uses_teachers(cfg) else {}),
                               **({"cmlm": "cmlm"} if uses_cmlm(cfg) else {})}),
     Stage("tune", tune.build, sections=("tune",), uses_ray=True,
-          key=lambda cfg: {"tune": _sweep_key(cfg), "model": section_key("model", cfg.model),
-                           "loss": section_key("loss", cfg.loss), "train": section_key("train", cfg.train), **_decoding_key(cfg)},
+          key=stagekeys.tune_key,
           inputs=lambda cfg: {"data": training_data(cfg)}, reads=lambda cfg: ("tokenize", "ingest", "spm")),
 )
 PIPELINE = tuple(stage.name for stage in STAGES if stage.name != "tune")  # a pipeline run's stages, in run order
@@ -207,6 +126,70 @@ def needed(cfg: PipelineConfig, targets: tuple[str, ...] = ("evaluate",)) -> lis
             seen.add(name)
             pending.extend(upstream(cfg, name).values())
     return [stage.name for stage in STAGES if stage.name in seen]
+
+
+def why_not_needed(cfg: PipelineConfig, name: str) -> str:
+    """The config keys that decide whether a run needs stage `name`, with their values (`key=value, ...`)."""
+    values = []
+    for dotted in BY_NAME[name].needed_when:
+        section, key = dotted.split(".")
+        value = getattr(getattr(cfg, section), key)
+        values.append(f"{dotted}={list(value) if isinstance(value, tuple) else value if value != '' else 'unset'}")
+    return ", ".join(values)
+
+
+@dataclass(frozen=True)
+class Step:
+    """What a run would do with one stage: `action` "not needed", "reuse" (a finished directory) or "run", and
+    why (`reason`: the deciding keys, or what differs from the nearest finished directory of the stage)."""
+
+    name: str
+    output: Path
+    action: str
+    reason: str
+
+
+def plan(cfg: PipelineConfig, workdir: Path, stages: list[str], force: bool = False) -> list[Step]:
+    """Per stage of `stages`, whether a run would run it, reuse its directory, or not need it, and why; what
+    `run_pipeline.py` runs and what its `--dry-run` prints. A stage named in `stages` that is OPTIONAL is wanted."""
+    needs = needed(cfg, ("evaluate", *[name for name in stages if name in OPTIONAL]))
+    dirs = output_dirs(cfg, workdir)
+    steps = []
+    for name in stages:
+        if name not in needs:
+            steps.append(Step(name, dirs[name], "not needed", why_not_needed(cfg, name)))
+        elif is_done(dirs[name]) and not force:
+            steps.append(Step(name, dirs[name], "reuse", "finished earlier with this config"))
+        else:
+            steps.append(Step(name, dirs[name], "run", "--force" if force else _why_new(cfg, dirs, name)))
+    return steps
+
+
+def _why_new(cfg: PipelineConfig, dirs: dict[str, Path], name: str) -> str:
+    """Why stage `name` has no finished directory for this config: none of the stage at all, or the keys in which
+    the nearest finished one (fewest differences in its recorded config and inputs) differs from this run's."""
+    stage = BY_NAME[name]
+    ours = _flat({"config": {**stage.key(cfg), **{s: asdict(getattr(cfg, s)) for s in stage.sections}},
+                  "inputs": {label: str(dirs[source]) for label, source in upstream(cfg, name).items()}})
+    nearest: list[str] | None = None
+    for other in sorted(dirs[name].parent.glob(f"{name}-*")):
+        if other != dirs[name] and is_done(other):
+            manifest = read_manifest(other)
+            theirs = _flat({"config": manifest.get("config", {}), "inputs": manifest.get("inputs", {})})
+            changed = sorted(k for k in ours.keys() | theirs.keys() if ours.get(k) != theirs.get(k))
+            if nearest is None or len(changed) < len(nearest):
+                nearest, closest = changed, other
+    if nearest is None:
+        return "no finished directory of this stage"
+    shown = ", ".join(key.removeprefix("config.") for key in nearest[:6])  # an input stays `inputs.<label>` + (f" (+{len(nearest) - 6} more)" if len(nearest) > 6 else "")
+    return f"nearest finished {closest.name} differs in {shown or 'nothing recorded (key version)'}"
+
+
+def _flat(value: Any, prefix: str = "") -> dict[str, str]:
+    """A nested dict as dotted key → JSON of the leaf value."""
+    if isinstance(value, dict) and value:
+        return {k: v for key, item in value.items() for k, v in _flat(item, f"{prefix}{key}.").items()}
+    return {prefix.rstrip("."): json.dumps(value, sort_keys=True, default=str)}
 
 
 def output_dirs(cfg: PipelineConfig, workdir: Path) -> dict[str, Path]:

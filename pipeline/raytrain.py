@@ -15,7 +15,7 @@ objective of both directions, `DuplexLoss`, or a `PairObjective` over both direc
 (`parquet.shard_ranges`: disjoint, together the whole split), read once with pyarrow into flat token arrays
 (`harness.ExampleTable`) and re-bucketed every epoch. No Ray Data: the driver materialising the split in the
 object store and every worker turning its shard into Python lists every epoch took most of a run's start at
-scale (docs/DESIGN.md, "Training"; docs/RESULTS.md, issue 43). Its reports go to `ray.train.report` (and
+scale (docs/OPERATIONS.md, "Training"; docs/RESULTS.md, issue 43). Its reports go to `ray.train.report` (and
 rank 0's to MLflow); every validation (rank 0 decodes the validation split greedily and scores it with
 sacreBLEU; the other ranks report a NaN score; its Validator is built at the first validation) attaches a
 checkpoint directory. Ray keeps the best
@@ -50,7 +50,7 @@ import torch
 
 from pipeline import parquet, spm
 from pipeline.config import NO_BLANK_PENALTY, PipelineConfig, TrainConfig, from_dict
-from pipeline.harness import (EXAMPLE_COLUMNS, RANK_TOKENS_PER_S, SCORE, Batch, EpochBatches, ExampleTable, Harness,
+from pipeline.harness import (EXAMPLE_COLUMNS, RANK_TOKENS_PER_S, SCORE, EpochBatches, ExampleTable, Harness,
                               all_reduce, distributed, epoch_batches, select_best)
 from pipeline.metrics import best_setting, corpus_bleu, corpus_scores, shown
 from pipeline.progress import Progress
@@ -62,6 +62,7 @@ from reder.cmlm import CMLM
 from reder.config import CmlmConfig
 from reder.checkpoint import average_state_dicts, load_tensors
 from reder.ctc import pad_batch
+from reder.objectives.directional import CmlmObjective, PairObjective, TeacherObjective
 from reder.translate import greedy_by_penalty, translate_ids
 
 log = logging.getLogger(__name__)
@@ -427,45 +428,6 @@ def data_group() -> Any:
     return dist.new_group(backend="gloo") if distributed() else None
 
 
-class TeacherObjective(torch.nn.Module):
-    """One direction's teacher as a DDP-wrappable objective with REDER's call signature: the batch's
-    (src, tgt) pairs are read in the teacher's direction; terms are named by direction."""
-
-    def __init__(self, model: Transformer, direction: str) -> None:
-        super().__init__()
-        self.model, self.direction = model, direction
-
-    def forward(self, src: torch.Tensor, src_lengths: torch.Tensor, tgt: torch.Tensor, tgt_lengths: torch.Tensor,
-                step: int, tgt2src_batch: None = None) -> dict[str, torch.Tensor]:
-        if self.direction == "tgt2src":
-            src, src_lengths, tgt, tgt_lengths = tgt, tgt_lengths, src, src_lengths
-        terms = self.model.loss(src, src_lengths, tgt, tgt_lengths)
-        return {f"nll_{self.direction}": terms["nll"], "total": terms["total"]}
-
-
-class CmlmObjective(torch.nn.Module):
-    """One direction's CMLM as a DDP-wrappable objective with REDER's call signature. With KD batches it trains
-    on its own direction's pairs: src2tgt on the batch (x, teacher(x)), tgt2src on `tgt2src_batch`
-    (teacher(y), y) read backwards (y → teacher(y)); without KD on the references read in its direction."""
-
-    def __init__(self, model: CMLM, direction: str) -> None:
-        super().__init__()
-        self.model, self.direction = model, direction
-
-    def reads(self, batch: Batch, reverse: Optional[Batch]) -> Batch:
-        """The one batch of a micro-batch this direction trains on (read backwards for tgt2src); the harness
-        counts its tokens only."""
-        return reverse if self.direction == "tgt2src" and reverse is not None else batch
-
-    def forward(self, src: torch.Tensor, src_lengths: torch.Tensor, tgt: torch.Tensor, tgt_lengths: torch.Tensor,
-                step: int, tgt2src_batch: Optional[Batch] = None) -> dict[str, torch.Tensor]:
-        src, src_lengths, tgt, tgt_lengths = self.reads((src, src_lengths, tgt, tgt_lengths), tgt2src_batch)
-        if self.direction == "tgt2src":
-            src, src_lengths, tgt, tgt_lengths = tgt, tgt_lengths, src, src_lengths
-        terms = self.model.loss(src, src_lengths, tgt, tgt_lengths)
-        return {f"nll_{self.direction}": terms["nll"], f"length_{self.direction}": terms["length"], "total": terms["total"]}
-
-
 class ModelPair(torch.nn.ModuleDict):
     """The two directions' models of a teacher or CMLM stage (direction → model), trained by one worker group:
     checkpointed, averaged and validated as one module (`<direction>.` prefixes its parameters), clipped per model
@@ -474,27 +436,6 @@ class ModelPair(torch.nn.ModuleDict):
     def clip_groups(self) -> dict[str, torch.nn.Module]:
         """The parts whose gradients are clipped apart: each direction's model."""
         return dict(self.items())
-
-
-class PairObjective(torch.nn.Module):
-    """Both directions' objectives (`TeacherObjective`, `CmlmObjective`) as one: every update trains both models on
-    the same micro-batch, each reading it in its own direction (REDER's duplex update does the same). Returns each
-    one's terms (named by direction) and the sum of their totals: the models share no parameter, so each gets the
-    gradient of its own loss, as in a run of its own."""
-
-    def __init__(self, objectives: dict[str, torch.nn.Module]) -> None:
-        super().__init__()
-        self.objectives = torch.nn.ModuleDict(objectives)
-
-    def forward(self, src: torch.Tensor, src_lengths: torch.Tensor, tgt: torch.Tensor, tgt_lengths: torch.Tensor,
-                step: int, tgt2src_batch: Optional[Batch] = None) -> dict[str, torch.Tensor]:
-        terms: dict[str, torch.Tensor] = {}
-        totals = []
-        for objective in self.objectives.values():
-            own = objective(src, src_lengths, tgt, tgt_lengths, step, tgt2src_batch=tgt2src_batch)
-            totals.append(own.pop("total"))
-            terms.update(own)
-        return {**terms, "total": torch.stack(totals).sum()}
 
 
 PAIR_KINDS = {"teacher": (Transformer, TransformerConfig, TeacherObjective), "cmlm": (CMLM, CmlmConfig, CmlmObjective)}

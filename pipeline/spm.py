@@ -46,6 +46,11 @@ def build(run: StageRun, tmp: Path) -> dict[str, Any]:
             "blank_id": processor.get_piece_size() - 1}
 
 
+def summary(output: Path, counts: dict[str, Any]) -> list[str]:
+    """The vocabulary's size and the CTC blank's id."""
+    return [f"vocab_size {counts['vocab_size']} (blank id {counts['blank_id']})"]
+
+
 def training_sample(train_dir: Path, size: int, seed: int) -> list[str]:
     """Up to `size` sentences drawn (seeded) from both sides of the train split, pooled.
 

@@ -74,7 +74,9 @@ class Stage:
     stage whose hash is kept). `reads`: upstream stages read but not hashed (each is already upstream of a
     hashed input). `build(run, tmp) -> counts` writes the output into `tmp`. `sections`: config sections
     recorded whole in manifest.json. `uses_ray`: the build needs a connected Ray (run_pipeline.py
-    connects once, before the first such stage)."""
+    connects once, before the first such stage). `summary(output, counts)`: the lines run_pipeline.py's
+    summary prints under the stage's own. `needed_when`: the config keys that decide whether a run needs the
+    stage (printed when it does not; empty: always needed)."""
 
     name: str
     build: Callable[[StageRun, Path], dict[str, Any]]
@@ -83,6 +85,21 @@ class Stage:
     reads: Callable[["PipelineConfig"], tuple[str, ...]] = lambda cfg: ()
     sections: tuple[str, ...] = field(default=())
     uses_ray: bool = False
+    summary: Callable[[Path, dict[str, Any]], list[str]] = lambda output, counts: []
+    needed_when: tuple[str, ...] = ()
+
+
+def split_lines(counts: dict[str, Any], splits: tuple[str, ...], reasons: Callable[[dict[str, Any]], dict[str, int]]
+                ) -> list[str]:
+    """Summary lines of a stage that filters pairs: per split, kept of read, and `reasons` (counts by reason) of
+    what was dropped (train) or flagged and kept (valid, test)."""
+    lines = []
+    for split in splits:
+        entry = counts.get(split)
+        if isinstance(entry, dict):
+            what = "dropped" if split == "train" else "flagged (kept)"
+            lines.append(f"{split:<5} kept {entry['kept']:>8} of {entry['read']:>8}   {what}: {json.dumps(reasons(entry))}")
+    return lines
 
 
 def digest(value: Any, length: int = 12) -> str:
@@ -91,9 +108,15 @@ def digest(value: Any, length: int = 12) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:length]
 
 
+# The stage-key scheme's version (pipeline/stagekeys.py). Version 1 is every directory name made so far: its
+# digest holds no version field; a later version's holds {"version": n}, which gives every stage a new directory.
+KEY_VERSION = 1
+
+
 def stage_dir(workdir: Path, name: str, key: Any) -> Path:
-    """Where stage `name` writes for this key (config section + input names)."""
-    return Path(workdir).resolve() / f"{name}-{digest({'stage': name, 'key': key})}"
+    """Where stage `name` writes for this key (config section + input names), under the scheme's KEY_VERSION."""
+    versioned = {"stage": name, "key": key, **({"version": KEY_VERSION} if KEY_VERSION > 1 else {})}
+    return Path(workdir).resolve() / f"{name}-{digest(versioned)}"
 
 
 def is_done(path: Path) -> bool:

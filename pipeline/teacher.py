@@ -68,6 +68,12 @@ def build(run: StageRun, tmp: Path) -> dict[str, Any]:
         TransformerConfig.from_dict(asdict(run.cfg.teacher.model))), TEACHERS_FILE)
 
 
+def summary(output: Path, counts: dict[str, Any]) -> list[str]:
+    """Per direction: the steps and best validation BLEU of its training, or that its checkpoint was given."""
+    return [f"{direction}: " + (f"{counts[direction]['steps']} steps, best validation BLEU {counts[direction]['best_valid_bleu']:.2f}"
+                                if "steps" in counts[direction] else "given checkpoint") for direction in DIRECTIONS]
+
+
 def check_teacher(directory: Path, direction: str, cfg: PipelineConfig, spm_model: Path) -> Transformer:
     """Load a teacher model directory for `direction`, failing clearly on a missing or incompatible one
     (not a transformer, another direction, another vocabulary)."""

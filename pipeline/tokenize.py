@@ -34,7 +34,7 @@ import pyarrow.parquet as pq
 
 from cluster.connect import actor_pool_options, remote_args_allowed
 from pipeline import ingest, parquet, spm
-from pipeline.stage import StageError, StageRun, write_json
+from pipeline.stage import StageError, StageRun, split_lines, write_json
 from reder import heads
 
 log = logging.getLogger(__name__)
@@ -55,6 +55,12 @@ def build(run: StageRun, tmp: Path) -> dict[str, Any]:
                             cfg.tokenize.batch_size, cfg.model.head)
     write_json(tmp / "report.json", report)
     return {**report["splits"], "workers": report["workers"], "ray_seconds": report["ray_seconds"]}
+
+
+def summary(output: Path, counts: dict[str, Any]) -> list[str]:
+    """Per split: pairs kept of read, and the feasibility filter's drops by direction."""
+    return split_lines(counts, ingest.SPLITS, lambda entry: {k: entry[k] for k in ("infeasible_src2tgt", "infeasible_tgt2src")
+                                                             if entry[k]})
 
 
 def tokenize_files(files: list[Path], out: Path, model_proto: bytes, upsample_ratio: float, workers: int = 0,

@@ -28,6 +28,11 @@ from reder.checkpoint import save_model_dir
 
 log = logging.getLogger(__name__)
 
+def summary(output: Path, counts: dict[str, Any]) -> list[str]:
+    """Steps, best validation BLEU, and where the model directory is."""
+    return [f"{counts['steps']} steps, best validation BLEU {counts['best_valid_bleu']:.2f}, model: {output / MODEL_DIR}"]
+
+
 def build(run: StageRun, tmp: Path) -> dict[str, Any]:
     """Train (or resume) on input `data`'s train split (distill's or tokenize's), validated on `tokenize`'s
     valid split against `ingest`'s text, then publish the averaged model into `tmp`."""

@@ -388,7 +388,7 @@ def _tuner(cfg: PipelineConfig, name: str, storage: Path, trainable: Any, callba
 def _graceful_interrupts() -> Iterator[list]:
     """Ctrl-C and SIGTERM during `Tuner.fit` stop the sweep the way Tune stops it on SIGUSR1 (its experiment
     state saved, the trials stopped); the list yielded then holds a function that raises what the signal's
-    previous handler raises (KeyboardInterrupt; run_pipeline's Terminated), to call once fit has returned.
+    previous handler raises (KeyboardInterrupt; pipeline.signals' Terminated), to call once fit has returned.
     A second signal, or one before Tune's loop has started (SIGUSR1 still ours), raises at once."""
     interrupted: list = []
     previous = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)}

@@ -1,10 +1,11 @@
 """Model directories: everything needed to translate with a trained model, and nothing else.
 
 A model directory holds `model.pt` (the state dict), `config.json` (the model's config, its `architecture`
-"reder", "transformer" or "cmlm" (older directories lack it: they are REDER), the language codes, decoding
-defaults — a REDER's `blank_penalty` per direction (REDER.blank_penalty; absent in older directories: 0) —
+"reder", "transformer" or "cmlm", the language codes, decoding defaults — a REDER's `blank_penalty` per
+direction (REDER.blank_penalty) —
 and for a teacher or a CMLM its `direction`) and `spm.model` (the joint SentencePiece model). Files are
 written to temporary names and renamed, so an interrupted save never leaves a half-written model behind.
+Directories written by older versions are read through reder/legacy.py (`upgrade_meta`).
 
 Every `.pt` file is read with `load_tensors` (`torch.load(weights_only=True)`): tensors and plain containers,
 numbers and strings only, so a pickle planted in a checkpoint cannot run code; a file that cannot be read
@@ -23,6 +24,7 @@ import torch
 from reder.autoregressive import Transformer
 from reder.cmlm import CMLM
 from reder.config import DIRECTIONS, CmlmConfig, ModelConfig, TransformerConfig
+from reder.legacy import upgrade_meta
 from reder.model import REDER
 
 MODEL_FILE, CONFIG_FILE, SPM_FILE = "model.pt", "config.json", "spm.model"
@@ -97,7 +99,8 @@ def direction_of(meta: dict[str, Any], src: str, tgt: str, where: Path | str = "
 def load_model_dir(directory: Path, device: str | torch.device = "cpu") -> tuple[REDER | Transformer | CMLM, dict[str, Any]]:
     """The model (eval mode; REDER, Transformer or CMLM, by `architecture`) and its config.json contents."""
     meta = read_meta(directory)
-    architecture = meta.get("architecture", "reder")
+    current = upgrade_meta(meta)
+    architecture = current["architecture"]
     if architecture not in ARCHITECTURES:
         raise ValueError(f"{directory}: unknown architecture {architecture!r}; known: {sorted(ARCHITECTURES)}")
     model_class, config_class = ARCHITECTURES[architecture]
@@ -114,13 +117,13 @@ def load_model_dir(directory: Path, device: str | torch.device = "cpu") -> tuple
     except RuntimeError as error:  # missing/unexpected keys or shapes that do not match config.json
         raise ValueError(f"{path}: does not fit {CONFIG_FILE} ({str(error).splitlines()[0]})") from None
     if isinstance(model, REDER):
-        model.blank_penalty = _blank_penalty(meta, Path(directory) / CONFIG_FILE)
+        model.blank_penalty = _blank_penalty(current, Path(directory) / CONFIG_FILE)
     return model.to(device).eval(), meta
 
 
 def _blank_penalty(meta: dict[str, Any], path: Path) -> dict[str, float]:
-    """config.json's `blank_penalty` (direction → finite number; absent: 0 both ways), ValueError naming it."""
-    given = meta.get("blank_penalty", {})
+    """config.json's `blank_penalty` (direction → finite number; a direction absent: 0), ValueError naming it."""
+    given = meta["blank_penalty"]
     numbers = isinstance(given, dict) and set(given) <= set(DIRECTIONS) and all(
         isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in given.values())
     if not numbers:
@@ -146,7 +149,7 @@ def _load_directional(directory: Path, direction: str, vocab_size: int, expected
     if not Path(directory).is_dir():
         raise FileNotFoundError(f"{what.split()[-1]} directory {directory} does not exist")
     meta = read_meta(directory)
-    architecture = meta.get("architecture", "reder")
+    architecture = upgrade_meta(meta)["architecture"]
     if architecture != expected:
         raise ValueError(f"{directory} is not {what}: its architecture is {architecture!r}, expected {expected!r}")
     if meta.get("direction") != direction:

@@ -10,8 +10,16 @@ from reder.configio import FieldError, require, round_trip
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 DIRECTIONS = ("src2tgt", "tgt2src")
+ENDS = {"src2tgt": ("src", "tgt"), "tgt2src": ("tgt", "src")}  # direction → (reading end, writing end)
+REVERSE = {"src2tgt": "tgt2src", "tgt2src": "src2tgt"}
 HEADS = ("ctc", "dag")
 DAG_DPS = ("auto", "torch", "triton")  # model.dag_dp: the DAG loss's DP (reder/dag.py's `dag_dp`)
+
+
+def check_direction(direction: str) -> None:
+    """ValueError unless `direction` is src2tgt or tgt2src."""
+    if direction not in DIRECTIONS:
+        raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
 
 
 def _blank_id(config: Any) -> int:
@@ -40,7 +48,7 @@ class ModelConfig:
     share_ends: bool = False  # tie the two ends' layers (embeddings and positions are always shared/own)
     label_smoothing: float = 0.1
     memory_efficient: bool = True  # rebuild activations in backward instead of storing them
-    head: str = "ctc"  # output head at both ends: "ctc" or "dag" (docs/DESIGN.md, "Output heads")
+    head: str = "ctc"  # output head at both ends: "ctc" or "dag" (docs/OPERATIONS.md, "Output heads")
     graph_upsample_ratio: float = 8.0  # λ (head="dag"): a graph has int(λ·(|x|+2)) vertices, |x| without BOS/EOS
     link_heads: int = 4  # heads of the DAG link scorer (head="dag")
     # The DAG loss's DP (head="dag"): torch (reder/dag.py), triton (reder/dag_triton.py, the optional extra; CUDA

@@ -1,10 +1,9 @@
-"""CTC pieces: the label-smoothed loss, batched Viterbi forced alignment, and frame collapsing; padding and
-masks of ragged batches (shared by the model, decoding and training)."""
+"""CTC pieces: batched Viterbi forced alignment and frame collapsing; padding and masks of ragged batches
+(shared by the model, decoding and training). The CTC loss: reder/objectives/terms.py."""
 import itertools
 from typing import Optional
 
 import torch
-import torch.nn.functional as F
 
 from reder.config import PAD_ID
 
@@ -30,29 +29,6 @@ def pad_batch(sequences: list[list[int]], device: str | torch.device = "cpu", en
 def valid_mask(lengths: torch.Tensor, max_length: int) -> torch.Tensor:
     """(B,) lengths → (B, T) bool, True = real position."""
     return torch.arange(max_length, device=lengths.device)[None, :] < lengths[:, None]
-
-
-def smoothed_ctc_loss(
-    log_probs: torch.Tensor,
-    lengths: torch.Tensor,
-    targets: torch.Tensor,
-    target_lengths: torch.Tensor,
-    blank: int,
-    smoothing: float,
-) -> torch.Tensor:
-    """(1−ε)·CTC + ε·mean over valid frames of (−mean_v log p_v).
-
-    CTC is `F.ctc_loss` with reduction "mean" (each sample's negative log-likelihood divided by its target
-    length, then averaged over the batch) and `zero_infinity=True`; log_probs (B, T, V) float32.
-    """
-    nll = F.ctc_loss(
-        log_probs.transpose(0, 1), targets, lengths, target_lengths, blank=blank, reduction="mean", zero_infinity=True
-    )
-    if smoothing == 0:
-        return nll
-    valid = valid_mask(lengths, log_probs.shape[1])  # a masked mean: indexing by the mask would sync for its shape
-    uniform = -(log_probs.mean(dim=-1) * valid).sum() / valid.sum()
-    return (1 - smoothing) * nll + smoothing * uniform
 
 
 def _extended_labels(targets: torch.Tensor, blank: int) -> torch.Tensor:

@@ -1,4 +1,5 @@
-"""DA-Transformer output head (Huang et al., ICML 2022): links, the DP loss, Viterbi alignment, decoders.
+"""DA-Transformer output head (Huang et al., ICML 2022): links, the DP, Viterbi alignment, decoders (the loss:
+reder/objectives/terms.py).
 
 A batch of graphs: vertex b, j for j < L_b (graph_lengths); vertex 0 starts every path and L_b − 1 ends it.
 `log_edges` (B, L, L) holds log E_kj, −inf unless k < j < L_b. The target is Y = [BOS, y…, EOS] (M_b
@@ -12,12 +13,10 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.autograd.function import once_differentiable
 
 from reder.config import BOS_ID, DAG_DPS, EOS_ID
 from reder.ctc import pad_batch
-
-NEG_INF = float("-inf")
+from reder.dag_likelihood import NEG_INF, DagLikelihood
 
 
 def masked_logsumexp(x: torch.Tensor, dim: int, keepdim: bool = False) -> torch.Tensor:
@@ -76,65 +75,6 @@ def target_emissions(log_probs: torch.Tensor, targets: torch.Tensor) -> torch.Te
     return log_probs.gather(2, targets[:, None, :].expand(batch, length, targets.shape[1])).transpose(1, 2)
 
 
-def _alpha(log_edges: torch.Tensor, emissions: torch.Tensor) -> torch.Tensor:
-    """α (B, M, L): α_0 = start at vertex 0; α_i[j] = logsumexp_k(α_{i−1}[k] + log E_kj) + log P(y_i|v_j).
-
-    Here and in `_beta` no gradient flows (they run inside `_DagLikelihood`), so the fused `torch.logsumexp`
-    is safe: its *values* on all-(−inf) slices are −inf; only its gradients there are NaN. ~3× faster."""
-    alpha = emissions.new_full(emissions.shape, NEG_INF)
-    alpha[:, 0, 0] = emissions[:, 0, 0]
-    for i in range(1, emissions.shape[1]):
-        alpha[:, i] = torch.logsumexp(alpha[:, i - 1, :, None] + log_edges, dim=1) + emissions[:, i]
-    return alpha
-
-
-def _beta(log_edges: torch.Tensor, emissions: torch.Tensor, graph_lengths: torch.Tensor, target_lengths: torch.Tensor) -> torch.Tensor:
-    """β (B, M, L): log-probability of finishing Y from vertex j after emitting y_i there (0 at the end)."""
-    batch, steps, _ = emissions.shape
-    beta = emissions.new_full(emissions.shape, NEG_INF)
-    beta[torch.arange(batch), target_lengths - 1, graph_lengths - 1] = 0.0
-    for i in range(steps - 2, -1, -1):
-        following = torch.logsumexp(log_edges + (emissions[:, i + 1] + beta[:, i + 1])[:, None, :], dim=2)  # (B, L)
-        beta[:, i] = torch.where((i < target_lengths - 1)[:, None], following, beta[:, i])
-    return beta
-
-
-def save_likelihood(ctx, log_edges: torch.Tensor, emissions: torch.Tensor, alpha: torch.Tensor, graph_lengths: torch.Tensor,
-                    target_lengths: torch.Tensor) -> torch.Tensor:
-    """log P (B,) = α_{M_b−1}[L_b − 1], saving for backward what the DPs' backward passes read: log E, the
-    emissions, α, log P and the lengths."""
-    log_likelihood = alpha[torch.arange(alpha.shape[0], device=alpha.device), target_lengths - 1, graph_lengths - 1]
-    ctx.save_for_backward(log_edges, emissions, alpha, log_likelihood, graph_lengths, target_lengths)
-    return log_likelihood
-
-
-class _DagLikelihood(torch.autograd.Function):
-    """log P(Y|X) with a hand-written backward: keeps only log E, the emissions, α and log P; β is built in
-    backward. dZ/d emit_ij = exp(α_i[j] + β_i[j] − Z); dZ/d log E_kj = Σ_i exp(α_{i−1}[k] + log E_kj +
-    emit_ij + β_i[j] − Z). Memory O(B·L² + B·M·L) instead of autograd's ~2·M tensors of B·L²."""
-
-    @staticmethod
-    def forward(ctx, log_edges, emissions, graph_lengths, target_lengths):
-        return save_likelihood(ctx, log_edges, emissions, _alpha(log_edges, emissions), graph_lengths, target_lengths)
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad):
-        log_edges, emissions, alpha, log_likelihood, graph_lengths, target_lengths = ctx.saved_tensors
-        beta = _beta(log_edges, emissions, graph_lengths, target_lengths)
-        feasible = torch.isfinite(log_likelihood)
-        feasible = torch.isfinite(log_likelihood)[:, None, None]  # (B, 1, 1); infeasible samples get zero gradients
-        z = torch.where(feasible, log_likelihood[:, None, None], 0.0)
-        grad_emissions = (alpha + beta - z).exp()  # (B, M, L): posterior of vertex j emitting y_i
-        before, after = alpha - z, emissions + beta  # (B, M, L): the vectors each edge term adds to log E
-        grad_edges, term = torch.zeros_like(log_edges), torch.empty_like(log_edges)
-        for i in range(1, emissions.shape[1]):  # one (B, L, L) buffer, reused: memory stays O(B·L²)
-            torch.add(log_edges, before[:, i - 1, :, None], out=term)
-            grad_edges += term.add_(after[:, i, None, :]).exp_()
-        scale = grad[:, None, None]
-        return torch.where(feasible, grad_edges * scale, 0.0), torch.where(feasible, grad_emissions * scale, 0.0), None, None
-
-
 def triton_installed() -> bool:
     """Whether the optional Triton extra is importable here."""
     return importlib.util.find_spec("triton") is not None
@@ -161,35 +101,18 @@ def dag_log_likelihood(
     """log P(Y|X) (B,) summed over all paths 0 = a_1 < … < a_M = L_b − 1; −inf where L_b < M_b.
 
     hand_written=False runs the same DP through plain autograd (the test and benchmark reference); with
-    hand_written, `dp` (`resolve_dp`) picks `_DagLikelihood` or the Triton kernels (reder/dag_triton.py)."""
+    hand_written, `dp` (`resolve_dp`) picks `DagLikelihood` or the Triton kernels (reder/dag_triton.py)."""
     graph_lengths, target_lengths = graph_lengths.long(), target_lengths.long()
     if hand_written and resolve_dp(dp, emissions.device) == "triton":
         kernels = importlib.import_module("reder.dag_triton")  # imports triton: only here
         return kernels.triton_dag_log_likelihood(log_edges, emissions, graph_lengths, target_lengths)
     if hand_written:
-        return _DagLikelihood.apply(log_edges, emissions, graph_lengths, target_lengths)
+        return DagLikelihood.apply(log_edges, emissions, graph_lengths, target_lengths)
     alphas = [F.pad(emissions[:, 0, :1], (0, emissions.shape[2] - 1), value=NEG_INF)]
     for i in range(1, emissions.shape[1]):
         alphas.append(masked_logsumexp(alphas[-1][:, :, None] + log_edges, dim=1) + emissions[:, i])
     alpha = torch.stack(alphas, dim=1)  # (B, M, L)
     return alpha[torch.arange(alpha.shape[0], device=alpha.device), target_lengths - 1, graph_lengths - 1]
-
-
-def dag_loss(
-    log_edges: torch.Tensor, log_probs: torch.Tensor, graph_lengths: torch.Tensor, targets: torch.Tensor, target_lengths: torch.Tensor,
-    dp: str = "auto"
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Mean over samples of −log P(Y|X)/|Y|, and how many samples were dropped because their graph has
-    fewer vertices than Y has tokens (they have no path; they are left out, not given a zero loss). `dp`:
-    `model.dag_dp` (`resolve_dp`)."""
-    feasible = graph_lengths >= target_lengths
-    dropped = (~feasible).sum()
-    if not bool(feasible.any()):  # keep the graph connected (DDP) without a NaN from 0·(−inf)
-        return log_probs.sum() * 0.0 + log_edges.masked_fill(~torch.isfinite(log_edges), 0.0).sum() * 0.0, dropped
-    keep = feasible.nonzero()[:, 0]
-    emissions = target_emissions(log_probs[keep], targets[keep, : int(target_lengths[keep].max())])  # (B', M, L)
-    log_likelihood = dag_log_likelihood(log_edges[keep], emissions, graph_lengths[keep], target_lengths[keep], dp=dp)
-    return (-log_likelihood / target_lengths[keep]).mean(), dropped
 
 
 @torch.no_grad()

@@ -1,7 +1,7 @@
 """The DAG loss's DP (reder/dag.py) as Triton kernels: α forward, β and the gradients backward.
 
 Same inputs and value as `dag.dag_log_likelihood` (log E (B, L, L), emissions (B, M, L), graph and target
-lengths; −inf where L_b < M_b) and the same closed-form gradients as `dag._DagLikelihood`. Layout
+lengths; −inf where L_b < M_b) and the same closed-form gradients as `dag_likelihood.DagLikelihood`. Layout
 (docs/MODEL_NOTES.md, "The Triton DP"): the α and β recursions run one program per sentence, which walks
 the target positions in order and, at each, the vertices in blocks, reducing over the other vertex axis
 in tiles with an online logsumexp; a barrier between target positions makes a row visible to the whole
@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 from torch.autograd.function import once_differentiable
 
-from reder.dag import save_likelihood
+from reder.dag_likelihood import save_likelihood
 
 MAX_BLOCK = 64  # a 64 × 64 float32 tile over 4 warps: 32 registers a thread
 
@@ -177,7 +177,7 @@ def _blocks(length: int) -> dict[str, int]:
 
 
 class TritonDagLikelihood(torch.autograd.Function):
-    """log P(Y|X) (B,) by the Triton kernels; saves log E, the emissions, α and log P (as `dag._DagLikelihood`),
+    """log P(Y|X) (B,) by the Triton kernels; saves log E, the emissions, α and log P (as `dag_likelihood.DagLikelihood`),
     and allocates β, the emission gradients and the edge gradients in backward: no (B, L, L) temporary."""
 
     @staticmethod

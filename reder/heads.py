@@ -15,10 +15,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from reder.config import BOS_ID, EOS_ID, PAD_ID, ModelConfig
-from reder.ctc import collapse_frames, pad_batch, smoothed_ctc_loss, valid_mask, viterbi_align
-from reder.dag import DAG_DECODERS, DagLinks, dag_beam, dag_decode, dag_greedy, dag_loss, graph_lengths_for, target_emissions
+from reder.ctc import collapse_frames, pad_batch, valid_mask, viterbi_align
+from reder.dag import DAG_DECODERS, DagLinks, dag_beam, dag_decode, dag_greedy, graph_lengths_for, target_emissions
 from reder.dag import viterbi_align as dag_viterbi_align
 from reder.decode import CUTOFF_PROB, CUTOFF_TOP_N, ctc_greedy, ctc_nbest, strip_special
+from reder.objectives.terms import ctc_loss, dag_loss
 
 
 @dataclass
@@ -70,7 +71,7 @@ class CtcHead(nn.Module):
     def loss(self, output: HeadOutput, y: torch.Tensor, y_lengths: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Label-smoothed CTC of y (B, U); no counters."""
         cfg = self.cfg
-        return smoothed_ctc_loss(output.log_probs, output.lengths, y, y_lengths, cfg.blank_id, cfg.label_smoothing), {}
+        return ctc_loss(output.log_probs, output.lengths, y, y_lengths, cfg.blank_id, cfg.label_smoothing), {}
 
     def fba_layout(self, output: HeadOutput, y: torch.Tensor, y_lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """y on its best alignment a*: tokens (B, T) (blanks included, PAD past each length), compared

@@ -1,27 +1,21 @@
 """REDER: one end of reversible layers per language; x→y runs x's end regular then y's end inverse."""
 import math
-from typing import Any, Optional
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from reder.config import DIRECTIONS, PAD_ID, LossConfig, ModelConfig
+from reder.config import DIRECTIONS, ENDS, PAD_ID, LossConfig, ModelConfig, check_direction
 from reder.ctc import valid_mask
 from reder.decode import CUTOFF_PROB, CUTOFF_TOP_N, strip_special
 from reder.heads import HEADS, HeadOutput, make_head
 from reder.inference import real_rows, run_inference
-from reder.layers import ActNorm, DuplexLayer, LayerRng
-from reder.losses import forward_backward_agreement, glance_mask
-from reder.reversible import Op, invert_ops, run_trunk
+from reder.layers import ActNorm, DuplexLayer
+from reder.legacy import keep_saved_head_names
+from reder.objectives.duplex import duplex_loss
+from reder.reversible import Op, run_trunk
 
-ENDS = {"src2tgt": ("src", "tgt"), "tgt2src": ("tgt", "src")}  # direction → (reading end, writing end)
-REVERSE = {"src2tgt": "tgt2src", "tgt2src": "src2tgt"}
-
-
-def _check_direction(direction: str) -> None:
-    if direction not in DIRECTIONS:
-        raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
 
 
 class REDER(nn.Module):
@@ -31,8 +25,9 @@ class REDER(nn.Module):
     in inverse form, so tgt2src is exactly the inverse map of src2tgt (docs/DESIGN.md, "The model"). The
     head (reder/heads.py, `cfg.head`: CTC or DAG) upsamples the input and owns the output side; the trunk is
     the same for all.
-    The head's parameters are saved under their own names at the top level (`links.*`, as before heads
-    were modules), not under `head.`: model directories stay the same whatever the code's layout.
+    The head's parameters are saved under their own names at the top level (`links.*`), not under `head.`
+    (reder/legacy.py): model directories stay the same whatever the code's layout. The training objective:
+    reder/objectives/duplex.py (`loss` calls it).
     `blank_penalty` (direction → c) is subtracted from the CTC blank's logit whenever the model decodes (greedy,
     beam, n-best), not in training: tuned on the validation split by the train stage, it is no parameter but
     travels in the model directory's config.json (reder/checkpoint.py); 0 = the model's own calibration.
@@ -53,13 +48,11 @@ class REDER(nn.Module):
         self.head = make_head(cfg)  # last: parameter order and initialisation are those of the model before heads
         self.blank_penalty: dict[str, float] = dict.fromkeys(DIRECTIONS, 0.0)
         self.fast_inference = True  # eval without gradients: reder/inference.py's trunk (False: the reference path)
-        self.register_state_dict_post_hook(_flatten_head_keys)
-        self.register_load_state_dict_pre_hook(_nest_head_keys)
-        self.register_load_state_dict_post_hook(_flatten_incompatible_keys)
+        keep_saved_head_names(self)
 
     def ops(self, direction: str) -> list[Op]:
         """The trunk's steps for a direction: reading end regular 1..L/2, then writing end inverse L/2..1."""
-        _check_direction(direction)
+        check_direction(direction)
         reading, writing = ENDS[direction]
         return [(layer, False) for layer in self.ends[reading]] + [(layer, True) for layer in reversed(self.ends[writing])]
 
@@ -124,7 +117,7 @@ class REDER(nn.Module):
                 blank_penalty: float = 0.0) -> HeadOutput:
         """tokens (B, T) → the writing end's output: log-probabilities (B, T', V) (logits with normalise=False;
         the blank's lowered by `blank_penalty`), lengths (B,), the head's extras."""
-        _check_direction(direction)
+        check_direction(direction)
         reading, writing = ENDS[direction]
         h, mask, out_lengths = self.embed_input(tokens, lengths, reading)
         rows = real_rows(mask) if self._fast_path() else None  # the output projection skips padded positions too
@@ -152,123 +145,10 @@ class REDER(nn.Module):
                 if not self.actnorm[end].is_initialized():
                     self.embed_input(tokens, lengths, end)
 
-    def loss(
-        self,
-        src_tokens: torch.Tensor,
-        src_lengths: torch.Tensor,
-        tgt_tokens: torch.Tensor,
-        tgt_lengths: torch.Tensor,
-        step: int,
-        directions: Optional[tuple[str, ...]] = None,
-    ) -> dict[str, torch.Tensor]:
-        """Named loss terms per direction (default: the loss config's `directions`) and their weighted `total`
-        (FBA from `loss_config.start_step("fba")`, CC from `start_step("cc")`).
-
-        The main term is `<head>_<direction>` (`ctc_…`, `dag_…`); `fba_…` and `cc_…` only while that term is on
-        (step past its start, weight > 0): a term that was not computed is absent, not a zero, so a trainer's
-        mean over updates averages it over the updates that computed it. A head's counters follow, for the main
-        term and for CC (DAG: the samples dropped because the graph was shorter than the target, `dropped_…`,
-        `dropped_cc_…` while CC is on); counters are logged, never added to `total`.
-
-        Passing one direction at a time and calling backward on each total bounds memory: with one joint
-        backward, each layer's parameter gradient from one direction waits in autograd's buffers until the
-        other direction's backward reaches that layer (one extra copy of the trunk's gradients at peak).
-        """
-        directions = self.loss_config.directions if directions is None else directions
-        for direction in directions:
-            _check_direction(direction)
-        if self.training:
-            self.initialize(src_tokens, src_lengths, tgt_tokens, tgt_lengths)
-        config = self.loss_config
-        use_fba = step >= config.start_step("fba") and config.lambda_fba > 0
-        use_cc = step >= config.start_step("cc") and config.lambda_cc > 0
-        zero, name = src_tokens.new_zeros((), dtype=torch.float32), self.head.name
-        terms: dict[str, torch.Tensor] = {}
-        pairs = {"src2tgt": (src_tokens, src_lengths, tgt_tokens, tgt_lengths), "tgt2src": (tgt_tokens, tgt_lengths, src_tokens, src_lengths)}
-        ratio = config.glance_ratio(step) if self.training else 0.0
-        total = zero
-        for direction in directions:
-            x, x_lengths, y, y_lengths = pairs[direction]
-            main, fba, cc, counts, cc_counts = self._direction_loss(direction, x, x_lengths, y, y_lengths, use_fba, use_cc,
-                                                                    ratio)
-            terms[f"{name}_{direction}"] = main
-            total = total + main
-            if fba is not None:
-                terms[f"fba_{direction}"] = fba
-                total = total + config.lambda_fba * fba
-            if cc is not None:
-                terms[f"cc_{direction}"] = cc
-                total = total + config.lambda_cc * cc
-            for counter in self.head.counters:
-                terms[f"{counter}_{direction}"] = zero + counts[counter]
-                if counter in cc_counts:
-                    terms[f"{counter}_cc_{direction}"] = zero + cc_counts[counter]
-        terms["total"] = total
-        return terms
-
-    def _direction_loss(
-        self, direction: str, x: torch.Tensor, x_lengths: torch.Tensor, y: torch.Tensor, y_lengths: torch.Tensor, use_fba: bool,
-        use_cc: bool, glance_ratio: float = 0.0,
-    ) -> tuple[torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor], dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-        reading, writing = ENDS[direction]
-        glance = self.glance(direction, x, x_lengths, y, y_lengths, glance_ratio) if glance_ratio > 0 else None
-        h0, mask, out_lengths = self.embed_input(x, x_lengths, reading, glance=glance)
-        ops = self.ops(direction)
-        states, rngs = run_trunk(h0, mask, ops, self.cfg.memory_efficient, keep_all=use_fba)
-        output = self.project(states[-1], out_lengths, writing)  # log-probs (B, T', V), DAG: log E (B, T', T')
-        main, counts = self.head.loss(output, y, y_lengths)
-        output = output.detach()
-        fba = self._agreement([h0, *states], mask, output, y, y_lengths, ops, rngs, writing) if use_fba else None
-        cc, cc_counts = self._cycle(output, x, x_lengths, REVERSE[direction]) if use_cc else (None, {})
-        return main, fba, cc, counts, cc_counts
-
-    def glance(self, direction: str, x: torch.Tensor, x_lengths: torch.Tensor, y: torch.Tensor, y_lengths: torch.Tensor,
-               ratio: float, generator: Optional[torch.Generator] = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Glancing's first pass (no gradient): y laid out on the output positions by the head (FBA's layout:
-        CTC its best alignment, DAG its Viterbi path), and the positions whose aligned target token goes into
-        the second pass's input (`glance_mask`: among the aligned target tokens — not blanks, not off-path
-        vertices — of feasible samples). Returns (positions (B, T') bool, layout tokens (B, T'))."""
-        with torch.no_grad():
-            first = self.outputs(x, x_lengths, direction)
-            layout, compared, feasible = self.head.fba_layout(first, y, y_lengths)
-            candidates = compared & feasible[:, None] & (layout != self.cfg.blank_id)
-            return glance_mask(layout, candidates, first.log_probs.argmax(dim=-1), ratio, generator), layout
-
-    def _agreement(
-        self,
-        forward_states: list[torch.Tensor],
-        mask: torch.Tensor,
-        output: HeadOutput,
-        y: torch.Tensor,
-        y_lengths: torch.Tensor,
-        ops: list[Op],
-        rngs: list[LayerRng],
-        writing: str,
-    ) -> torch.Tensor:
-        """FBA: run the reverse direction on y laid out on the output positions by the head (no upsampling,
-        same dropout masks, no gradient) and pull every compared forward state towards the reverse state it
-        lines up with. CTC: the best alignment a*, all positions compared. DAG: Y on its Viterbi path, the
-        skip token elsewhere, only on-path positions compared."""
-        with torch.no_grad():
-            layout, compared, feasible = self.head.fba_layout(output, y, y_lengths)  # (B, T'), (B, T'), (B,)
-            g0, _, _ = self.embed_input(layout, output.lengths, writing, upsample=False, dropout=False)
-            reverse_states = self.reverse_states(g0, mask, ops, rngs)
-        return forward_backward_agreement(forward_states, reverse_states, compared & feasible[:, None])
-
-    @staticmethod
-    def reverse_states(g0: torch.Tensor, mask: torch.Tensor, ops: list[Op], rngs: list[LayerRng]) -> list[torch.Tensor]:
-        """Run the inverse of `ops` from g0 with the forward pass's dropout masks; return its L+1 states in
-        reverse order, so entry k lines up with the forward state after k steps."""
-        reverse, _ = run_trunk(g0, mask, invert_ops(ops), memory_efficient=False, keep_all=True, rngs=rngs[::-1])
-        return [g0, *reverse][::-1]
-
-    def _cycle(
-        self, output: HeadOutput, x: torch.Tensor, x_lengths: torch.Tensor, back: str
-    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """CC: decode the output with hard tokens (the head's: CTC per-frame argmax collapsed, blanks kept;
-        DAG greedy with EOS), translate them back, and score the original x with the head's loss."""
-        y_bar, y_bar_lengths = self.head.cycle_input(output)
-        return self.head.loss(self.outputs(y_bar, y_bar_lengths, back), x, x_lengths)
+    def loss(self, src_tokens: torch.Tensor, src_lengths: torch.Tensor, tgt_tokens: torch.Tensor, tgt_lengths: torch.Tensor,
+             step: int, directions: Optional[tuple[str, ...]] = None) -> dict[str, torch.Tensor]:
+        """Named loss terms and their weighted `total`: REDER's objective, `reder.objectives.duplex.duplex_loss`."""
+        return duplex_loss(self, src_tokens, src_lengths, tgt_tokens, tgt_lengths, step, directions)
 
     @torch.inference_mode()
     def translate(
@@ -318,23 +198,3 @@ class REDER(nn.Module):
         return [[ids for ids, _ in entries]
                 for entries in self.nbest(tokens, lengths, direction, beam_size, cutoff_top_n, cutoff_prob, blank_penalty)]
 
-
-def _flatten_head_keys(module: nn.Module, state: dict[str, Any], prefix: str, local_metadata: dict[str, Any]) -> None:
-    """state_dict hook: the head's entries go under `prefix` + their own names (`links.…`), not `head.links.…`."""
-    for key in [key for key in state if key.startswith(prefix + "head.")]:  # the head is the last child:
-        state[prefix + key[len(prefix + "head."):]] = state.pop(key)  # re-inserting keeps the state's order
-
-
-def _nest_head_keys(module: nn.Module, state: dict[str, Any], prefix: str, *_: Any) -> None:
-    """load_state_dict pre-hook: saved `prefix` + `links.…` entries go to the head's `head.links.…`."""
-    owned = tuple(f"{prefix}{name}." for name, _ in module.head.named_children())
-    for key in [key for key in state if key.startswith(owned)]:
-        state[prefix + "head." + key[len(prefix):]] = state.pop(key)
-
-
-def _flatten_incompatible_keys(module: nn.Module, incompatible: Any) -> None:
-    """load_state_dict post-hook: missing or unexpected head entries are named as saved (`links.…`)."""
-    for marker in [f"head.{name}." for name, _ in module.head.named_children()]:
-        for keys in (incompatible.missing_keys, incompatible.unexpected_keys):
-            keys[:] = [key.replace(marker, marker[len("head."):], 1) if key.startswith(marker) or f".{marker}" in key else key
-                       for key in keys]

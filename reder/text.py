@@ -1,5 +1,5 @@
 """What a line of text is, for every reader of text: the ingest stage, `python -m reder.translate`, the Ray
-Serve app and the MLflow pyfunc (docs/DESIGN.md, "Text").
+Serve app and the MLflow pyfunc (docs/OPERATIONS.md, "Text").
 
 A line ends at "\\n"; a "\\r" just before it belongs to the ending ("\\r\\n"). Inside a line every character is
 text except the other line terminators (a lone CR, VT, FF, NEL U+0085, LINE SEPARATOR U+2028, PARAGRAPH

@@ -2,7 +2,7 @@
 
 Also what every reader shares: the split names, the `RawSplit` a reader returns and `CorpusError`. A file is
 read chunk by chunk and its lines are yielded one at a time, so memory does not grow with the corpus. A line
-is what `reder.text` says (docs/DESIGN.md, "Text"): it ends at "\n" or "\r\n"; a BOM at the start of a file is
+is what `reder.text` says (docs/OPERATIONS.md, "Text"): it ends at "\n" or "\r\n"; a BOM at the start of a file is
 removed and counted; another line terminator, control character but TAB or lone surrogate inside a line is an
 error naming file, line and character, or with `data.bad_characters=replace` a space, counted (`checked`, the rule
 the SWORD reader applies too). Misaligned sides, a tsv line without exactly one tab, invalid UTF-8 (unless

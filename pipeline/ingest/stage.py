@@ -1,6 +1,6 @@
 """The ingest stage itself: how it builds the splits, and the fingerprint of its input files.
 
-Its hash (`stage_key`, used by pipeline/graph.py) covers the data config (less what does not change the
+Its hash (`ingest_key`, pipeline/stagekeys.py) covers the data config (less what does not change the
 data) and `input_fingerprint`: the files it reads, by content (not where they lie), and no other file.
 `build` reads the corpus (`read_corpus` picks the reader for `data.source`), streams each split through the
 filters into its Parquet files (`pipeline.parquet.SplitWriter`, in id order), applies `data.limit` (lines past
@@ -13,7 +13,6 @@ import functools
 import hashlib
 import logging
 import os
-from dataclasses import asdict
 from itertools import islice
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,7 @@ from pipeline.ingest.filters import SCHEMA, filter_split
 from pipeline.ingest.readers import SPLITS, CorpusError, RawSplit, local_files, read_local
 from pipeline.ingest.sword import read_sword
 from pipeline.parquet import SplitWriter
-from pipeline.stage import StageRun, drill_hold, write_json
+from pipeline.stage import StageRun, drill_hold, split_lines, write_json
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +65,11 @@ def _build(data: DataConfig, workdir: Path, tmp: Path) -> dict[str, Any]:
     return report["splits"]
 
 
+def summary(output: Path, counts: dict[str, Any]) -> list[str]:
+    """Per split: pairs kept of read, and what was dropped (train) or flagged (valid, test), by reason."""
+    return split_lines(counts, SPLITS, lambda entry: {**entry["dropped"], **entry.get("flagged", {})})
+
+
 def read_corpus(data: DataConfig, workdir: Path) -> tuple[dict[str, RawSplit], dict[str, Any]]:
     """All three splits of the configured corpus, ready to be read (streamed; checked as they are read:
     alignment, UTF-8, text), and notes for the report."""
@@ -74,21 +78,6 @@ def read_corpus(data: DataConfig, workdir: Path) -> tuple[dict[str, RawSplit], d
     if data.source in ("files", "tsv"):
         return read_local(data), {}
     return read_named(data, workdir), {}
-
-
-def stage_key(data: DataConfig) -> dict[str, Any]:
-    """The ingest stage's hashed key: the data config (less `download`, `cache_dir` and `max_input_mb`, which
-    do not change the data, and `bad_characters` at its default, which it had no value for before) and
-    `input_fingerprint`. Where files in `local_dir` fingerprint it, the directory's path stays out of the key:
-    the same corpus gives the same stage directories wherever it lies (another checkout; the working
-    directory `ray job submit` unpacks to a new path every session)."""
-    files = input_fingerprint(data)
-    section = {k: v for k, v in asdict(data).items() if k not in ("download", "cache_dir", "max_input_mb")}
-    if data.bad_characters == DataConfig.bad_characters:
-        del section["bad_characters"]
-    if files and data.source != "sword":
-        del section["local_dir"]
-    return {"data": section, "files": files}
 
 
 def input_fingerprint(data: DataConfig) -> dict[str, Any]:

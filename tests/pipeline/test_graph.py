@@ -2,12 +2,13 @@
 needed, and import arrows that follow the run order."""
 import ast
 import dataclasses
+import json
 import math
 from pathlib import Path
 
 import pytest
 
-from pipeline import distill, graph
+from pipeline import distill, graph, stagekeys
 from pipeline.config import load_config
 from pipeline.stage import StageError
 
@@ -15,7 +16,7 @@ PIPELINE_DIR = Path(graph.__file__).resolve().parent
 # A corpus path that exists nowhere: the ingest key then holds no file fingerprint, so these names are the
 # same on every machine. The names are those the per-stage output_dir functions computed before the graph,
 # but evaluate's: `evaluate.measure_speed` (issue 24) joined its key, so earlier evaluate outputs are redone;
-# and a trained teacher's: since issue 53 both directions train in one Ray Train run (graph.PAIR in its key: one
+# and a trained teacher's: since issue 53 both directions train in one Ray Train run (stagekeys.PAIR in its key: one
 # random stream for both models, so other teachers), which renames the teacher stage and every stage downstream of
 # it (distill when it decodes with the teachers, train and tune on its output, evaluate when it reads the teachers).
 BASE = ["data.source=files", "data.local_dir=/nonexistent/corpus"]
@@ -62,7 +63,7 @@ def test_the_cmlm_stage_is_off_by_default_and_moves_no_directory(tmp_path, monke
     evaluate directory alone (and the cmlm stage, downstream of the training data, follows its own sections)."""
     monkeypatch.setattr(distill, "ctranslate2_installed", lambda: False)
     base = graph.output_dirs(load_config(None, BASE), tmp_path)
-    # pinned from here on; renamed by issue 53 (graph.PAIR: both directions in one run; and distill's new name)
+    # pinned from here on; renamed by issue 53 (stagekeys.PAIR: both directions in one run; and distill's new name)
     assert base["cmlm"].name == "cmlm-1d091f076cee"
     assert "cmlm" not in graph.needed(load_config(None, BASE)) and "cmlm" not in graph.pipeline_stages(load_config(None, BASE))
     for asked in (["evaluate.refine_steps=[1,2]"], ["evaluate.cmlm_iterations=[1,4,10]", "evaluate.cmlm_length_beam=3"]):
@@ -215,5 +216,42 @@ def test_time_budget_keys_name_the_train_stage_only_when_set():
     shared = graph.output_dirs(load_config(None, ["budget.max_time=600", "budget.reserve=60"]), workdir)
     assert budgeted["train"] != plain["train"] and budgeted["tokenize"] == plain["tokenize"]
     assert shared == plain
-    assert "max_time" in graph.train_key(load_config(None, ["train.max_time=60"]).train)
-    assert "max_time" not in graph.train_key(load_config(None, []).train)
+    assert "max_time" in stagekeys.train_key(load_config(None, ["train.max_time=60"]).train)
+    assert "max_time" not in stagekeys.train_key(load_config(None, []).train)
+
+
+def test_keys_added_later_record_the_value_they_were_added_with_which_is_today_s_default():
+    """stagekeys.ADDED_LATER holds each key with the value it was added with (hashed only away from it): today
+    that is every key's default. A changed default fails here on purpose: the new default is then hashed, so it
+    re-keys the stages that hash its section and what follows them, nothing else (as any value away from the
+    recorded one does, test above); update the pinned names deliberately and say so."""
+    cfg = load_config(None, [])
+    for section, added in stagekeys.ADDED_LATER.items():
+        values = dataclasses.asdict(getattr(cfg, section))
+        for key, value in added.items():
+            assert values[key] == value, f"{section}.{key}"
+
+
+def test_the_plan_says_per_stage_whether_it_runs_or_reuses_and_why(tmp_path, monkeypatch):
+    """run_pipeline.py --dry-run: a finished directory is reused; a stage without one runs, naming the keys in
+    which the nearest finished directory of the stage differs; a stage the run does not need says which keys
+    decide that."""
+    monkeypatch.setattr(distill, "ctranslate2_installed", lambda: False)
+    cfg = load_config(None, BASE + ["distill.enabled=false", "evaluate.teacher_baseline=false"])
+    dirs = graph.output_dirs(cfg, tmp_path)
+    old = tmp_path / "ingest-000000000000"  # an ingest of other data: data.limit differed
+    old.mkdir()
+    record = {"data": {**dataclasses.asdict(cfg.data), "limit": 7}, "files": {}}
+    (old / "manifest.json").write_text(json.dumps({"stage": "ingest", "config": record, "inputs": {}}))
+    (old / "_SUCCESS").touch()
+    steps = {step.name: step for step in graph.plan(cfg, tmp_path, graph.pipeline_stages(cfg))}
+    assert steps["ingest"].action == "run" and "data.limit" in steps["ingest"].reason
+    assert steps["ingest"].reason.startswith(f"nearest finished {old.name} differs in")
+    assert steps["spm"].action == "run" and steps["spm"].reason == "no finished directory of this stage"
+    assert steps["teacher"].action == "not needed" and "evaluate.teacher_baseline=False" in steps["teacher"].reason
+    assert "cmlm" not in steps and graph.why_not_needed(cfg, "cmlm") == "evaluate.cmlm_iterations=[], evaluate.refine_steps=[]"
+    dirs["ingest"].mkdir()
+    (dirs["ingest"] / "_SUCCESS").touch()
+    reused = graph.plan(cfg, tmp_path, ["ingest"])[0]
+    assert (reused.action, reused.output) == ("reuse", dirs["ingest"])
+    assert graph.plan(cfg, tmp_path, ["ingest"], force=True)[0].reason == "--force"

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import reder.heads
-import reder.model
+import reder.objectives.duplex
 from pipeline import harness
 from pipeline.config import TrainConfig
 from pipeline.harness import Harness
@@ -210,8 +210,8 @@ def test_an_update_equals_the_one_from_before(loss, kd, monkeypatch):
     ours = [new.update(batches) for batches in _updates(kd)]
     with monkeypatch.context() as patch:
         patch.setattr(ActNorm, "initialize", _old_initialize)
-        patch.setattr(reder.heads, "smoothed_ctc_loss", _old_smoothed_ctc_loss)
-        patch.setattr(reder.model, "forward_backward_agreement", _old_agreement)
+        patch.setattr(reder.heads, "ctc_loss", _old_smoothed_ctc_loss)
+        patch.setattr(reder.objectives.duplex, "forward_backward_agreement", _old_agreement)
         torch.manual_seed(1)
         theirs = [_old_update(old, batches) for batches in _updates(kd)]
     for mine, reference in zip(ours, theirs):
@@ -317,7 +317,7 @@ def test_compiled_branches_train_as_the_eager_ones():
     terms and parameters to float32 precision (all but the attention's key bias, whose gradient is zero in exact
     arithmetic, a shift common to a query's scores: Adam turns rounding noise into steps of ±lr there).
     Inductor draws its own dropout masks, and a seed from the global generator even at p = 0, which moves
-    glancing's draws: hence ADDED_LATER, not NOT_HASHED."""
+    glancing's draws: hence stagekeys.ADDED_LATER, not NOT_HASHED."""
     runs = []
     for compiled in (False, True):
         torch.manual_seed(0)
@@ -339,5 +339,5 @@ def test_compiled_branches_train_as_the_eager_ones():
 
 def test_train_compile_is_hashed_only_when_on():
     """Finished train stages keep their directories; a compiled run (other dropout masks) gets its own."""
-    from pipeline.graph import train_key
+    from pipeline.stagekeys import train_key
     assert "compile" not in train_key(TrainConfig()) and train_key(TrainConfig(compile=True))["compile"] is True

@@ -10,7 +10,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline import graph, ingest
+from pipeline import graph, ingest, stagekeys
 from pipeline.config import DataConfig, load_config
 from pipeline.ingest import CorpusError, corpora
 from pipeline.ingest.readers import CHUNK, TextRules, read_parallel
@@ -178,9 +178,9 @@ def test_input_files_are_identified_by_content_not_by_where_they_lie_or_their_mt
     (second / "train.en").write_text("Hallo.\n", encoding="utf-8")  # same size, same mtime, new content
     os.utime(second / "train.en", ns=(1_700_000_000_123_456_789, 1_700_000_000_123_456_789))
     assert graph.output_dir(files_config(second), work, "ingest") != where[first]
-    assert "local_dir" not in ingest.stage_key(files_config(first).data)["data"]
+    assert "local_dir" not in stagekeys.ingest_key(files_config(first))["data"]
     # No file to fingerprint (a corpus still to download): the directory's name stays in the key.
-    assert ingest.stage_key(files_config(tmp_path / "absent").data)["data"]["local_dir"] == str(tmp_path / "absent")
+    assert stagekeys.ingest_key(files_config(tmp_path / "absent"))["data"]["local_dir"] == str(tmp_path / "absent")
 
 
 def test_limit_keeps_the_first_lines(tmp_path):
@@ -346,7 +346,7 @@ def test_sword_stage_key_covers_the_modules_files_and_nothing_else_of_the_librar
     library = _tiny_sword(tmp_path)
     cfg = load_config(None, [f"data.sword_path={library}", "data.sword_src_module=TinyEn",
                              "data.sword_tgt_module=TinyEs"])
-    first = ingest.stage_key(cfg.data)
+    first = stagekeys.ingest_key(cfg)
     module_dir = library / "modules" / "texts" / "ztext"
     assert sorted(first["files"]) == sorted(
         [str(library / "mods.d" / f"{name}.conf") for name in ("tinyen", "tinyes")]
@@ -354,15 +354,15 @@ def test_sword_stage_key_covers_the_modules_files_and_nothing_else_of_the_librar
     (library / "README").write_text("notes\n", encoding="utf-8")
     (module_dir / "tinyen" / ".." / "README").write_text("notes\n", encoding="utf-8")
     write_ztext_module(library, "Other", {("Gen", 1, 1): "Other."})
-    assert ingest.stage_key(cfg.data) == first
+    assert stagekeys.ingest_key(cfg) == first
     shutil.rmtree(module_dir / "tinyes")
     (library / "mods.d" / "tinyes.conf").unlink()
     write_ztext_module(library, "TinyEs", {("Gen", 1, v): f"Versículo {v}." for v in range(1, 21)}, "es")
-    edited = ingest.stage_key(cfg.data)
+    edited = stagekeys.ingest_key(cfg)
     changed = {path for path in first["files"] if edited["files"][path] != first["files"][path]}
     assert changed == {str(module_dir / "tinyes" / part) for part in ("ot.bzs", "ot.bzv", "ot.bzz")}
     (module_dir / "tinyen" / "ot.bzz").unlink()
-    assert ingest.stage_key(cfg.data)["files"].get(str(module_dir / "tinyen" / "ot.bzz")) is None
+    assert stagekeys.ingest_key(cfg)["files"].get(str(module_dir / "tinyen" / "ot.bzz")) is None
 
 
 def test_missing_sword_modules_say_how_to_install(tmp_path):

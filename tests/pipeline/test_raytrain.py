@@ -19,6 +19,7 @@ from pipeline.stage import StageError
 from reder import TransformerConfig
 from reder.autoregressive import Transformer
 from reder.ctc import pad_batch
+from reder.objectives.directional import CmlmObjective, TeacherObjective
 from tests.pipeline import test_harness
 
 
@@ -99,8 +100,8 @@ def test_teacher_objective_reads_the_batch_in_its_direction():
                                           decoder_layers=1, dropout=0.0, max_positions=32))
     src, src_lengths = pad_batch([[4, 5, 3], [6, 3]])
     tgt, tgt_lengths = pad_batch([[7, 3], [8, 9, 10, 3]])
-    forward = raytrain.TeacherObjective(model, "src2tgt")(src, src_lengths, tgt, tgt_lengths, 0)
-    backward = raytrain.TeacherObjective(model, "tgt2src")(src, src_lengths, tgt, tgt_lengths, 0)
+    forward = TeacherObjective(model, "src2tgt")(src, src_lengths, tgt, tgt_lengths, 0)
+    backward = TeacherObjective(model, "tgt2src")(src, src_lengths, tgt, tgt_lengths, 0)
     assert set(forward) == {"nll_src2tgt", "total"} and set(backward) == {"nll_tgt2src", "total"}
     torch.testing.assert_close(forward["total"], model.loss(src, src_lengths, tgt, tgt_lengths)["total"])
     torch.testing.assert_close(backward["nll_tgt2src"], model.loss(tgt, tgt_lengths, src, src_lengths)["nll"])
@@ -120,12 +121,12 @@ def test_cmlm_objective_trains_its_direction_on_its_own_kd_pairs():
     reverse = (kd_x, kd_x_lengths, y, y_lengths)
     for direction, expected in (("src2tgt", (x, x_lengths, kd_y, kd_y_lengths)), ("tgt2src", (y, y_lengths, kd_x, kd_x_lengths))):
         torch.manual_seed(3)
-        terms = raytrain.CmlmObjective(model, direction)(x, x_lengths, kd_y, kd_y_lengths, 0, tgt2src_batch=reverse)
+        terms = CmlmObjective(model, direction)(x, x_lengths, kd_y, kd_y_lengths, 0, tgt2src_batch=reverse)
         assert set(terms) == {f"nll_{direction}", f"length_{direction}", "total"}
         torch.manual_seed(3)  # the same masks
         torch.testing.assert_close(terms["total"], model.loss(*expected)["total"])
     torch.manual_seed(3)
-    plain = raytrain.CmlmObjective(model, "tgt2src")(x, x_lengths, kd_y, kd_y_lengths, 0)
+    plain = CmlmObjective(model, "tgt2src")(x, x_lengths, kd_y, kd_y_lengths, 0)
     torch.manual_seed(3)
     torch.testing.assert_close(plain["total"], model.loss(kd_y, kd_y_lengths, x, x_lengths)["total"])
 
@@ -141,7 +142,7 @@ def test_the_harness_counts_the_tokens_an_objective_trains_on():
     cmlm = CMLM(CmlmConfig(vocab_size=16, d_model=8, n_heads=2, ffn_dim=16, encoder_layers=1, decoder_layers=1,
                            dropout=0.0, max_positions=32))
     for direction, tokens in (("src2tgt", 3 + 6), ("tgt2src", 2 + 4)):
-        harness = Harness(cmlm, raytrain.CmlmObjective(cmlm, direction), cfg, "cpu")
+        harness = Harness(cmlm, CmlmObjective(cmlm, direction), cfg, "cpu")
         assert harness.update([[example, example]])["tokens"] == 2 * tokens, direction
     reder = REDER(ModelConfig(vocab_size=16, d_model=8, n_heads=2, ffn_dim=16, layers_per_end=1, dropout=0.0,
                               max_positions=64), LossConfig())
@@ -425,7 +426,7 @@ def test_one_harness_training_both_teachers_equals_two_runs_of_one_each():
         torch.manual_seed(cfg.seed)
         model = Transformer(TransformerConfig(**config["model"]))
         reports = []
-        Harness(model, raytrain.TeacherObjective(model, direction), cfg, "cpu",
+        Harness(model, TeacherObjective(model, direction), cfg, "cpu",
                 on_report=lambda metrics, _: reports.append(metrics)).fit_examples(examples)
         singles[direction] = reports
         for (name, value), (_, alone) in zip(pair[direction].state_dict().items(), model.state_dict().items()):

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import run_pipeline
-from pipeline import tune
+from pipeline import signals, tune
 from pipeline.config import ConfigError, load_config
 from pipeline.tracking import STAGE_TAG, trial_name
 
@@ -190,20 +190,20 @@ def test_after_a_sweep_a_trial_group_the_driver_still_holds_is_removed_and_said(
 
 def test_ctrl_c_or_sigterm_during_a_sweep_stops_it_gracefully_then_raises_the_signal_s_error():
     """Tune's own stop (SIGUSR1: experiment state saved, trials stopped) on the first signal; once fit has
-    returned, the error the signal's previous handler raises (run_pipeline's Terminated for SIGTERM)."""
+    returned, the error the signal's previous handler raises (pipeline.signals' Terminated for SIGTERM)."""
     import os
     import signal
 
     stops = []
     old_usr1 = signal.getsignal(signal.SIGUSR1)
-    old_term = signal.signal(signal.SIGTERM, run_pipeline._raise_terminated)
+    old_term = signal.signal(signal.SIGTERM, signals._raise_terminated)
     try:
         with pytest.raises(KeyboardInterrupt):  # before Tune's loop started: at once
             with tune._graceful_interrupts():
                 os.kill(os.getpid(), signal.SIGINT)
                 for _ in range(100):
                     pass
-        for signum, error in ((signal.SIGINT, KeyboardInterrupt), (signal.SIGTERM, run_pipeline.Terminated)):
+        for signum, error in ((signal.SIGINT, KeyboardInterrupt), (signal.SIGTERM, signals.Terminated)):
             with tune._graceful_interrupts() as interrupted:
                 signal.signal(signal.SIGUSR1, lambda *_: stops.append("tune stops"))  # as tune.run does
                 os.kill(os.getpid(), signum)
@@ -213,7 +213,7 @@ def test_ctrl_c_or_sigterm_during_a_sweep_stops_it_gracefully_then_raises_the_si
             assert stops.pop() == "tune stops" and len(interrupted) == 1
             with pytest.raises(error):
                 interrupted[0]()
-        assert signal.getsignal(signal.SIGTERM) is run_pipeline._raise_terminated  # restored
+        assert signal.getsignal(signal.SIGTERM) is signals._raise_terminated  # restored
         assert signal.getsignal(signal.SIGUSR1) is old_usr1
     finally:
         signal.signal(signal.SIGUSR1, old_usr1)

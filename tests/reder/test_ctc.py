@@ -5,7 +5,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from reder.ctc import collapse_frames, smoothed_ctc_loss, viterbi_align
+from reder.ctc import collapse_frames, viterbi_align
+from reder.objectives.terms import ctc_loss
 
 BLANK = 3  # vocabulary {0, 1, 2} + blank
 
@@ -70,7 +71,7 @@ def test_ctc_equals_brute_force_and_torch():
         dtype=torch.float64,
     ).mean()
     rows = torch.tensor(feasible_rows)
-    ours = smoothed_ctc_loss(log_probs[rows], lengths[rows], targets[rows], target_lengths[rows], BLANK, smoothing=0.0)
+    ours = ctc_loss(log_probs[rows], lengths[rows], targets[rows], target_lengths[rows], BLANK, smoothing=0.0)
     reference = F.ctc_loss(log_probs[rows].transpose(0, 1), targets[rows], lengths[rows], target_lengths[rows], blank=BLANK)
     assert abs(ours.item() - expected.item()) < 1e-10
     assert abs(ours.item() - reference.item()) < 1e-10
@@ -79,8 +80,8 @@ def test_ctc_equals_brute_force_and_torch():
 def test_label_smoothing_term():
     log_probs, lengths, targets, target_lengths = _batch()
     eps = 0.1
-    plain = smoothed_ctc_loss(log_probs, lengths, targets, target_lengths, BLANK, smoothing=0.0)
-    smoothed = smoothed_ctc_loss(log_probs, lengths, targets, target_lengths, BLANK, smoothing=eps)
+    plain = ctc_loss(log_probs, lengths, targets, target_lengths, BLANK, smoothing=0.0)
+    smoothed = ctc_loss(log_probs, lengths, targets, target_lengths, BLANK, smoothing=eps)
     frames = [-(log_probs[r, t].mean()) for r in range(len(CASES)) for t in range(lengths[r])]
     assert abs(smoothed.item() - ((1 - eps) * plain + eps * torch.stack(frames).mean()).item()) < 1e-10
     # the infeasible row contributes zero (zero_infinity) instead of inf

@@ -8,10 +8,11 @@ import torch
 from reder import DIRECTIONS, LossConfig, ModelConfig, REDER
 from reder.config import BOS_ID, EOS_ID
 from reder import dag
-from reder.dag import (DagLinks, dag_beam, dag_greedy, dag_log_likelihood, dag_loss, dag_viterbi, edge_mask, masked_log_softmax,
+from reder.dag import (DagLinks, dag_beam, dag_greedy, dag_log_likelihood, dag_viterbi, edge_mask, masked_log_softmax,
                        limit_transitions, masked_logsumexp, resolve_dp, string_log_likelihood, target_emissions,
                        viterbi_align)
 
+from reder.objectives.terms import dag_loss
 from tests.reder.helpers import MULTI30K, WordPairs, memorise
 
 OVERFIT_MAX_STEPS, OVERFIT_LIMIT_S = 80, 150  # ~1 s (stage one) to ~1.5 s (stage two) per update on 2 cores

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from reder.config import EOS_ID
-from reder.model import REVERSE
+from reder.config import REVERSE
 from reder.rerank import pick, reconstruction_scores, self_rerank
 from reder.translate import translate_ids
 from tests.reder.helpers import random_batch

@@ -5,7 +5,8 @@ import torch
 
 from reder import DuplexLoss, LossConfig
 from reder.configio import ConfigError, FieldError
-from reder.losses import forward_backward_agreement, glance_mask
+from reder.objectives.duplex import glance, reverse_states
+from reder.objectives.terms import forward_backward_agreement, glance_mask
 from reder.reversible import run_trunk
 from tests.reder.helpers import padding_mask, random_batch, tiny_model
 
@@ -40,7 +41,7 @@ def test_reverse_states_line_up_with_forward_states():
     ops = model.ops("src2tgt")
     states, rngs = run_trunk(h0, mask, ops, memory_efficient=False, keep_all=True)
     forward = [h0, *states]
-    reverse = model.reverse_states(states[-1], mask, ops, rngs)
+    reverse = reverse_states(states[-1], mask, ops, rngs)
     assert len(reverse) == len(forward) == 2 * 3 + 1
     for a, b in zip(forward, reverse):
         assert (a - b).abs().max() < 1e-10
@@ -200,7 +201,7 @@ def test_glancing_puts_the_aligned_target_tokens_into_the_input_at_the_drawn_pos
     y, y_lengths = random_batch([4, 2, 5], 12)
     model.train()
     model.initialize(x, x_lengths, y, y_lengths)
-    chosen, layout = model.glance("src2tgt", x, x_lengths, y, y_lengths, 1.0, torch.Generator().manual_seed(3))
+    chosen, layout = glance(model, "src2tgt", x, x_lengths, y, y_lengths, 1.0, torch.Generator().manual_seed(3))
     assert int(chosen.sum()) > 0 and not bool((layout[chosen] == model.cfg.blank_id).any())
     upsampled, _ = model.head.upsample(x, x_lengths)
     seen = []
