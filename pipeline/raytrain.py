@@ -191,11 +191,15 @@ def placement_failure(error: BaseException, train: dict[str, Any], keys: str, ru
     if type(cause).__name__ != "WorkerGroupStartupTimeoutError":
         return None
     tries = train["max_failures"] + 1
-    return (f"{keys}: Ray Train could not place its {train['num_workers']} worker(s) within "
-            f"{keys}.start_timeout_s={train['start_timeout_s']:g} s, {tries} tr{'y' if tries == 1 else 'ies'} (a host "
-            f"lost for good?); its checkpoints are kept under {run_path}: run the same command again once the "
-            f"cluster has the resources, or add {keys}.min_workers=1 to go on from the last checkpoint with the hosts "
-            f"that remain")
+    elastic = 0 < train["min_workers"] < train["num_workers"]
+    group = (f"its group (elastic, {train['min_workers']} to {train['num_workers']} workers: an autoscaler that may "
+             f"bring the host back keeps Ray Train asking for all of them)" if elastic
+             else f"its {train['num_workers']} worker(s)")
+    rest = "" if elastic else (f", or add {keys}.min_workers=1 to go on from the last checkpoint with the hosts that "
+                               f"remain")
+    return (f"{keys}: Ray Train could not place {group} within {keys}.start_timeout_s={train['start_timeout_s']:g} s, "
+            f"{tries} tr{'y' if tries == 1 else 'ies'} (a host lost for good?); its checkpoints are kept under "
+            f"{run_path}: run the same command again once the cluster has the resources{rest}")
 
 
 def fit_and_average(trainer: Any, run_path: Path, average_best: int, model: torch.nn.Module) -> dict[str, Any]:

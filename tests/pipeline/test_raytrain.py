@@ -559,5 +559,11 @@ def test_a_group_that_lost_a_host_keeps_its_batch_and_one_that_cannot_be_placed_
                        f"s, 2 tries (a host lost for good?); its checkpoints are kept under {tmp_path}: run the same "
                        f"command again once the cluster has the resources, or add teacher.train.min_workers=1 to go "
                        f"on from the last checkpoint with the hosts that remain")
+    elastic = dataclasses.asdict(TrainConfig(num_workers=2, min_workers=1, max_failures=0))
+    assert raytrain.placement_failure(timeout, elastic, "train", tmp_path) == (
+        f"train: Ray Train could not place its group (elastic, 1 to 2 workers: an autoscaler that may bring the host "
+        f"back keeps Ray Train asking for all of them) within train.start_timeout_s=60 s, 1 try (a host lost for "
+        f"good?); its checkpoints are kept under {tmp_path}: run the same command again once the cluster has the "
+        f"resources")
     assert raytrain.placement_failure(ControllerError(RuntimeError("other")), train, "train", tmp_path) is None
     assert raytrain.placement_failure(RuntimeError("a worker's"), train, "train", tmp_path) is None
