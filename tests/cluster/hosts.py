@@ -49,10 +49,19 @@ def run(command: list[str], timeout: float = 60, check: bool = True) -> subproce
     return subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=check)
 
 
+def running_venv() -> Path:
+    """The virtual environment running this suite, wherever it lives: the hosts' ~/duplex/.venv links to it (not
+    to this checkout's .venv, which another environment's run may not have, or have as something else)."""
+    return Path(sys.prefix).resolve()
+
+
 def unavailable() -> str:
     """Why this machine cannot build hosts ("" when it can), after installing missing packages if root."""
     if sys.platform != "linux" or os.geteuid() != 0:
         return "needs root on Linux (network namespaces, a throwaway user, an sshd per host)"
+    if sys.prefix == sys.base_prefix:
+        return ("needs the suite to run from a virtual environment (each host's ~/duplex/.venv links to it; "
+                f"{sys.executable} is not in one)")
     missing = sorted({package for path, package in TOOLS.items() if not Path(path).exists()})
     if missing and shutil.which("apt-get"):
         env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
@@ -214,7 +223,7 @@ class Hosts:
             shutil.copy(public_key, ssh / "authorized_keys")
             (ssh / "authorized_keys").chmod(0o600)
             (host.home / "duplex").mkdir()
-            (host.home / "duplex" / ".venv").symlink_to((REPO_ROOT / ".venv").resolve())  # setup_commands find it
+            (host.home / "duplex" / ".venv").symlink_to(running_venv())  # setup_commands find it
         for path in (self.home, self.shared, *[h.home for h in self.hosts.values()]):
             run(["chown", "-R", f"{self.user}:{self.user}", str(path)])
         sshd = self.base / "sshd"
@@ -232,7 +241,7 @@ class Hosts:
     def needed_paths(self) -> list[Path]:
         """What every host must reach on the machine's disk: the interpreter, this checkout and its venv,
         the test's base directory."""
-        return [Path(sys.base_prefix).resolve(), (REPO_ROOT / ".venv").resolve(), REPO_ROOT, self.base]
+        return [Path(sys.base_prefix).resolve(), running_venv(), REPO_ROOT, self.base]
 
     def init_script(self, host: Host) -> str:
         """What runs as the host's first process before it becomes the host's sshd."""

@@ -35,6 +35,7 @@ USER = "duplex-rayup"
 DASHBOARD = 8265  # `ray dashboard`'s local end, on this machine's loopback
 DRILL_STEPS = 50  # the host-loss drill's training run (the doc's smoke run has 30: a train stage of its own)
 STOP_STEPS = 1000  # the `ray job stop` drill's training run, stopped long before its end
+REJOIN_S = 120  # how long the host-loss drill waits for the returned host's Ray before `ray down`
 STOP_S = 10  # what a stopped job's driver may take to close its MLflow runs and end
 # Seconds per command, by the first name that occurs in it.
 TIMEOUT_S = {"get-auth-token": 60, "cluster.onprem": 60, "ray up": 300, "nodes --wait": 360, "ray exec": 900,
@@ -131,7 +132,7 @@ class Scenario:
         self.process: subprocess.Popen | None = None
         self.tunnel: subprocess.Popen | None = None
         self.thread: threading.Thread | None = None
-        self.rogue = ""  # what a `ray start` with a wrong token printed on the worker host
+        self.rogue: dict[str, str] = {}  # what a `ray start` with a wrong token / none printed on the worker host
         self.runs: list = []  # the head's MLflow runs before `ray down`
         self.reports: dict[str, dict] = {}  # the train stage's report.json, by stage directory
         self.drill: dict = {}  # the host-loss drill (`lose_the_worker`)
@@ -189,15 +190,19 @@ class Scenario:
                 self.join_with_a_wrong_token()
 
     def join_with_a_wrong_token(self) -> None:
-        """A machine of the cluster's network without the token tries to join: `ray start` on the worker
-        host with a made-up token, a Ray directory of its own; the head must refuse it."""
+        """Machines of the cluster's network without the token try to join: `ray start` on the worker host,
+        a Ray directory of its own, once with a made-up token and once with none at all (no RAY_AUTH_MODE, a
+        home without ~/.ray/auth_token: a node set up without the cluster's auth); the head must refuse both."""
         worker, head = self.hosts.hosts["worker"], self.hosts.hosts["head"]
-        command = (f"RAY_AUTH_MODE=token RAY_AUTH_TOKEN={'0' * 64} timeout 90 ~/duplex/.venv/bin/ray start "
-                   f"--address={head.address}:6379 --temp-dir=/tmp/duplex-rogue/ray --num-cpus=1")
-        done = subprocess.run(["ssh", "-i", str(self.operator / ".ssh" / "id_ed25519"), "-o", "BatchMode=yes",
-                               "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
-                               f"{USER}@{worker.address}", command], capture_output=True, text=True, timeout=150)
-        self.rogue = f"exit {done.returncode}\n{done.stdout}{done.stderr}"
+        start = (f"timeout 90 ~/duplex/.venv/bin/ray start --address={head.address}:6379 --num-cpus=1 "
+                 "--temp-dir=/tmp/duplex-rogue/ray")
+        for name, command in [("wrong", f"RAY_AUTH_MODE=token RAY_AUTH_TOKEN={'0' * 64} {start}"),
+                              ("none", f"mkdir -p /tmp/duplex-rogue/home && env -u RAY_AUTH_MODE -u RAY_AUTH_TOKEN "
+                                       f"HOME=/tmp/duplex-rogue/home {start}")]:
+            done = subprocess.run(["ssh", "-i", str(self.operator / ".ssh" / "id_ed25519"), "-o", "BatchMode=yes",
+                                   "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
+                                   f"{USER}@{worker.address}", command], capture_output=True, text=True, timeout=150)
+            self.rogue[name] = f"exit {done.returncode}\n{done.stdout}{done.stderr}"
 
     def after_tunnel(self, commands: list[str]) -> None:
         """The background thread: the commands before `ray down`, the MLflow runs and the train report,
@@ -209,10 +214,10 @@ class Scenario:
                 self.runs = mlflow_runs(info["tracking_uri"])
                 for report in (self.hosts.shared / "duplex" / "runs" / "smoke").glob("train-*/report.json"):
                     self.reports[report.parent.name] = json.loads(report.read_text(encoding="utf-8"))
+            if not self.error:  # while both hosts are there: the drill below takes the worker host away
+                self.stop_a_job()
             if not self.error:
                 self.lose_the_worker()
-            if not self.error:
-                self.stop_a_job()
         except Exception as error:  # reported by the second test
             self.fail(f"reading the head's MLflow runs and the train report, or the host-loss drill: {error!r}")
         self.down(commands[-1])
@@ -223,8 +228,9 @@ class Scenario:
         its first registered checkpoint (every process of the host SIGKILLed at once); Ray Train's restarted
         worker group resumes from the checkpoint on the head alone and finishes. Then the host comes back (its
         sshd: the machine replaced, its /tmp empty) and the head's autoscaler starts its Ray again over SSH, for
-        the commands after this one. What the run and MLflow then hold is asserted by the second test. (A fixed
-        group that cannot be placed again stops with what to do: tests/cluster/test_cluster.py.)"""
+        `ray down`, waiting (at most REJOIN_S) for it to rejoin first. What the run and MLflow then hold is
+        asserted by the second test. (A fixed group that cannot be placed again stops with what to do:
+        tests/cluster/test_cluster.py.)"""
         command = ('ray exec "$CLUSTER_YAML" \'cd ~/duplex && python run_pipeline.py --config configs/smoke.yaml '
                    f'--stages train train.placement_strategy=STRICT_SPREAD train.max_steps={DRILL_STEPS} '
                    'train.max_failures=2 train.min_workers=1\'')
@@ -253,7 +259,7 @@ class Scenario:
             output, _ = driver.communicate()
         finally:
             if "lost_after_s" in self.drill:
-                self.hosts.start(self.hosts.hosts["worker"])
+                self.rejoin()
         self.drill.update(seconds=round(time.monotonic() - started, 1), output=output, exit=driver.returncode)
         self.outputs[command] = output
         if driver.returncode:
@@ -263,9 +269,23 @@ class Scenario:
             self.fail(f"the host-loss drill: the run ended before its first checkpoint\n{output[-3000:]}")
             return
         info = json.loads((self.hosts.hosts["head"].home / ".duplex" / "cluster.json").read_text())
-        self.runs = mlflow_runs(info["tracking_uri"])
+        stop_drill = {r.info.run_id for r in self.stopped.get("runs", [])} - {r.info.run_id for r in self.runs}
+        self.runs = [r for r in mlflow_runs(info["tracking_uri"]) if r.info.run_id not in stop_drill]
         for report in (self.hosts.shared / "duplex" / "runs" / "smoke").glob("train-*/report.json"):
             self.reports.setdefault(report.parent.name, json.loads(report.read_text(encoding="utf-8")))
+
+    def rejoin(self) -> None:
+        """The lost host back (a replacement machine), then up to REJOIN_S for the head's autoscaler to start
+        its Ray again over SSH, so that `ray down` meets a settled cluster (not a setup under way)."""
+        worker = self.hosts.hosts["worker"]
+        self.hosts.start(worker)
+        back = time.monotonic()
+        while time.monotonic() - back < REJOIN_S:
+            if any("raylet" in process for process in worker.processes()):
+                self.drill["rejoined_after_s"] = round(time.monotonic() - back, 1)
+                time.sleep(5)  # the rest of its start commands (the watcher)
+                return
+            time.sleep(1)
 
     def stop_a_job(self) -> None:
         """`ray job stop` on a training job once it registered a checkpoint: Ray sends the job's driver SIGTERM
@@ -277,7 +297,7 @@ class Scenario:
         before = set(runs.glob("*/checkpoint_manager_snapshot.json"))
         submit = (f"RAY_AUTH_MODE=token ray job submit {address} --no-wait --submission-id {job} --working-dir . -- "
                   f"python run_pipeline.py --config configs/smoke.yaml --stages train train.max_steps={STOP_STEPS} "
-                  "train.placement_strategy=STRICT_SPREAD train.start_timeout_s=300")  # the worker host rejoining
+                  "train.placement_strategy=STRICT_SPREAD")
         done = subprocess.run(["bash", "-c", submit], cwd=REPO_ROOT, env=self.env, text=True, capture_output=True,
                               timeout=300)
         if done.returncode:
@@ -380,7 +400,11 @@ def test_two_hosts_train_together_and_ray_down_leaves_nothing(scenario, machine)
     listing = outputs[next(c for c in commands if "nodes --wait" in c)]
     assert re.search(rf"^{re.escape(head)}\s+duplex-head\s.*\(head\)$", listing, re.MULTILINE), listing
     assert re.search(rf"^{re.escape(worker)}\s+duplex-worker\s", listing, re.MULTILINE), listing
-    assert not scenario.rogue.startswith("exit 0") and "InvalidAuthToken" in scenario.rogue, scenario.rogue
+    assert not scenario.rogue["wrong"].startswith("exit 0") and "InvalidAuthToken" in scenario.rogue["wrong"], \
+        scenario.rogue["wrong"]
+    assert not scenario.rogue["none"].startswith("exit 0") and re.search(r"(?i)auth", scenario.rogue["none"]), \
+        scenario.rogue["none"]
+    assert len(re.findall(r"duplex-(head|worker)", listing)) == 2  # neither joined
 
     pipeline = next(c for c in commands if c.startswith("ray exec") and "run_pipeline.py" in c)
     job, tune = [c for c in commands if c.startswith("RAY_AUTH_MODE=token ray job submit")]
@@ -412,7 +436,8 @@ def test_two_hosts_train_together_and_ray_down_leaves_nothing(scenario, machine)
     assert [h["resumed_from"] for h in history if "resumed_from" in h][0] >= drill["checkpoint_step"]
     assert [h["step"] for h in history if "valid_bleu" in h] == list(range(10, DRILL_STEPS + 1, 10))
     print(f"host lost for good {drill['lost_after_s']} s into the drill, after the checkpoint of step "
-          f"{drill['checkpoint_step']}; the run finished {drill['seconds']} s after it started")
+          f"{drill['checkpoint_step']}; the run finished {drill['seconds']} s after it started; the host back, its "
+          f"Ray started again after {drill.get('rejoined_after_s', f'more than {REJOIN_S}')} s")
 
     # `ray job stop` on a training job: its driver closed its runs KILLED within STOP_S, and ended by itself.
     stopped = scenario.stopped
