@@ -16,8 +16,9 @@ from torch import nn
 
 from reder.config import BOS_ID, EOS_ID, PAD_ID, ModelConfig
 from reder.ctc import collapse_frames, pad_batch, valid_mask, viterbi_align
-from reder.dag import DAG_DECODERS, DagLinks, dag_beam, dag_decode, dag_greedy, graph_lengths_for, target_emissions
+from reder.dag import DAG_DECODERS, DagLinks, dag_decode, dag_greedy, graph_lengths_for, target_emissions
 from reder.dag import viterbi_align as dag_viterbi_align
+from reder.dag_beam import dag_beam
 from reder.decode import CUTOFF_PROB, CUTOFF_TOP_N, ctc_greedy, ctc_nbest, strip_special
 from reder.objectives.terms import ctc_loss, dag_loss
 

@@ -15,7 +15,7 @@ reranked (--rerank): `self` scores each candidate ŷ by its forward score + W ·
 direction's log P(x | ŷ) (--rerank-weight W; no second model), `teacher` by an autoregressive teacher of the
 same direction (--teacher DIR, a Transformer model directory; --teacher alone implies it); DAG models
 (head "dag") decode with --decoder greedy | lookahead | viterbi (default greedy), or --beam N: beam search
-over output strings by their exact probability (reder.dag.dag_beam). --checkpoint may also be
+over output strings by their exact probability (reder.dag_beam.dag_beam). --checkpoint may also be
 a Transformer model directory (the AR baseline): --direction must be the one it was trained for, and
 --beam is its beam size (1 = greedy). --checkpoint may be a CMLM model directory (reder/cmlm.py, one direction):
 mask-predict with --iterations T and --beam l length candidates. --refine-steps K --refine-model DIR refine any

@@ -8,9 +8,9 @@ import torch
 from reder import DIRECTIONS, LossConfig, ModelConfig, REDER
 from reder.config import BOS_ID, EOS_ID
 from reder import dag
-from reder.dag import (DagLinks, dag_beam, dag_greedy, dag_log_likelihood, dag_viterbi, edge_mask, masked_log_softmax,
-                       limit_transitions, masked_logsumexp, resolve_dp, string_log_likelihood, target_emissions,
-                       viterbi_align)
+from reder.dag import (DagLinks, dag_greedy, dag_log_likelihood, dag_viterbi, edge_mask, masked_log_softmax,
+                       limit_transitions, masked_logsumexp, resolve_dp, target_emissions, viterbi_align)
+from reder.dag_beam import dag_beam, string_log_likelihood
 
 from reder.objectives.terms import dag_loss
 from tests.reder.helpers import MULTI30K, WordPairs, memorise

@@ -8,7 +8,8 @@ import torch.nn.functional as F
 
 from reder import BOS_ID, DIRECTIONS, EOS_ID, PAD_ID, DuplexLoss, LossConfig, ModelConfig
 from reder.config import HEADS as CONFIG_HEADS
-from reder.dag import dag_beam, dag_greedy, dag_log_likelihood, dag_viterbi, edge_mask, masked_log_softmax, target_emissions, viterbi_align
+from reder.dag import dag_greedy, dag_log_likelihood, dag_viterbi, edge_mask, masked_log_softmax, target_emissions, viterbi_align
+from reder.dag_beam import dag_beam
 from reder.heads import HEADS, CtcHead, DagHead, HeadOutput, all_decoders, feasibility_key, feasibility_rule, head_class, make_head
 from reder.decode import strip_special
 from tests.reder.helpers import padding_mask, random_batch, tiny_config, tiny_model
