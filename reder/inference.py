@@ -84,13 +84,10 @@ class AttentionPlan:
         """Packed (the default): the sentences of a ragged batch attend in length groups (`length_groups`), each
         padded to its own longest; `mask` must be a prefix mask (real positions first, the DESIGN convention)."""
         batch, length = mask.shape
-        if not pack:
+        rows = real_rows(mask) if pack else None
+        if rows is None:  # nothing padded, or unpacked: one group of the whole batch
             return cls(batch, length, None, [AttentionGroup.build((0, batch * length), mask, n_heads,
-                                                                  max_relative_distance, pack=False)], None)
-        rows = real_rows(mask)
-        if rows is None:
-            return cls(batch, length, None, [AttentionGroup.build((0, batch * length), mask, n_heads,
-                                                                  max_relative_distance)], None)
+                                                                  max_relative_distance, pack)], None)
         lengths = mask.sum(1).tolist()
         by_length = sorted(range(batch), key=lambda i: lengths[i])
         offsets = [0]
