@@ -22,11 +22,13 @@ Inputs: the first `--sentences` lines of Multi30k test-2016 English. Per engine 
   - `sentences_per_s`: all sentences in one call at batch `--batch` (length-sorted batches): the median of
     `--repeats` calls, all of them in `sentences_per_s_repeats` and their spread (max − min) / median.
 Engines and decoders:
-  - `reder`: greedy (the inference trunk, reder/inference.py: packed batches, no padding outside the attention),
-    `greedy_reference` (the reference path, `fast_inference = False`: what greedy was before issue 58), on CPU
+  - `reder`: greedy (the inference trunk, reder/inference.py: packed batches, no padding outside the attention,
+    the attention in length groups), `greedy_one_group` (the same, the attention one padded batch: before issue 58's
+    item 3), `greedy_reference` (the reference path, `fast_inference = False`: what greedy was before issue 58), on CPU
     `greedy_int8` (the trunk's linear layers int8, `reder.inference.quantized`), and CTC prefix beam `--beam`
-    (REDER.translate under inference mode); with `--compile` also greedy with the trunk under
-    `torch.compile(dynamic=True)` (`greedy_compiled`, and the compile time);
+    (REDER.translate under inference mode); with `--compile` also greedy with the trunk at bucketed static shapes
+    under `torch.compile`, CUDA graphs on CUDA (reder/static.py; `greedy_compiled`, and `compile_s`: compiling
+    every bucket the timed calls meet, before them);
   - `teacher`: our Transformer, greedy and beam 4 (`Transformer.translate`);
   - `ct2`: CTranslate2 (optional extra) on the teacher converted by `reder.ct2` (float32), greedy and beam 4,
     one `translate_batch` per length-sorted batch, as one runs it (`ct2_mirror_beam4`: `reder.ct2.translate_ids`,
@@ -36,7 +38,11 @@ q/k/v and output projections, relative attention, FFN, tied output projection ov
 norms or softmaxes), over the float32 GEMM rate of the same shapes measured in the same process with the same
 threads: the time a perfect implementation of these matmuls would need at batch 1. FLOP ceiling at batch N
 (`ceiling`): the same FLOPs over the GEMM rate of batch-N shapes (r·|x|·N rows): the sentences/s a perfect
-implementation would reach; `greedy_of_ceiling` is greedy's median sentences/s over it (padding counts against it).
+implementation would reach; `greedy_of_ceiling` is greedy's median sentences/s over it. Each GEMM rate is measured
+before the decoders and after them, the higher one used (both in `gemm_gflops_measured`: GFLOP/s, per wall and CPU
+second, at batch 1 and at the batch). Floor and ceiling count the
+real work only: each sentence's FLOPs at its own length (its attention |x|², not the batch's longest squared), so
+every padded position a decoder computes counts against it.
 The driver's JSON (also written to `--out`) holds the load average before and after each worker. Beside every
 wall-clock figure, the process's CPU time (`cpu_latency_ms`, `sentences_per_cpu_s`, the floor and ceiling from
 GEMM rates per CPU second): with `--threads 1` on a busy shared machine, what a quiet one's wall time would be.
@@ -61,6 +67,7 @@ import torch
 from bench import MULTI30K, REPO_ROOT, emit
 
 ENGINES = ("reder", "teacher", "ct2")
+ONE_GROUP = 10**9  # reder.inference.GROUP_COST that makes a batch's attention one padded group (before issue 58's item 3)
 
 
 def _args(argv: list[str] | None) -> argparse.Namespace:
@@ -82,7 +89,8 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--ffn", type=int, default=1024)
     parser.add_argument("--layers", type=int, default=6, help="AR: encoder and decoder layers each; REDER: per end")
     parser.add_argument("--ar-tokens", type=int, default=16, help="untrained AR outputs: forced length")
-    parser.add_argument("--compile", action="store_true", help="also time REDER greedy with its trunk under torch.compile")
+    parser.add_argument("--compile", action="store_true",
+                        help="also time REDER greedy with its trunk at static shapes under torch.compile (reder/static.py)")
     parser.add_argument("--repeats", type=int, default=5, help="calls at batch --batch per decoder (median, spread)")
     parser.add_argument("--latency-repeats", type=int, default=1, help="passes of batch-1 calls per decoder (median)")
     parser.add_argument("--out", help="also write the driver's JSON here")
@@ -213,53 +221,80 @@ def gemm_rate(cfg: Any, length: int, device: str, seconds: float = 2.0, batch: i
 
 
 def work_reder(args: argparse.Namespace, sequences: list[list[int]], vocab: int) -> dict[str, Any]:
-    from reder.translate import translate_ids
-
+    import reder.inference
     from reder.inference import quantized
+    from reder.translate import translate_ids
 
     model = reder_model(args, vocab)
     int8 = quantized(model) if args.device == "cpu" else None
+    before = measure_gemm(model.cfg, sequences, args)
     out: dict[str, Any] = {}
-    runs = [("greedy", model, True, 1), ("greedy_reference", model, False, 1)] + (
-        [("greedy_int8", int8, True, 1)] if int8 is not None else []) + [(f"beam{args.beam}", model, True, args.beam)]
-    for name, chosen, fast, beam in runs:
-        def run(batch: list[list[int]], size: int, chosen: Any = chosen, fast: bool = fast, beam: int = beam) -> Any:
+    grouped = reder.inference.GROUP_COST
+    runs = [("greedy", model, True, 1, grouped), ("greedy_one_group", model, True, 1, ONE_GROUP),
+            ("greedy_reference", model, False, 1, grouped)] + (
+        [("greedy_int8", int8, True, 1, grouped)] if int8 is not None else []) + [
+        (f"beam{args.beam}", model, True, args.beam, grouped)]
+    for name, chosen, fast, beam, group_cost in runs:
+        def run(batch: list[list[int]], size: int, chosen: Any = chosen, fast: bool = fast, beam: int = beam,
+                group_cost: int = group_cost) -> Any:
             chosen.fast_inference = fast
+            reder.inference.GROUP_COST = group_cost
             return translate_ids(chosen, batch, "src2tgt", beam, size)
 
         out[name] = _time(run, sequences, args.batch, args.device, args.repeats, args.latency_repeats)
-    model.fast_inference = True
-    if args.compile:  # the trunk through torch.compile (dynamic shapes), same path otherwise
+    model.fast_inference, reder.inference.GROUP_COST = True, grouped
+    if args.compile:  # the trunk at static bucketed shapes under torch.compile (CUDA graphs on CUDA): reder/static.py
+        from reder.static import compiled
+
         started = time.perf_counter()
-        model.layers = torch.compile(model.layers, dynamic=True)
-        translate_ids(model, sequences[:1], "src2tgt", 1, 1)
+        compiled(model)
+        for size in (1, args.batch):  # every shape bucket the timed calls meet, compiled before they start
+            translate_ids(model, sequences, "src2tgt", 1, size)
         out["compile_s"] = round(time.perf_counter() - started, 1)
         out["greedy_compiled"] = _time(lambda batch, size: translate_ids(model, batch, "src2tgt", 1, size), sequences,
                                        args.batch, args.device, args.repeats, args.latency_repeats)
-    mean_length = round(sum(map(len, sequences)) / len(sequences))
-    rate = gemm_rate(model.cfg, mean_length, args.device)
-    cpu_rate = gemm_rate(model.cfg, mean_length, args.device, clock=time.process_time)
-    floor_ms = 1000 * sum(reder_flops(model.cfg, len(s)) for s in sequences) / len(sequences) / rate
+    rates = gemm_rates(model.cfg, sequences, args, before)  # the best of the two measurements: the ceiling stays high
+    rate, cpu_rate, batch_rate, cpu_batch_rate = (rates[key] for key in ("wall", "cpu", "wall_batch", "cpu_batch"))
     mean_flops = sum(reder_flops(model.cfg, len(s)) for s in sequences) / len(sequences)
+    floor_ms = 1000 * mean_flops / rate
+    timed = [name for name in ("greedy", "greedy_one_group", "greedy_reference", "greedy_compiled") if name in out]
     out["floor"] = {"gemm_gflops_per_s": round(rate / 1e9, 1), "mean_gflop": round(mean_flops / 1e9, 3),
                     "floor_ms": round(floor_ms, 3), **{f"{name}_over_floor": round(out[name]["latency_ms"] / floor_ms, 2)
-                                                       for name in ("greedy", "greedy_reference")},
+                                                       for name in timed},
                     "gemm_gflops_per_cpu_s": round(cpu_rate / 1e9, 1), "floor_cpu_ms": round(1000 * mean_flops / cpu_rate, 3),
                     **{f"{name}_cpu_over_floor": round(out[name]["cpu_latency_ms"] / (1000 * mean_flops / cpu_rate), 2)
-                       for name in ("greedy", "greedy_reference")}}
-    batch_rate = gemm_rate(model.cfg, mean_length, args.device, batch=min(args.batch, len(sequences)))
-    cpu_batch_rate = gemm_rate(model.cfg, mean_length, args.device, batch=min(args.batch, len(sequences)),
-                               clock=time.process_time)
+                       for name in timed}}
     ceiling, cpu_ceiling = batch_rate / mean_flops, cpu_batch_rate / mean_flops
     out["ceiling"] = {"batch": args.batch, "gemm_gflops_per_s": round(batch_rate / 1e9, 1),
                       "sentences_per_s": round(ceiling, 2),
                       **{f"{name}_of_ceiling": round(out[name]["sentences_per_s"] / ceiling, 3)
-                         for name in ("greedy", "greedy_reference")},
+                         for name in timed},
                       "gemm_gflops_per_cpu_s": round(cpu_batch_rate / 1e9, 1), "sentences_per_cpu_s": round(cpu_ceiling, 2),
                       **{f"{name}_of_cpu_ceiling": round(out[name]["sentences_per_cpu_s"] / cpu_ceiling, 3)
-                         for name in ("greedy", "greedy_reference")}}
+                         for name in timed}}
+    out["gemm_gflops_measured"] = rates["measured"]
     out["parameters"] = sum(p.numel() for p in model.parameters())
     return out
+
+
+def gemm_rates(cfg: Any, sequences: list[list[int]], args: argparse.Namespace,
+               before: dict[str, float]) -> dict[str, Any]:
+    """The GEMM rates of the floor (batch-1 shapes) and the ceiling (batch shapes), per wall and per CPU second:
+    each the higher of `before` (measured before the decoders ran) and a measurement now, after them (a busy
+    machine lowers a rate more often than it raises one; the higher rate is the harder floor and ceiling). Also
+    both measurements in GFLOP/s, under "measured"."""
+    after = measure_gemm(cfg, sequences, args)
+    best: dict[str, Any] = {key: max(before[key], after[key]) for key in before}
+    best["measured"] = {key: [round(before[key] / 1e9, 1), round(after[key] / 1e9, 1)] for key in before}
+    return best
+
+
+def measure_gemm(cfg: Any, sequences: list[list[int]], args: argparse.Namespace) -> dict[str, float]:
+    """gemm_rate at the mean length's batch-1 and batch-`--batch` shapes, per wall and per CPU second."""
+    length, batch = round(sum(map(len, sequences)) / len(sequences)), min(args.batch, len(sequences))
+    return {"wall": gemm_rate(cfg, length, args.device), "cpu": gemm_rate(cfg, length, args.device, clock=time.process_time),
+            "wall_batch": gemm_rate(cfg, length, args.device, batch=batch),
+            "cpu_batch": gemm_rate(cfg, length, args.device, batch=batch, clock=time.process_time)}
 
 
 def work_teacher(args: argparse.Namespace, sequences: list[list[int]], vocab: int) -> dict[str, Any]:

@@ -20,7 +20,7 @@ import torch
 from reder.checkpoint import SPM_FILE, direction_of, load_model_dir
 from reder.cmlm import CMLM
 from reder.text import line_problem
-from reder.translate import check_device, int8_model, load_sentencepiece, translate_lines
+from reder.translate import check_device, fast_model, load_sentencepiece, translate_lines
 
 MAX_CHARS = 2000  # per sentence a service takes (pipeline.serve, the MLflow pyfunc): sentences, not books
 
@@ -46,12 +46,11 @@ class Translator:
     length candidates. `refiner` (a Translator of a CMLM for this direction) refines the output with
     `refine_steps` mask-predict iterations."""
 
-    def __init__(self, directory: str | Path, device: str = "cpu", int8: bool = False) -> None:
+    def __init__(self, directory: str | Path, device: str = "cpu", int8: bool = False, compile: bool = False) -> None:
         check_device(device)
         self.directory = Path(directory)
         self.model, self.meta = load_model_dir(self.directory, device)
-        if int8:
-            self.model = int8_model(self.model, device)
+        self.model = fast_model(self.model, device, int8, compile)
         self.sp = load_sentencepiece(self.directory / SPM_FILE)
         self.languages = (self.meta.get("src_lang"), self.meta.get("tgt_lang"))
 
@@ -87,14 +86,15 @@ class Translator:
 REGISTRY = "models:/"
 
 
-def load(directory: str | Path, device: str = "cpu", int8: bool = False) -> Translator:
+def load(directory: str | Path, device: str = "cpu", int8: bool = False, compile: bool = False) -> Translator:
     """The model directory `directory` ready to translate (see the module doc); or a model the pipeline registered
     in MLflow, by URI: `models:/reder-en-de@champion` (an alias), `models:/reder-en-de/3` (a version). `int8`: a
     REDER on CPU with its trunk's linear layers dynamically quantized (reder.inference.quantized; faster, not
-    bit-equal)."""
+    bit-equal). `compile`: a REDER's trunk at bucketed static shapes under torch.compile, CUDA graphs on CUDA
+    (reder/static.py; the same tokens; each shape bucket compiles at its first batch)."""
     if str(directory).startswith(REGISTRY):
         directory = registered_model_dir(str(directory))
-    return Translator(directory, device, int8)
+    return Translator(directory, device, int8, compile)
 
 
 def registered_model_dir(uri: str) -> Path:

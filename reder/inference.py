@@ -7,8 +7,10 @@ Same modules, same weights, same arithmetic per position; what differs is the wo
   - the two halves of the state stay two contiguous tensors through the stack (no cat and chunk per layer),
     updated in place;
   - a padded batch is packed: the position-wise work (LayerNorm, the four linear layers, GELU, the residual
-    updates) runs on the N real positions only, (N, D), and only the attention sees the padded (B, T) layout,
-    its queries scattered in and its context gathered out. No FLOP is spent on padding outside the attention.
+    updates) runs on the N real positions only, (N, D), as one batch (large GEMMs); the attention runs in
+    length groups (`length_groups`: sentences of similar length, each group padded to its own longest), its
+    queries scattered in and its context gathered out. No FLOP is spent on padding outside the attention, and
+    inside it only up to each group's longest sentence.
 The output projection (`REDER.project` with `rows`) likewise computes logits at real positions only.
 `REDER.layers` takes this path when the model is in eval mode, gradients are off and `REDER.fast_inference`
 is set (the default); `fast_inference = False` keeps the reference path, which the tests compare this one with
@@ -30,11 +32,19 @@ from reder.layers import AttentionBranch, DuplexLayer, FeedForwardBranch
 Op = tuple[DuplexLayer, bool]  # (layer, inverse), as in reder/reversible.py
 
 
-@dataclass
-class AttentionPlan:
-    """Per-call constants of every layer's attention: the padded shape, the real positions' flat indices
-    (None when there is no padding), the relative-distance index (B, H, T, T) and the padded keys (B, 1, 1, T)."""
+# An attention call's fixed cost in padded positions: on this project's CPU (d512, 4 heads, one thread) a group
+# costs ~60 µs per layer plus ~4.5 µs per position it holds, real or padded, at T' = 30 to 80 (the T² part small).
+GROUP_COST = 16
 
+
+@dataclass
+class AttentionGroup:
+    """Sentences whose attention runs as one padded (b, T) batch: their span [start, end) in the packed layout,
+    their real positions' indices in b·T (None when none is padded), the relative-distance index (b, H, T, T)
+    and the padded keys (b, 1, 1, T), None when no key is padded."""
+
+    start: int
+    end: int
     batch: int
     length: int
     rows: Optional[torch.Tensor]
@@ -43,14 +53,76 @@ class AttentionPlan:
     padded_keys: Optional[torch.Tensor]
 
     @classmethod
-    def build(cls, mask: torch.Tensor, n_heads: int, max_relative_distance: int) -> "AttentionPlan":
+    def build(cls, span: tuple[int, int], mask: torch.Tensor, n_heads: int, max_relative_distance: int,
+              pack: bool = True) -> "AttentionGroup":
+        """The group of the sentences `mask` (b, T) holds; unpacked (`pack` False) every position is a row and
+        the padded keys are masked whatever they are (no host sync: the static-shape path)."""
         batch, length = mask.shape
         reach = min(max_relative_distance, length - 1)
         positions = torch.arange(length, device=mask.device)
         distance = (positions[None, :] - positions[:, None]).clamp(-reach, reach)  # (T, T)
         index = (distance + reach).expand(batch, n_heads, length, length)
-        rows = real_rows(mask)
-        return cls(batch, length, rows, reach, index, ~mask[:, None, None, :] if rows is not None else None)
+        rows = real_rows(mask) if pack else None
+        padded = rows is not None or not pack
+        return cls(*span, batch, length, rows, reach, index, ~mask[:, None, None, :] if padded else None)
+
+
+@dataclass
+class AttentionPlan:
+    """Per-call constants of every layer's attention: the padded shape, the real positions' flat indices (N,)
+    (None when there is no padding), the attention groups, and `order`, the packed positions in the groups'
+    order (None when the groups are in the batch's order already: `translate_ids` sorts by length)."""
+
+    batch: int
+    length: int
+    rows: Optional[torch.Tensor]
+    groups: list[AttentionGroup]
+    order: Optional[torch.Tensor]
+
+    @classmethod
+    def build(cls, mask: torch.Tensor, n_heads: int, max_relative_distance: int, pack: bool = True) -> "AttentionPlan":
+        """Packed (the default): the sentences of a ragged batch attend in length groups (`length_groups`), each
+        padded to its own longest; `mask` must be a prefix mask (real positions first, the DESIGN convention)."""
+        batch, length = mask.shape
+        rows = real_rows(mask) if pack else None
+        if rows is None:  # nothing padded, or unpacked: one group of the whole batch
+            return cls(batch, length, None, [AttentionGroup.build((0, batch * length), mask, n_heads,
+                                                                  max_relative_distance, pack)], None)
+        lengths = mask.sum(1).tolist()
+        by_length = sorted(range(batch), key=lambda i: lengths[i])
+        offsets = [0]
+        for size in lengths:
+            offsets.append(offsets[-1] + size)
+        groups, start = [], 0
+        for members in length_groups([lengths[i] for i in by_length]):
+            chosen = by_length[members[0] : members[-1] + 1]
+            end = start + sum(lengths[i] for i in chosen)
+            longest = lengths[chosen[-1]]
+            groups.append(AttentionGroup.build((start, end), mask[chosen, :longest], n_heads, max_relative_distance))
+            start = end
+        order = None
+        if by_length != list(range(batch)):
+            order = torch.cat([torch.arange(offsets[i], offsets[i + 1], device=mask.device) for i in by_length])
+        return cls(batch, length, rows, groups, order)
+
+
+def length_groups(lengths: list[int], cost: Optional[int] = None) -> list[range]:
+    """Split ascending `lengths` into runs that minimise the positions the attention computes (each run padded to
+    its longest: b·T) plus `cost` per run (default GROUP_COST): an exact dynamic programme over the distinct
+    lengths. Each run's indices into `lengths`."""
+    cost = GROUP_COST if cost is None else cost
+    distinct = sorted(set(lengths))
+    before = [0]  # sentences shorter than each distinct length
+    for value in distinct:
+        before.append(before[-1] + lengths.count(value))
+    best, cut = [0] * (len(distinct) + 1), [0] * (len(distinct) + 1)
+    for j in range(1, len(distinct) + 1):
+        best[j], cut[j] = min((best[i] + (before[j] - before[i]) * distinct[j - 1] + cost, i) for i in range(j))
+    bounds, j = [], len(distinct)
+    while j:
+        bounds.append(range(before[cut[j]], before[j]))
+        j = cut[j]
+    return bounds[::-1]
 
 
 def real_rows(mask: torch.Tensor) -> Optional[torch.Tensor]:
@@ -59,22 +131,31 @@ def real_rows(mask: torch.Tensor) -> Optional[torch.Tensor]:
 
 
 def attention(branch: AttentionBranch, x: torch.Tensor, plan: AttentionPlan) -> torch.Tensor:
-    """SAN(LN(x)) of packed positions x (N, D) → (N, D); RelativeSelfAttention.forward's arithmetic."""
+    """SAN(LN(x)) of packed positions x (N, D) → (N, D); RelativeSelfAttention.forward's arithmetic, group by group."""
     module = branch.attention
-    heads, d_head, limit = module.n_heads, module.d_head, module.max_relative_distance
     qkv = module.qkv(F.layer_norm(x, x.shape[-1:]))  # (N, 3D)
-    if plan.rows is not None:
-        qkv = qkv.new_zeros(plan.batch * plan.length, qkv.shape[-1]).index_copy_(0, plan.rows, qkv)  # (B·T, 3D)
-    q, k, v = qkv.view(plan.batch, plan.length, 3, heads, d_head).permute(2, 0, 3, 1, 4)  # 3×(B, H, T, dh)
-    relative = q @ module.relative_keys.weight[limit - plan.reach : limit + plan.reach + 1].t()  # (B, H, T, 2·reach+1)
-    bias = relative.gather(-1, plan.index).div_(math.sqrt(d_head))  # (B, H, T, T)
-    if plan.padded_keys is not None:
-        bias.masked_fill_(plan.padded_keys, float("-inf"))
-    context = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)  # (B, H, T, dh)
-    context = context.transpose(1, 2).reshape(plan.batch * plan.length, heads * d_head)  # (B·T, D)
-    if plan.rows is not None:
-        context = context.index_select(0, plan.rows)  # (N, D)
+    if plan.order is not None:
+        qkv = qkv.index_select(0, plan.order)  # the groups' order
+    contexts = [attend(module, qkv[group.start : group.end], group) for group in plan.groups]
+    context = contexts[0] if len(contexts) == 1 else torch.cat(contexts)  # (N, D)
+    if plan.order is not None:
+        context = torch.empty_like(context).index_copy_(0, plan.order, context)  # back to the batch's order
     return module.out(context)
+
+
+def attend(module: nn.Module, qkv: torch.Tensor, group: AttentionGroup) -> torch.Tensor:
+    """The attention context (n, D) of one group's packed q, k, v (n, 3D), computed in its padded (b, T) layout."""
+    heads, d_head, limit = module.n_heads, module.d_head, module.max_relative_distance
+    if group.rows is not None:
+        qkv = qkv.new_zeros(group.batch * group.length, qkv.shape[-1]).index_copy_(0, group.rows, qkv)  # (b·T, 3D)
+    q, k, v = qkv.view(group.batch, group.length, 3, heads, d_head).permute(2, 0, 3, 1, 4)  # 3×(b, H, T, dh)
+    relative = q @ module.relative_keys.weight[limit - group.reach : limit + group.reach + 1].t()  # (b, H, T, 2·reach+1)
+    bias = relative.gather(-1, group.index).div_(math.sqrt(d_head))  # (b, H, T, T)
+    if group.padded_keys is not None:
+        bias.masked_fill_(group.padded_keys, float("-inf"))
+    context = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)  # (b, H, T, dh)
+    context = context.transpose(1, 2).reshape(group.batch * group.length, heads * d_head)  # (b·T, D)
+    return context.index_select(0, group.rows) if group.rows is not None else context
 
 
 def feed_forward(branch: FeedForwardBranch, x: torch.Tensor) -> torch.Tensor:
@@ -83,13 +164,15 @@ def feed_forward(branch: FeedForwardBranch, x: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def run_inference(h: torch.Tensor, mask: torch.Tensor, ops: list[Op]) -> torch.Tensor:
-    """Apply `ops` to h (B, T, 2D) with mask (B, T); returns the last state (B, T, 2D), padded positions zero."""
+def run_inference(h: torch.Tensor, mask: torch.Tensor, ops: list[Op], pack: bool = True) -> torch.Tensor:
+    """Apply `ops` to h (B, T, 2D) with mask (B, T); returns the last state (B, T, 2D), padded positions zero.
+    `pack` False: every position computed, the attention one padded batch, no host sync (reder/static.py's path
+    under torch.compile); padded positions then hold what they compute, not zero."""
     if not ops:
         return h
     batch, length, width = h.shape
     first_layer = ops[0][0].attention.attention
-    plan = AttentionPlan.build(mask, first_layer.n_heads, first_layer.max_relative_distance)
+    plan = AttentionPlan.build(mask, first_layer.n_heads, first_layer.max_relative_distance, pack)
     flat = h.reshape(batch * length, width)
     packed = flat.index_select(0, plan.rows) if plan.rows is not None else flat  # (N, 2D)
     # Two contiguous halves of our own, updated in place: a strided half would be copied by every LayerNorm.

@@ -1,6 +1,6 @@
 """REDER: one end of reversible layers per language; x→y runs x's end regular then y's end inverse."""
 import math
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -48,6 +48,7 @@ class REDER(nn.Module):
         self.head = make_head(cfg)  # last: parameter order and initialisation are those of the model before heads
         self.blank_penalty: dict[str, float] = dict.fromkeys(DIRECTIONS, 0.0)
         self.fast_inference = True  # eval without gradients: reder/inference.py's trunk (False: the reference path)
+        self.static_trunk: Optional[Callable[..., torch.Tensor]] = None  # reder/static.py's compiled trunk, an option
         keep_saved_head_names(self)
 
     def ops(self, direction: str) -> list[Op]:
@@ -58,8 +59,11 @@ class REDER(nn.Module):
 
     def layers(self, h: torch.Tensor, mask: torch.Tensor, direction: str) -> torch.Tensor:
         """The trunk alone on continuous states h (B, T, 2D); layers(layers(h, m, d), m, reverse d) == h. In eval
-        mode without gradients (and `fast_inference`), reder/inference.py's trunk: padded positions come out zero."""
+        mode without gradients (and `fast_inference`), reder/inference.py's trunk, or the `static_trunk` when set
+        (reder/static.py: at bucketed shapes under torch.compile): padded positions come out zero."""
         if self._fast_path():
+            if self.static_trunk is not None:
+                return self.static_trunk(h, mask, self.ops(direction))
             return run_inference(h, mask, self.ops(direction))
         states, _ = run_trunk(h, mask, self.ops(direction), self.cfg.memory_efficient)
         return states[-1]

@@ -1,7 +1,7 @@
 """Translate text with a model directory, in either direction.
 
     python -m reder.translate --checkpoint DIR (--src LANG --tgt LANG | --direction src2tgt|tgt2src)
-        [--blank-penalty C] [--int8] [--beam N [--rerank self [--rerank-weight W] | --teacher DIR] [--cutoff-top-n N] [--cutoff-prob P]
+        [--blank-penalty C] [--int8 | --compile] [--beam N [--rerank self [--rerank-weight W] | --teacher DIR] [--cutoff-top-n N] [--cutoff-prob P]
          | --decoder D] [--refine-steps K --refine-model CMLM_DIR] [--iterations T] [--batch-size B] < in > out
 
 (installed with `pip install -e .`: `duplex-translate ...`; from Python: `reder.load(DIR).translate(...)`.)
@@ -23,6 +23,9 @@ model's output with K mask-predict iterations of the CMLM in DIR (the same direc
 
 --int8 (a REDER model on CPU): the trunk's linear layers dynamically quantized to int8 (reder.inference.quantized),
 faster on CPU, not the float32 model's arithmetic (its output may differ).
+--compile (a REDER model): the trunk at bucketed static shapes under torch.compile (reder/static.py; on CUDA with
+CUDA graphs, mode "reduce-overhead"): the same tokens, no per-kernel launch cost on a GPU; the first batch of each
+shape bucket compiles (seconds to minutes), so it pays for long inputs only.
 
 One sentence per line in, one per line out, in the input order. SentencePiece is applied inside: input is
 plain text, output is detokenized text. A line is what `reder.text` says (the ingest stage's rule too): it
@@ -54,6 +57,7 @@ from reder.inference import quantized
 from reder.model import REDER
 from reder.rerank import RERANK_WEIGHT, RERANKERS, self_rerank
 from reder.rerank import rerank as teacher_rerank
+from reder.static import compiled
 from reder.text import normalise, read_lines, split_lines  # noqa: F401 (split_lines: tests)
 
 
@@ -207,6 +211,19 @@ def int8_model(model: REDER | Transformer | CMLM, device: str) -> REDER:
     return quantized(model)
 
 
+def fast_model(model: REDER | Transformer | CMLM, device: str, int8: bool = False,
+               compile: bool = False) -> REDER | Transformer | CMLM:
+    """`model` with the decoding options asked for: `int8` (int8_model) or `compile` (a REDER's trunk at static
+    shapes under torch.compile, reder.static.compiled), not both; ValueError otherwise."""
+    if int8 and compile:
+        raise ValueError("--int8 and --compile: choose one (the int8 trunk is not compiled)")
+    if compile and not isinstance(model, REDER):
+        raise ValueError(f"--compile is for a REDER model (got a {type(model).__name__})")
+    if compile:
+        return compiled(model)
+    return int8_model(model, device) if int8 else model
+
+
 def translate_lines(model: REDER | Transformer | CMLM, sp: sentencepiece.SentencePieceProcessor, lines: list[str], direction: str,
                     beam_size: int = 1, batch_size: int = 64, decoder: str = "greedy",
                     teacher: Optional[Transformer] = None, notes: Optional[list[tuple[int, str]]] = None,
@@ -259,8 +276,7 @@ def _load_model(args: argparse.Namespace) -> tuple[REDER | Transformer | CMLM, O
     if args.rerank_weight < 0 or args.cutoff_top_n < 1 or not 0 < args.cutoff_prob <= 1:
         raise ValueError("need --rerank-weight >= 0, --cutoff-top-n >= 1 and 0 < --cutoff-prob <= 1")
     model, meta = load_model_dir(Path(args.checkpoint), args.device)
-    if args.int8:
-        model = int8_model(model, args.device)
+    model = fast_model(model, args.device, args.int8, args.compile)
     if args.src or args.tgt:
         if not (args.src and args.tgt) or args.direction:
             raise ValueError("name the direction either by --src LANG --tgt LANG (both) or by --direction")
@@ -328,6 +344,8 @@ def main(argv: list[str] | None = None) -> int:
                              "is translated, such lines mended and each mended line named on stderr")
     parser.add_argument("--int8", action="store_true",
                         help="REDER on CPU: the trunk's linear layers dynamically quantized to int8 (faster, not bit-equal)")
+    parser.add_argument("--compile", action="store_true",
+                        help="REDER: the trunk at bucketed static shapes under torch.compile (CUDA graphs on CUDA); same tokens")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args(argv)
     try:

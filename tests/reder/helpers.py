@@ -77,6 +77,18 @@ def tiny_model(loss_config: LossConfig | None = None, **overrides) -> REDER:
     return REDER(tiny_config(**overrides), loss_config)
 
 
+def decoding_model(head: str = "ctc", **overrides) -> REDER:
+    """A tiny REDER in eval mode (vocabulary 20, d 16, 2 heads, 2 layers per end) with a random, non-identity
+    ActNorm (its inverse is in the decoding path too): for comparing decoding paths."""
+    extra = {"head": head, "graph_upsample_ratio": 2.0} if head == "dag" else {}
+    model = tiny_model(vocab_size=20, d_model=16, n_heads=2, ffn_dim=24, layers_per_end=2, **{**extra, **overrides})
+    for norm in model.actnorm.values():
+        norm.log_scale.data.normal_(0, 0.3)
+        norm.bias.data.normal_(0, 0.3)
+        norm.initialized.fill_(True)
+    return model.eval()
+
+
 def random_batch(lengths: list[int], vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Padded token batch (B, T): real tokens in [4, blank), EOS last, PAD after."""
     tokens = torch.zeros(len(lengths), max(lengths), dtype=torch.long)

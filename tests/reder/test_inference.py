@@ -1,21 +1,15 @@
 """reder/inference.py: the inference trunk against the reference path (`fast_inference = False`), token by token."""
+import itertools
+
 import pytest
 import torch
 
-from reder.inference import quantized, run_inference
-from tests.reder.helpers import padding_mask, random_batch, tiny_model
+import reder.inference
+from reder.inference import AttentionPlan, length_groups, quantized, run_inference
+from tests.reder.helpers import decoding_model as _model
+from tests.reder.helpers import padding_mask, random_batch
 
 LENGTHS = [7, 3, 5, 1, 6, 2]  # ragged (padding in every layer's attention), and a 1-token input
-
-
-def _model(head: str = "ctc", **overrides):
-    extra = {"head": head, "graph_upsample_ratio": 2.0} if head == "dag" else {}
-    model = tiny_model(vocab_size=20, d_model=16, n_heads=2, ffn_dim=24, layers_per_end=2, **extra, **overrides)
-    for norm in model.actnorm.values():  # a random, non-identity ActNorm: the inverse is in the path too
-        norm.log_scale.data.normal_(0, 0.3)
-        norm.bias.data.normal_(0, 0.3)
-        norm.initialized.fill_(True)
-    return model.eval()
 
 
 def _both(model, call):
@@ -55,6 +49,49 @@ def test_translations_equal_the_reference_path(head):
             reference, fast = _both(model, lambda: model.outputs(tokens, lengths, direction))
         valid = padding_mask(reference.lengths.tolist())
         torch.testing.assert_close(fast.log_probs[valid], reference.log_probs[valid], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("group_cost", [0, 3])
+def test_length_groups_equal_the_reference_path(monkeypatch, group_cost):
+    """The attention in length groups (cost 0: one group per distinct length; the batch unsorted, so the groups
+    permute the packed positions): the same states and tokens as the reference path, and as one padded group."""
+    monkeypatch.setattr(reder.inference, "GROUP_COST", group_cost)
+    model = _model()
+    mask = padding_mask(LENGTHS)
+    plan = AttentionPlan.build(mask, 2, 4)
+    assert len(plan.groups) > 1 and plan.order is not None
+    assert [g.batch for g in plan.groups] == [len(r) for r in length_groups(sorted(LENGTHS), group_cost)]
+    tokens, lengths = random_batch(LENGTHS, 20)
+    h = torch.randn(len(LENGTHS), max(LENGTHS), 2 * 16)
+    for direction in ("src2tgt", "tgt2src"):
+        for options in (dict(beam_size=1), dict(beam_size=4)):
+            reference, fast = _both(model, lambda: model.translate(tokens, lengths, direction, **options))
+            assert fast == reference, (direction, options)
+        with torch.inference_mode():
+            reference, grouped = _both(model, lambda: model.layers(h, mask, direction))
+            monkeypatch.setattr(reder.inference, "GROUP_COST", 10**9)
+            one_group = model.layers(h, mask, direction)
+            monkeypatch.setattr(reder.inference, "GROUP_COST", group_cost)
+        torch.testing.assert_close(grouped[mask], reference[mask], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(grouped, one_group, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("lengths", [[1], [3, 3, 3], [1, 2, 2, 5, 9, 9, 10, 30], list(range(2, 40, 3))])
+@pytest.mark.parametrize("cost", [0, 4, 16, 1000])
+def test_length_groups_are_the_cheapest_split(lengths, cost):
+    """Against brute force over every split of the distinct lengths into runs: each run costs its sentences ×
+    its longest, plus `cost`."""
+    runs = length_groups(lengths, cost)
+    assert [i for run in runs for i in run] == list(range(len(lengths)))
+    distinct = sorted(set(lengths))
+
+    def price(cuts):
+        bounds = [0, *cuts, len(distinct)]
+        return sum(sum(1 for x in lengths if distinct[a] <= x <= distinct[b - 1]) * distinct[b - 1] + cost
+                   for a, b in zip(bounds, bounds[1:]))
+
+    best = min(price(cuts) for k in range(len(distinct)) for cuts in itertools.combinations(range(1, len(distinct)), k))
+    assert sum(len(run) * lengths[run[-1]] + cost for run in runs) == best
 
 
 def test_training_and_gradients_take_the_reference_path():

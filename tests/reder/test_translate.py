@@ -362,16 +362,42 @@ def test_python_m_reder_translate_runs_without_the_runpy_warning(model_dir):
     assert done.returncode == 0 and done.stderr == "" and len(done.stdout.splitlines()) == 1, done.stderr
 
 
+def _tiny_teacher_dir(model_dir, tmp_path):
+    """A Transformer model directory (src2tgt) beside the REDER one, with its SentencePiece model."""
+    from reder.checkpoint import save_model_dir
+
+    torch.manual_seed(0)
+    save_model_dir(tmp_path / "teacher", Transformer(TransformerConfig(vocab_size=12, d_model=8, n_heads=2, ffn_dim=16,
+                                                                       encoder_layers=1, decoder_layers=1)),
+                   model_dir / SPM_FILE, "en", "de", extra={"direction": "src2tgt"})
+    return tmp_path / "teacher"
+
+
 def test_int8_option_translates_every_line_and_refuses_a_teacher(model_dir, monkeypatch, capsys, tmp_path):
     """--int8 (reder.inference.quantized): one output line per input line; a Transformer is refused in one line."""
     code, out, err = _run(monkeypatch, capsys, ["--checkpoint", str(model_dir), "--direction", "src2tgt", "--int8"],
                           b"the cat\na dog\n")
     assert code == 0 and len(out.splitlines()) == 2, err
-    torch.manual_seed(0)
-    teacher_dir = tmp_path / "teacher"
-    from reder.checkpoint import save_model_dir
-    save_model_dir(teacher_dir, Transformer(TransformerConfig(vocab_size=12, d_model=8, n_heads=2, ffn_dim=16,
-                                                              encoder_layers=1, decoder_layers=1)),
-                   model_dir / SPM_FILE, "en", "de", extra={"direction": "src2tgt"})
+    teacher_dir = _tiny_teacher_dir(model_dir, tmp_path)
     code, out, err = _run(monkeypatch, capsys, ["--checkpoint", str(teacher_dir), "--direction", "src2tgt", "--int8"])
     assert code == 2 and "--int8 is for a REDER model" in err
+
+
+def test_compile_option_gives_the_same_lines_and_refuses_int8_and_a_teacher(model_dir, monkeypatch, capsys, tmp_path):
+    """--compile (reder.static): the same output lines as without it (the static shapes run eagerly here: inductor's
+    compile is tests/reder/test_static.py's slow test); with --int8, or for a Transformer, one error line."""
+    from reder import static
+
+    lines = b"the cat\na dog\nthe cat and a dog\n"
+    arguments = ["--checkpoint", str(model_dir), "--direction", "src2tgt"]
+    code, plain, err = _run(monkeypatch, capsys, arguments, lines)
+    assert code == 0, err
+    built = []
+    monkeypatch.setattr("reder.translate.compiled", lambda model: built.append(static.compiled(model, backend=None)) or built[-1])
+    code, out, err = _run(monkeypatch, capsys, [*arguments, "--compile"], lines)
+    assert code == 0 and out == plain and built and built[0].static_trunk is not None, err
+    code, out, err = _run(monkeypatch, capsys, [*arguments, "--compile", "--int8"])
+    assert code == 2 and "choose one" in err
+    teacher_dir = _tiny_teacher_dir(model_dir, tmp_path)
+    code, out, err = _run(monkeypatch, capsys, ["--checkpoint", str(teacher_dir), "--direction", "src2tgt", "--compile"])
+    assert code == 2 and "--compile is for a REDER model" in err
