@@ -72,9 +72,27 @@ def pages(experiment_id: str, pipeline_run_id: str, train_run_id: str, model: st
     if evaluate_run_id:
         links["translations"] = f"{runs}/{evaluate_run_id}/artifacts/translations/test.json?{RUNS_VIEW}"
     if trial_run_ids:  # a sweep's trials side by side
-        ids = ",".join(f'"{run_id}"' for run_id in trial_run_ids)
-        links["compare"] = f"#/compare-runs?runs=[{ids}]&experiments=[\"{experiment_id}\"]&{RUNS_VIEW}"
+        links["compare"] = compare_link(experiment_id, trial_run_ids)
     return links
+
+
+def compare_link(experiment_id: str, run_ids: tuple[str, ...]) -> str:
+    """The URL fragment of MLflow's compare view of these runs."""
+    ids = ",".join(f'"{run_id}"' for run_id in run_ids)
+    return f"#/compare-runs?runs=[{ids}]&experiments=[\"{experiment_id}\"]&{RUNS_VIEW}"
+
+
+def sweep_trials(runs: list) -> list:
+    """The finished trials of the latest sweep (`run_pipeline.py tune`) among `runs`, [] without one."""
+    runs = [run for run in runs if run.info.status == "FINISHED"]
+    sweep = {run.data.tags.get("duplex.stage"): run for run in runs}.get("tune")
+    return [run for run in runs if sweep is not None and run.data.tags.get("mlflow.parentRunId") == sweep.info.run_id]
+
+
+def compare_texts(trials: list) -> list[str]:
+    """What a sweep's compare view must show: each trial by name, the swept parameters and both BLEUs."""
+    return [*(run.info.run_name for run in trials), *sorted({k for run in trials for k in run.data.params}),
+            "valid_bleu_src2tgt", "valid_bleu_tgt2src"]
 
 
 def expected_texts(runs: list) -> tuple[dict[str, str], dict[str, list[str]]]:
@@ -85,8 +103,7 @@ def expected_texts(runs: list) -> tuple[dict[str, str], dict[str, list[str]]]:
     pipeline, train = by_stage["pipeline"], by_stage["train"]
     model = train.data.tags["model_uri"].split("/")[1]
     evaluate = by_stage.get("evaluate")
-    sweep = by_stage.get("tune")  # the latest sweep's trials, if the store has one
-    trials = [run for run in runs if sweep is not None and run.data.tags.get("mlflow.parentRunId") == sweep.info.run_id]
+    trials = sweep_trials(runs)
     links = pages(train.info.experiment_id, pipeline.info.run_id, train.info.run_id, model,
                   evaluate.info.run_id if evaluate is not None else "", tuple(run.info.run_id for run in trials))
     datasets = sorted({i.dataset.name for stage in ("train", "teacher") if stage in by_stage
@@ -105,9 +122,7 @@ def expected_texts(runs: list) -> tuple[dict[str, str], dict[str, list[str]]]:
                    # issue 56: the Dataset column names what the train run read; its system metrics' charts
                    "datasets": ["Dataset", *datasets],
                    "system": [train.info.run_name, "System metrics", "system/node_0"],
-                   # a sweep's compare view: each trial by name, its values and both BLEUs
-                   "compare": [*(run.info.run_name for run in trials), *sorted({k for run in trials for k in run.data.params}),
-                               "valid_bleu_src2tgt", "valid_bleu_tgt2src"]}
+                   "compare": compare_texts(trials)}
 
 
 @contextlib.contextmanager
