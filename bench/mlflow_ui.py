@@ -89,10 +89,10 @@ def sweep_trials(runs: list) -> list:
     return [run for run in runs if sweep is not None and run.data.tags.get("mlflow.parentRunId") == sweep.info.run_id]
 
 
-def compare_texts(trials: list) -> list[str]:
-    """What a sweep's compare view must show: each trial by name, the swept parameters and both BLEUs."""
-    return [*(run.info.run_name for run in trials), *sorted({k for run in trials for k in run.data.params}),
-            "valid_bleu_src2tgt", "valid_bleu_tgt2src"]
+def compare_texts(trials: list, metrics: tuple[str, ...] = ("valid_bleu_src2tgt", "valid_bleu_tgt2src")) -> list[str]:
+    """What a sweep's compare view must show: each trial by name, the swept parameters and `metrics` (both BLEUs by
+    default; the view lists only the metrics whose values differ between the trials, "Show diff only")."""
+    return [*(run.info.run_name for run in trials), *sorted({k for run in trials for k in run.data.params}), *metrics]
 
 
 def expected_texts(runs: list) -> tuple[dict[str, str], dict[str, list[str]]]:

