@@ -202,9 +202,12 @@ def placement_failure(error: BaseException, train: dict[str, Any], keys: str, ru
             f"{run_path}: run the same command again once the cluster has the resources{rest}")
 
 
-def fit_and_average(trainer: Any, run_path: Path, average_best: int, model: torch.nn.Module) -> dict[str, Any]:
+def fit_and_average(trainer: Any, run_path: Path, average_best: int, model: torch.nn.Module,
+                    keys: str = "train") -> dict[str, Any]:
     """Fit, then load into `model` the average of the best `average_best` checkpoints by validation BLEU.
-    Returns {"history": the latest checkpoint's history, "averaged": [(step, valid_bleu)], "fit_seconds"}."""
+    Returns {"history": the latest checkpoint's history, "averaged": [(step, valid_bleu)], "fit_seconds"}. `keys`:
+    where the run's TrainConfig sits in the config (as `check_resources`), for the error of a group that cannot
+    be placed."""
     started = time.time()
     config = trainer.train_loop_config
     task = config["task"]
@@ -217,7 +220,6 @@ def fit_and_average(trainer: Any, run_path: Path, average_best: int, model: torc
         with progress_bar(Path(config["progress"]), config["train"]["max_steps"], what, limit):
             result = off_main_thread(trainer.fit)
     except Exception as error:  # TrainingFailedError wraps the worker's exception
-        keys = "train" if task["kind"] == "reder" else f"{task['kind']}.train"
         raise StageError(placement_failure(error, config["train"], keys, run_path)
                          or f"train: Ray Train failed: {first_failure(error)}") from error
     scored = [(m[SCORE], m["step"], c) for c, m in result.best_checkpoints if SCORE in m]
