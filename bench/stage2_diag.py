@@ -45,7 +45,7 @@ import torch
 from pipeline import spm
 from pipeline.config import NO_BLANK_PENALTY, load_config
 from pipeline.harness import Harness, epoch_batches, micro_batches, passes
-from pipeline.raytrain import Validator
+from pipeline.trainloop import Validator
 from reder import DIRECTIONS, EOS_ID, DuplexLoss, LossConfig, REDER
 from reder.ctc import pad_batch
 from reder.decode import ctc_greedy

@@ -104,7 +104,7 @@ def main() -> None:
     parser.add_argument("overrides", nargs="*", metavar="key=value")
     args = parser.parse_args()
 
-    from pipeline import graph, raytrain
+    from pipeline import graph, raytrain, runfiles
     from pipeline.config import load_config
     from run_pipeline import connect_ray, disconnect_ray
 
@@ -114,7 +114,7 @@ def main() -> None:
     workdir = Path(cfg.workdir).resolve()
     name = graph.output_dir(cfg, workdir, args.stage).name
     storage = raytrain.storage_path(train, workdir)
-    pattern = f"{name}*/{raytrain.PROGRESS_FILE}"  # <name>/ (one run), or <name>-<direction>/ before issue 53
+    pattern = f"{name}*/{runfiles.PROGRESS_FILE}"  # <name>/ (one run), or <name>-<direction>/ before issue 53
     checking = time.time()
     graph.check_inputs(cfg, workdir, args.stage)  # the data stages must have run; graph.run checks them again
     check_inputs_s = round(time.time() - checking, 2)

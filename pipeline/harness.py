@@ -1,4 +1,4 @@
-"""The training core, without Ray: the pipeline's Ray Train workers (pipeline/raytrain.py) and the GPU
+"""The training core, without Ray: the pipeline's Ray Train workers (pipeline/trainloop.py) and the GPU
 benchmarks (bench/quality.py, bench/distill.py; the device machines have no Ray) train through it.
 
 A `Harness` holds a model, its objective (the model itself or a wrapper such as `DuplexLoss`, maybe
@@ -281,7 +281,7 @@ RANK_TOKENS_PER_S = "rank_tokens_per_s"
 def clip_gradients(model: torch.nn.Module, clip_norm: float) -> dict[str, torch.Tensor]:
     """Clip the gradients to norm `clip_norm` (0: no clipping); their norms before clipping, as device tensors:
     {"grad_norm": norm}. A model made of separately trained parts (a `clip_groups()` method: name → module, e.g.
-    the two teachers of `raytrain.ModelPair`) has each part clipped on its own, as separate runs would clip it,
+    the two teachers of `trainloop.ModelPair`) has each part clipped on its own, as separate runs would clip it,
     with its norm as `grad_norm_<name>`; `grad_norm` is then the norm over all parts."""
     clip = clip_norm if clip_norm > 0 else math.inf
     groups = model.clip_groups() if hasattr(model, "clip_groups") else {}

@@ -30,7 +30,7 @@ from typing import Any, Callable
 
 import torch
 
-from pipeline import raytrain, spm, tracking
+from pipeline import raytrain, runfiles, spm, tracking, trainloop
 from pipeline.config import PipelineConfig
 from pipeline.stage import StageError, StageRun, write_json
 from pipeline.tracking import child_run, finish_child_run, plot_history
@@ -98,7 +98,7 @@ def _check_given(given: dict[str, Path], cfg: PipelineConfig, spm_dir: Path, tmp
 
 def train_pair(run: StageRun, train_data: Path, data: Path, tmp: Path, kind: str,
                make_model: Callable[[], torch.nn.Module], index_file: str) -> dict[str, Any]:
-    """Both directions' models of the `kind` task (teacher, cmlm: raytrain.build_task, with the config section of
+    """Both directions' models of the `kind` task (teacher, cmlm: trainloop.build_task, with the config section of
     that name) trained by one Ray Train run (named as the stage's directory: one worker group, one start) on
     `train_data`, validated on `data`/valid against input `ingest`'s text, checkpoints ranked by the mean of both
     directions' BLEU; each direction's averaged model saved as `<direction>/model/` in `tmp`, listed in
@@ -118,14 +118,14 @@ def train_pair(run: StageRun, train_data: Path, data: Path, tmp: Path, kind: str
     spm_dir = run.inputs["spm"]
     trainer = raytrain.make_trainer(cfg, name, storage, train_data, data, run.inputs["ingest"], spm_dir, worker_target,
                                     task={"kind": kind}, time_cap_s=run.time_cap_s)
-    pair = raytrain.ModelPair({d: make_model() for d in DIRECTIONS})
+    pair = trainloop.ModelPair({d: make_model() for d in DIRECTIONS})
     fitted = raytrain.fit_and_average(trainer, storage / name, section.train.average_best, pair, f"{kind}.train")
     report = raytrain.run_report(fitted, storage / name)
     best = fitted["averaged"][0]
     at_best = next(h for h in fitted["history"] if h["step"] == best["step"] and "valid_bleu" in h)
     counts = {}
     for direction in DIRECTIONS:
-        save_model_dir(tmp / direction / raytrain.MODEL_DIR, pair[direction], spm_dir / spm.MODEL_FILE, cfg.data.src_lang,
+        save_model_dir(tmp / direction / runfiles.MODEL_DIR, pair[direction], spm_dir / spm.MODEL_FILE, cfg.data.src_lang,
                        cfg.data.tgt_lang, extra={"direction": direction, "averaged_checkpoints": fitted["averaged"]})
         # the direction's BLEU at the best checkpoint (ranked by both directions' mean)
         counts[direction] = {"steps": report["steps"], "best_valid_bleu": at_best[f"bleu_{direction}"],
@@ -133,8 +133,8 @@ def train_pair(run: StageRun, train_data: Path, data: Path, tmp: Path, kind: str
         finish_child_run(children[direction], counts[direction])
         log.info("%s %s: %d steps, validation BLEU %.2f at the best checkpoint (step %d)", kind, direction,
                  report["steps"], at_best[f"bleu_{direction}"], best["step"])
-    write_json(tmp / raytrain.HISTORY_FILE, fitted["history"])
+    write_json(tmp / runfiles.HISTORY_FILE, fitted["history"])
     plot_history(fitted["history"], tmp / "training.png")
     write_json(tmp / "report.json", report)
-    write_json(tmp / index_file, {d: f"{d}/{raytrain.MODEL_DIR}" for d in DIRECTIONS})
+    write_json(tmp / index_file, {d: f"{d}/{runfiles.MODEL_DIR}" for d in DIRECTIONS})
     return counts

@@ -1,0 +1,11 @@
+"""The names of the files a training run hands on, in one place for the code that writes them and the code that
+reads them: a checkpoint's (`trainloop._save` writes it; `trainloop.load_state_dir` and
+`raytrain.fit_and_average` read it), the Ray Train run directory's progress and placement files (rank 0 of
+pipeline/trainloop.py writes them, the driver, pipeline/raytrain.py, reads them), and a training stage's output
+(pipeline/train.py, pipeline/teacher.py)."""
+
+MODEL_DIR = "model"
+HISTORY_FILE = "history.json"
+TRAIN_STATE_FILE = "train_state.pt"
+PROGRESS_FILE = "progress.json"  # rank 0's latest report, in the Ray Train run's directory: the driver's bar
+WORKERS_FILE = "workers.json"  # where the worker group's ranks run (node, host), beside it
