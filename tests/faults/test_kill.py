@@ -170,11 +170,14 @@ def test_killed_inside_every_stage_then_run_again_and_corrupted_artifacts_are_re
     workdir = tmp_path / "work"
     killed: list[Start] = []
     took: dict[str, float] = {}  # seconds from the signal to the run's exit
+    phases: list[str] = []  # where the suite's time goes (shown with -rA): start to signal, signal to exit, the rest
     for number, (stage, sig, ready) in enumerate(KILLS):
+        began = time.monotonic()
         start = Start(workdir, number, hold=stage if stage in HELD else "")
         start.wait_for(lambda: f"] {stage}: running" in start.stdout.read_text(encoding="utf-8")
                        and _files(workdir, f".{stage}-*.tmp") and ready(workdir), f"stage {stage} under way")
         where = f"stopped in {stage} with {sig.name}"
+        reached = time.monotonic()
         took[where] = start.stop(sig, where, "finished stages are kept")
         if sig != signal.SIGKILL:  # a SIGKILL leaves its .tmp: the next start removes it
             assert not _files(workdir, ".*.tmp"), f"{where}: temporary output left"
@@ -184,9 +187,14 @@ def test_killed_inside_every_stage_then_run_again_and_corrupted_artifacts_are_re
         left = start.processes_left(30, agents=False)
         assert not left, f"{where}: processes of the run still alive after 30 s: {left}"
         killed.append(start)
+        phases.append(f"{where}: {reached - began:5.1f} s to the signal, {took[where]:4.1f} s to the exit, "
+                      f"{time.monotonic() - began - took[where] - (reached - began):4.1f} s after")
 
+    began = time.monotonic()
     final = Start(workdir, len(KILLS))
     assert final.proc.wait(timeout=600) == 0, final.text()[-5000:]
+    phases.append(f"the last start: {time.monotonic() - began:5.1f} s")
+    began = time.monotonic()
     out = final.stdout.read_text(encoding="utf-8")
     assert "[7/7] evaluate: running" in out and out.count("skipped (finished earlier)") == 2 * 6
     last = json.loads((workdir / "last_run.json").read_text(encoding="utf-8"))
@@ -198,6 +206,7 @@ def test_killed_inside_every_stage_then_run_again_and_corrupted_artifacts_are_re
     for start in killed:  # by now Ray's agents have given up too
         left = start.processes_left(AGENTS_LINGER_S + 30)
         assert not left, f"processes of a killed run still alive: {left}"
+    phases.append(f"waiting for the killed starts' node agents: {time.monotonic() - began:5.1f} s")
 
     mlflow.set_tracking_uri(f"sqlite:///{workdir}/mlflow.db")
     runs = mlflow.search_runs(experiment_names=["duplex"], output_format="list")
@@ -220,6 +229,7 @@ def test_killed_inside_every_stage_then_run_again_and_corrupted_artifacts_are_re
     # must fit 107 bytes.
     own_tmp = Path(tempfile.mkdtemp(prefix="dpx-", dir="/tmp"))
     request.addfinalizer(lambda: shutil.rmtree(own_tmp, ignore_errors=True))
+    began = time.monotonic()
     sweep = Start(workdir, len(KILLS) + 1, command=("tune",), tmpdir=own_tmp)
     sweep.wait_for(lambda: registered_under(workdir / "ray_results", "tune-*/**"), "a trial's checkpoint")
     took["stopped in tune with SIGTERM"] = sweep.stop(
@@ -232,8 +242,12 @@ def test_killed_inside_every_stage_then_run_again_and_corrupted_artifacts_are_re
     runs = mlflow.search_runs(experiment_names=["duplex"], output_format="list")
     assert not [r.info.run_name for r in runs if r.info.status == "RUNNING"]
     assert [r.info.status for r in runs if r.data.tags[STAGE_TAG] == "tune"] == ["KILLED"]
+    phases.append(f"the sweep started and stopped: {time.monotonic() - began:5.1f} s")
+    began = time.monotonic()
     resumed = Start(workdir, len(KILLS) + 2, command=("tune", "--resume"))
     assert resumed.proc.wait(timeout=600) == 0, resumed.text()[-5000:]
+    phases.append(f"the sweep resumed to its end: {time.monotonic() - began:5.1f} s")
+    began = time.monotonic()
     assert len(_files(workdir, "tune-*/" + SUCCESS)) == 1
     runs = mlflow.search_runs(experiment_names=["duplex"], output_format="list")
     assert not [r.info.run_name for r in runs if r.info.status == "RUNNING"]
@@ -273,5 +287,7 @@ def test_killed_inside_every_stage_then_run_again_and_corrupted_artifacts_are_re
     assert run_pipeline.main(["--config", str(SMOKE), f"workdir={workdir}", *TINY, "--stages", "evaluate",
                               "--force"]) == 0
     capsys.readouterr()
+    phases.append(f"the corrupted artifacts: {time.monotonic() - began:5.1f} s")
     for where, seconds in took.items():  # shown with -rA
         print(f"{seconds:5.1f} s  {where}")
+    print("\n".join(phases))

@@ -201,6 +201,20 @@ def test_after_a_sweep_a_trial_group_the_driver_still_holds_is_removed_and_said(
     with caplog.at_level("WARNING", logger="pipeline.tune"):
         tune._release_all(job, timeout_s=1.0)
     assert "removed 1 Tune trial placement group(s) still held 1 s after the sweep" in caplog.text
+    _wait_for_cpus(full)
+    # an interrupted sweep (Ctrl-C, SIGTERM) does not wait: its stop has 10 s in all (tests/faults)
+    _make_group(1.0)
+    started = time.monotonic()
+    with caplog.at_level("WARNING", logger="pipeline.tune"):
+        tune._release_all(job, timeout_s=0.0)
+    assert time.monotonic() - started < 1.0
+    assert "removed 1 Tune trial placement group(s) still held when the sweep was interrupted" in caplog.text
+    _wait_for_cpus(full)
+
+
+def _wait_for_cpus(full: float) -> None:
+    import ray
+
     deadline = time.monotonic() + 30
     while ray.available_resources().get("CPU", 0) < full and time.monotonic() < deadline:
         time.sleep(0.2)
