@@ -5,8 +5,9 @@ import torch
 
 from reder import DuplexLoss, LossConfig
 from reder.configio import ConfigError, FieldError
+from reder.ctc import valid_mask
 from reder.objectives.duplex import glance, reverse_states
-from reder.objectives.terms import forward_backward_agreement, glance_mask
+from reder.objectives.terms import forward_backward_agreement, glance_mask, uniform_mask
 from reder.reversible import run_trunk
 from tests.reder.helpers import padding_mask, random_batch, tiny_model
 
@@ -187,6 +188,22 @@ def test_glance_mask_draws_the_number_random_count_among_the_candidates():
             if ratio == 1.0:
                 seen += chosen
     assert bool((seen[0] > 0).all()) and bool((seen[2][candidates[2]] > 0).all())  # any candidate can be drawn
+
+
+def test_uniform_mask_draws_counts_and_positions_uniformly() -> None:
+    lengths = torch.tensor([4, 1, 0, 6]).repeat(2000)
+    masked = uniform_mask(lengths, 6)
+    assert not (masked & ~valid_mask(lengths, 6)).any()  # real positions only
+    counts = masked.sum(dim=1).view(2000, 4)
+    assert counts[:, 1].eq(1).all() and counts[:, 2].eq(0).all()
+    for column, length in ((0, 4), (3, 6)):
+        histogram = torch.bincount(counts[:, column], minlength=length + 1).float()
+        assert histogram[0] == 0
+        expected = 2000 / length  # n uniform in 1..length
+        assert ((histogram[1:] - expected).abs() < 5 * math.sqrt(expected)).all(), histogram
+        per_position = masked.view(2000, 4, 6)[:, column, :length].sum(dim=0).float()
+        expected_position = counts[:, column].sum().item() / length  # every position equally likely
+        assert ((per_position - expected_position).abs() < 5 * math.sqrt(expected_position)).all(), per_position
 
 
 @pytest.mark.parametrize("head", ["ctc", "dag"])
