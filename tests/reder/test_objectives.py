@@ -3,9 +3,11 @@ import math
 import pytest
 import torch
 
-from reder import DuplexLoss, LossConfig
+from reder import DuplexLoss, LossConfig, TransformerConfig
+from reder.autoregressive import Transformer
 from reder.configio import ConfigError, FieldError
-from reder.ctc import valid_mask
+from reder.ctc import pad_batch, valid_mask
+from reder.objectives.directional import CmlmObjective, TeacherObjective
 from reder.objectives.duplex import glance, reverse_states
 from reder.objectives.terms import forward_backward_agreement, glance_mask, uniform_mask
 from reder.reversible import run_trunk
@@ -246,3 +248,39 @@ def test_the_glancing_schedule_is_linear_then_constant_and_checked():
                                ({"glance_steps": -1}, "glance_steps")):
         with pytest.raises(FieldError, match=message):
             LossConfig(**overrides)
+
+
+def test_teacher_objective_reads_the_batch_in_its_direction():
+    model = Transformer(TransformerConfig(vocab_size=16, d_model=8, n_heads=2, ffn_dim=16, encoder_layers=1,
+                                          decoder_layers=1, dropout=0.0, max_positions=32))
+    src, src_lengths = pad_batch([[4, 5, 3], [6, 3]])
+    tgt, tgt_lengths = pad_batch([[7, 3], [8, 9, 10, 3]])
+    forward = TeacherObjective(model, "src2tgt")(src, src_lengths, tgt, tgt_lengths, 0)
+    backward = TeacherObjective(model, "tgt2src")(src, src_lengths, tgt, tgt_lengths, 0)
+    assert set(forward) == {"nll_src2tgt", "total"} and set(backward) == {"nll_tgt2src", "total"}
+    torch.testing.assert_close(forward["total"], model.loss(src, src_lengths, tgt, tgt_lengths)["total"])
+    torch.testing.assert_close(backward["nll_tgt2src"], model.loss(tgt, tgt_lengths, src, src_lengths)["nll"])
+
+
+def test_cmlm_objective_trains_its_direction_on_its_own_kd_pairs():
+    """src2tgt reads the batch (x, teacher(x)); tgt2src the KD reverse batch (teacher(y), y) backwards, i.e.
+    y → teacher(y); without KD the references backwards."""
+    from reder import CMLM, CmlmConfig
+
+    model = CMLM(CmlmConfig(vocab_size=16, d_model=8, n_heads=2, ffn_dim=16, encoder_layers=1, decoder_layers=1,
+                            dropout=0.0, max_positions=32))
+    x, x_lengths = pad_batch([[4, 5, 3], [6, 3]])
+    kd_y, kd_y_lengths = pad_batch([[7, 3], [8, 9, 10, 3]])
+    kd_x, kd_x_lengths = pad_batch([[11, 12, 13, 3], [4, 3]])
+    y, y_lengths = pad_batch([[7, 7, 3], [9, 3]])
+    reverse = (kd_x, kd_x_lengths, y, y_lengths)
+    for direction, expected in (("src2tgt", (x, x_lengths, kd_y, kd_y_lengths)), ("tgt2src", (y, y_lengths, kd_x, kd_x_lengths))):
+        torch.manual_seed(3)
+        terms = CmlmObjective(model, direction)(x, x_lengths, kd_y, kd_y_lengths, 0, tgt2src_batch=reverse)
+        assert set(terms) == {f"nll_{direction}", f"length_{direction}", "total"}
+        torch.manual_seed(3)  # the same masks
+        torch.testing.assert_close(terms["total"], model.loss(*expected)["total"])
+    torch.manual_seed(3)
+    plain = CmlmObjective(model, "tgt2src")(x, x_lengths, kd_y, kd_y_lengths, 0)
+    torch.manual_seed(3)
+    torch.testing.assert_close(plain["total"], model.loss(kd_y, kd_y_lengths, x, x_lengths)["total"])
