@@ -32,8 +32,9 @@ from typing import Any, Callable
 
 from cluster import ClusterError
 from cluster.connect import check_shared_storage, cluster_overrides, connect
-from pipeline import evaluate, graph, raytrain, train, tune
+from pipeline import evaluate, graph, raytrain, tune
 from pipeline.config import ConfigError, PipelineConfig, load_config, to_yaml
+from pipeline.runfiles import MODEL_DIR
 from pipeline.signals import Terminated, forget, handle_sigterm, interruption
 from pipeline.stage import StageError, read_manifest, write_json, write_text
 from pipeline.tracking import Tracker, browse_hint, stage_datasets, tracking_uri
@@ -165,7 +166,7 @@ def run(cfg: PipelineConfig, stages: list[str], force: bool = False, started: fl
                 if name == "evaluate":
                     tracker.log_tables(output / evaluate.TRANSLATIONS_DIR)
                 tracker.end_stage(output, counts, stage_artifacts(output),
-                                  model=output / train.MODEL_DIR if name == "train" else None)
+                                  model=output / MODEL_DIR if name == "train" else None)
             if name == "evaluate":
                 results = json.loads((output / evaluate.RESULTS_FILE).read_text(encoding="utf-8"))
                 tracker.log_results(results)

@@ -49,11 +49,12 @@ from typing import Any, Callable
 import pyarrow.parquet as pq
 import torch
 
-from pipeline import cmlm, teacher, train
+from pipeline import cmlm, teacher
 from pipeline.config import PipelineConfig
 from pipeline.ingest.readers import TextFile, TextRules
 from pipeline.metrics import corpus_scores, sentence_scores, test_splits
 from pipeline.progress import Progress
+from pipeline.runfiles import MODEL_DIR
 from pipeline.stage import StageError, StageRun, write_json, write_text
 from reder import DIRECTIONS, EOS_ID
 from reder.checkpoint import SPM_FILE, load_cmlm_dir, load_model_dir
@@ -89,7 +90,7 @@ def build(run: StageRun, tmp: Path) -> dict[str, Any]:
     """Evaluate input `train`'s model on `ingest`'s splits (with input `teacher`'s models when the config
     asks for the baseline or reranking, input `cmlm`'s when it asks for the CMLM decoders) into `tmp`."""
     run_id = run.tracker.run_id if run.tracker is not None else None
-    return evaluate_model(run.inputs["train"] / train.MODEL_DIR, run.inputs["ingest"], run.cfg, tmp, run_id,
+    return evaluate_model(run.inputs["train"] / MODEL_DIR, run.inputs["ingest"], run.cfg, tmp, run_id,
                           run.inputs.get("teacher"), run.inputs.get("cmlm"))
 
 

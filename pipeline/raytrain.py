@@ -36,7 +36,7 @@ from pipeline.progress import Progress
 from pipeline.runfiles import HISTORY_FILE, PROGRESS_FILE, WORKERS_FILE
 from pipeline.stage import StageError
 from pipeline.trainloop import train_loop
-from reder.checkpoint import average_state_dicts, load_tensors
+from reder.checkpoint import MODEL_FILE, average_state_dicts, load_tensors
 
 log = logging.getLogger(__name__)
 
@@ -170,7 +170,7 @@ def fit_and_average(trainer: Any, run_path: Path, average_best: int, model: torc
     states = []
     for _, _, checkpoint in best:
         with checkpoint.as_directory() as directory:
-            states.append(load_tensors(Path(directory) / "model.pt"))
+            states.append(load_tensors(Path(directory) / MODEL_FILE))
     with result.checkpoint.as_directory() as directory:  # the latest: the whole history
         history = json.loads((Path(directory) / HISTORY_FILE).read_text(encoding="utf-8"))
     model.load_state_dict(average_state_dicts(states))

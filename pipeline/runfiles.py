@@ -2,7 +2,8 @@
 reads them: a checkpoint's (`trainloop._save` writes it; `trainloop.load_state_dir` and
 `raytrain.fit_and_average` read it), the Ray Train run directory's progress and placement files (rank 0 of
 pipeline/trainloop.py writes them, the driver, pipeline/raytrain.py, reads them), and a training stage's output
-(pipeline/train.py, pipeline/teacher.py)."""
+(pipeline/train.py, pipeline/teacher.py). A checkpoint's state dict is named as a model directory's,
+`reder.checkpoint.MODEL_FILE`."""
 
 MODEL_DIR = "model"
 HISTORY_FILE = "history.json"

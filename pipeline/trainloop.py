@@ -58,7 +58,7 @@ from reder import DIRECTIONS, EOS_ID, DuplexLoss, LossConfig, ModelConfig, REDER
 from reder.autoregressive import Transformer
 from reder.cmlm import CMLM
 from reder.config import CmlmConfig
-from reder.checkpoint import load_tensors
+from reder.checkpoint import MODEL_FILE, load_tensors
 from reder.ctc import pad_batch
 from reder.objectives.directional import CmlmObjective, PairObjective, TeacherObjective
 from reder.translate import greedy_by_penalty, translate_ids
@@ -209,7 +209,7 @@ def load_state_dir(directory: Path, device: torch.device | str) -> dict[str, Any
     state = load_tensors(directory / TRAIN_STATE_FILE, device)
     if not isinstance(state, dict):
         raise ValueError(f"{directory / TRAIN_STATE_FILE}: expected a dict, found {type(state).__name__}")
-    state["model"] = load_tensors(directory / "model.pt", device)
+    state["model"] = load_tensors(directory / MODEL_FILE, device)
     state["history"] = json.loads((directory / HISTORY_FILE).read_text(encoding="utf-8"))
     return state
 
@@ -219,7 +219,7 @@ def _save(state: dict[str, Any]) -> str:
     (optimizer, schedule, position: tensors, numbers and plain containers, loadable with weights_only=True)
     and the history."""
     directory = tempfile.mkdtemp(prefix=f"reder-step{state['step']}-")
-    torch.save(state["model"], Path(directory) / "model.pt")
+    torch.save(state["model"], Path(directory) / MODEL_FILE)
     torch.save({k: v for k, v in state.items() if k not in ("model", "history")}, Path(directory) / TRAIN_STATE_FILE)
     (Path(directory) / HISTORY_FILE).write_text(json.dumps(state["history"]), encoding="utf-8")
     return directory

@@ -434,7 +434,7 @@ def check_trial_fits(cfg: PipelineConfig) -> None:
     import ray
 
     raytrain.check_resources(cfg.train, cfg.train.start_timeout_s)
-    bundle = {"CPU": cfg.train.cpus_per_worker, **({"GPU": cfg.train.gpus_per_worker} if cfg.train.use_gpu else {})}
+    bundle = raytrain.worker_resources(cfg.train)
     nodes = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")]
     if not any(all(node.get(k, 0.0) >= v for k, v in bundle.items()) for node in nodes):
         largest = {k: max((node.get(k, 0.0) for node in nodes), default=0.0) for k in bundle}

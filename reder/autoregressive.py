@@ -17,6 +17,7 @@ from torch import nn
 
 from reder.config import BOS_ID, EOS_ID, PAD_ID, TransformerConfig
 from reder.ctc import valid_mask
+from reder.objectives.directional import teacher_loss
 
 KeysValues = tuple[torch.Tensor, torch.Tensor]  # keys and values, (N, H, S, D/H) each
 
@@ -202,25 +203,22 @@ class Transformer(EncoderDecoder):
         """One incremental step: each row's newest token (N,) → next-token logits (N, V); extends the cache."""
         return self._decode(tokens[:, None], cache)[:, 0]
 
-    def _target_log_probs(self, memory: torch.Tensor, src_mask: torch.Tensor, tgt_tokens: torch.Tensor) -> torch.Tensor:
+    def target_log_probs(self, memory: torch.Tensor, src_mask: torch.Tensor, tgt_tokens: torch.Tensor) -> torch.Tensor:
+        """Teacher-forced log-probabilities (B, T, V) of each position of targets (B, T), given encoder memory."""
         prev = torch.cat([torch.full_like(tgt_tokens[:, :1], BOS_ID), tgt_tokens[:, :-1]], dim=1)  # (B, T) shifted right
         return log_softmax_fp32(self.decoder_logits(memory, src_mask, prev))  # (B, T, V)
 
     def loss(self, src_tokens: torch.Tensor, src_lengths: torch.Tensor, tgt_tokens: torch.Tensor,
              tgt_lengths: torch.Tensor) -> dict[str, torch.Tensor]:
-        """`nll`: mean NLL per target token (EOS in, pads out); `total`: (1−ε)·nll + ε·mean_v(−log p_v), per token."""
-        log_probs = self._target_log_probs(*self.encode(src_tokens, src_lengths), tgt_tokens)
-        mask = valid_mask(tgt_lengths, tgt_tokens.shape[1])
-        nll = -log_probs.gather(-1, tgt_tokens[..., None]).squeeze(-1)[mask].mean()
-        uniform = -log_probs.mean(dim=-1)[mask].mean()
-        smoothing = self.cfg.label_smoothing
-        return {"nll": nll, "total": (1 - smoothing) * nll + smoothing * uniform}
+        """`nll`: mean NLL per target token (EOS in, pads out); `total`: (1−ε)·nll + ε·mean_v(−log p_v), per token:
+        the teacher's objective, `reder.objectives.directional.teacher_loss`."""
+        return teacher_loss(self, src_tokens, src_lengths, tgt_tokens, tgt_lengths)
 
     @torch.no_grad()
     def score_encoded(self, memory: torch.Tensor, src_mask: torch.Tensor, tgt_tokens: torch.Tensor,
                       tgt_lengths: torch.Tensor) -> torch.Tensor:
         """Mean token log-probability (B,) of targets (B, T) ending in EOS, given encoder memory (B, S, D)."""
-        log_probs = self._target_log_probs(memory, src_mask, tgt_tokens)
+        log_probs = self.target_log_probs(memory, src_mask, tgt_tokens)
         token = log_probs.gather(-1, tgt_tokens[..., None]).squeeze(-1)  # (B, T)
         return token.masked_fill(~valid_mask(tgt_lengths, tgt_tokens.shape[1]), 0.0).sum(dim=1) / tgt_lengths
 

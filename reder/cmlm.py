@@ -6,8 +6,8 @@ sinusoidal positions). The decoder reads the whole target at once, some position
 CTC blank's id, never a real piece), without a causal mask, and predicts every position; a length head on the
 mean of the encoder states predicts the target length (fairseq's cmlm; the paper uses a LENGTH token).
 Training masks n tokens of each target, n uniform in 1..|y|, and scores the masked positions (label-smoothed
-cross-entropy) plus `length_loss_factor` × the length's cross-entropy. Targets carry no EOS: the length says
-where they end.
+cross-entropy) plus `length_loss_factor` × the length's cross-entropy (reder/objectives/directional.py,
+`cmlm_loss`). Targets carry no EOS: the length says where they end.
 
 Mask-predict with T iterations and l length candidates: the l most likely lengths are decoded in parallel;
 iteration 0 predicts every position (T = 1 is one parallel pass: the argmax); iteration t = 1..T−1 re-masks
@@ -25,17 +25,7 @@ from reder import autoregressive
 from reder.autoregressive import EncoderDecoder, KeysValues, log_softmax_fp32
 from reder.config import BOS_ID, EOS_ID, PAD_ID, CmlmConfig
 from reder.ctc import pad_batch, valid_mask
-
-
-def uniform_mask(lengths: torch.Tensor, width: int) -> torch.Tensor:
-    """CMLM's training mask (B, width), True = masked: per row n ~ U{1..length} positions, chosen uniformly
-    without replacement among its first `length` (none for an empty row)."""
-    valid = valid_mask(lengths, width)
-    draws = torch.rand(lengths.shape[0], width, device=lengths.device).masked_fill(~valid, 2.0)
-    ranks = draws.argsort(dim=1).argsort(dim=1)  # (B, width): a random order of the real positions first
-    counts = (torch.rand(lengths.shape[0], device=lengths.device) * lengths).long() + 1  # uniform in 1..length
-    counts = torch.minimum(counts, lengths)
-    return ranks < counts[:, None]
+from reder.objectives.directional import cmlm_loss
 
 
 def remask(scores: torch.Tensor, lengths: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
@@ -86,31 +76,22 @@ class CMLM(EncoderDecoder):
             x = layer(x, tgt_mask, keys_values, src_mask[:, None, None, :])
         return self.decoder_norm(x) @ self.embed.weight.t()  # the tied output projection
 
+    def decode_log_probs(self, cross: list[KeysValues], src_mask: torch.Tensor, tokens: torch.Tensor,
+                         lengths: torch.Tensor) -> torch.Tensor:
+        """`decode`'s logits as log-probabilities (N, T, V), in float32 or wider."""
+        return log_softmax_fp32(self.decode(cross, src_mask, tokens, lengths))
+
     def loss(self, src_tokens: torch.Tensor, src_lengths: torch.Tensor, tgt_tokens: torch.Tensor,
              tgt_lengths: torch.Tensor) -> dict[str, torch.Tensor]:
         """Targets (B, T) end in EOS, as every batch of the training core (dropped here). `nll`: mean NLL of the
         masked tokens; `length`: the length's cross-entropy; `total`: (1−ε)·nll + ε·mean_v(−log p_v) over the
-        masked tokens + length_loss_factor · length."""
-        memory, src_mask = self.encode(src_tokens, src_lengths)
-        lengths = (tgt_lengths - 1).clamp(min=0)
-        width = max(1, int(lengths.max()))
-        target = tgt_tokens[:, :width].masked_fill(~valid_mask(lengths, width), PAD_ID)  # (B, T') without EOS
-        masked = uniform_mask(lengths, width)
-        log_probs = log_softmax_fp32(self.decode(self.cross(memory), src_mask, target.masked_fill(masked, self.cfg.mask_id),
-                                             lengths))  # (B, T', V)
-        count = masked.sum().clamp(min=1)
-        nll = -(log_probs.gather(-1, target[..., None]).squeeze(-1) * masked).sum() / count
-        uniform = -(log_probs.mean(dim=-1) * masked).sum() / count
-        length_targets = lengths.clamp(max=self.cfg.max_positions - 1)[:, None]
-        length = -self.length_log_probs(memory, src_mask).gather(1, length_targets).mean()
-        smoothing = self.cfg.label_smoothing
-        total = (1 - smoothing) * nll + smoothing * uniform + self.cfg.length_loss_factor * length
-        return {"nll": nll, "length": length, "total": total}
+        masked tokens + length_loss_factor · length: the CMLM's objective, `reder.objectives.directional.cmlm_loss`."""
+        return cmlm_loss(self, src_tokens, src_lengths, tgt_tokens, tgt_lengths)
 
     def _predict(self, cross: list[KeysValues], src_mask: torch.Tensor, tokens: torch.Tensor,
                  lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Each position's most likely real piece and its log-probability, (N, T) each."""
-        log_probs = log_softmax_fp32(self.decode(cross, src_mask, tokens, lengths))
+        log_probs = self.decode_log_probs(cross, src_mask, tokens, lengths)
         log_probs[..., self.banned] = -math.inf
         best, argmax = log_probs.max(dim=-1)
         return best, argmax
@@ -183,7 +164,7 @@ class CMLM(EncoderDecoder):
         tokens, lengths = pad_batch([hypotheses[i] for i in rows], device)  # (N, T), padded with PAD_ID
         cross = self.cross(memory)
         all_masked = tokens.masked_fill(valid_mask(lengths, tokens.shape[1]), self.cfg.mask_id)
-        log_probs = log_softmax_fp32(self.decode(cross, src_mask, all_masked, lengths))
+        log_probs = self.decode_log_probs(cross, src_mask, all_masked, lengths)
         scores = log_probs.gather(-1, tokens[..., None]).squeeze(-1)  # (N, T): confidence of the given tokens
         tokens, _ = self.iterate(cross, src_mask, tokens, scores, lengths, steps + 1, start=1)
         for row, sentence, length in zip(rows, tokens.tolist(), lengths.tolist()):

@@ -2,21 +2,21 @@
 objective returns its loss and the named terms a trainer logs one by one.
 
 - reder/objectives/terms.py: the equations on tensors: `ctc_loss`, `dag_loss`, `forward_backward_agreement`,
-  and glancing's `glance_mask`.
+  glancing's `glance_mask` and the CMLM's `uniform_mask`.
 - reder/objectives/duplex.py: REDER's objective (`duplex_loss`, `cycle_consistency`, FBA's reverse pass,
   glancing's first pass) and `DuplexLoss`, the module DDP wraps.
-- reder/objectives/directional.py: the teacher's and the CMLM's (`TeacherObjective`, `CmlmObjective`) and
-  `PairObjective`, both directions' at once.
+- reder/objectives/directional.py: the teacher's and the CMLM's (`teacher_loss`, `cmlm_loss`; `TeacherObjective`,
+  `CmlmObjective`) and `PairObjective`, both directions' at once.
 
 The names are importable from here too (`from reder.objectives import cycle_consistency`), loaded on first use:
-the heads import terms.py, and duplex.py imports the heads.
+the heads import terms.py, duplex.py imports the heads, and the teacher and the CMLM import directional.py.
 """
 from importlib import import_module
 
 _HOMES = {
-    "terms": ("ctc_loss", "dag_loss", "forward_backward_agreement", "glance_mask"),
+    "terms": ("ctc_loss", "dag_loss", "forward_backward_agreement", "glance_mask", "uniform_mask"),
     "duplex": ("DuplexLoss", "cycle_consistency", "duplex_loss", "glance", "reverse_states"),
-    "directional": ("CmlmObjective", "PairObjective", "TeacherObjective"),
+    "directional": ("CmlmObjective", "PairObjective", "TeacherObjective", "cmlm_loss", "teacher_loss"),
 }
 __all__ = sorted(name for names in _HOMES.values() for name in names)
 

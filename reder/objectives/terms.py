@@ -1,6 +1,7 @@
 """The loss terms as equations on tensors (docs/DESIGN.md, "The model"): CTC, the DAG likelihood,
-forward–backward agreement, and glancing's choice of positions. The heads call `ctc_loss` and `dag_loss`;
-reder/objectives/duplex.py combines them into REDER's objective."""
+forward–backward agreement, glancing's choice of positions and the CMLM's. The heads call `ctc_loss` and
+`dag_loss`; reder/objectives/duplex.py combines them into REDER's objective; reder/objectives/directional.py
+masks the CMLM's targets with `uniform_mask`."""
 from typing import Optional
 
 import torch
@@ -79,3 +80,14 @@ def glance_mask(layout: torch.Tensor, candidates: torch.Tensor, predicted: torch
     draw = draw.to(layout.device).masked_fill(~candidates, 2.0)  # non-candidates rank last
     rank = draw.argsort(dim=1).argsort(dim=1)  # (B, T): each position's place in its sentence's random order
     return candidates & (rank < count[:, None])
+
+
+def uniform_mask(lengths: torch.Tensor, width: int) -> torch.Tensor:
+    """CMLM's training mask (B, width), True = masked: per row n ~ U{1..length} positions, chosen uniformly
+    without replacement among its first `length` (none for an empty row)."""
+    valid = valid_mask(lengths, width)
+    draws = torch.rand(lengths.shape[0], width, device=lengths.device).masked_fill(~valid, 2.0)
+    ranks = draws.argsort(dim=1).argsort(dim=1)  # (B, width): a random order of the real positions first
+    counts = (torch.rand(lengths.shape[0], device=lengths.device) * lengths).long() + 1  # uniform in 1..length
+    counts = torch.minimum(counts, lengths)
+    return ranks < counts[:, None]

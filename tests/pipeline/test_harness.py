@@ -1,5 +1,5 @@
 """pipeline.harness: resume and forks through the state, best-k averaging, accumulation, the schedule, the
-batching; checked against an uninterrupted run, recorded states, one big batch and fairseq's formula."""
+batching, the tokens an objective trains on; checked against an uninterrupted run, recorded states, one big batch and fairseq's formula."""
 import contextlib
 import copy
 import dataclasses
@@ -16,6 +16,7 @@ from pipeline import harness
 from pipeline.config import TrainConfig
 from pipeline.harness import Harness
 from reder import DuplexLoss, LossConfig
+from reder.objectives.directional import CmlmObjective
 from tests.reder.helpers import tiny_model
 
 
@@ -511,3 +512,20 @@ def test_the_schedule_sized_to_the_run_follows_its_progress(scheduler):
     linear = TrainConfig(lr=lr, warmup_init_lr=init, warmup_steps=20, max_steps=200, lr_scheduler="linear")
     assert harness.learning_rate(10, linear) == pytest.approx(harness.inverse_sqrt(10, lr, 20, init))
     assert harness.learning_rate(110, linear) == pytest.approx(lr * (1 - 110 / 200) / (1 - 20 / 200))
+
+
+def test_the_harness_counts_the_tokens_an_objective_trains_on():
+    """With KD examples (x, y, teacher(x), teacher(y)) a CMLM direction trains on one of the two batches, and
+    its tokens/s counts that batch only; REDER's DuplexLoss reads both."""
+    from reder import CMLM, CmlmConfig, ModelConfig, REDER
+
+    example = ([4, 5], [6, 7, 8], [9, 10, 11, 12, 13], [14])  # + EOS: x 3, y 4, teacher(x) 6, teacher(y) 2
+    cfg = TrainConfig(lr=1e-3, warmup_steps=2, max_steps=1)
+    cmlm = CMLM(CmlmConfig(vocab_size=16, d_model=8, n_heads=2, ffn_dim=16, encoder_layers=1, decoder_layers=1,
+                           dropout=0.0, max_positions=32))
+    for direction, tokens in (("src2tgt", 3 + 6), ("tgt2src", 2 + 4)):
+        harness = Harness(cmlm, CmlmObjective(cmlm, direction), cfg, "cpu")
+        assert harness.update([[example, example]])["tokens"] == 2 * tokens, direction
+    reder = REDER(ModelConfig(vocab_size=16, d_model=8, n_heads=2, ffn_dim=16, layers_per_end=1, dropout=0.0,
+                              max_positions=64), LossConfig())
+    assert Harness(reder, DuplexLoss(reder), cfg, "cpu").update([[example, example]])["tokens"] == 2 * (9 + 6)

@@ -1,7 +1,6 @@
 """pipeline.trainloop, the worker side: the shard (what its model cannot read left out, every rank's whole shard in
-every epoch), the teachers' and CMLMs' objectives, checkpoints loaded with weights_only, validation (the blank
-penalty, stage two's output length, a pair by direction, built at the first validation), the teacher pair against
-two runs, MLflow logging."""
+every epoch), checkpoints loaded with weights_only, validation (the blank penalty, stage two's output length, a
+pair by direction, built at the first validation), the teacher pair against two runs, MLflow logging."""
 import contextlib
 import dataclasses
 import math
@@ -15,11 +14,9 @@ import torch
 
 from pipeline import trainloop
 from pipeline.config import TrainConfig
-from pipeline.metrics import best_setting
 from reder import TransformerConfig
 from reder.autoregressive import Transformer
-from reder.ctc import pad_batch
-from reder.objectives.directional import CmlmObjective, TeacherObjective
+from reder.objectives.directional import TeacherObjective
 from tests.pipeline import test_harness
 
 
@@ -84,60 +81,6 @@ def test_every_rank_trains_on_its_whole_shard_in_every_epoch(monkeypatch):
     assert sum(len(batch) for batch in cut) < len(shards[1])
 
 
-def test_teacher_objective_reads_the_batch_in_its_direction():
-    model = Transformer(TransformerConfig(vocab_size=16, d_model=8, n_heads=2, ffn_dim=16, encoder_layers=1,
-                                          decoder_layers=1, dropout=0.0, max_positions=32))
-    src, src_lengths = pad_batch([[4, 5, 3], [6, 3]])
-    tgt, tgt_lengths = pad_batch([[7, 3], [8, 9, 10, 3]])
-    forward = TeacherObjective(model, "src2tgt")(src, src_lengths, tgt, tgt_lengths, 0)
-    backward = TeacherObjective(model, "tgt2src")(src, src_lengths, tgt, tgt_lengths, 0)
-    assert set(forward) == {"nll_src2tgt", "total"} and set(backward) == {"nll_tgt2src", "total"}
-    torch.testing.assert_close(forward["total"], model.loss(src, src_lengths, tgt, tgt_lengths)["total"])
-    torch.testing.assert_close(backward["nll_tgt2src"], model.loss(tgt, tgt_lengths, src, src_lengths)["nll"])
-
-
-def test_cmlm_objective_trains_its_direction_on_its_own_kd_pairs():
-    """src2tgt reads the batch (x, teacher(x)); tgt2src the KD reverse batch (teacher(y), y) backwards, i.e.
-    y → teacher(y); without KD the references backwards."""
-    from reder import CMLM, CmlmConfig
-
-    model = CMLM(CmlmConfig(vocab_size=16, d_model=8, n_heads=2, ffn_dim=16, encoder_layers=1, decoder_layers=1,
-                            dropout=0.0, max_positions=32))
-    x, x_lengths = pad_batch([[4, 5, 3], [6, 3]])
-    kd_y, kd_y_lengths = pad_batch([[7, 3], [8, 9, 10, 3]])
-    kd_x, kd_x_lengths = pad_batch([[11, 12, 13, 3], [4, 3]])
-    y, y_lengths = pad_batch([[7, 7, 3], [9, 3]])
-    reverse = (kd_x, kd_x_lengths, y, y_lengths)
-    for direction, expected in (("src2tgt", (x, x_lengths, kd_y, kd_y_lengths)), ("tgt2src", (y, y_lengths, kd_x, kd_x_lengths))):
-        torch.manual_seed(3)
-        terms = CmlmObjective(model, direction)(x, x_lengths, kd_y, kd_y_lengths, 0, tgt2src_batch=reverse)
-        assert set(terms) == {f"nll_{direction}", f"length_{direction}", "total"}
-        torch.manual_seed(3)  # the same masks
-        torch.testing.assert_close(terms["total"], model.loss(*expected)["total"])
-    torch.manual_seed(3)
-    plain = CmlmObjective(model, "tgt2src")(x, x_lengths, kd_y, kd_y_lengths, 0)
-    torch.manual_seed(3)
-    torch.testing.assert_close(plain["total"], model.loss(kd_y, kd_y_lengths, x, x_lengths)["total"])
-
-
-def test_the_harness_counts_the_tokens_an_objective_trains_on():
-    """With KD examples (x, y, teacher(x), teacher(y)) a CMLM direction trains on one of the two batches, and
-    its tokens/s counts that batch only; REDER's DuplexLoss reads both."""
-    from pipeline.harness import Harness
-    from reder import CMLM, CmlmConfig, DuplexLoss, LossConfig, ModelConfig, REDER
-
-    example = ([4, 5], [6, 7, 8], [9, 10, 11, 12, 13], [14])  # + EOS: x 3, y 4, teacher(x) 6, teacher(y) 2
-    cfg = TrainConfig(lr=1e-3, warmup_steps=2, max_steps=1)
-    cmlm = CMLM(CmlmConfig(vocab_size=16, d_model=8, n_heads=2, ffn_dim=16, encoder_layers=1, decoder_layers=1,
-                           dropout=0.0, max_positions=32))
-    for direction, tokens in (("src2tgt", 3 + 6), ("tgt2src", 2 + 4)):
-        harness = Harness(cmlm, CmlmObjective(cmlm, direction), cfg, "cpu")
-        assert harness.update([[example, example]])["tokens"] == 2 * tokens, direction
-    reder = REDER(ModelConfig(vocab_size=16, d_model=8, n_heads=2, ffn_dim=16, layers_per_end=1, dropout=0.0,
-                              max_positions=64), LossConfig())
-    assert Harness(reder, DuplexLoss(reder), cfg, "cpu").update([[example, example]])["tokens"] == 2 * (9 + 6)
-
-
 class _Checkpoint:
     """Ray's Checkpoint as `_load` uses it: a directory to read."""
 
@@ -192,13 +135,6 @@ def test_a_planted_pickle_in_train_state_is_refused_without_running(tmp_path):
     (tmp_path / "train_state.pt").write_bytes(b"PK\x03\x04 truncated")
     with pytest.raises(ValueError, match=r"train_state\.pt: corrupt or truncated"):
         trainloop._load(_Checkpoint(tmp_path), torch.device("cpu"))
-
-
-def test_best_setting_is_the_highest_score_and_of_equals_the_one_nearest_zero():
-    assert best_setting({0.0: 5.0, 1.0: 7.0, 2.0: 6.0}) == 1.0
-    assert best_setting({-1.0: 7.0, 0.0: 5.0, 1.0: 7.0, 3.0: 7.0}) == -1.0  # |−1| = |1|: then the smaller
-    assert best_setting({0.0: 7.0, 0.5: 7.0}) == 0.0
-    assert best_setting({2.0: 1.0}) == 2.0
 
 
 def _valid_split(root: Path, model_dir: Path, src: list[str], tgt: list[str], src_text: list[str],

@@ -7,9 +7,10 @@ import pytest
 import torch
 
 from reder import EOS_ID, PAD_ID
-from reder.cmlm import CMLM, remask, uniform_mask
+from reder.cmlm import CMLM, remask
 from reder.config import CmlmConfig
 from reder.ctc import pad_batch, valid_mask
+from reder.objectives.terms import uniform_mask
 from tests.reder.helpers import random_batch
 
 VOCAB = 14
@@ -20,22 +21,6 @@ def tiny_cmlm(**overrides) -> CMLM:
                   dropout=0.0, attention_dropout=0.0, label_smoothing=0.1, max_positions=16)
     values.update(overrides)
     return CMLM(CmlmConfig(**values)).eval()
-
-
-def test_uniform_mask_draws_counts_and_positions_uniformly() -> None:
-    lengths = torch.tensor([4, 1, 0, 6]).repeat(2000)
-    masked = uniform_mask(lengths, 6)
-    assert not (masked & ~valid_mask(lengths, 6)).any()  # real positions only
-    counts = masked.sum(dim=1).view(2000, 4)
-    assert counts[:, 1].eq(1).all() and counts[:, 2].eq(0).all()
-    for column, length in ((0, 4), (3, 6)):
-        histogram = torch.bincount(counts[:, column], minlength=length + 1).float()
-        assert histogram[0] == 0
-        expected = 2000 / length  # n uniform in 1..length
-        assert ((histogram[1:] - expected).abs() < 5 * math.sqrt(expected)).all(), histogram
-        per_position = masked.view(2000, 4, 6)[:, column, :length].sum(dim=0).float()
-        expected_position = counts[:, column].sum().item() / length  # every position equally likely
-        assert ((per_position - expected_position).abs() < 5 * math.sqrt(expected_position)).all(), per_position
 
 
 def test_remask_takes_the_lowest_scores_of_real_positions() -> None:

@@ -57,7 +57,7 @@ def test_the_converted_model_gives_our_log_probabilities(converted):
     for source, target in zip(sources[:8], targets):
         src, src_lengths = pad_batch([source])
         tgt, _ = pad_batch([target + [EOS_ID]])
-        ours = model._target_log_probs(*model.encode(src, src_lengths), tgt).gather(-1, tgt[..., None]).flatten()
+        ours = model.target_log_probs(*model.encode(src, src_lengths), tgt).gather(-1, tgt[..., None]).flatten()
         theirs = translator.score_batch([[pieces[t] for t in source]], [[pieces[t] for t in target]])[0].log_probs
         torch.testing.assert_close(torch.tensor(theirs), ours, atol=1e-4, rtol=1e-4)
 

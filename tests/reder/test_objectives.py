@@ -3,10 +3,13 @@ import math
 import pytest
 import torch
 
-from reder import DuplexLoss, LossConfig
+from reder import DuplexLoss, LossConfig, TransformerConfig
+from reder.autoregressive import Transformer
 from reder.configio import ConfigError, FieldError
+from reder.ctc import pad_batch, valid_mask
+from reder.objectives.directional import CmlmObjective, TeacherObjective
 from reder.objectives.duplex import glance, reverse_states
-from reder.objectives.terms import forward_backward_agreement, glance_mask
+from reder.objectives.terms import forward_backward_agreement, glance_mask, uniform_mask
 from reder.reversible import run_trunk
 from tests.reder.helpers import padding_mask, random_batch, tiny_model
 
@@ -189,6 +192,22 @@ def test_glance_mask_draws_the_number_random_count_among_the_candidates():
     assert bool((seen[0] > 0).all()) and bool((seen[2][candidates[2]] > 0).all())  # any candidate can be drawn
 
 
+def test_uniform_mask_draws_counts_and_positions_uniformly() -> None:
+    lengths = torch.tensor([4, 1, 0, 6]).repeat(2000)
+    masked = uniform_mask(lengths, 6)
+    assert not (masked & ~valid_mask(lengths, 6)).any()  # real positions only
+    counts = masked.sum(dim=1).view(2000, 4)
+    assert counts[:, 1].eq(1).all() and counts[:, 2].eq(0).all()
+    for column, length in ((0, 4), (3, 6)):
+        histogram = torch.bincount(counts[:, column], minlength=length + 1).float()
+        assert histogram[0] == 0
+        expected = 2000 / length  # n uniform in 1..length
+        assert ((histogram[1:] - expected).abs() < 5 * math.sqrt(expected)).all(), histogram
+        per_position = masked.view(2000, 4, 6)[:, column, :length].sum(dim=0).float()
+        expected_position = counts[:, column].sum().item() / length  # every position equally likely
+        assert ((per_position - expected_position).abs() < 5 * math.sqrt(expected_position)).all(), per_position
+
+
 @pytest.mark.parametrize("head", ["ctc", "dag"])
 def test_glancing_puts_the_aligned_target_tokens_into_the_input_at_the_drawn_positions(head):
     """The first pass lays y out (the head's FBA layout) and draws positions; the second pass's input holds the
@@ -229,3 +248,39 @@ def test_the_glancing_schedule_is_linear_then_constant_and_checked():
                                ({"glance_steps": -1}, "glance_steps")):
         with pytest.raises(FieldError, match=message):
             LossConfig(**overrides)
+
+
+def test_teacher_objective_reads_the_batch_in_its_direction():
+    model = Transformer(TransformerConfig(vocab_size=16, d_model=8, n_heads=2, ffn_dim=16, encoder_layers=1,
+                                          decoder_layers=1, dropout=0.0, max_positions=32))
+    src, src_lengths = pad_batch([[4, 5, 3], [6, 3]])
+    tgt, tgt_lengths = pad_batch([[7, 3], [8, 9, 10, 3]])
+    forward = TeacherObjective(model, "src2tgt")(src, src_lengths, tgt, tgt_lengths, 0)
+    backward = TeacherObjective(model, "tgt2src")(src, src_lengths, tgt, tgt_lengths, 0)
+    assert set(forward) == {"nll_src2tgt", "total"} and set(backward) == {"nll_tgt2src", "total"}
+    torch.testing.assert_close(forward["total"], model.loss(src, src_lengths, tgt, tgt_lengths)["total"])
+    torch.testing.assert_close(backward["nll_tgt2src"], model.loss(tgt, tgt_lengths, src, src_lengths)["nll"])
+
+
+def test_cmlm_objective_trains_its_direction_on_its_own_kd_pairs():
+    """src2tgt reads the batch (x, teacher(x)); tgt2src the KD reverse batch (teacher(y), y) backwards, i.e.
+    y → teacher(y); without KD the references backwards."""
+    from reder import CMLM, CmlmConfig
+
+    model = CMLM(CmlmConfig(vocab_size=16, d_model=8, n_heads=2, ffn_dim=16, encoder_layers=1, decoder_layers=1,
+                            dropout=0.0, max_positions=32))
+    x, x_lengths = pad_batch([[4, 5, 3], [6, 3]])
+    kd_y, kd_y_lengths = pad_batch([[7, 3], [8, 9, 10, 3]])
+    kd_x, kd_x_lengths = pad_batch([[11, 12, 13, 3], [4, 3]])
+    y, y_lengths = pad_batch([[7, 7, 3], [9, 3]])
+    reverse = (kd_x, kd_x_lengths, y, y_lengths)
+    for direction, expected in (("src2tgt", (x, x_lengths, kd_y, kd_y_lengths)), ("tgt2src", (y, y_lengths, kd_x, kd_x_lengths))):
+        torch.manual_seed(3)
+        terms = CmlmObjective(model, direction)(x, x_lengths, kd_y, kd_y_lengths, 0, tgt2src_batch=reverse)
+        assert set(terms) == {f"nll_{direction}", f"length_{direction}", "total"}
+        torch.manual_seed(3)  # the same masks
+        torch.testing.assert_close(terms["total"], model.loss(*expected)["total"])
+    torch.manual_seed(3)
+    plain = CmlmObjective(model, "tgt2src")(x, x_lengths, kd_y, kd_y_lengths, 0)
+    torch.manual_seed(3)
+    torch.testing.assert_close(plain["total"], model.loss(kd_y, kd_y_lengths, x, x_lengths)["total"])
