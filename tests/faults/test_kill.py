@@ -12,7 +12,7 @@ temporary output; no stage directory without `_SUCCESS` exists; no process of th
 agents, which outlive a SIGKILL by up to a minute, are checked at the end); the next start runs the stopped
 stage again. At the end: the run completes, the Ray Train stages resumed from their checkpoints, and no
 MLflow run is left RUNNING — each stopped start's runs are KILLED with the reason in their `error` tag. A
-sweep (`run_pipeline.py tune`) on the finished run's data is then stopped by SIGTERM while its trials train,
+sweep (`run_pipeline.py tune`, one trial) on the finished run's data is then stopped by SIGTERM while it trains,
 within STOP_S, and `--resume` completes it. The finished run then serves the corruption checks (see the
 test's second part).
 """
@@ -41,7 +41,7 @@ from tests.conftest import SESSION_RAY_TMPDIR
 REPO = Path(run_pipeline.__file__).resolve().parent
 SMOKE = REPO / "configs" / "smoke.yaml"
 TINY = ["tracking.enabled=true", "teacher.train.max_steps=4", "teacher.train.validate_every=2",
-        "train.max_steps=20", "train.validate_every=2", "train.num_workers=1", "train.keep_checkpoints=2",
+        "train.max_steps=20", "train.validate_every=5", "train.num_workers=1", "train.keep_checkpoints=2",
         "train.average_best=1", "evaluate.max_sentences=10", "evaluate.latency_sentences=2",
         "evaluate.throughput_batch=4"]
 MARK = "DUPLEX_FAULT_RUN"  # in the environment of the run and of every process it starts (Ray's too)
@@ -70,6 +70,9 @@ KILLS = [
     ("train", signal.SIGINT, lambda w: any(map(resumed, registered_under(w / "ray_results", "train-*")))),
     ("evaluate", signal.SIGTERM, lambda w: True),
 ]
+# The sweep's stop and --resume need one trial, not the smoke config's three (each a Ray Train start): the three
+# of them made the sweep 323 of the suite's 857 s (2-core box, 2026-11-27).
+ONE_TRIAL = ("tune.space={loss.lambda_fba: {grid: [0.1]}}",)
 STOP_S = 10  # what an interrupted run may take to end (issue 40: SIGTERM in train once took over a minute)
 EXIT = {signal.SIGTERM: (143, "SIGTERM"), signal.SIGINT: (130, "Ctrl-C")}
 
@@ -100,7 +103,7 @@ class Start:
     """One `python run_pipeline.py` of the tiny run, its output in files beside the workdir."""
 
     def __init__(self, workdir: Path, number: int, hold: str = "", command: tuple[str, ...] = (),
-                 tmpdir: Path | None = None) -> None:
+                 tmpdir: Path | None = None, extra: tuple[str, ...] = ()) -> None:
         self.mark = uuid.uuid4().hex
         self.stdout, self.stderr = (workdir.parent / f"start{number}.{kind}" for kind in ("out", "err"))
         # A SIGKILLed driver's Ray processes try to reach its GCS, gone too, for the reconnect timeout (60 s by
@@ -116,7 +119,7 @@ class Start:
             env["TMPDIR"] = str(tmpdir)
         with open(self.stdout, "w") as out, open(self.stderr, "w") as err:
             self.proc = subprocess.Popen([sys.executable, "run_pipeline.py", *command, "--config", str(SMOKE),
-                                          f"workdir={workdir}", *TINY], cwd=REPO, env=env, stdout=out, stderr=err,
+                                          f"workdir={workdir}", *TINY, *extra], cwd=REPO, env=env, stdout=out, stderr=err,
                                          start_new_session=True)  # its own process group, as from a shell
 
     def stop(self, sig: signal.Signals, where: str, how_to_continue: str) -> float:
@@ -223,14 +226,14 @@ def test_killed_inside_every_stage_then_run_again_and_corrupted_artifacts_are_re
     # both directions were under way when SIGTERM came (one run trains both: issue 53), closed with their stage
     assert sorted(killed_teacher) == ["teacher src2tgt", "teacher tgt2src"]
 
-    # A sweep on the finished run's data, stopped by SIGTERM while its first trial trains, then resumed.
+    # A sweep on the finished run's data, stopped by SIGTERM while its one trial trains, then resumed.
     # Started as a user starts it, without the suite's RAY_TMPDIR: Ray's files go to the user's own
     # <temp>/duplex-<uid> (mode 700), not the machine-wide /tmp/ray (issue 55). A short path: Ray's socket names
     # must fit 107 bytes.
     own_tmp = Path(tempfile.mkdtemp(prefix="dpx-", dir="/tmp"))
     request.addfinalizer(lambda: shutil.rmtree(own_tmp, ignore_errors=True))
     began = time.monotonic()
-    sweep = Start(workdir, len(KILLS) + 1, command=("tune",), tmpdir=own_tmp)
+    sweep = Start(workdir, len(KILLS) + 1, command=("tune",), tmpdir=own_tmp, extra=ONE_TRIAL)
     sweep.wait_for(lambda: registered_under(workdir / "ray_results", "tune-*/**"), "a trial's checkpoint")
     took["stopped in tune with SIGTERM"] = sweep.stop(
         signal.SIGTERM, "stopped in tune with SIGTERM", "finished stages are kept, the sweep published nothing and "
@@ -244,7 +247,7 @@ def test_killed_inside_every_stage_then_run_again_and_corrupted_artifacts_are_re
     assert [r.info.status for r in runs if r.data.tags[STAGE_TAG] == "tune"] == ["KILLED"]
     phases.append(f"the sweep started and stopped: {time.monotonic() - began:5.1f} s")
     began = time.monotonic()
-    resumed = Start(workdir, len(KILLS) + 2, command=("tune", "--resume"))
+    resumed = Start(workdir, len(KILLS) + 2, command=("tune", "--resume"), extra=ONE_TRIAL)
     assert resumed.proc.wait(timeout=600) == 0, resumed.text()[-5000:]
     phases.append(f"the sweep resumed to its end: {time.monotonic() - began:5.1f} s")
     began = time.monotonic()
