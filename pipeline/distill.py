@@ -306,22 +306,33 @@ def work_blocks(train: pa.Table, distill: DistillConfig) -> list[pa.Table]:
     return blocks
 
 
+def decoding_dataset(blocks: list[pa.Table], teacher_dirs: dict[str, str], vocab_size: int, distill: DistillConfig,
+                     ct2_dirs: dict[str, str] | None, actors: int, resources: dict[str, float]) -> Any:
+    """The lazy Ray Dataset of `work_blocks`' blocks mapped by a pool of `actors` TeacherDecoder actors, each
+    holding `resources` (`plan_actors`)."""
+    import ray
+
+    threads = max(1, int(resources.get("num_cpus", 1)))
+    decoding = {k: getattr(distill, k) for k in DECODING_KEYS}
+    # Ray Data wants a batch size for an actor that holds a GPU: the largest planned batch's rows (a call may then
+    # get a planned batch in two parts, each decoded as its own search); without one a call gets whole blocks
+    batch_size = max(block.num_rows for block in blocks) if resources.get("num_gpus") else None
+    with remote_args_allowed():
+        return ray.data.from_arrow(blocks).map_batches(
+            TeacherDecoder, fn_constructor_kwargs={"teacher_dirs": teacher_dirs, "vocab_size": vocab_size,
+                                                   "decoding": decoding, "threads": threads, "ct2_dirs": ct2_dirs},
+            batch_format="pyarrow", batch_size=batch_size, compute=ray.data.ActorPoolStrategy(size=actors), **resources,
+            **actor_pool_options())
+
+
 def distill_on_ray(train: pa.Table, teacher_dirs: dict[str, str], vocab_size: int, distill: DistillConfig,
                    ct2_dirs: dict[str, str] | None = None) -> tuple[pa.Table, int]:
     """Decode the training split (`id`, `src_ids`, `tgt_ids`) with an actor pool of TeacherDecoder replicas
     (through CTranslate2 with `ct2_dirs`, `convert_teachers`); returns (`id`, `src_ids`, `kd_tgt_ids`,
     `tgt_ids`, `kd_src_ids` in `train`'s order, the number of actors)."""
-    import ray
-
     actors, resources = plan_actors(distill)
-    threads = max(1, int(resources.get("num_cpus", 1)))
-    decoding = {k: getattr(distill, k) for k in DECODING_KEYS}
-    with remote_args_allowed():
-        dataset = ray.data.from_arrow(work_blocks(train, distill)).map_batches(
-            TeacherDecoder, fn_constructor_kwargs={"teacher_dirs": teacher_dirs, "vocab_size": vocab_size,
-                                                   "decoding": decoding, "threads": threads, "ct2_dirs": ct2_dirs},
-            batch_format="pyarrow", batch_size=None, compute=ray.data.ActorPoolStrategy(size=actors), **resources,
-            **actor_pool_options())
+    dataset = decoding_dataset(work_blocks(train, distill), teacher_dirs, vocab_size, distill, ct2_dirs, actors,
+                               resources)
     # Batches come back to the driver as the actors finish them: a progress line off a terminal (on one,
     # Ray Data's bars); each sentence must come back exactly once.
     outputs: dict[str, list[Any]] = {direction: [None] * train.num_rows for direction, _, _ in DIRECTIONS}

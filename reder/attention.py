@@ -4,6 +4,21 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+# The fused attention kernels that need no per-shape set-up. PyTorch may pick cuDNN's for a masked attention on
+# a CUDA card, and cuDNN builds an execution plan for every new shape: with batches of many lengths (and a
+# decoder's growing length) that is seconds per shape until every shape has been seen once.
+PLANLESS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
+def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs) -> torch.Tensor:
+    """F.scaled_dot_product_attention(q, k, v, **kwargs), on a CUDA device without cuDNN's kernel (`PLANLESS`);
+    on a CPU unchanged (and without the context manager's cost)."""
+    if not q.is_cuda:
+        return F.scaled_dot_product_attention(q, k, v, **kwargs)
+    with sdpa_kernel(PLANLESS):
+        return F.scaled_dot_product_attention(q, k, v, **kwargs)
 
 
 class RelativeSelfAttention(nn.Module):
@@ -34,5 +49,5 @@ class RelativeSelfAttention(nn.Module):
         bias = relative.gather(-1, index) / math.sqrt(self.d_head)  # (B, H, T, T): q_i·r_clip(j−i)/√dh
         bias = bias.masked_fill(~mask[:, None, None, :], float("-inf"))  # padded keys
         dropout = self.attention_dropout if self.training else 0.0
-        context = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout)  # (B, H, T, dh)
+        context = sdpa(q, k, v, attn_mask=bias, dropout_p=dropout)  # (B, H, T, dh)
         return self.out(context.transpose(1, 2).reshape(batch, length, d_model))

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from reder.attention import sdpa
 from reder.config import BOS_ID, EOS_ID, PAD_ID, TransformerConfig
 from reder.ctc import valid_mask
 from reder.objectives.directional import teacher_loss
@@ -55,9 +56,8 @@ class Attention(nn.Module):
                 is_causal: bool = False) -> torch.Tensor:
         """x (N, T, D) attends to keys/values (N, H, S, D/H); bool mask broadcast to (N, H, T, S), True = may attend;
         or, with `is_causal` (T = S, no mask), position i to positions ≤ i."""
-        out = F.scaled_dot_product_attention(self._split(self.query(x)), keys, values, attn_mask=mask,
-                                             dropout_p=self.dropout if self.training else 0.0,
-                                             is_causal=is_causal)  # (N, H, T, D/H)
+        out = sdpa(self._split(self.query(x)), keys, values, attn_mask=mask,
+                   dropout_p=self.dropout if self.training else 0.0, is_causal=is_causal)  # (N, H, T, D/H)
         return self.out(out.transpose(1, 2).flatten(2))  # (N, T, D)
 
 

@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from reder.attention import sdpa
 from reder.layers import AttentionBranch, DuplexLayer, FeedForwardBranch
 
 Op = tuple[DuplexLayer, bool]  # (layer, inverse), as in reder/reversible.py
@@ -153,7 +154,7 @@ def attend(module: nn.Module, qkv: torch.Tensor, group: AttentionGroup) -> torch
     bias = relative.gather(-1, group.index).div_(math.sqrt(d_head))  # (b, H, T, T)
     if group.padded_keys is not None:
         bias.masked_fill_(group.padded_keys, float("-inf"))
-    context = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)  # (b, H, T, dh)
+    context = sdpa(q, k, v, attn_mask=bias)  # (b, H, T, dh)
     context = context.transpose(1, 2).reshape(group.batch * group.length, heads * d_head)  # (b·T, D)
     return context.index_select(0, group.rows) if group.rows is not None else context
 

@@ -9,6 +9,7 @@
 #
 #   bash bench/gpu_env/quick_gpu.sh              on the GPU machine; carry bench/gpu_env/site.tar.xz and
 #                                                bench/gpu_env/data (bench/gpu_env/pack.sh; the Multi30k files)
+#   bash bench/gpu_env/quick_gpu.sh [KEY=VALUE ...]   overrides after the recipe's (and the rehearsal's)
 #   bash bench/gpu_env/quick_gpu.sh --rehearse   here, on the CPU: the same command, limits and summary at a
 #                                                tiny budget (small models, 1,500 training pairs, all of test)
 # Environment: OUT (the device tool's; a temporary directory when unset), QUICK_LIMIT_S (the pipeline's limit),
@@ -23,6 +24,7 @@ limit=${QUICK_LIMIT_S:-570}
 started=$(date +%s.%N)
 overrides=(workdir=$work)
 if [ "${1:-}" = --rehearse ]; then
+  shift
   python=${PYTHON:-$root/.venv/bin/python}
   limit=${QUICK_LIMIT_S:-600}
   overrides+=(data.local_dir=$root/../shared/data/multi30k data.limit=1500 model.vocab_size=2000
@@ -40,6 +42,7 @@ else
   overrides+=(data.local_dir=$root/bench/gpu_env/data/multi30k)
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/pipeline.log"
 fi
+overrides+=("$@")  # the command line's own KEY=VALUE overrides come last (a shorter window's budget, say)
 export PYTHONUNBUFFERED=1
 echo "environment ready after $(python3 -c "print(round($(date +%s.%N) - $started, 1))") s" | tee -a "$out/pipeline.log"
 

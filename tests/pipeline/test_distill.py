@@ -78,6 +78,19 @@ def test_ray_distillation_with_one_and_two_actors_equals_the_teacher_called_dire
     assert [row["src_ids"] for row in outputs[1]] == references.column("src_ids").to_pylist()
 
 
+def test_a_gpu_actor_pool_is_built_with_a_batch_size_ray_data_accepts(tmp_path, ray_session):
+    """Ray Data refuses an actor pool that holds GPUs without a batch size (the first GPU run of
+    configs/multi30k_quick.yaml stopped there, after its teachers). Building the dataset is lazy: no GPU is
+    needed to see it accepted."""
+    train = tokenize.read_split(_train_split(tmp_path / "train"))
+    cfg = DistillConfig(use_gpu=True, max_tokens=24)
+    blocks = distill.work_blocks(train, cfg)
+    assert len({block.num_rows for block in blocks}) > 1  # planned batches of several sizes
+    for resources in ({"num_gpus": 1, "num_cpus": 4}, {"num_cpus": 1}):
+        dataset = distill.decoding_dataset(blocks, {}, VOCAB, cfg, None, 1, resources)
+        assert dataset.schema(fetch_if_missing=False) is None  # nothing ran: the check is in building it
+
+
 def test_batches_are_sorted_by_length_and_bounded_in_tokens():
     lengths = [5, 2, 9, 2, 30, 4, 5, 1, 9, 3]
     batches = distill.plan_batches(lengths, max_tokens=12, batch_size=1)

@@ -85,3 +85,24 @@ def test_the_limit_reaches_every_layer_from_the_pipeline_config():
         assert len(layers) == 4
         assert all(a.max_relative_distance == limit and a.relative_keys.num_embeddings == 2 * limit + 1 for a in layers)
     assert load_config(None, []).model.max_relative_distance == 16
+
+
+@pytest.mark.gpu
+def test_cuda_attention_runs_without_cudnns_kernel(monkeypatch):
+    """On CUDA, `sdpa` keeps PyTorch from cuDNN's fused attention (an execution plan per new shape: on an H200 the
+    teachers' first 50 updates took 101 s with it, docs/RESULTS.md), and the result equals the default's."""
+    from reder import attention
+
+    real, seen = attention.F.scaled_dot_product_attention, []
+
+    def recording(*args, **kwargs):
+        seen.append(torch.backends.cuda.cudnn_sdp_enabled())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(attention.F, "scaled_dot_product_attention", recording)
+    q, k, v = torch.randn(3, 2, 4, 7, 16, device="cuda").unbind(0)
+    mask = torch.rand(2, 1, 7, 7, device="cuda") > 0.3
+    mask[..., 0] = True  # every query sees a key
+    out = attention.sdpa(q, k, v, attn_mask=mask)
+    assert seen == [False] and torch.backends.cuda.cudnn_sdp_enabled()  # off for the call only
+    torch.testing.assert_close(out, real(q, k, v, attn_mask=mask), rtol=1e-4, atol=1e-4)
