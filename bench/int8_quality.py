@@ -8,6 +8,13 @@ the batch-1 / batch-N speed of both in the same process.
 The model memorises `--pairs` Multi30k train pairs (whitespace words; by default d128, 4 heads, FFN 256, 2 layers per end,
 r = 3: the learning test's model) until both directions' greedy BLEU exceeds 90 or `--limit-s` runs out, then
 is scored on the same pairs: a trained, confident model on inputs it knows, not a held-out test set.
+
+    python -m bench.int8_quality --model MODEL_DIR [--test PREFIX] [--threads 1] [--out FILE]
+
+scores a model the pipeline trained (its train stage's `model/`, or an MLflow `models:/` URI) on held-out pairs
+instead (`--test`: PREFIX.<src_lang> and PREFIX.<tgt_lang>, default Multi30k's test 2016), both ways, greedy,
+through `reder.load(MODEL_DIR)` and `reder.load(MODEL_DIR, int8=True)`: sacreBLEU of each, the share of identical
+outputs, and the sentences/s of both at batch 64 (`--repeats`, interleaved).
 """
 from __future__ import annotations
 
@@ -29,9 +36,13 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--d-model", type=int, default=128, help="FFN 2x, heads d_model / 32")
+    parser.add_argument("--model", help="a trained model directory: score it on --test instead of training one")
+    parser.add_argument("--test", default=str(MULTI30K / "test_2016_flickr"), help="held-out pairs: PREFIX.<lang>")
     parser.add_argument("--out")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
+    if args.model:
+        return emit(held_out(args), args.out)
     torch.manual_seed(0)
     from reder import EOS_ID, LossConfig, ModelConfig, REDER
     from reder.ctc import pad_batch
@@ -95,6 +106,31 @@ def main(argv: list[str] | None = None) -> dict:
     report["sentences_per_s"] = {name: round(statistics.median(values), 1) for name, values in timings.items()}
     report["load_after"] = [round(x, 2) for x in os.getloadavg()]
     return emit(report, args.out)
+
+
+def held_out(args: argparse.Namespace) -> dict:
+    """A trained model directory's float32 and int8 greedy output on held-out pairs, both ways."""
+    from reder import load
+
+    chosen = {"float32": load(args.model), "int8": load(args.model, int8=True)}
+    languages = chosen["float32"].languages
+    lines = {lang: open(f"{args.test}.{lang}", encoding="utf-8").read().splitlines() for lang in languages}
+    report = {"benchmark": "int8_quality", "model": args.model, "test": args.test, "sentences": len(lines[languages[0]]),
+              "threads": args.threads, "load_before": [round(x, 2) for x in os.getloadavg()], "directions": {}}
+    for direction, (src, tgt) in (("src2tgt", languages), ("tgt2src", languages[::-1])):
+        outputs = {name: translator.translate(lines[src], src, tgt) for name, translator in chosen.items()}
+        report["directions"][direction] = {
+            **{f"bleu_{name}": round(sacrebleu.corpus_bleu(out, [lines[tgt]]).score, 2) for name, out in outputs.items()},
+            "identical_share": round(sum(a == b for a, b in zip(*outputs.values())) / len(lines[src]), 3)}
+    timings: dict[str, list[float]] = {name: [] for name in chosen}
+    for _ in range(args.repeats):  # interleaved: a load change hits both
+        for name, translator in chosen.items():
+            started = time.perf_counter()
+            translator.translate(lines[languages[0]], *languages)
+            timings[name].append(len(lines[languages[0]]) / (time.perf_counter() - started))
+    report["sentences_per_s_batch64"] = {name: round(statistics.median(values), 1) for name, values in timings.items()}
+    report["load_after"] = [round(x, 2) for x in os.getloadavg()]
+    return report
 
 
 if __name__ == "__main__":
