@@ -22,6 +22,7 @@ import argparse
 import os
 import statistics
 import time
+from pathlib import Path
 
 import sacrebleu
 import torch
@@ -114,7 +115,7 @@ def held_out(args: argparse.Namespace) -> dict:
 
     chosen = {"float32": load(args.model), "int8": load(args.model, int8=True)}
     languages = chosen["float32"].languages
-    lines = {lang: open(f"{args.test}.{lang}", encoding="utf-8").read().splitlines() for lang in languages}
+    lines = {lang: Path(f"{args.test}.{lang}").read_text(encoding="utf-8").splitlines() for lang in languages}
     report = {"benchmark": "int8_quality", "model": args.model, "test": args.test, "sentences": len(lines[languages[0]]),
               "threads": args.threads, "load_before": [round(x, 2) for x in os.getloadavg()], "directions": {}}
     for direction, (src, tgt) in (("src2tgt", languages), ("tgt2src", languages[::-1])):
