@@ -23,6 +23,7 @@ import os
 import statistics
 import time
 from pathlib import Path
+from typing import Any, Callable
 
 import sacrebleu
 import torch
@@ -97,14 +98,10 @@ def main(argv: list[str] | None = None) -> dict:
         (bleu32, hyp32), (bleu8, hyp8) = float_scores[direction], int8_scores[direction]
         report["directions"][direction] = {"bleu_float32": round(bleu32, 2), "bleu_int8": round(bleu8, 2),
                                            "identical_share": round(sum(a == b for a, b in zip(hyp32, hyp8)) / len(hyp32), 3)}
-    timings: dict[str, list[float]] = {"float32": [], "int8": []}
     with torch.inference_mode():
-        for _ in range(args.repeats):  # interleaved: a load change hits both
-            for name, chosen in (("float32", model), ("int8", int8)):
-                started = time.perf_counter()
-                chosen.translate(src, src_lengths, "src2tgt")
-                timings[name].append(len(english) / (time.perf_counter() - started))
-    report["sentences_per_s"] = {name: round(statistics.median(values), 1) for name, values in timings.items()}
+        report["sentences_per_s"] = interleaved_rates(
+            {name: (lambda chosen=chosen: chosen.translate(src, src_lengths, "src2tgt"))
+             for name, chosen in (("float32", model), ("int8", int8))}, len(english), args.repeats)
     report["load_after"] = [round(x, 2) for x in os.getloadavg()]
     return emit(report, args.out)
 
@@ -123,15 +120,23 @@ def held_out(args: argparse.Namespace) -> dict:
         report["directions"][direction] = {
             **{f"bleu_{name}": round(sacrebleu.corpus_bleu(out, [lines[tgt]]).score, 2) for name, out in outputs.items()},
             "identical_share": round(sum(a == b for a, b in zip(*outputs.values())) / len(lines[src]), 3)}
-    timings: dict[str, list[float]] = {name: [] for name in chosen}
-    for _ in range(args.repeats):  # interleaved: a load change hits both
-        for name, translator in chosen.items():
-            started = time.perf_counter()
-            translator.translate(lines[languages[0]], *languages)
-            timings[name].append(len(lines[languages[0]]) / (time.perf_counter() - started))
-    report["sentences_per_s_batch64"] = {name: round(statistics.median(values), 1) for name, values in timings.items()}
+    report["sentences_per_s_batch64"] = interleaved_rates(
+        {name: (lambda translator=translator: translator.translate(lines[languages[0]], *languages))
+         for name, translator in chosen.items()}, len(lines[languages[0]]), args.repeats)
     report["load_after"] = [round(x, 2) for x in os.getloadavg()]
     return report
+
+
+def interleaved_rates(calls: dict[str, Callable[[], Any]], count: int, repeats: int) -> dict[str, float]:
+    """Each call's median rate (`count` items per second) over `repeats` rounds, the calls interleaved in each
+    round so that a change of the machine's load hits them all."""
+    rates: dict[str, list[float]] = {name: [] for name in calls}
+    for _ in range(repeats):
+        for name, call in calls.items():
+            started = time.perf_counter()
+            call()
+            rates[name].append(count / (time.perf_counter() - started))
+    return {name: round(statistics.median(values), 1) for name, values in rates.items()}
 
 
 if __name__ == "__main__":
