@@ -250,9 +250,14 @@ def guarded(work: Callable[[], tuple[Any, Any]], how_to_continue: str = CONTINUE
         return 0, work()
     except KeyboardInterrupt as error:  # Ctrl-C, or SIGTERM's Terminated
         return interrupted(error, how_to_continue), (None, None)
-    except (ConfigError, StageError, ClusterError) as error:
+    except Exception as error:
+        # A signal can land inside a library that turns it into an error of its own: Ray Train's fit, or an
+        # extension module's import (pybind11's "ImportError: initialization failed", raised from the
+        # KeyboardInterrupt, when Ctrl-C came while distill imported CTranslate2).
         if interruption(error):
             return interrupted(error, how_to_continue), (None, None)
+        if not isinstance(error, (ConfigError, StageError, ClusterError)):
+            raise
         disconnect_ray()
         print(f"error: {error}", file=sys.stderr)
         return 2, (None, None)

@@ -100,7 +100,8 @@ def connect(address: str = "", num_cpus: int = 0, object_store_memory_mb: int = 
     """Connect this process to Ray once (run_pipeline.py calls it before the first stage that needs Ray); a
     no-op when the process (or a test fixture) already did. `address` empty starts a local instance of
     `num_cpus` CPUs (0 = all) and an object store of `object_store_memory_mb` (0 = Ray's default), with the
-    dashboard (see below; http://127.0.0.1:8265 while the run lasts)."""
+    dashboard (see below; http://127.0.0.1:8265 while the run lasts, another port when that one is taken:
+    Ray prints the address)."""
     import ray
 
     if ray.is_initialized():
@@ -138,7 +139,7 @@ def connect(address: str = "", num_cpus: int = 0, object_store_memory_mb: int = 
         if not any(isinstance(f, _DropTokenAuthNotice) for f in notice.filters):
             notice.addFilter(_DropTokenAuthNotice())
         os.environ["RAY_TMPDIR"] = str(local_ray_tmpdir())  # the instance's processes inherit it
-        kwargs: dict[str, Any] = {"address": "local", "include_dashboard": True}
+        kwargs: dict[str, Any] = local_instance({"address": "local", "include_dashboard": True})
         if num_cpus:
             kwargs["num_cpus"] = num_cpus
         if object_store_memory_mb:
@@ -148,6 +149,45 @@ def connect(address: str = "", num_cpus: int = 0, object_store_memory_mb: int = 
     # get the driver's DataContext). Ray Data says so in each process: to ray-data.log (LOCAL_ENV).
     ray.data.DataContext.get_current().enable_progress_bars = sys.stderr.isatty()
     log.info("ray: %s CPUs available", ray.available_resources().get("CPU", 0))
+
+
+# Where a local instance's processes find its State API (Ray's own variable; the `ray job` CLI reads it too).
+API_SERVER_ENV = "RAY_API_SERVER_ADDRESS"
+DASHBOARD_PORT = 8265  # Ray's default: the one a user knows, when it is free
+
+
+def local_instance(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """`ray.init` arguments for a new local instance with a dashboard: the dashboard on a port chosen here (8265
+    when free) and every process of the instance told where its State API is ($RAY_API_SERVER_ADDRESS: they
+    inherit this process's environment). Without it a process of the instance that asks the State API with no
+    address, as Ray Train V2's PlacementGroupCleaner does every second, finds its cluster by listing the
+    machine's raylets, and with a second Ray on the machine (another user's, a `ray start` cluster, the cluster
+    test beside the suite) it gets "Found multiple active Ray instances": the cleaner's thread dies, and a
+    fit stopped without its controller's cleanup (a Tune trial stopped by ASHA, Ctrl-C) leaks its placement
+    group."""
+    port = kwargs.get("dashboard_port") or free_port(DASHBOARD_PORT)
+    os.environ[API_SERVER_ENV] = f"http://127.0.0.1:{port}"
+    return {**kwargs, "include_dashboard": True, "dashboard_port": port}
+
+
+def free_port(preferred: int = 0) -> int:
+    """`preferred` if free on the loopback, else a free port below Linux's ephemeral range (32768-60999). A port
+    from bind(0) is itself ephemeral, and one was seen taken again, by a Ray process starting in between, before
+    the dashboard could bind it; ports outside that range are never handed out by bind(0)."""
+    import random
+    import socket
+
+    ranges = Path("/proc/sys/net/ipv4/ip_local_port_range")
+    low = int(ranges.read_text().split()[0]) if ranges.is_file() else 32768
+    candidates = [preferred] if preferred else []
+    for port in candidates + random.Random().sample(range(20000, min(low, 32768)), 200):
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise ClusterError("no free loopback port between 20000 and the ephemeral range for the Ray dashboard")
 
 
 def local_ray_tmpdir() -> Path:

@@ -2,7 +2,6 @@
 import os
 import random
 import shutil
-import socket
 import sys
 import tempfile
 from pathlib import Path
@@ -125,19 +124,10 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def free_port() -> int:
-    """A free loopback port below Linux's ephemeral range (32768-60999). A port from bind(0) is itself
-    ephemeral, and one was seen taken again, by a Ray process starting in between, before the dashboard
-    could bind it; ports outside that range are never handed out by bind(0)."""
-    ranges = Path("/proc/sys/net/ipv4/ip_local_port_range")
-    low = int(ranges.read_text().split()[0]) if ranges.is_file() else 32768
-    for port in random.Random().sample(range(20000, min(low, 32768)), 200):
-        with socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no free loopback port between 20000 and the ephemeral range")
+    """A free loopback port below Linux's ephemeral range (cluster/connect.py's, which the dashboard uses)."""
+    from cluster.connect import free_port as below_the_ephemeral_range
+
+    return below_the_ephemeral_range()
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

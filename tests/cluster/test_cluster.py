@@ -109,16 +109,31 @@ def test_a_local_run_starts_its_own_ray_instead_of_joining_one_running_here(monk
     for key in (*connect.QUIET_ENV, *connect.LOCAL_ENV):  # restored after the test
         monkeypatch.setenv(key, "")
         monkeypatch.delenv(key)
+    monkeypatch.delenv(connect.API_SERVER_ENV, raising=False)  # set by connect(), restored after the test
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
     monkeypatch.setattr(ray, "init", lambda **kwargs: calls.append(kwargs))
     monkeypatch.setattr(ray, "available_resources", lambda: {"CPU": 1.0})
     connect.connect("", num_cpus=2, object_store_memory_mb=100)
     connect.connect("10.0.0.5:6379")
+    port = calls[0].pop("dashboard_port")
     assert calls[0] == {"address": "local", "include_dashboard": True, "num_cpus": 2,
                         "object_store_memory": 100 * 1024 * 1024}
+    # its processes inherit where the instance's State API is (tests/pipeline/test_raytrain.py tries it)
+    assert os.environ[connect.API_SERVER_ENV] == f"http://127.0.0.1:{port}"
     assert calls[1]["address"] == "10.0.0.5:6379"
     # Ray's INFO lines stay in its log files: the local instance inherits the setting, a cluster's workers get it
     assert os.environ["RAY_DATA_LOG_LEVEL"] == "WARNING" == calls[1]["runtime_env"]["env_vars"]["RAY_DATA_LOG_LEVEL"]
+
+
+def test_the_dashboard_gets_its_usual_port_when_free_and_another_free_one_otherwise():
+    import socket
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        taken = held.getsockname()[1]
+        other = connect.free_port(taken)
+        assert other != taken and 20000 <= other < 32768
+    assert connect.free_port(taken) == taken  # released: the preferred port again
 
 
 def test_a_driver_started_by_ray_job_submit_asks_only_for_what_the_jobs_runtime_env_lacks(monkeypatch):

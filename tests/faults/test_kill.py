@@ -130,14 +130,20 @@ class Start:
             os.killpg(self.proc.pid, sig)
         else:
             self.proc.send_signal(sig)
-        code = self.proc.wait(timeout=120)
+        said = None  # when the `error:` line came: the stage's cleanup and Ray's shutdown are before it
+        while self.proc.poll() is None and time.monotonic() - signalled < 120:
+            if said is None and "\nerror: " in self.stderr.read_text(encoding="utf-8", errors="replace"):
+                said = time.monotonic() - signalled
+            time.sleep(0.05)
+        code = self.proc.wait(timeout=1)
         took = time.monotonic() - signalled
         if sig == signal.SIGKILL:
             assert code == -signal.SIGKILL, (where, code)
             return took
         expected, name = EXIT[sig]
         assert code == expected, f"{where}: exit {code}\n{self.text()[-3000:]}"
-        assert took <= STOP_S, f"{where}: the run took {took:.1f} s to stop\n{self.text()[-3000:]}"
+        split = "no error line before the exit" if said is None else f"{said:.1f} s to its error line"
+        assert took <= STOP_S, f"{where}: the run took {took:.1f} s to stop ({split})\n{self.text()[-3000:]}"
         last = self.stderr.read_text(encoding="utf-8").strip().splitlines()[-1]
         assert last.startswith(f"error: interrupted by {name}; {how_to_continue}"), (where, last)
         return took

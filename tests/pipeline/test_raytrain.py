@@ -21,6 +21,35 @@ def test_an_unsatisfiable_request_fails_fast_with_the_numbers(ray_session):
         raytrain.check_resources(TrainConfig(num_workers=2, placement_strategy="STRICT_SPREAD"), timeout_s=0.5)
 
 
+def test_the_instances_processes_reach_its_state_api_with_another_ray_on_the_machine(ray_session, tmp_path):
+    """A CI run: the cluster test's Ray beside a fault run's, and the run's Ray Train PlacementGroupCleaner died
+    with "Found multiple active Ray instances" (an actor that asks the State API with no address finds its
+    cluster by listing the machine's raylets). A local instance tells its processes where its State API is
+    (cluster/connect.py `local_instance`), so an actor asking as the cleaner does gets its answer."""
+    import subprocess
+    import sys
+
+    import ray
+
+    other = tmp_path / "raylet"  # another Ray on the machine, as Ray's discovery sees one: a raylet and its GCS
+    other.symlink_to(sys.executable)
+    raylet = subprocess.Popen([str(other), "-c", "import time; time.sleep(120)", "--gcs-address=192.0.2.9:6379"])
+    try:
+        @ray.remote(num_cpus=0)
+        class Cleaner:
+            def controller_state(self, actor_id: str) -> str:
+                from ray.util.state import get_actor  # what Ray Train's cleaner calls, with no address
+
+                return get_actor(actor_id, timeout=30).state
+
+        cleaner = Cleaner.remote()
+        controller = Cleaner.remote()
+        assert ray.get(cleaner.controller_state.remote(controller._actor_id.hex()), timeout=120) == "ALIVE"
+    finally:
+        raylet.kill()
+        raylet.wait()
+
+
 def test_run_storage_removes_the_previous_run_only_with_force(tmp_path):
     previous = tmp_path / "train-abc" / "checkpoint_000001"
     previous.mkdir(parents=True)

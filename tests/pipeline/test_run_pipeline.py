@@ -127,6 +127,39 @@ def test_bad_input_is_one_error_line_and_exit_code_2(tmp_path, capsys):
     assert not list((tmp_path / "work").glob("ingest-*"))
 
 
+def test_ctrl_c_that_a_library_turned_into_its_own_error_is_still_an_interruption(capsys, monkeypatch):
+    """A Ctrl-C landing inside an extension module's import surfaces as pybind11's `ImportError: initialization
+    failed`, raised from the KeyboardInterrupt (a fault run saw it while distill imported CTranslate2): the run
+    ends as interrupted (exit 130, one `error:` line), not with a traceback and exit 1. An error no signal is
+    behind still propagates."""
+    import gc
+    import os
+    import signal
+
+    monkeypatch.setattr(gc, "freeze", lambda: None)  # `interrupted` freezes the exiting process's heap
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+    def work():
+        try:
+            os.kill(os.getpid(), signal.SIGINT)  # the handler `guarded` installed raises in this frame
+            time.sleep(5)
+        except KeyboardInterrupt as error:
+            raise ImportError("initialization failed") from error
+        raise AssertionError("the signal did not arrive")
+
+    def failing():
+        raise ImportError("a real one")
+
+    try:
+        assert run_pipeline.guarded(work) == (130, (None, None))
+        assert capsys.readouterr().err.splitlines()[-1].startswith("error: interrupted by Ctrl-C; ")
+        with pytest.raises(ImportError, match="a real one"):
+            run_pipeline.guarded(failing)
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+
+
 def test_a_training_stage_the_cluster_cannot_hold_fails_before_the_first_ray_stage_naming_its_keys(tmp_path, capsys,
                                                                                                    ray_session):
     """Issue 55: the teacher stage's worker group is checked before the first stage that uses Ray (tokenize, on a
