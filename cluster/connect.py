@@ -139,12 +139,12 @@ def connect(address: str = "", num_cpus: int = 0, object_store_memory_mb: int = 
         if not any(isinstance(f, _DropTokenAuthNotice) for f in notice.filters):
             notice.addFilter(_DropTokenAuthNotice())
         os.environ["RAY_TMPDIR"] = str(local_ray_tmpdir())  # the instance's processes inherit it
-        kwargs: dict[str, Any] = local_instance({"address": "local", "include_dashboard": True})
+        kwargs: dict[str, Any] = {"address": "local", "include_dashboard": True}
         if num_cpus:
             kwargs["num_cpus"] = num_cpus
         if object_store_memory_mb:
             kwargs["object_store_memory"] = object_store_memory_mb * 1024 * 1024
-        ray.init(**kwargs)
+        init_local(kwargs)
     # Ray Data's progress bars on a terminal; in a log file each refresh would be a line (actors too: they
     # get the driver's DataContext). Ray Data says so in each process: to ray-data.log (LOCAL_ENV).
     ray.data.DataContext.get_current().enable_progress_bars = sys.stderr.isatty()
@@ -156,18 +156,28 @@ API_SERVER_ENV = "RAY_API_SERVER_ADDRESS"
 DASHBOARD_PORT = 8265  # Ray's default: the one a user knows, when it is free
 
 
-def local_instance(kwargs: dict[str, Any]) -> dict[str, Any]:
-    """`ray.init` arguments for a new local instance with a dashboard: the dashboard on a port chosen here (8265
-    when free) and every process of the instance told where its State API is ($RAY_API_SERVER_ADDRESS: they
-    inherit this process's environment). Without it a process of the instance that asks the State API with no
-    address, as Ray Train V2's PlacementGroupCleaner does every second, finds its cluster by listing the
-    machine's raylets, and with a second Ray on the machine (another user's, a `ray start` cluster, the cluster
-    test beside the suite) it gets "Found multiple active Ray instances": the cleaner's thread dies, and a
-    fit stopped without its controller's cleanup (a Tune trial stopped by ASHA, Ctrl-C) leaks its placement
-    group."""
+def init_local(kwargs: dict[str, Any]) -> Any:
+    """`ray.init(**kwargs)` for a new local instance with a dashboard: the dashboard on a port chosen here (8265
+    when free), and every process of the instance told where its State API is ($RAY_API_SERVER_ADDRESS, set while
+    `ray.init` starts the instance's processes, which inherit it, and its workers from them; then put back, since
+    it overrides the address of every State API call this process makes later, to any cluster). Without it a
+    process of the instance that asks the State API with no address, as Ray Train V2's PlacementGroupCleaner does
+    every second, finds its cluster by listing the machine's raylets, and with a second Ray on the machine
+    (another user's, a `ray start` cluster, the cluster test beside the suite) it gets "Found multiple active Ray
+    instances": the cleaner's thread dies, and a fit stopped without its controller's cleanup (a Tune trial
+    stopped by ASHA, Ctrl-C) leaks its placement group."""
+    import ray
+
     port = kwargs.get("dashboard_port") or free_port(DASHBOARD_PORT)
+    before = os.environ.get(API_SERVER_ENV)
     os.environ[API_SERVER_ENV] = f"http://127.0.0.1:{port}"
-    return {**kwargs, "include_dashboard": True, "dashboard_port": port}
+    try:
+        return ray.init(**{**kwargs, "include_dashboard": True, "dashboard_port": port})
+    finally:
+        if before is None:
+            os.environ.pop(API_SERVER_ENV, None)
+        else:
+            os.environ[API_SERVER_ENV] = before
 
 
 def free_port(preferred: int = 0) -> int:

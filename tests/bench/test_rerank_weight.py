@@ -43,3 +43,18 @@ def test_each_weight_scores_what_self_reranking_decodes_with_it(tmp_path, capsys
     assert any(len(variants) > 1 for variants in outputs.values())  # the weight changes some pick
     assert report["best_weight"] in (0.0, 1.0, 3.0)
     assert report["mean_bleu"][str(report["best_weight"])] == max(report["mean_bleu"].values())
+    # --penalties: the grid of the beam's blank penalty c × w, each exactly what translate_ids decodes with both
+    grid = rerank_weight.main(["--workdir", str(tmp_path), "--weights", "0", "1", "--penalties", "0", "3", "--beam", "4",
+                               "--batch", "5", "--device", "cpu", "--out", str(tmp_path / "grid")])
+    capsys.readouterr()
+    for direction, column in (("src2tgt", 0), ("tgt2src", 1)):
+        inputs, references = [p[column] for p in pairs], [p[1 - column] for p in pairs]
+        for penalty in (0.0, 3.0):
+            for weight in (0.0, 1.0):
+                decoded = translate_ids(model, encode_lines(sp, inputs), direction, 4, 64, rerank="self",
+                                        rerank_weight=weight, blank_penalty=penalty)
+                texts = [sp.decode(h) for h in decoded]
+                assert (tmp_path / "grid" / f"valid.{direction}.c{penalty}.w{weight}.txt").read_text(encoding="utf-8") \
+                    == "".join(t + "\n" for t in texts)
+                assert grid["bleu"][direction][f"c{penalty}/w{weight}"] == round(corpus_scores(texts, references)["bleu"], 2)
+    assert grid["mean_bleu"]["c{}/w{}".format(*grid["best"])] == max(grid["mean_bleu"].values())

@@ -109,17 +109,19 @@ def test_a_local_run_starts_its_own_ray_instead_of_joining_one_running_here(monk
     for key in (*connect.QUIET_ENV, *connect.LOCAL_ENV):  # restored after the test
         monkeypatch.setenv(key, "")
         monkeypatch.delenv(key)
-    monkeypatch.delenv(connect.API_SERVER_ENV, raising=False)  # set by connect(), restored after the test
+    monkeypatch.delenv(connect.API_SERVER_ENV, raising=False)
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
-    monkeypatch.setattr(ray, "init", lambda **kwargs: calls.append(kwargs))
+    monkeypatch.setattr(ray, "init", lambda **kwargs: calls.append({**kwargs, "env": os.environ.get(connect.API_SERVER_ENV)}))
     monkeypatch.setattr(ray, "available_resources", lambda: {"CPU": 1.0})
     connect.connect("", num_cpus=2, object_store_memory_mb=100)
     connect.connect("10.0.0.5:6379")
-    port = calls[0].pop("dashboard_port")
+    port, told = calls[0].pop("dashboard_port"), calls[0].pop("env")
     assert calls[0] == {"address": "local", "include_dashboard": True, "num_cpus": 2,
                         "object_store_memory": 100 * 1024 * 1024}
-    # its processes inherit where the instance's State API is (tests/pipeline/test_raytrain.py tries it)
-    assert os.environ[connect.API_SERVER_ENV] == f"http://127.0.0.1:{port}"
+    # the local instance's processes inherit where its State API is (tests/pipeline/test_raytrain.py tries it);
+    # this process's own calls do not keep it (it overrides the address of every State API call, to any cluster)
+    assert told == f"http://127.0.0.1:{port}" and calls[1]["env"] is None
+    assert connect.API_SERVER_ENV not in os.environ
     assert calls[1]["address"] == "10.0.0.5:6379"
     # Ray's INFO lines stay in its log files: the local instance inherits the setting, a cluster's workers get it
     assert os.environ["RAY_DATA_LOG_LEVEL"] == "WARNING" == calls[1]["runtime_env"]["env_vars"]["RAY_DATA_LOG_LEVEL"]

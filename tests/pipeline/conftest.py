@@ -15,7 +15,7 @@ WORDS_TGT = ("der die das rot blau klein groß hund katze mann frau kind ball st
 
 # The session's Ray instance (no GPU declared: tests/pipeline/test_gpu.py starts its own, then this one again).
 # The dashboard serves the State API that Ray Train's placement-group cleaner needs, on a port the instance's
-# processes are told of (cluster/connect.py's `local_instance`, as a local run's: the cluster test's Ray runs
+# processes are told of (cluster/connect.py's `init_local`, as a local run's: the cluster test's Ray runs
 # beside the suite on this machine).
 RAY_SESSION = {"address": "local", "num_cpus": 2, "object_store_memory": 200 * 1024 * 1024, "include_dashboard": True,
                "log_to_driver": False}
@@ -27,10 +27,10 @@ def ray_session():
     os.environ["RAY_AUTH_MODE"] = "disabled"
     import ray
 
-    from cluster.connect import local_instance
+    from cluster.connect import init_local
 
     if not ray.is_initialized():
-        ray.init(**local_instance(RAY_SESSION))
+        init_local(RAY_SESSION)
     yield ray
     ray.shutdown()
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import run_pipeline
-from cluster.connect import local_instance
+from cluster.connect import init_local
 from pipeline import distill, tokenize
 from pipeline.config import DistillConfig
 from pipeline.harness import Harness
@@ -50,11 +50,11 @@ def ray_gpu(tmp_path_factory: pytest.TempPathFactory):
     # The workers import the probe (tests.*) and the pipeline from this checkout, installed or not.
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), pythonpath) if p)
     try:
-        ray.init(**local_instance({
+        init_local({
             "address": "local", "num_cpus": min(8, os.cpu_count() or 1), "num_gpus": 1,
             "object_store_memory": 1024 * 1024 * 1024, "log_to_driver": False,
             "runtime_env": {"env_vars": {PROBE_ENV: str(probe)},
-                            "worker_process_setup_hook": "tests.pipeline.gpu_probe.install"}}))
+                            "worker_process_setup_hook": "tests.pipeline.gpu_probe.install"}})
         assert ray.cluster_resources().get("GPU") == 1
         yield probe
     finally:
@@ -64,7 +64,7 @@ def ray_gpu(tmp_path_factory: pytest.TempPathFactory):
         else:
             os.environ["PYTHONPATH"] = pythonpath
         if had_session:
-            ray.init(**local_instance(RAY_SESSION))
+            init_local(RAY_SESSION)
 
 
 def _probed(probe: Path, path: str) -> list[dict]:

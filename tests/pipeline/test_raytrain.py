@@ -25,7 +25,7 @@ def test_the_instances_processes_reach_its_state_api_with_another_ray_on_the_mac
     """A CI run: the cluster test's Ray beside a fault run's, and the run's Ray Train PlacementGroupCleaner died
     with "Found multiple active Ray instances" (an actor that asks the State API with no address finds its
     cluster by listing the machine's raylets). A local instance tells its processes where its State API is
-    (cluster/connect.py `local_instance`), so an actor asking as the cleaner does gets its answer."""
+    (cluster/connect.py `init_local`), so an actor asking as the cleaner does gets its answer."""
     import subprocess
     import sys
 
