@@ -24,11 +24,18 @@ iterations for each T of `evaluate.cmlm_iterations` (`evaluate.cmlm_length_beam`
 `greedy_refine<K>`, REDER's greedy output refined by K mask-predict iterations of the CMLM of its direction, for
 each K of `evaluate.refine_steps`; they are scored and timed like the others.
 
-A CTC model decodes with the blank penalty its model directory records (tuned on the validation split by the
-train stage, `evaluate.blank_penalties`) in every decoder; with a penalty other than 0, `greedy_unpenalised` is
-the greedy decoder without it, for comparison.
+A CTC model decodes greedily with the blank penalty its model directory records (tuned on the validation split
+by the train stage, `evaluate.blank_penalties`); with a penalty other than 0, `greedy_unpenalised` is the greedy
+decoder without it, for comparison. Each beam decoder (`beamK`, `beamK_selfrerank`, `beamK_rerank`) wants a
+penalty of its own — the beam sums a hypothesis' alignments and its output runs longer than greedy's under
+greedy's penalty — so with a grid other than [0] each is tuned here, per direction, on the validation split
+(the sentences the train stage tuned greedy's on, `train.valid_max_sentences`): the grid point with the best
+BLEU of that decoder's own output (`beam_blank_penalty`: decoder → direction → penalty, and each point's BLEU
+under `beam_blank_penalty_valid`). A decoding setting chosen on validation, as fairseq users choose theirs;
+`reder.translate --beam K --blank-penalty C` decodes the same.
 
-`results.json` holds the headline numbers (test split, greedy), the blank penalty (`blank_penalty`): `bleu_src2tgt`, `bleu_tgt2src`,
+`results.json` holds the headline numbers (test split, greedy), the blank penalties (`blank_penalty`,
+`beam_blank_penalty`): `bleu_src2tgt`, `bleu_tgt2src`,
 `chrf_src2tgt`, `chrf_tgt2src`, `roundtrip_bleu_src`, `roundtrip_bleu_tgt`, the signatures, the MLflow
 run id, every (split, direction, decoder) score under `scores`, and each scored set's headline row under `sets`
 (exact; MLflow gets `<set>_bleu_src2tgt`, ... for test and each named set, at two decimals). The round trip feeds
@@ -50,9 +57,9 @@ import pyarrow.parquet as pq
 import torch
 
 from pipeline import cmlm, teacher
-from pipeline.config import PipelineConfig
+from pipeline.config import NO_BLANK_PENALTY, PipelineConfig
 from pipeline.ingest.readers import TextFile, TextRules
-from pipeline.metrics import corpus_scores, sentence_scores, test_splits
+from pipeline.metrics import best_setting, corpus_bleu, corpus_scores, sentence_scores, test_splits
 from pipeline.progress import Progress
 from pipeline.runfiles import MODEL_DIR
 from pipeline.stage import StageError, StageRun, write_json, write_text
@@ -164,11 +171,15 @@ def read_split(corpus: Path, split: str, cfg: PipelineConfig) -> tuple[list[str]
 
 
 Decoder = Callable[[list[list[int]], str, int], list[list[int]]]  # (encoded inputs, direction, batch size) → ids
+# A beam decoder of REDER's: (encoded inputs, direction, batch size, blank penalty; None: the model's own) → ids
+BeamDecoder = Callable[[list[list[int]], str, int, "float | None"], list[list[int]]]
 
 
-def decoders_for(model: Any, evaluation: Any, teachers: dict[str, Any], cmlms: dict[str, Any] | None = None) -> dict[str, Decoder]:
+def decoders_for(model: Any, evaluation: Any, teachers: dict[str, Any], cmlms: dict[str, Any] | None = None,
+                 beam_penalty: dict[str, dict[str, float]] | None = None) -> dict[str, Decoder]:
     """Every evaluated system by name: REDER's decoders (CTC greedy and beam, reranked by `evaluate.rerank`;
-    or the DAG decoders), with `evaluate.teacher_baseline` the teachers' greedy and beam search, and with
+    or the DAG decoders; a beam decoder under its `beam_penalty` per direction where given, else the model's
+    own), with `evaluate.teacher_baseline` the teachers' greedy and beam search, and with
     `cmlms` (direction → CMLM) the CMLMs' mask-predict (`evaluate.cmlm_iterations`) and REDER's greedy output
     refined by them (`evaluate.refine_steps`)."""
     if (evaluation.teacher_baseline or evaluation.rerank == "teacher") and set(teachers) != {"src2tgt", "tgt2src"}:
@@ -179,27 +190,15 @@ def decoders_for(model: Any, evaluation: Any, teachers: dict[str, Any], cmlms: d
     if (iterations or refine_steps) and set(cmlms) != {"src2tgt", "tgt2src"}:
         raise ValueError("evaluate.cmlm_iterations / evaluate.refine_steps need both directions' CMLMs (the cmlm "
                          "stage's output)")
-    # the head's own decoders, its beam search (CTC: prefix beam; DAG: over strings) and, for a head whose
-    # n-best can be reranked (CTC), the reranked beam
-    beam = evaluation.beam_size
-    # the head's decoding options: CTC the beam's per-frame cutoffs; DAG the transition bound, n-gram blocking
-    # and length penalty
-    options = {"cutoff_top_n": evaluation.cutoff_top_n, "cutoff_prob": evaluation.cutoff_prob} if model.head.reranks else {
-        "max_transition": evaluation.dag_max_transition, "no_repeat_ngram": evaluation.dag_no_repeat_ngram,
-        "dag_length_penalty": evaluation.dag_length_penalty}
+    # the head's own decoders, then its beam decoders (`beam_decoders`) under the model's own penalty
+    options = decoding_options(model, evaluation)
     systems: dict[str, Decoder] = {name: (lambda enc, d, bs, name=name: translate_ids(model, enc, d, 1, bs, name, **options))
                                    for name in model.head.decoders}
     if any(getattr(model, "blank_penalty", {}).values()):
         systems["greedy_unpenalised"] = lambda enc, d, bs: translate_ids(model, enc, d, 1, bs, blank_penalty=0.0, **options)
-    if beam > 1:
-        systems[f"beam{beam}"] = lambda enc, d, bs: translate_ids(model, enc, d, beam, bs, **options)
-    if model.head.reranks and beam > 1:
-        if evaluation.rerank == "teacher":
-            systems[f"beam{beam}_rerank"] = lambda enc, d, bs: translate_ids(model, enc, d, beam, bs, teacher=teachers[d],
-                                                                             **options)
-        elif evaluation.rerank == "self":
-            systems[f"beam{beam}_selfrerank"] = lambda enc, d, bs: translate_ids(
-                model, enc, d, beam, bs, rerank="self", rerank_weight=evaluation.rerank_weight, **options)
+    for name, decode in beam_decoders(model, evaluation, teachers).items():
+        chosen = (beam_penalty or {}).get(name, {})
+        systems[name] = lambda enc, d, bs, decode=decode, chosen=chosen: decode(enc, d, bs, chosen.get(d))
     for steps in refine_steps:
         systems[f"greedy_refine{steps}"] = lambda enc, d, bs, steps=steps: translate_ids(
             model, enc, d, 1, bs, refiner=cmlms[d], refine_steps=steps, **options)
@@ -210,6 +209,58 @@ def decoders_for(model: Any, evaluation: Any, teachers: dict[str, Any], cmlms: d
         for name, size in (("teacher_greedy", 1), (f"teacher_beam{evaluation.teacher_beam_size}", evaluation.teacher_beam_size)):
             systems[name] = lambda enc, d, bs, size=size: translate_ids(teachers[d], enc, d, size, bs)
     return systems
+
+
+def decoding_options(model: Any, evaluation: Any) -> dict[str, Any]:
+    """The head's decoding options: CTC the beam's per-frame cutoffs; DAG the transition bound, n-gram blocking and
+    length penalty."""
+    if model.head.reranks:
+        return {"cutoff_top_n": evaluation.cutoff_top_n, "cutoff_prob": evaluation.cutoff_prob}
+    return {"max_transition": evaluation.dag_max_transition, "no_repeat_ngram": evaluation.dag_no_repeat_ngram,
+            "dag_length_penalty": evaluation.dag_length_penalty}
+
+
+def beam_decoders(model: Any, evaluation: Any, teachers: dict[str, Any]) -> dict[str, BeamDecoder]:
+    """REDER's beam decoders by name with `evaluate.beam_size` > 1: its beam search (CTC: prefix beam; DAG: over
+    strings) and, for a head whose n-best can be reranked (CTC), the beam reranked by `evaluate.rerank`."""
+    beam, options = evaluation.beam_size, decoding_options(model, evaluation)
+    if beam < 2:
+        return {}
+    systems: dict[str, BeamDecoder] = {
+        f"beam{beam}": lambda enc, d, bs, penalty: translate_ids(model, enc, d, beam, bs, blank_penalty=penalty, **options)}
+    if model.head.reranks and evaluation.rerank == "teacher":
+        systems[f"beam{beam}_rerank"] = lambda enc, d, bs, penalty: translate_ids(
+            model, enc, d, beam, bs, teacher=teachers[d], blank_penalty=penalty, **options)
+    elif model.head.reranks and evaluation.rerank == "self":
+        systems[f"beam{beam}_selfrerank"] = lambda enc, d, bs, penalty: translate_ids(
+            model, enc, d, beam, bs, rerank="self", rerank_weight=evaluation.rerank_weight, blank_penalty=penalty,
+            **options)
+    return systems
+
+
+def tune_beam_penalties(model: Any, cfg: PipelineConfig, beams: dict[str, BeamDecoder], corpus: Path, sp: Any,
+                        limit: int) -> dict[str, dict[str, dict[float, float]]]:
+    """Validation BLEU of each beam decoder's output under each of `evaluate.blank_penalties`, per direction
+    (decoder → direction → penalty → BLEU): the ingested valid split's first `train.valid_max_sentences`, inputs
+    cut to `limit` pieces. {} where there is nothing to tune (a DAG model, the grid [0], no beam)."""
+    grid = cfg.evaluate.blank_penalties
+    if not beams or not model.head.emits_blank or grid == NO_BLANK_PENALTY:
+        return {}
+    src, tgt = read_text_split(corpus, "valid", cfg.train.valid_max_sentences)
+    sides = {"src2tgt": (src, tgt), "tgt2src": (tgt, src)}
+    encoded = {d: cut_to([e[:-1] for e in encode_lines(sp, inputs)], limit)[0] for d, (inputs, _) in sides.items()}
+    tuned: dict[str, dict[str, dict[float, float]]] = {}
+    progress = Progress("evaluate", len(beams) * len(sides) * len(grid), "tune")
+    for name, decode in beams.items():
+        for direction, (_, references) in sides.items():
+            for penalty in grid:
+                progress.doing(f"valid {direction} {name} blank penalty {penalty:g}")
+                ids = decode(encoded[direction], direction, cfg.evaluate.batch_size, penalty)
+                tuned.setdefault(name, {}).setdefault(direction, {})[penalty] = \
+                    corpus_bleu([sp.decode(h) for h in ids], references)[0]
+                progress.update(progress.done + 1)
+    progress.close()
+    return tuned
 
 
 def cut_to(hypotheses: list[list[int]], limit: int) -> tuple[list[list[int]], int]:
@@ -233,9 +284,16 @@ def evaluate_model(model_dir: Path, corpus: Path, cfg: PipelineConfig, out: Path
                 for d, p in teacher.model_dirs(Path(teacher_dir)).items()} if teacher_dir else {}
     cmlms = {d: load_cmlm_dir(p, d, model.cfg.vocab_size, device) for d, p in cmlm.model_dirs(Path(cmlm_dir)).items()} \
         if cmlm_dir else {}
-    decoders = decoders_for(model, evaluation, teachers, cmlms)
     # What every decoder reads: a test sentence longer than that is cut to it for all alike (inputs_cut counts).
     limit = min(m.max_input_length() for m in (model, *teachers.values(), *cmlms.values()))
+    # Each beam decoder's own blank penalty, chosen on the validation split (see module doc).
+    beam_valid = tune_beam_penalties(model, cfg, beam_decoders(model, evaluation, teachers), corpus, sp, limit)
+    beam_penalty = {name: {d: best_setting(bleu) for d, bleu in by_direction.items()}
+                    for name, by_direction in beam_valid.items()}
+    for name, chosen in beam_penalty.items():
+        log.info("evaluate: %s blank penalty %s (validation BLEU %s; greedy's %s)", name, chosen,
+                 {d: round(beam_valid[name][d][p], 2) for d, p in chosen.items()}, dict(model.blank_penalty))
+    decoders = decoders_for(model, evaluation, teachers, cmlms, beam_penalty)
     inputs_cut: dict[str, int] = {}
     scores: dict[str, Any] = {}
     signatures: dict[str, str] = {}
@@ -295,7 +353,11 @@ def evaluate_model(model_dir: Path, corpus: Path, cfg: PipelineConfig, out: Path
     results.update(sets[headline_split])
     results.update(bleu_signature=signatures["bleu"], chrf_signature=signatures["chrf"], mlflow_run_id=mlflow_run_id,
                    model_dir=str(model_dir), src_lang=meta["src_lang"], tgt_lang=meta["tgt_lang"],
-                   blank_penalty=dict(model.blank_penalty), scores=scores,
+                   blank_penalty=dict(model.blank_penalty), beam_blank_penalty=beam_penalty,
+                   beam_blank_penalty_valid={name: {d: {f"{p:g}": round(b, 2) for p, b in bleu.items()}
+                                                    for d, bleu in by_direction.items()}
+                                             for name, by_direction in beam_valid.items()},
+                   scores=scores,
                    roundtrip=roundtrip, roundtrip_cut=roundtrip_cut, inputs_cut=inputs_cut, sets=sets)
     if evaluation.measure_speed:
         src_text, _ = read_split(corpus, headline_split, cfg)

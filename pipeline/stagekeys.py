@@ -128,7 +128,9 @@ def cmlm_key(cfg: PipelineConfig) -> dict[str, Any]:
 def evaluate_key(cfg: PipelineConfig) -> dict[str, Any]:
     """The evaluate section as it was hashed before issue 26, so finished evaluations keep their directories:
     `rerank` none/teacher as the old `rerank_with_teacher` bool (self as `rerank`), the ADDED_LATER keys
-    only where they differ from the value they were added with; named test sets by their files' SHA-256."""
+    only where they differ from the value they were added with; named test sets by their files' SHA-256; and
+    where a CTC model's beam decoders get penalties of their own (a beam, a grid other than [0]), that they do:
+    evaluations from before decoded the beam under greedy's."""
     key = section_key("evaluate", cfg.evaluate)
     key.pop("blank_penalties")  # the train stage tunes it into the model directory: its key (and name) has it
     if "test_sets" in key:  # named test sets with their files' SHA-256: a changed file is a new evaluation
@@ -137,6 +139,8 @@ def evaluate_key(cfg: PipelineConfig) -> dict[str, Any]:
     key["rerank_with_teacher"] = rerank == "teacher"
     if rerank == "self":
         key["rerank"] = rerank
+    if cfg.evaluate.beam_size > 1 and decoding_key(cfg):  # the beam decoders' own penalties, tuned on valid (issue 53)
+        key["beam_blank_penalty"] = "valid"
     return {"evaluate": key}
 
 

@@ -11,6 +11,7 @@ import sentencepiece
 
 from pipeline import evaluate, spm, teacher
 from pipeline.config import load_config
+from pipeline.metrics import corpus_scores
 from pipeline.stage import write_json
 from reder import REDER, ModelConfig, TransformerConfig
 from reder.autoregressive import Transformer
@@ -25,9 +26,10 @@ def _corpus(tmp_path):
     pairs = make_pairs(12)
     (tmp_path / "spm.model").write_bytes(spm.train([s for pair in pairs for s in pair] * 5, VOCAB))
     corpus = tmp_path / "corpus"
-    (corpus / "test").mkdir(parents=True)
-    pq.write_table(pa.table({"id": list(range(len(pairs))), "src": [s for s, _ in pairs], "tgt": [t for _, t in pairs]}),
-                   corpus / "test" / "part-00000.parquet")
+    for split, rows in (("test", pairs), ("valid", make_pairs(8, seed=1))):  # valid: what beam penalties are tuned on
+        (corpus / split).mkdir(parents=True)
+        pq.write_table(pa.table({"id": list(range(len(rows))), "src": [s for s, _ in rows], "tgt": [t for _, t in rows]}),
+                       corpus / split / "part-00000.parquet")
     return pairs, corpus
 
 
@@ -106,26 +108,85 @@ def test_self_reranking_is_its_own_decoder_with_the_configured_weight_and_cutoff
 
 
 def test_a_model_directorys_blank_penalty_decodes_every_decoder_and_greedy_unpenalised_is_kept_beside(tmp_path):
-    """Issue 41: the evaluation decodes with the penalty the train stage tuned into config.json (greedy and beam
-    alike), records it in results.json, and scores the greedy decoder without it as `greedy_unpenalised`."""
+    """Issue 41: the evaluation decodes greedily with the penalty the train stage tuned into config.json, records it
+    in results.json, and scores the greedy decoder without it as `greedy_unpenalised`. Issue 53: each beam
+    decoder gets a penalty of its own, per direction: the grid point whose output scores best on the validation
+    split (brute force here: translate_ids under each point, sacreBLEU), recorded with every point's BLEU (a
+    discriminating case: the next test)."""
     pairs, corpus = _corpus(tmp_path)
+    grid = (0.0, -3.0, 2.0, 4.0)
     cfg = load_config(None, [f"model.vocab_size={VOCAB}", "evaluate.splits=[test]", "evaluate.beam_size=3",
-                             "evaluate.measure_speed=false", "evaluate.teacher_baseline=false"])
+                             "evaluate.measure_speed=false", "evaluate.teacher_baseline=false",
+                             f"evaluate.blank_penalties=[{', '.join(map(str, grid))}]", "train.valid_max_sentences=6"])
     model = REDER(ModelConfig(vocab_size=VOCAB, d_model=8, n_heads=2, ffn_dim=16, layers_per_end=1, max_positions=128)).eval()
     model.blank_penalty = {"src2tgt": -3.0, "tgt2src": 2.0}
     model_dir = save_model_dir(tmp_path / "model", model, tmp_path / "spm.model", "en", "de")
+    sp = sentencepiece.SentencePieceProcessor(model_file=str(tmp_path / "spm.model"))
     out = tmp_path / "out"
     out.mkdir()
     evaluate.evaluate_model(model_dir, corpus, cfg, out, None)
     results = json.loads((out / evaluate.RESULTS_FILE).read_text())
     assert results["blank_penalty"] == {"src2tgt": -3.0, "tgt2src": 2.0}
-    sp = sentencepiece.SentencePieceProcessor(model_file=str(tmp_path / "spm.model"))
     encoded = encode_lines(sp, [s for s, _ in pairs])
     written = {decoder: (out / f"test.src2tgt.{decoder}.txt").read_text(encoding="utf-8").splitlines()
                for decoder in ("greedy", "beam3", "greedy_unpenalised")}
-    for decoder, beam, penalty in (("greedy", 1, -3.0), ("beam3", 3, -3.0), ("greedy_unpenalised", 1, 0.0)):
+    valid = evaluate.read_text_split(corpus, "valid", 6)
+    sides = {"src2tgt": valid, "tgt2src": valid[::-1]}
+    brute = {d: {p: corpus_scores([sp.decode(h) for h in translate_ids(model, encode_lines(sp, inputs), d, 3,
+                                                                      blank_penalty=p)], references)["bleu"]
+                 for p in grid} for d, (inputs, references) in sides.items()}
+    chosen = {d: max(grid, key=lambda p: (bleu[p], -abs(p), -p)) for d, bleu in brute.items()}
+    assert results["beam_blank_penalty"] == {"beam3": chosen}
+    assert results["beam_blank_penalty_valid"] == {"beam3": {d: {f"{p:g}": round(b, 2) for p, b in bleu.items()}
+                                                             for d, bleu in brute.items()}}
+    for decoder, beam, penalty in (("greedy", 1, -3.0), ("beam3", 3, chosen["src2tgt"]), ("greedy_unpenalised", 1, 0.0)):
         assert written[decoder] == [sp.decode(h) for h in translate_ids(model, encoded, "src2tgt", beam, blank_penalty=penalty)]
     assert written["greedy"] != written["greedy_unpenalised"]
+    # the grid [0]: nothing tuned, the beam decodes under the model's own penalty as before
+    cfg = load_config(None, [f"model.vocab_size={VOCAB}", "evaluate.splits=[test]", "evaluate.beam_size=3",
+                             "evaluate.measure_speed=false", "evaluate.teacher_baseline=false",
+                             "evaluate.blank_penalties=[0]"])
+    (tmp_path / "plain").mkdir()
+    evaluate.evaluate_model(model_dir, corpus, cfg, tmp_path / "plain", None)
+    assert json.loads((tmp_path / "plain" / evaluate.RESULTS_FILE).read_text())["beam_blank_penalty"] == {}
+    assert (tmp_path / "plain" / "test.src2tgt.beam3.txt").read_text(encoding="utf-8").splitlines() == \
+        [sp.decode(h) for h in translate_ids(model, encoded, "src2tgt", 3, blank_penalty=-3.0)]
+
+
+def test_each_beam_decoder_gets_the_blank_penalty_whose_output_scores_best_on_validation(tiny_model_dir, tmp_path):
+    """Issue 53: validation references that are the model's own src2tgt beam output under penalty 3 — the grid
+    point the plain beam must pick, though the model's greedy penalty is 0; the self-reranked beam gets its own
+    best, both as brute force over the grid finds them (each point decoded by translate_ids, scored by sacreBLEU)."""
+    from reder.checkpoint import load_model_dir
+
+    model, _ = load_model_dir(tiny_model_dir)
+    sp = sentencepiece.SentencePieceProcessor(model_file=str(tiny_model_dir / "spm.model"))
+    src = ["the cat sat on the mat", "a dog ran in the park", "the bird sang a song", "dogs and cats are friends",
+           "the dog sat", "a cat sang"]
+    grid = (0.0, -4.0, 3.0)
+    made = [sp.decode(h) for h in translate_ids(model, encode_lines(sp, src), "src2tgt", 3, blank_penalty=3.0)]
+    corpus = tmp_path / "corpus"
+    for split in ("valid", "test"):
+        (corpus / split).mkdir(parents=True)
+        pq.write_table(pa.table({"id": list(range(len(src))), "src": src, "tgt": made}), corpus / split / "part-0.parquet")
+    cfg = load_config(None, ["evaluate.splits=[test]", "evaluate.beam_size=3",
+                             "evaluate.rerank=self", "evaluate.rerank_weight=0.5", "evaluate.measure_speed=false",
+                             "evaluate.teacher_baseline=false", f"evaluate.blank_penalties=[{', '.join(map(str, grid))}]",
+                             "train.valid_max_sentences=0"])
+    evaluate.evaluate_model(tiny_model_dir, corpus, cfg, tmp_path, None)
+    results = json.loads((tmp_path / evaluate.RESULTS_FILE).read_text())
+    sides = {"src2tgt": (src, made), "tgt2src": (made, src)}
+    for decoder, rerank in (("beam3", {}), ("beam3_selfrerank", {"rerank": "self", "rerank_weight": 0.5})):
+        brute = {d: {p: corpus_scores([sp.decode(h) for h in translate_ids(
+                    model, encode_lines(sp, inputs), d, 3, blank_penalty=p, **rerank)], references)["bleu"] for p in grid}
+                 for d, (inputs, references) in sides.items()}
+        chosen = {d: max(grid, key=lambda p: (bleu[p], -abs(p), -p)) for d, bleu in brute.items()}
+        assert results["beam_blank_penalty"][decoder] == chosen, (decoder, brute)
+        assert (tmp_path / f"test.src2tgt.{decoder}.txt").read_text(encoding="utf-8").splitlines() == [
+            sp.decode(h) for h in translate_ids(model, encode_lines(sp, src), "src2tgt", 3, blank_penalty=chosen["src2tgt"],
+                                                **rerank)]
+    assert results["beam_blank_penalty"]["beam3"]["src2tgt"] == 3.0 != model.blank_penalty["src2tgt"]
+    assert len(set(results["beam_blank_penalty_valid"]["beam3"]["src2tgt"].values())) > 1  # the pick can be wrong
 
 
 def test_a_greedy_output_longer_than_the_model_reads_back_is_cut_for_the_round_trip_and_counted(tmp_path, monkeypatch):
