@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from cluster.connect import free_port  # noqa: F401  (the tests' free loopback port: the dashboard's)
+
 # Every Ray instance the suite starts (ray.init, ray.cluster_utils, pipeline subprocesses, the launcher of the
 # cluster tests) keeps its files in a directory of this session's own, never in Ray's machine-wide /tmp/ray:
 # a test must not depend on what an earlier run, another user or a root launcher left there (a /tmp/ray made
@@ -121,13 +123,6 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     src, src_lengths = random_batch([5, 3], 30)
     model.loss(src, src_lengths, src, src_lengths, step=0)  # data-initialises the ActNorms
     return save_model_dir(tmp_path / "model", model.eval(), tmp_path / "spm.model", "en", "de")
-
-
-def free_port() -> int:
-    """A free loopback port below Linux's ephemeral range (cluster/connect.py's, which the dashboard uses)."""
-    from cluster.connect import free_port as below_the_ephemeral_range
-
-    return below_the_ephemeral_range()
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
