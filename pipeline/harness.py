@@ -271,8 +271,14 @@ def all_reduce(value: float, op: str, group: Any = None) -> float:
 
 
 def select_best(scored: list[tuple[float, int, T]], count: int) -> list[tuple[float, int, T]]:
-    """The `count` best (score, step, checkpoint) by score, best first; a tie goes to the later step."""
-    return sorted(scored, key=lambda entry: (-entry[0], -entry[1]))[:count]
+    """The `count` best (score, step, checkpoint) by score, best first; a tie goes to the later step. A step scored
+    twice (a run resumed at its end validates its last update again: the same weights) counts once."""
+    ranked, steps = [], set()
+    for entry in sorted(scored, key=lambda entry: (-entry[0], -entry[1])):
+        if entry[1] not in steps:
+            steps.add(entry[1])
+            ranked.append(entry)
+    return ranked[:count]
 
 
 RANK_TOKENS_PER_S = "rank_tokens_per_s"
@@ -314,7 +320,10 @@ class _Window:
         self.tokens += int(update["tokens"])
 
     def metrics(self) -> dict[str, float]:
+        """The window's means and rates; none for a window without updates (a resumed run reporting its end)."""
         names = list(self.sums)
+        if not names:
+            return {}
         tensors = [name for name in names if isinstance(self.sums[name], torch.Tensor)]
         read = dict(zip(tensors, torch.stack([self.sums[name].double() for name in tensors]).tolist())) if tensors else {}
         seconds = time.perf_counter() - self.started
@@ -466,6 +475,10 @@ class Harness:
         several = distributed()
         self._window.restart()
         self.stopped_by = None
+        if until is None and self.resumed_from == self.step:
+            self.stopped_by = self._ended()
+            if self.stopped_by is not None:  # resumed after its end (stopped before its stage published): the end is
+                self._report(validate=True)  # reported again, so that the latest checkpoint's history has this restart
         ahead = self._ahead(batches)  # micro-batches built on a thread; the position is that of the update trained
         while self.step < stop and self.stopped_by is None:
             (self.epoch, self.next_batch), prepared = next(ahead)
@@ -490,6 +503,14 @@ class Harness:
         self.model.eval()
         return {"steps": self.step - first, "seconds": round(time.perf_counter() - started, 1),
                 "last_loss": round(float(last_loss), 4), "stopped_by": self.stopped_by}
+
+    def _ended(self) -> Optional[str]:
+        """Why a resumed run had already ended at its checkpoint (its steps, its time or its patience spent), if it had."""
+        if self.step >= self.cfg.max_steps:
+            return "max_steps"
+        if self.cfg.max_time and self.elapsed >= self.cfg.max_time:
+            return "max_time"
+        return "patience" if self.cfg.patience and self.bad_validations >= self.cfg.patience else None
 
     def _out_of_time(self, call_seconds: float, time_cap_s: float) -> Optional[str]:
         if self.cfg.max_time and self.elapsed >= self.cfg.max_time:

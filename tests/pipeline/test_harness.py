@@ -489,6 +489,36 @@ def test_patience_stops_after_that_many_validations_without_a_new_best():
     assert resumed.fit_examples(_examples())["steps"] == 2 and resumed.stopped_by == "patience"
 
 
+
+@pytest.mark.parametrize("ended", ["max_steps", "max_time", "patience"])
+def test_a_run_resumed_after_its_end_reports_the_end_again_with_its_restart(ended, clock):
+    """A run stopped after its last checkpoint but before its stage published (the fault suite's train stage,
+    SIGINT after the final validation) is resumed at its end: no update, but its last update validated again and
+    reported with a checkpoint whose history has the restart — the stage's report counts restarts from the latest
+    checkpoint's history. Before, such a resume reported nothing and the restart went uncounted."""
+    cfg = _config(**{"max_steps": {"max_steps": 6}, "max_time": {"max_steps": 1000, "max_time": 4.0},
+                     "patience": {"max_steps": 1000, "patience": 1}}[ended], validate_every=2)
+    scores = iter([5.0, 4.0, 3.0, 2.0, 1.0])
+    first, _ = _run(cfg, validate=lambda m: {"valid_bleu": next(scores)}, on_step=clock.on_step)
+    assert first.fit_examples(_examples())["stopped_by"] == ended
+    reports = []
+    resumed, model = _run(cfg, seed=5, validate=lambda m: {"valid_bleu": 7.0}, on_step=clock.on_step,
+                          on_report=lambda metrics, state: reports.append((metrics, copy.deepcopy(state))))
+    resumed.load_state_dict(copy.deepcopy(first.state_dict()))
+    done = resumed.fit_examples(_examples())
+    assert done["steps"] == 0 and done["stopped_by"] == ended and resumed.step == first.step
+    [(metrics, state)] = reports
+    assert metrics["step"] == first.step and metrics["stopped_by"] == ended and metrics["valid_bleu"] == 7.0
+    assert "tokens_per_s" not in metrics  # no update in this window: no rate to report
+    assert [h for h in state["history"] if "resumed_from" in h] == [{"step": first.step, "resumed_from": first.step}]
+    assert _same(model, first.model)
+
+
+def test_a_step_scored_twice_counts_once_among_the_best():
+    """A run resumed at its end scores its last update again (the same weights): averaging must not weigh it twice."""
+    assert harness.select_best([(5.0, 20, "a"), (3.0, 10, "b"), (5.0, 20, "c"), (4.0, 15, "d")], 2) == \
+        [(5.0, 20, "a"), (4.0, 15, "d")]
+
 @pytest.mark.parametrize("scheduler", ["inverse_sqrt", "linear"])
 def test_the_schedule_sized_to_the_run_follows_its_progress(scheduler):
     """warmup_fraction f of the run, progress p = max(step/max_steps, time spent/max_time): a linear warm-up to
