@@ -65,7 +65,7 @@ from pipeline.runfiles import MODEL_DIR
 from pipeline.stage import StageError, StageRun, write_json, write_text
 from reder import DIRECTIONS, EOS_ID
 from reder.checkpoint import SPM_FILE, load_cmlm_dir, load_model_dir
-from reder.translate import encode_lines, translate_ids
+from reder.translate import encode_lines, reranked_by_penalty, translate_ids
 
 log = logging.getLogger(__name__)
 
@@ -171,8 +171,6 @@ def read_split(corpus: Path, split: str, cfg: PipelineConfig) -> tuple[list[str]
 
 
 Decoder = Callable[[list[list[int]], str, int], list[list[int]]]  # (encoded inputs, direction, batch size) → ids
-# A beam decoder of REDER's: (encoded inputs, direction, batch size, blank penalty; None: the model's own) → ids
-BeamDecoder = Callable[[list[list[int]], str, int, "float | None"], list[list[int]]]
 
 
 def decoders_for(model: Any, evaluation: Any, teachers: dict[str, Any], cmlms: dict[str, Any] | None = None,
@@ -196,9 +194,11 @@ def decoders_for(model: Any, evaluation: Any, teachers: dict[str, Any], cmlms: d
                                    for name in model.head.decoders}
     if any(getattr(model, "blank_penalty", {}).values()):
         systems["greedy_unpenalised"] = lambda enc, d, bs: translate_ids(model, enc, d, 1, bs, blank_penalty=0.0, **options)
-    for name, decode in beam_decoders(model, evaluation, teachers).items():
+    for name in beam_rerankers(model, evaluation, teachers, "src2tgt"):
         chosen = (beam_penalty or {}).get(name, {})
-        systems[name] = lambda enc, d, bs, decode=decode, chosen=chosen: decode(enc, d, bs, chosen.get(d))
+        systems[name] = lambda enc, d, bs, name=name, chosen=chosen: translate_ids(
+            model, enc, d, evaluation.beam_size, bs, blank_penalty=chosen.get(d), **options,
+            **beam_rerankers(model, evaluation, teachers, d)[name])
     for steps in refine_steps:
         systems[f"greedy_refine{steps}"] = lambda enc, d, bs, steps=steps: translate_ids(
             model, enc, d, 1, bs, refiner=cmlms[d], refine_steps=steps, **options)
@@ -220,45 +220,45 @@ def decoding_options(model: Any, evaluation: Any) -> dict[str, Any]:
             "dag_length_penalty": evaluation.dag_length_penalty}
 
 
-def beam_decoders(model: Any, evaluation: Any, teachers: dict[str, Any]) -> dict[str, BeamDecoder]:
-    """REDER's beam decoders by name with `evaluate.beam_size` > 1: its beam search (CTC: prefix beam; DAG: over
-    strings) and, for a head whose n-best can be reranked (CTC), the beam reranked by `evaluate.rerank`."""
-    beam, options = evaluation.beam_size, decoding_options(model, evaluation)
+def beam_rerankers(model: Any, evaluation: Any, teachers: dict[str, Any], direction: str) -> dict[str, dict[str, Any]]:
+    """REDER's beam decoders by name with `evaluate.beam_size` > 1, each as its `translate_ids` reranking options for
+    `direction`: its beam search (CTC: prefix beam; DAG: over strings) and, for a head whose n-best can be reranked
+    (CTC), the beam reranked by `evaluate.rerank` (`rerank_nbest`'s rerank, rerank_weight, teacher)."""
+    beam = evaluation.beam_size
     if beam < 2:
         return {}
-    systems: dict[str, BeamDecoder] = {
-        f"beam{beam}": lambda enc, d, bs, penalty: translate_ids(model, enc, d, beam, bs, blank_penalty=penalty, **options)}
+    systems: dict[str, dict[str, Any]] = {f"beam{beam}": {}}
     if model.head.reranks and evaluation.rerank == "teacher":
-        systems[f"beam{beam}_rerank"] = lambda enc, d, bs, penalty: translate_ids(
-            model, enc, d, beam, bs, teacher=teachers[d], blank_penalty=penalty, **options)
+        systems[f"beam{beam}_rerank"] = {"rerank": "teacher", "teacher": teachers[direction]}
     elif model.head.reranks and evaluation.rerank == "self":
-        systems[f"beam{beam}_selfrerank"] = lambda enc, d, bs, penalty: translate_ids(
-            model, enc, d, beam, bs, rerank="self", rerank_weight=evaluation.rerank_weight, blank_penalty=penalty,
-            **options)
+        systems[f"beam{beam}_selfrerank"] = {"rerank": "self", "rerank_weight": evaluation.rerank_weight}
     return systems
 
 
-def tune_beam_penalties(model: Any, cfg: PipelineConfig, beams: dict[str, BeamDecoder], corpus: Path, sp: Any,
+def tune_beam_penalties(model: Any, cfg: PipelineConfig, teachers: dict[str, Any], corpus: Path, sp: Any,
                         limit: int) -> dict[str, dict[str, dict[float, float]]]:
     """Validation BLEU of each beam decoder's output under each of `evaluate.blank_penalties`, per direction
     (decoder → direction → penalty → BLEU): the ingested valid split's first `train.valid_max_sentences`, inputs
-    cut to `limit` pieces. {} where there is nothing to tune (a DAG model, the grid [0], no beam)."""
-    grid = cfg.evaluate.blank_penalties
-    if not beams or not model.head.emits_blank or grid == NO_BLANK_PENALTY:
+    cut to `limit` pieces. The decoders share each penalty's n-best (`reranked_by_penalty`: the model run once per
+    batch, the beam once per penalty). {} where there is nothing to tune (a DAG model, the grid [0], no beam)."""
+    grid, evaluation = cfg.evaluate.blank_penalties, cfg.evaluate
+    if evaluation.beam_size < 2 or not model.head.emits_blank or grid == NO_BLANK_PENALTY:
         return {}
     src, tgt = read_text_split(corpus, "valid", cfg.train.valid_max_sentences)
     sides = {"src2tgt": (src, tgt), "tgt2src": (tgt, src)}
-    encoded = {d: cut_to([e[:-1] for e in encode_lines(sp, inputs)], limit)[0] for d, (inputs, _) in sides.items()}
     tuned: dict[str, dict[str, dict[float, float]]] = {}
-    progress = Progress("evaluate", len(beams) * len(sides) * len(grid), "tune")
-    for name, decode in beams.items():
-        for direction, (_, references) in sides.items():
-            for penalty in grid:
-                progress.doing(f"valid {direction} {name} blank penalty {penalty:g}")
-                ids = decode(encoded[direction], direction, cfg.evaluate.batch_size, penalty)
+    progress = Progress("evaluate", len(sides) * len(src), "sentence")
+    for direction, (inputs, references) in sides.items():
+        progress.doing(f"valid {direction}: the beam under blank penalties {', '.join(f'{p:g}' for p in grid)}")
+        encoded = cut_to([e[:-1] for e in encode_lines(sp, inputs)], limit)[0]
+        outputs = reranked_by_penalty(model, encoded, direction, evaluation.beam_size, grid,
+                                      beam_rerankers(model, evaluation, teachers, direction), evaluation.batch_size,
+                                      **decoding_options(model, evaluation),
+                                      on_batch=lambda count: progress.update(progress.done + count))
+        for penalty, by_name in outputs.items():
+            for name, ids in by_name.items():
                 tuned.setdefault(name, {}).setdefault(direction, {})[penalty] = \
                     corpus_bleu([sp.decode(h) for h in ids], references)[0]
-                progress.update(progress.done + 1)
     progress.close()
     return tuned
 
@@ -287,7 +287,7 @@ def evaluate_model(model_dir: Path, corpus: Path, cfg: PipelineConfig, out: Path
     # What every decoder reads: a test sentence longer than that is cut to it for all alike (inputs_cut counts).
     limit = min(m.max_input_length() for m in (model, *teachers.values(), *cmlms.values()))
     # Each beam decoder's own blank penalty, chosen on the validation split (see module doc).
-    beam_valid = tune_beam_penalties(model, cfg, beam_decoders(model, evaluation, teachers), corpus, sp, limit)
+    beam_valid = tune_beam_penalties(model, cfg, teachers, corpus, sp, limit)
     beam_penalty = {name: {d: best_setting(bleu) for d, bleu in by_direction.items()}
                     for name, by_direction in beam_valid.items()}
     for name, chosen in beam_penalty.items():

@@ -111,11 +111,16 @@ class REDER(nn.Module):
             batch, length, width = states.shape
             packed = states.reshape(batch * length, width).index_select(0, rows) @ self.embed.weight.t()  # (N, V)
             logits = packed.new_zeros(batch * length, packed.shape[-1]).index_copy_(0, rows, packed).view(batch, length, -1)
+        return HeadOutput(self.penalise(logits, blank_penalty, normalise), lengths, self.head.extra(states, lengths, end))
+
+    def penalise(self, logits: torch.Tensor, blank_penalty: float, normalise: bool = True) -> torch.Tensor:
+        """Logits (B, T, V) with the blank's lowered by `blank_penalty`, then log-probabilities in the head's dtype
+        (the logits themselves with normalise=False): what `project` returns of them, so that one run of the model
+        serves several penalties (`reder.translate.greedy_by_penalty`, `reranked_by_penalty`)."""
         if blank_penalty:
             logits = logits.clone()
             logits[..., self.cfg.blank_id] -= blank_penalty
-        log_probs = F.log_softmax(logits.to(self.head.log_prob_dtype(logits.dtype)), dim=-1) if normalise else logits
-        return HeadOutput(log_probs, lengths, self.head.extra(states, lengths, end))
+        return F.log_softmax(logits.to(self.head.log_prob_dtype(logits.dtype)), dim=-1) if normalise else logits
 
     def outputs(self, tokens: torch.Tensor, lengths: torch.Tensor, direction: str, normalise: bool = True,
                 blank_penalty: float = 0.0) -> HeadOutput:
@@ -186,6 +191,11 @@ class REDER(nn.Module):
         if not self.head.reranks:
             raise ValueError(f"candidates need a CTC head, this model's head is {self.cfg.head!r}")
         output = self.outputs(tokens, lengths, direction, blank_penalty=self.decoding_penalty(direction, blank_penalty))
+        return self.nbest_of(output, beam_size, cutoff_top_n, cutoff_prob)
+
+    def nbest_of(self, output: HeadOutput, beam_size: int, cutoff_top_n: int = CUTOFF_TOP_N,
+                 cutoff_prob: float = CUTOFF_PROB) -> list[list[tuple[list[int], float]]]:
+        """`nbest` of the model's output (log-probabilities, under whatever penalty they carry)."""
         nbest = self.head.nbest(output, beam_size, cutoff_top_n, cutoff_prob)
         results = []
         for entries in nbest:

@@ -52,7 +52,7 @@ from reder.cmlm import CMLM
 from reder.config import DIRECTIONS, EOS_ID
 from reder.ctc import pad_batch
 from reder.decode import CUTOFF_PROB, CUTOFF_TOP_N, ctc_greedy, strip_special
-from reder.heads import all_decoders
+from reder.heads import HeadOutput, all_decoders
 from reder.inference import quantized
 from reder.model import REDER
 from reder.rerank import RERANK_WEIGHT, RERANKERS, self_rerank
@@ -129,12 +129,9 @@ def translate_ids(model: REDER | Transformer | CMLM, sequences: list[list[int]],
             hypotheses = model.translate(tokens, lengths, beam_size=beam_size, **search)
         elif isinstance(model, CMLM):
             hypotheses = model.translate(tokens, lengths, beam_size=beam_size, iterations=iterations)
-        elif rerank == "teacher":
-            hypotheses = teacher_rerank(teacher, tokens, lengths, model.candidates(tokens, lengths, direction, beam_size,
-                                                                                   **cutoffs, blank_penalty=blank_penalty))
-        elif rerank == "self":
+        elif rerank != "none":
             nbest = model.nbest(tokens, lengths, direction, beam_size, **cutoffs, blank_penalty=blank_penalty)
-            hypotheses = self_rerank(model, tokens, lengths, direction, nbest, rerank_weight)
+            hypotheses = rerank_nbest(model, tokens, lengths, direction, nbest, rerank, rerank_weight, teacher)
         else:
             hypotheses = model.translate(tokens, lengths, direction, beam_size=beam_size, decoder=decoder, **cutoffs,
                                          max_transition=max_transition, no_repeat_ngram=no_repeat_ngram,
@@ -162,10 +159,52 @@ def greedy_by_penalty(model: REDER, sequences: list[list[int]], direction: str, 
         tokens, lengths = pad_batch([sequences[i] for i in chunk], device)
         output = model.outputs(tokens, lengths, direction, normalise=False)  # logits (B, T', V)
         for penalty in penalties:
-            logits = output.log_probs.clone()
-            logits[..., blank] -= penalty
+            logits = model.penalise(output.log_probs, penalty, normalise=False)
             for index, hypothesis in zip(chunk, ctc_greedy(logits, output.lengths, blank)):
                 outputs[penalty][index] = strip_special(hypothesis, blank)
+    return outputs
+
+
+def rerank_nbest(model: REDER, tokens: torch.Tensor, lengths: torch.Tensor, direction: str,
+                 nbest: list[list[tuple[list[int], float]]], rerank: str = "none", rerank_weight: float = RERANK_WEIGHT,
+                 teacher: Optional[Transformer] = None) -> list[list[int]]:
+    """One hypothesis per sentence of the batch `tokens` from its CTC beam's n-best (REDER.nbest): the beam's best
+    (`rerank` "none"), self-reranked (reder.rerank.self_rerank with `rerank_weight`) or reranked by `teacher`."""
+    if rerank == "teacher":
+        return teacher_rerank(teacher, tokens, lengths, [[ids for ids, _ in entries] for entries in nbest])
+    if rerank == "self":
+        return self_rerank(model, tokens, lengths, direction, nbest, rerank_weight)
+    return [entries[0][0] for entries in nbest]
+
+
+@torch.inference_mode()
+def reranked_by_penalty(model: REDER, sequences: list[list[int]], direction: str, beam_size: int,
+                        penalties: Iterable[float], rerankers: dict[str, dict[str, Any]], batch_size: int = 64,
+                        cutoff_top_n: int = CUTOFF_TOP_N, cutoff_prob: float = CUTOFF_PROB,
+                        on_batch: Optional[Any] = None) -> dict[float, dict[str, list[list[int]]]]:
+    """For each blank penalty, each of `rerankers`' output (name → `rerank_nbest`'s rerank, rerank_weight,
+    teacher; ids in input order) from the CTC beam (beam_size, cutoffs) over `sequences`: the model run once
+    per batch, the beam once per batch and penalty, its n-best shared by every reranker. Equal to
+    `translate_ids(model, sequences, direction, beam_size, batch_size, blank_penalty=p, **reranker)` for each p
+    and reranker, at a fraction of the cost. `on_batch(sentences)` after each batch."""
+    if not model.head.reranks:
+        raise ValueError(f"an n-best needs a CTC model; this model's head is {model.cfg.head!r}")
+    penalties = list(dict.fromkeys(float(p) for p in penalties))
+    device = next(model.parameters()).device
+    order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
+    outputs = {penalty: {name: [[] for _ in sequences] for name in rerankers} for penalty in penalties}
+    for start in range(0, len(order), batch_size):
+        chunk = order[start : start + batch_size]
+        tokens, lengths = pad_batch([sequences[i] for i in chunk], device)
+        output = model.outputs(tokens, lengths, direction, normalise=False)  # logits (B, T', V)
+        for penalty in penalties:
+            penalised = HeadOutput(model.penalise(output.log_probs, penalty), output.lengths, output.extra)
+            nbest = model.nbest_of(penalised, beam_size, cutoff_top_n, cutoff_prob)
+            for name, how in rerankers.items():
+                for index, hypothesis in zip(chunk, rerank_nbest(model, tokens, lengths, direction, nbest, **how)):
+                    outputs[penalty][name][index] = hypothesis
+        if on_batch is not None:
+            on_batch(len(chunk))
     return outputs
 
 

@@ -8,7 +8,7 @@ import shutil
 import sentencepiece
 import torch
 
-from bench import rerank_weight
+from bench import beam_tuning, rerank_weight
 from pipeline.config import load_config
 from pipeline.metrics import corpus_scores
 from reder import REDER, ModelConfig
@@ -17,10 +17,12 @@ from reder.translate import encode_lines, translate_ids
 from tests.pipeline.test_evaluate import VOCAB, _corpus
 
 
-def test_each_weight_scores_what_self_reranking_decodes_with_it(tmp_path, capsys):
+def _workdir(tmp_path) -> tuple[list, REDER]:
+    """A workdir as a finished run leaves it (last_run.json, ingest's splits, the train stage's model directory) with
+    a tiny untrained REDER; the evaluate tests' test pairs as its validation split. Returns the pairs and the model."""
     pairs, corpus = _corpus(tmp_path)
     shutil.rmtree(corpus / "valid")
-    (corpus / "test").rename(corpus / "valid")  # the bench scores `pairs` as the validation split
+    (corpus / "test").rename(corpus / "valid")  # the benches score `pairs` as the validation split
     torch.manual_seed(2)
     model = REDER(ModelConfig(vocab_size=VOCAB, d_model=8, n_heads=2, ffn_dim=16, layers_per_end=1)).eval()
     train_dir = tmp_path / "train"
@@ -28,6 +30,21 @@ def test_each_weight_scores_what_self_reranking_decodes_with_it(tmp_path, capsys
     cfg = load_config(None, [f"model.vocab_size={VOCAB}"])
     (tmp_path / "last_run.json").write_text(json.dumps(
         {"config": cfg.to_dict(), "stages": {"ingest": {"output": str(corpus)}, "train": {"output": str(train_dir)}}}))
+    return pairs, model
+
+
+def test_the_beam_tuning_bench_times_both_ways_and_finds_their_outputs_equal(tmp_path, capsys):
+    pairs, _ = _workdir(tmp_path)
+    report = beam_tuning.main(["--workdir", str(tmp_path), "--beam", "4", "--penalties", "0", "2", "--batch", "5",
+                               "--out", str(tmp_path / "tuning.json")])
+    assert json.loads((tmp_path / "tuning.json").read_text()) == report
+    assert [(r["direction"], r["sentences"], r["points"]) for r in report["rows"]] == \
+        [("src2tgt", len(pairs), 2), ("tgt2src", len(pairs), 2)]
+    assert capsys.readouterr().out.count("outputs equal") == 2
+
+
+def test_each_weight_scores_what_self_reranking_decodes_with_it(tmp_path, capsys):
+    pairs, model = _workdir(tmp_path)
     report = rerank_weight.main(["--workdir", str(tmp_path), "--weights", "0", "1", "3", "--beam", "4",
                                  "--batch", "5", "--device", "cpu", "--out", str(tmp_path / "hyp")])
     assert json.loads(capsys.readouterr().out)["best_weight"] == report["best_weight"]

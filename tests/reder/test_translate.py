@@ -12,8 +12,8 @@ from reder import TransformerConfig
 from reder.autoregressive import Transformer
 from reder.checkpoint import CONFIG_FILE, MODEL_FILE, SPM_FILE
 from reder.decode import ctc_beam_search, strip_special
-from reder.translate import greedy_by_penalty, main, split_lines, translate_ids, translate_lines
-from tests.reder.helpers import random_batch, tiny_model
+from reder.translate import greedy_by_penalty, main, reranked_by_penalty, split_lines, translate_ids, translate_lines
+from tests.reder.helpers import decoding_model, random_batch, tiny_model
 
 SEPARATORS = ["\x0b", "\x0c", "\x1c", "\x1d", "\x1e", "\x85", "\u2028", "\u2029"]
 
@@ -311,6 +311,33 @@ def test_a_blank_penalty_decodes_greedily_the_argmax_of_the_shifted_log_probs_an
         translate_ids(Transformer(TransformerConfig(vocab_size=12, d_model=8, n_heads=2, ffn_dim=16, encoder_layers=1,
                                                     decoder_layers=1)), sequences, direction, blank_penalty=1.0)
 
+
+
+@pytest.mark.parametrize("direction", ["src2tgt", "tgt2src"])
+def test_one_nbest_per_penalty_serves_every_reranker_as_translate_ids_decodes_each(direction):
+    """reranked_by_penalty (the evaluate stage's beam tuning) runs the model once per batch and the beam once per
+    batch and penalty, sharing its n-best between the plain beam, self-reranking and teacher reranking; each
+    output must be what translate_ids decodes for that penalty and reranker on its own (the reference)."""
+    model = tiny_model(dropout=0.0, attention_dropout=0.0).eval()
+    teacher = Transformer(TransformerConfig(vocab_size=model.cfg.vocab_size, d_model=8, n_heads=2, ffn_dim=16,
+                                            encoder_layers=1, decoder_layers=1)).eval()
+    tokens, lengths = random_batch([6, 4, 5, 3, 7], model.cfg.vocab_size)
+    sequences = [row[:n].tolist() for row, n in zip(tokens, lengths.tolist())]
+    rerankers = {"beam": {}, "self": {"rerank": "self", "rerank_weight": 0.7}, "teacher": {"rerank": "teacher", "teacher": teacher}}
+    counted = []
+    grid = reranked_by_penalty(model, sequences, direction, 4, PENALTIES, rerankers, batch_size=2, cutoff_top_n=6,
+                               on_batch=counted.append)
+    assert counted == [2, 2, 1] and list(grid) == list(PENALTIES)
+    seen = set()
+    for penalty in PENALTIES:
+        for name, how in rerankers.items():
+            expected = translate_ids(model, sequences, direction, 4, 2, blank_penalty=penalty, cutoff_top_n=6, **how)
+            assert grid[penalty][name] == expected, (penalty, name)
+            seen.add((name, str(expected)))
+    assert len({output for name, output in seen if name == "beam"}) >= 2  # the penalties change the beam's output
+    assert len({output for _, output in seen}) > len({output for name, output in seen if name == "beam"})  # so do the rerankers
+    with pytest.raises(ValueError, match="needs a CTC model"):
+        reranked_by_penalty(decoding_model("dag"), sequences, direction, 4, [0.0], {"beam": {}})
 
 def test_the_model_directory_carries_the_blank_penalty_to_the_cli_and_the_python_api(model_dir, monkeypatch, capsys):
     """Issue 41: config.json's blank_penalty (per direction) is what reder.load, the CLI (and so the Serve app
