@@ -186,7 +186,8 @@ def reranked_by_penalty(model: REDER, sequences: list[list[int]], direction: str
     teacher; ids in input order) from the CTC beam (beam_size, cutoffs) over `sequences`: the model run once
     per batch, the beam once per batch and penalty, its n-best shared by every reranker. Equal to
     `translate_ids(model, sequences, direction, beam_size, batch_size, blank_penalty=p, **reranker)` for each p
-    and reranker, at a fraction of the cost. `on_batch(sentences)` after each batch."""
+    and reranker, without their repeated model runs and beams (a reranker's own pass, e.g. self-reranking's reverse
+    direction, is still one per penalty). `on_batch(sentences)` after each batch."""
     if not model.head.reranks:
         raise ValueError(f"an n-best needs a CTC model; this model's head is {model.cfg.head!r}")
     penalties = list(dict.fromkeys(float(p) for p in penalties))
