@@ -247,7 +247,7 @@ def tune_beam_penalties(model: Any, cfg: PipelineConfig, teachers: dict[str, Any
     src, tgt = read_text_split(corpus, "valid", cfg.train.valid_max_sentences)
     sides = {"src2tgt": (src, tgt), "tgt2src": (tgt, src)}
     tuned: dict[str, dict[str, dict[float, float]]] = {}
-    progress = Progress("evaluate", len(sides) * len(src), "sentence")
+    progress = Progress("evaluate, the beam's blank penalty on valid", len(sides) * len(src), "sentence")
     for direction, (inputs, references) in sides.items():
         progress.doing(f"valid {direction}: the beam under blank penalties {', '.join(f'{p:g}' for p in grid)}")
         encoded = cut_to([e[:-1] for e in encode_lines(sp, inputs)], limit)[0]
