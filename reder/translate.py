@@ -41,7 +41,7 @@ import argparse
 import math
 import sys
 from pathlib import Path
-from typing import Any, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 import sentencepiece
 import torch
@@ -181,7 +181,7 @@ def rerank_nbest(model: REDER, tokens: torch.Tensor, lengths: torch.Tensor, dire
 def reranked_by_penalty(model: REDER, sequences: list[list[int]], direction: str, beam_size: int,
                         penalties: Iterable[float], rerankers: dict[str, dict[str, Any]], batch_size: int = 64,
                         cutoff_top_n: int = CUTOFF_TOP_N, cutoff_prob: float = CUTOFF_PROB,
-                        on_batch: Optional[Any] = None) -> dict[float, dict[str, list[list[int]]]]:
+                        on_batch: Optional[Callable[[int], None]] = None) -> dict[float, dict[str, list[list[int]]]]:
     """For each blank penalty, each of `rerankers`' output (name → `rerank_nbest`'s rerank, rerank_weight,
     teacher; ids in input order) from the CTC beam (beam_size, cutoffs) over `sequences`: the model run once
     per batch, the beam once per batch and penalty, its n-best shared by every reranker. Equal to
