@@ -435,12 +435,13 @@ class TrackingConfig:
 class BudgetConfig:
     """A wall-clock budget for the whole pipeline run (run_pipeline.py, from its start), shared by its training
     stages (teacher, cmlm, train): each stops at its own `max_time` or earlier, when the run's time left, less
-    the `max_time` of every training stage still to come and `reserve` seconds for the stages that do not
-    train (distill, evaluate, the starts), runs out. It shortens stages only, so it is not part of any stage's
-    key; a stage it cut says so in its manifest (`stopped_by`: "time_cap")."""
+    the `max_time` of every training stage still to come and `reserve` seconds for what follows the last one's
+    updates (its last validation and publishing, evaluate), runs out: a stage's share counts from the stage's
+    start, its worker group's start included. It shortens stages only, so it is not part of any stage's key; a
+    stage it cut says so in its manifest (`stopped_by`: "time_cap")."""
 
     max_time: float = 0.0  # seconds for the whole run, from run_pipeline.py's start; 0 = no run budget
-    reserve: float = 0.0  # seconds kept for what does not train after a training stage (distill, evaluate, starts)
+    reserve: float = 0.0  # seconds kept for what follows the last training stage's updates (publishing, evaluate)
 
     def __post_init__(self) -> None:
         require(self, max_time=">= 0", reserve=">= 0")

@@ -99,8 +99,9 @@ def make_trainer(cfg: PipelineConfig, name: str, storage: Path, train_data: Path
     resumes from its latest checkpoint) on the `train_data` split, validated on `data`/valid.
     `mlflow_target` receives rank 0's per-step metrics (with "runs", direction → run id, a pair's metrics
     named for a direction go to that direction's run). `task` is REDER's (default) or {"kind": "teacher" |
-    "cmlm"}: both directions' teachers or CMLMs in one run (`build_task`), with the config section of that name. `time_cap_s`: the stage's share of the run's budget (the loop stops
-    there, at the latest; the section's own `max_time` may stop it earlier)."""
+    "cmlm"}: both directions' teachers or CMLMs in one run (`build_task`), with the config section of that name. `time_cap_s`: the stage's share of the run's budget, counted from
+    now (the worker group's start and every restart of it spend it too; the loop stops there, at the latest, and
+    the section's own `max_time`, which counts training alone, may stop it earlier)."""
     import ray.train
     from ray.train.torch import TorchTrainer
 
@@ -116,7 +117,7 @@ def make_trainer(cfg: PipelineConfig, name: str, storage: Path, train_data: Path
         "blank_penalties": list(cfg.evaluate.blank_penalties if task["kind"] == "reder" else NO_BLANK_PENALTY),
         "mlflow": mlflow_target,
         "progress": str(Path(storage) / name / PROGRESS_FILE),
-        "time_cap_s": time_cap_s,
+        "time_cap_at": time.time() + time_cap_s,  # wall clock (inf: none): the workers' clocks read it
     }
     resources = worker_resources(train)
     return TorchTrainer(
@@ -157,7 +158,7 @@ def fit_and_average(trainer: Any, run_path: Path, average_best: int, model: torc
     # process that calls fit, which Ray Train passes on to its controller.
     os.environ[START_TIMEOUT_ENV] = str(config["train"]["start_timeout_s"])
     try:
-        limit = min(config["train"]["max_time"] or math.inf, config["time_cap_s"])
+        limit = min(config["train"]["max_time"] or math.inf, config["time_cap_at"] - time.time())
         with progress_bar(Path(config["progress"]), config["train"]["max_steps"], what, limit):
             result = off_main_thread(trainer.fit)
     except Exception as error:  # TrainingFailedError wraps the worker's exception

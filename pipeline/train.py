@@ -17,6 +17,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from pipeline import spm
 from pipeline.config import NO_BLANK_PENALTY, PipelineConfig
 from pipeline.raytrain import (budget_record, check_resources, fit_and_average, make_trainer, run_report, run_storage,
@@ -69,14 +71,17 @@ def _build(cfg: PipelineConfig, workdir: Path, name: str, train_data: Path, data
 
 def tune_blank_penalty(model: REDER, cfg: PipelineConfig, data: Path, corpus: Path, spm_dir: Path) -> dict[str, float]:
     """Set `model.blank_penalty` to each trained direction's best of `evaluate.blank_penalties` on the validation
-    split (the train stage's Validator, its sentences); returns that validation's scores ({} when there is
-    nothing to tune: a DAG model, or the grid [0])."""
+    split (the train stage's Validator, its sentences), on the GPU where the driver has one (as evaluate decodes);
+    returns that validation's scores ({} when there is nothing to tune: a DAG model, or the grid [0])."""
     if not model.head.emits_blank or cfg.evaluate.blank_penalties == NO_BLANK_PENALTY:
         return {}
     validator = Validator({"ids": str(data / "valid"), "text": str(corpus / "valid")},
                           (spm_dir / spm.MODEL_FILE).read_bytes(), cfg.train.valid_max_sentences,
                           model.loss_config.directions, cfg.evaluate.blank_penalties)
-    scores = validator(model)
+    try:
+        scores = validator(model.to("cuda" if torch.cuda.is_available() else "cpu"))
+    finally:
+        model.cpu()
     for direction in model.loss_config.directions:
         model.blank_penalty[direction] = scores[f"blank_penalty_{direction}"]
     log.info("train: blank penalty %s (validation greedy BLEU %s, without it %s)", model.blank_penalty,

@@ -134,8 +134,10 @@ def train_loop(config: dict[str, Any]) -> None:
     if rank == 0 and harness.run_facts["too_long"]:
         log.warning("train: %d training examples left out: longer than the model reads (its max_positions)",
                     harness.run_facts["too_long"])
+    # What is left of the stage's share of the run's budget: the slowest rank's clock, so that all stop at one update.
+    time_cap_s = all_reduce(config["time_cap_at"] - time.time(), "min", group)
     try:
-        harness.fit(harness.stream(lambda epoch: _epoch(examples, train, epoch, rank, group)), time_cap_s=config["time_cap_s"])
+        harness.fit(harness.stream(lambda epoch: _epoch(examples, train, epoch, rank, group)), time_cap_s=time_cap_s)
     finally:
         if system is not None:
             system.finish()

@@ -68,10 +68,11 @@ def viterbi_align(
     first = max(states - 2, 0)
     scores[:, first:states] = emit[:, 0, first:]  # states 1, 0: a path starts with a blank or y1
     windows = scores.unfold(1, 3, 1)  # (B, S, 3) view: scores of s, s−1, s−2
-    backpointer = torch.zeros(batch, frames, states, dtype=torch.long, device=emit.device)  # reversed states
+    # Time-major, so that frame t's slot is contiguous like `best`: CUDA's max refuses outputs of unequal strides.
+    backpointer = torch.zeros(frames, batch, states, dtype=torch.long, device=emit.device)  # reversed states
     best = torch.empty(batch, states, dtype=emit.dtype, device=emit.device)
     for t in range(1, frames):
-        torch.max(windows + moves[:, t], dim=-1, out=(best, backpointer[:, t]))
+        torch.max(windows + moves[:, t], dim=-1, out=(best, backpointer[t]))
         torch.add(best, emit[:, t], out=scores[:, :states])
     score = scores[:, :states].flip(1)  # (B, S) in state order
     last = 2 * target_lengths.long()  # final blank; the final label sits at last − 1
@@ -81,7 +82,7 @@ def viterbi_align(
     path = torch.empty(batch, frames, dtype=torch.long, device=emit.device)  # reversed state per frame
     for t in range(frames - 1, 0, -1):
         path[:, t:t + 1] = state
-        state = state + backpointer[:, t].gather(1, state)  # a step back in state order is one forward reversed
+        state = state + backpointer[t].gather(1, state)  # a step back in state order is one forward reversed
     path[:, :1] = state
     alignment = extended.flip(1).gather(1, path).masked_fill(~active, PAD_ID)
     return alignment, torch.isfinite(path_score), path_score

@@ -15,8 +15,10 @@ cd "$root"
 out=${OUT:-$(mktemp -d)}
 device=${DEVICE:-cuda}
 started=$(date +%s)
+data=$root/../shared/data/multi30k  # ../shared stays behind: on the GPU machine, the carried copy
 if [ "$device" = cuda ]; then
   python=python3
+  data=$root/bench/gpu_env/data/multi30k
   bash bench/gpu_env/unpack.sh > /tmp/env.sh && . /tmp/env.sh || exit 1
   export PYTHONPATH=$root:${PYTHONPATH:-} RAY_AUTH_MODE=disabled
 else
@@ -25,16 +27,16 @@ fi
 export PYTHONUNBUFFERED=1
 echo "environment ready after $(( $(date +%s) - started )) s" | tee "$out/gpu_tests.log"
 
-# Every `gpu` test: the harness, distill and train stage on the GPU (two of them start Ray: about a minute each
-# on an H200), the teachers' batched search, the DAG kernels, CUDA graphs of the inference trunk, the attention
-# without cuDNN.
+# Every `gpu` test, the quick ones first: the CTC alignment on CUDA, the teachers' batched search, the DAG
+# kernels, CUDA graphs of the inference trunk, the attention without cuDNN; then the harness, distill and train
+# stage on the GPU (two of them start Ray: about a minute each on an H200).
 timeout -k 10 "${TESTS_S:-150}" $python -m pytest -m gpu -q -rs -p no:cacheprovider --durations 10 \
-  tests/pipeline/test_gpu.py tests/reder/test_autoregressive.py tests/reder/test_dag_triton.py \
-  tests/reder/test_static.py tests/reder/test_attention.py \
+  tests/reder/test_ctc.py tests/reder/test_autoregressive.py tests/reder/test_dag_triton.py \
+  tests/reder/test_static.py tests/reder/test_attention.py tests/pipeline/test_gpu.py \
   >> "$out/gpu_tests.log" 2>&1
 echo "gpu tests: exit $? after $(( $(date +%s) - started )) s" | tee -a "$out/gpu_tests.log"
 
 timeout -k 10 "${PEERS_S:-100}" $python -m bench.peers --device "$device" --engines reder --compile --sentences 100 \
-  --out "$out/peers_compile.json" > "$out/peers.log" 2>&1
+  --data "$data" --out "$out/peers_compile.json" > "$out/peers.log" 2>&1
 echo "bench.peers --compile: exit $? after $(( $(date +%s) - started )) s" | tee -a "$out/peers.log"
 echo "files in $out: $(ls "$out" | tr '\n' ' ')"
