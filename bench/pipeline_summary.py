@@ -5,7 +5,9 @@ REDER's steady training throughput, and what stopped each training stage.
 
     python -m bench.pipeline_summary --workdir W [--wall SECONDS] [--out FILE.json]
 
-`--wall`: the command's own wall time (bench/gpu_env/quick_gpu.sh measures it), else the stages' sum. Steady
+`--wall`: the command's own wall time (bench/gpu_env/quick_gpu.sh measures it), else the stages' sum. A run
+stopped before its end (no last_run.json: its limit, Ctrl-C) is summed up from the manifests of the stages it
+finished (`finished`: false), the scores of what it did not reach left empty. Steady
 throughput: the median tokens/s of the reporting windows after the first fifth of the run (warm-up, first
 shapes). Prints a Markdown table and one JSON object (also written to --out).
 """
@@ -46,15 +48,31 @@ def training_seconds(workdir: Path, stage: str) -> float:
     return sum(runs.values())
 
 
+def stage_seconds(workdir: Path) -> tuple[dict[str, float], bool]:
+    """Each stage's seconds and whether the run finished: from last_run.json, which run_pipeline.py writes at the
+    end of a run, else from the manifests of the stages that finished."""
+    try:
+        last_run = json.loads((workdir / "last_run.json").read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        manifests = [json.loads(m.read_text(encoding="utf-8")) for m in sorted(workdir.glob("*-*/manifest.json"))]
+        return {m["stage"]: round(float(m["seconds"]), 1) for m in sorted(manifests, key=lambda m: m["started"])}, False
+    return {name: entry["seconds"] for name, entry in last_run["stages"].items()}, True
+
+
+def _one_json(workdir: Path, pattern: str, default: Any) -> Any:
+    """The JSON file matching `pattern` in `workdir` (one at most), `default` where the run did not write it."""
+    found = sorted(workdir.glob(pattern))
+    if len(found) > 1:
+        raise SystemExit(f"error: {workdir}: {len(found)} files match {pattern}; one run per workdir")
+    return json.loads(found[0].read_text(encoding="utf-8")) if found else default
+
+
 def summary(workdir: Path, wall: float | None) -> dict[str, Any]:
-    last_run = json.loads((workdir / "last_run.json").read_text(encoding="utf-8"))
-    stages = {name: entry["seconds"] for name, entry in last_run["stages"].items()}
+    stages, finished = stage_seconds(workdir)
     wall = wall if wall is not None else sum(stages.values())
     training = {stage: training_seconds(workdir, stage) for stage in ("teacher", "cmlm", "train")}
-    results_file, = workdir.glob("evaluate-*/results.json")
-    scores = json.loads(results_file.read_text(encoding="utf-8"))["scores"]
-    history_file, = workdir.glob("train-*/history.json")
-    history = json.loads(history_file.read_text(encoding="utf-8"))
+    scores = _one_json(workdir, "evaluate-*/results.json", {"scores": {}})["scores"]
+    history = _one_json(workdir, "train-*/history.json", [])
     stops = {}
     for stage in ("teacher", "train"):
         for manifest in workdir.glob(f"{stage}-*/manifest.json"):
@@ -82,10 +100,10 @@ def summary(workdir: Path, wall: float | None) -> dict[str, Any]:
             "reranked_target_met": None not in (teacher, rerank) and teacher - rerank <= RERANKED_GAP}
     steady = steady_tokens_per_s(history)
     share = 1 - sum(training.values()) / wall if wall else None
-    return {"workdir": str(workdir), "wall_seconds": round(wall, 1), "stage_seconds": stages,
+    return {"workdir": str(workdir), "finished": finished, "wall_seconds": round(wall, 1), "stage_seconds": stages,
             "training_loop_seconds": training, "non_training_share": None if share is None else round(share, 3),
             "stops": stops, "test_bleu": bleu, "reder_steady_tokens_per_s": steady,
-            "targets": {"pipeline_seconds": wall <= PIPELINE_SECONDS,
+            "targets": {"pipeline_seconds": finished and wall <= PIPELINE_SECONDS,
                         "non_training_share": share is not None and share <= NON_TRAINING_SHARE,
                         "reder_tokens_per_s": steady is not None and steady >= STEADY_TOKENS_PER_S,
                         **{f"{key}_{d}": bleu[d][f"{key}_target_met"] for d in bleu
@@ -96,7 +114,9 @@ def markdown(result: dict[str, Any]) -> str:
     rows = ["| | en→xx (src2tgt) | xx→en (tgt2src) |", "|---|---|---|"]
     for key in ("teacher_beam4", "greedy", "greedy_gap", "reranked_gap", "sentences"):
         rows.append(f"| {key} | " + " | ".join(str(_round(result["test_bleu"][d].get(key))) for d in ("src2tgt", "tgt2src")) + " |")
-    lines = [*rows, "", f"wall {result['wall_seconds']} s; stages " + ", ".join(
+    stopped = [] if result["finished"] else ["the run stopped before its end (no last_run.json): the stages it "
+                                             "finished, from their manifests", ""]
+    lines = [*stopped, *rows, "", f"wall {result['wall_seconds']} s; stages " + ", ".join(
         f"{k} {v} s" for k, v in result["stage_seconds"].items()),
         f"training loops {result['training_loop_seconds']}; non-training share {result['non_training_share']}",
         f"REDER steady tokens/s {_round(result['reder_steady_tokens_per_s'])}",

@@ -54,12 +54,13 @@ code=$?
 wall=$(python3 -c "print(round($(date +%s.%N) - $pipeline_started, 1))")
 echo "pipeline: exit $code after $wall s" | tee -a "$out/pipeline.log"
 
-if [ -f "$work/last_run.json" ]; then
-  "$python" -m bench.pipeline_summary --workdir "$work" --wall "$wall" --out "$out/summary.json" > "$out/summary.txt" 2>&1
-  head -20 "$out/summary.txt"
-fi
 ( cd "$work" && tar czf "$out/results.tar.gz" --ignore-failed-read mlflow.db last_run.json config.yaml */manifest.json \
     evaluate-*/results.json train-*/history.json train-*/report.json train-*/training.png teacher-*/report.json \
     teacher-*/*/history.json teacher-*/*/training.png distill-*/report.json ) 2>/dev/null
+if [ -d "$work" ]; then  # a run stopped at its limit too: the stages it finished
+  timeout 30 "$python" -m bench.pipeline_summary --workdir "$work" --wall "$wall" --out "$out/summary.json" \
+    > "$out/summary.txt" 2>&1
+  head -20 "$out/summary.txt"
+fi
 echo "files in $out: $(ls "$out" | tr '\n' ' ')"
 exit $code

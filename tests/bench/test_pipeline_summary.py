@@ -1,0 +1,44 @@
+"""bench.pipeline_summary on the two GPU runs of the quick recipe kept in docs/results (their workdirs' files, as
+bench/gpu_env/quick_gpu.sh tars them): one that finished (stop 64) and one stopped at its limit in evaluate
+(stop 66), which the summary used to refuse with a traceback (no last_run.json)."""
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from bench import pipeline_summary
+
+RUNS = Path(__file__).resolve().parents[2] / "docs" / "results" / "pipeline_multi30k_quick_h200"
+
+
+def _workdir(tmp_path: Path, tarball: str) -> Path:
+    with tarfile.open(RUNS / tarball) as archive:
+        archive.extractall(tmp_path, filter="data")
+    return tmp_path
+
+
+def test_a_finished_run_is_scored_against_the_issues_targets(tmp_path):
+    result = pipeline_summary.summary(_workdir(tmp_path, "results.tar.gz"), 397.6)
+    assert result["finished"] is True and result["wall_seconds"] == 397.6
+    assert set(result["stage_seconds"]) == {"ingest", "spm", "tokenize", "teacher", "distill", "train", "evaluate"}
+    en_de, de_en = result["test_bleu"]["src2tgt"], result["test_bleu"]["tgt2src"]
+    assert en_de["teacher_beam4"] == pytest.approx(37.31, abs=0.005) and de_en["teacher_beam4"] == pytest.approx(41.06, abs=0.005)
+    assert en_de["greedy"] == pytest.approx(35.42, abs=0.005) and en_de["sentences"] == 1000
+    assert en_de["greedy_gap"] == pytest.approx(1.89) and en_de["greedy_target_met"] is True
+    assert en_de["reranked_gap"] == pytest.approx(3.04) and en_de["reranked_target_met"] is False
+    assert result["targets"]["pipeline_seconds"] is True and result["targets"]["non_training_share"] is False
+    assert result["training_loop_seconds"]["train"] == pytest.approx(116.1)
+    assert "the run stopped before its end" not in pipeline_summary.markdown(result)
+
+
+def test_a_run_stopped_at_its_limit_is_summed_up_from_the_stages_it_finished(tmp_path):
+    result = pipeline_summary.summary(_workdir(tmp_path, "stop66-results.tar.gz"), 560.0)
+    assert result["finished"] is False
+    assert result["stage_seconds"] == {"ingest": 0.3, "spm": 0.9, "tokenize": 13.5, "teacher": 204.8, "distill": 77.0,
+                                       "train": 198.0}  # in the order they ran; evaluate did not finish
+    assert result["training_loop_seconds"] == {"teacher": 160.1, "cmlm": 0, "train": 151.7}
+    assert result["stops"]["train"]["stopped_by"] == "time_cap" and result["stops"]["train"]["steps"] == 1399
+    assert result["reder_steady_tokens_per_s"] > 250_000
+    assert all(v is None for v in result["test_bleu"]["src2tgt"].values() if not isinstance(v, bool))
+    assert not any(result["targets"].values())  # nothing it did not reach counts as met
+    assert pipeline_summary.markdown(result).startswith("the run stopped before its end")
