@@ -99,9 +99,10 @@ def make_trainer(cfg: PipelineConfig, name: str, storage: Path, train_data: Path
     resumes from its latest checkpoint) on the `train_data` split, validated on `data`/valid.
     `mlflow_target` receives rank 0's per-step metrics (with "runs", direction → run id, a pair's metrics
     named for a direction go to that direction's run). `task` is REDER's (default) or {"kind": "teacher" |
-    "cmlm"}: both directions' teachers or CMLMs in one run (`build_task`), with the config section of that name. `time_cap_s`: the stage's share of the run's budget, counted from
-    now (the worker group's start and every restart of it spend it too; the loop stops there, at the latest, and
-    the section's own `max_time`, which counts training alone, may stop it earlier)."""
+    "cmlm"}: both directions' teachers or CMLMs in one run (`build_task`), with the config section of that
+    name. `time_cap_s`: the stage's share of the run's budget, counted from now (the worker group's start and
+    every restart of it spend it too; the loop stops there, at the latest, and the section's own `max_time`,
+    which counts training alone, may stop it earlier)."""
     import ray.train
     from ray.train.torch import TorchTrainer
 
