@@ -341,7 +341,7 @@ def evaluate_model(model_dir: Path, corpus: Path, cfg: PipelineConfig, out: Path
             restored = translate_ids(model, fed, back, 1, evaluation.batch_size)
             text = [sp.decode(h) for h in restored]
             write_text(out / f"{split}.roundtrip_{side}.greedy.txt", "".join(h + "\n" for h in text))
-            roundtrip[f"{split}.{side}"] = corpus_scores(text, inputs)["bleu"]
+            roundtrip[f"{split}.{side}"] = corpus_bleu(text, inputs)[0]
         (out / TRANSLATIONS_DIR).mkdir(exist_ok=True)
         write_text(out / TRANSLATIONS_DIR / f"{split}.json", json.dumps(table, ensure_ascii=False))  # columns in order
     progress.close()
