@@ -54,8 +54,9 @@ def stage_seconds(workdir: Path) -> tuple[dict[str, float], bool]:
     try:
         last_run = json.loads((workdir / "last_run.json").read_text(encoding="utf-8"))
     except FileNotFoundError:
-        manifests = [json.loads(m.read_text(encoding="utf-8")) for m in sorted(workdir.glob("*-*/manifest.json"))]
-        return {m["stage"]: round(float(m["seconds"]), 1) for m in sorted(manifests, key=lambda m: m["started"])}, False
+        manifests = sorted((json.loads(m.read_text(encoding="utf-8")) for m in workdir.glob("*-*/manifest.json")),
+                           key=lambda m: m["started"])  # in the order the stages ran
+        return {m["stage"]: round(float(m["seconds"]), 1) for m in manifests}, False
     return {name: entry["seconds"] for name, entry in last_run["stages"].items()}, True
 
 
