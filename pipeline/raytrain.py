@@ -6,16 +6,17 @@ other are named in pipeline/runfiles.py. Ray is imported inside the functions th
 
 In the order a stage calls them: `check_resources` fails fast, with the numbers, when the cluster cannot hold the
 worker group (instead of letting Ray Train wait forever); `storage_path` and `run_storage` place the run's
-checkpoints (where a run started again resumes; --force removes them first); `make_trainer` builds a
-`TorchTrainer` of `trainloop.train_loop` that trains on the tokenized training split (its path: each worker reads
-its own shard); `fit_and_average` fits it (off the main thread, under a progress bar fed by rank 0's progress
-file; a failed fit is one line, a group that cannot be placed again says what to run) and averages the best
-`average_best` checkpoints by validation BLEU (the mean of both directions) into a model; `run_report` and
-`budget_record` say how the run ended.
+checkpoints (where a run started again resumes; --force removes them first); `make_trainer` builds the
+Ray Train trainer (`trainer_class`: DDP for a group, no process group for one worker) of `trainloop.train_loop`
+that trains on the tokenized training split (its path: each worker reads its own shard); `fit_and_average` fits
+it (off the main thread, under a progress bar fed by rank 0's progress file; a failed fit is one line, a group
+that cannot be placed again says what to run) and averages the best `average_best` checkpoints by validation BLEU
+(the mean of both directions) into a model; `run_report` and `budget_record` say how the run ended.
 """
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import math
@@ -95,7 +96,7 @@ def run_storage(storage: Path, name: str, force: bool) -> Path:
 def make_trainer(cfg: PipelineConfig, name: str, storage: Path, train_data: Path, data: Path, corpus: Path,
                  spm_dir: Path, mlflow_target: dict[str, str] | None, callbacks: tuple = (),
                  task: dict[str, str] | None = None, time_cap_s: float = math.inf) -> Any:
-    """The TorchTrainer of one training run (run `name` under `storage`; a run with the same pair
+    """The Ray Train trainer of one training run (run `name` under `storage`; a run with the same pair
     resumes from its latest checkpoint) on the `train_data` split, validated on `data`/valid.
     `mlflow_target` receives rank 0's per-step metrics (with "runs", direction → run id, a pair's metrics
     named for a direction go to that direction's run). `task` is REDER's (default) or {"kind": "teacher" |
@@ -104,7 +105,6 @@ def make_trainer(cfg: PipelineConfig, name: str, storage: Path, train_data: Path
     every restart of it spend it too; the loop stops there, at the latest, and the section's own `max_time`,
     which counts training alone, may stop it earlier)."""
     import ray.train
-    from ray.train.torch import TorchTrainer
 
     task = task or {"kind": "reder"}
     section = getattr(cfg, task["kind"]) if task["kind"] in ("teacher", "cmlm") else cfg
@@ -121,7 +121,7 @@ def make_trainer(cfg: PipelineConfig, name: str, storage: Path, train_data: Path
         "time_cap_at": time.time() + time_cap_s,  # wall clock (inf: none): the workers' clocks read it
     }
     resources = worker_resources(train)
-    return TorchTrainer(
+    return trainer_class(worker_count(train) == 1)(
         train_loop, train_loop_config=loop_config,
         scaling_config=ray.train.ScalingConfig(num_workers=worker_count(train), use_gpu=train.use_gpu,
                                                resources_per_worker=resources,
@@ -138,6 +138,30 @@ def make_trainer(cfg: PipelineConfig, name: str, storage: Path, train_data: Path
             checkpoint_config=ray.train.CheckpointConfig(num_to_keep=train.keep_checkpoints,
                                                          checkpoint_score_attribute=SCORE,
                                                          checkpoint_score_order="max")))
+
+
+@functools.cache
+def trainer_class(one_worker: bool) -> type:
+    """Ray Train's trainer of a run: `TorchTrainer` (a torch process group, DDP) for a group of workers, for one
+    worker Ray Train's `DataParallelTrainer` with no backend: one rank has nothing to synchronise (`prepare_model`
+    leaves the model unwrapped, harness.all_reduce and the placement gather see no process group), and without
+    torch's backend the run's controller (a process of its own, on the driver's node) does not import torch before
+    it places the worker (~1 s of a 2-core box's 8 s to the first update; bench/train_start.py). Both without
+    Ray Train's `DatasetsCallback`: each worker reads its own Parquet shard and no trainer here takes `datasets`,
+    yet the callback starts a DatasetManager actor for every worker group (another process importing Ray Data)
+    and the workers' train context waits for it (~1 s more)."""
+    from ray.train.torch import TorchTrainer
+    from ray.train.v2._internal.callbacks import DatasetsCallback
+    from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
+
+    class Trainer(DataParallelTrainer if one_worker else TorchTrainer):  # type: ignore[valid-type,misc]
+        def _create_default_callbacks(self) -> list:
+            if self.datasets:
+                raise ValueError("these runs read their own shards: no Ray Datasets")
+            return [c for c in super()._create_default_callbacks() if not isinstance(c, DatasetsCallback)]
+
+    Trainer.__name__ = Trainer.__qualname__ = "OneWorkerTrainer" if one_worker else "GroupTrainer"
+    return Trainer
 
 
 def worker_count(train: TrainConfig) -> int | tuple[int, int]:

@@ -1,6 +1,6 @@
-"""Train stage: the duplex model on Ray Train (TorchTrainer, DDP), both directions in every update.
+"""Train stage: the duplex model on Ray Train (DDP for a group of workers), both directions in every update.
 
-`build` checks that the requested resources exist, fits a `TorchTrainer` over the training split (the
+`build` checks that the requested resources exist, fits a Ray Train trainer over the training split (the
 distill stage's KD pairs with `distill.enabled`, else the tokenized references) and publishes the average of
 the best `train.average_best` checkpoints (by validation BLEU, the mean of both directions) as the stage's
 `model/` directory, with `history.json`, `report.json` and `training.png`. A CTC model's blank penalty per

@@ -5,7 +5,7 @@ their start step, or any other model/loss/train key), tracked in MLflow.
 
 The stages the sweep needs (pipeline/graph.py: the data stages and, with KD on, teacher and distill) run first,
 skipped when a normal run finished them: trials never recompute them. Each
-trial is a driver function (Ray 2.60's Train V2 pattern) that builds the train stage's TorchTrainer (raytrain) for
+trial is a driver function (Ray 2.60's Train V2 pattern) that builds the train stage's Ray Train trainer (raytrain) for
 its config, with `TuneReportCallback` forwarding rank 0's reports to Tune; ASHA (or FIFO) stops weak
 trials on `tune.metric` (validation BLEU, the mean of both directions) over training steps. A trial that
 fails is retried `tune.max_failures` times and then reported; the sweep goes on. `--samples N`
