@@ -209,6 +209,19 @@ def _actor_groups(job_id: str, by_actors: bool = True) -> list[Any]:
             and ray.ActorID(g.creator_actor_id).is_nil() != by_actors]
 
 
+TRIAL_ACTORS = ("ImplicitFunc", "TrainController")  # Tune's function trial and the Ray Train controller it starts
+
+
+def _live_trial_actors(job_id: str) -> list[str]:
+    """The class names of job `job_id`'s trial actors and Ray Train controllers not yet dead (from the GCS
+    actor table, which needs no dashboard)."""
+    import ray
+    from ray._private.state import state
+
+    table = state.actor_table(None, job_id=ray.JobID.from_hex(job_id))
+    return [a["ActorClassName"] for a in table.values() if a["ActorClassName"] in TRIAL_ACTORS and a["State"] != "DEAD"]
+
+
 def _release_all(job_id: str, timeout_s: float = 30.0) -> None:
     """After the fit: wait for the last trials' Ray Train runs to end (Tune kills their actors as it
     cleans up) and release what they leave, so the next Ray work in this process finds every CPU free.
@@ -222,8 +235,12 @@ def _release_all(job_id: str, timeout_s: float = 30.0) -> None:
 
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
+        # A trial's actors first: a controller still alive when the groups were counted could make its group
+        # after (a CPU held after a resumed sweep, CI of stop 67: a Ray Train group of a dead creator, made after
+        # the check had found none).
+        live = _live_trial_actors(job_id)
         release_stopped_trials(job_id)
-        if not _actor_groups(job_id) and not _actor_groups(job_id, by_actors=False):
+        if not live and not _actor_groups(job_id) and not _actor_groups(job_id, by_actors=False):
             return
         time.sleep(0.5)
     # Tune's own trial groups (the driver's) are removed as Tune cleans up; one left after the fit (issue 55: a
@@ -235,6 +252,8 @@ def _release_all(job_id: str, timeout_s: float = 30.0) -> None:
         if left:
             log.warning("tune: removed %d %s placement group(s) still held %s", len(left), what,
                         f"{timeout_s:.0f} s after the sweep" if timeout_s else "when the sweep was interrupted")
+    if timeout_s and (live := _live_trial_actors(job_id)):
+        log.warning("tune: %s still alive %.0f s after the sweep", ", ".join(sorted(live)), timeout_s)
 
 
 def _sweep_callback(budget_s: float = 0.0, every_s: float = 2.0) -> Any:

@@ -212,10 +212,36 @@ def test_after_a_sweep_a_trial_group_the_driver_still_holds_is_removed_and_said(
     _wait_for_cpus(full)
 
 
-def _wait_for_cpus(full: float) -> None:
+def test_after_a_sweep_a_controller_still_alive_is_waited_for_and_the_group_it_makes_then_released(ray_session):
+    """CI of stop 67: a CPU held after a resumed sweep by a Ray Train group whose creator was dead, made after
+    the wait had counted no groups. A controller of this job still alive is waited for (here it makes its group
+    2 s in and is killed, as Tune kills a trial, 4 s in); then its group is released."""
+    import threading
+
     import ray
 
-    deadline = time.monotonic() + 30
+    job = ray.get_runtime_context().get_job_id()
+    full = ray.cluster_resources()["CPU"]
+    controller = ray.remote(num_cpus=0)(type("TrainController", (), {
+        "make": lambda self, cpus, delay: (time.sleep(delay), _make_group(cpus))[1]})).remote()
+    ray.get(controller.__ray_ready__.remote(), timeout=60)
+    controller.make.remote(1.0, 2.0)
+    killer = threading.Timer(4.0, ray.kill, (controller,))
+    killer.start()
+    started = time.monotonic()
+    try:
+        tune._release_all(job, timeout_s=30.0)
+    finally:
+        killer.join()
+    assert 4.0 <= time.monotonic() - started < 30.0
+    assert not tune._live_trial_actors(job)
+    _wait_for_cpus(full, timeout_s=5.0)
+
+
+def _wait_for_cpus(full: float, timeout_s: float = 30.0) -> None:
+    import ray
+
+    deadline = time.monotonic() + timeout_s
     while ray.available_resources().get("CPU", 0) < full and time.monotonic() < deadline:
         time.sleep(0.2)
     assert ray.available_resources().get("CPU", 0) == full
