@@ -1,6 +1,6 @@
 """A training stage's time to its first training step (issue 43 item 1): stage start → rank 0's first update.
 
-    python bench/train_start.py --config C [key=value ...] [--stage train|teacher|cmlm] [--runs 2] [--out FILE]
+    python bench/train_start.py --config C [key=value ...] [--stage train|teacher|cmlm] [--runs 2] [--out FILE] [--timeline]
 
 After `run_pipeline.py --config C [key=value ...] --stages ingest,spm,tokenize` has finished the data stages,
 this runs the train stage (`graph.run(cfg, workdir, "train", force=True)`, on a local Ray instance started
@@ -11,8 +11,10 @@ RSS of the largest process under this one (a training worker, or Ray's object st
 them together, sampled from /proc twice a second. `--stage teacher` (or cmlm; its inputs finished too) runs
 that stage instead, with `<stage>.train.log_every=1`, and watches every Ray Train run of the stage (a run per
 direction before issue 53, one for both since): `first_step_s` is the first run's first update,
-`last_run_first_step_s` the last run's (when every model has been updated once). Ray's start is not counted; checking the inputs (the
-stage's first act, as in a pipeline run) is, and is also timed alone. Run as a file (not `-m`), so that
+`last_run_first_step_s` the last run's (when every model has been updated once). `--timeline` prints, per
+run, when each Ray actor (the Ray Train controller, its helpers, the workers) was first seen in each state,
+from the GCS actor table. Ray's start is not counted; checking the inputs (the stage's first act, as in a
+pipeline run) is, and is also timed alone. Run as a file (not `-m`), so that
 `PYTHONPATH=<another tree>` measures that tree's code with this same script.
 """
 from __future__ import annotations
@@ -95,12 +97,46 @@ class Watch:
         self.thread.join()
 
 
+class Timeline:
+    """With --timeline: a thread that reads Ray's actor table from the GCS every 50 ms and records when each actor
+    of the run (by class) was first seen in each state, in seconds from `started` (where a stage's start goes)."""
+
+    def __init__(self) -> None:
+        self.started = time.time()
+        self.seen: dict[tuple[str, str], str] = {}
+        self.events: list[tuple[float, str, str]] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        from ray._private.state import state
+        from ray.core.generated import gcs_pb2
+
+        while not self.stop.wait(0.05):
+            for raw in state._connect_and_get_accessor().get_actor_table(None, None):
+                actor = gcs_pb2.ActorTableData.FromString(raw)
+                key = (actor.actor_id.hex(), actor.class_name)
+                status = gcs_pb2.ActorTableData.ActorState.Name(actor.state)
+                if self.seen.get(key) != status:
+                    if key in self.seen or status != "DEAD":  # not the actors of earlier runs
+                        self.events.append((round(time.time() - self.started, 2), actor.class_name, status))
+                    self.seen[key] = status
+
+    def close(self) -> list[str]:
+        self.stop.set()
+        self.thread.join()
+        return [f"{at:7.2f} s  {name} {status}" for at, name, status in self.events]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", required=True)
     parser.add_argument("--stage", choices=("train", "teacher", "cmlm"), default="train")
     parser.add_argument("--runs", type=int, default=1)
     parser.add_argument("--out", type=Path, default=None, help="JSON file (default: print only)")
+    parser.add_argument("--timeline", action="store_true",
+                        help="also print, per run, when each Ray actor started and ended (from the GCS actor table)")
     parser.add_argument("overrides", nargs="*", metavar="key=value")
     args = parser.parse_args()
 
@@ -125,12 +161,17 @@ def main() -> None:
             for progress in storage.glob(pattern):
                 progress.unlink()
             watch = Watch(storage, pattern)
+            timeline = Timeline() if args.timeline else None
             started = time.time()
             try:
                 graph.run(cfg, workdir, args.stage, force=True)
             finally:
                 watch.close()
+                lines = timeline.close() if timeline else []
             ended = time.time()
+            if lines:
+                print("\n".join(lines) + f"\n{max(watch.first_steps.values(), default=started) - timeline.started:7.2f} s  "
+                      "first update (rank 0's progress file)", flush=True)
             firsts = sorted(watch.first_steps.values())
             runs.append({"first_step_s": round(firsts[0] - started, 2) if firsts else None,
                          **({"last_run_first_step_s": round(firsts[-1] - started, 2), "ray_train_runs": len(firsts)}

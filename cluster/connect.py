@@ -130,9 +130,7 @@ def connect(address: str = "", num_cpus: int = 0, object_store_memory_mb: int = 
         # The local instance's processes inherit this environment.
         for key, value in quiet.items():
             os.environ.setdefault(key, value)
-        # The dashboard serves the State API, through which Ray Train V2's PlacementGroupCleaner sees a dead
-        # controller: without it, a Tune trial stopped by ASHA leaks its workers' placement group and the
-        # next trials wait for CPUs forever, and every fit's cleaner prints a warning every few seconds.
+        # The dashboard serves the State API (`ray list actors`, the tests' checks) and the dashboard a user opens.
         # address="local": a new instance of our own; without it ray.init() joins any cluster already
         # running on this machine (another user's, or one with no free CPU) and the run waits forever.
         notice = logging.getLogger("ray._private.authentication.authentication_token_setup")
@@ -161,11 +159,10 @@ def init_local(kwargs: dict[str, Any]) -> Any:
     when free), and every process of the instance told where its State API is ($RAY_API_SERVER_ADDRESS, set while
     `ray.init` starts the instance's processes, which inherit it, and its workers from them; then put back, since
     it overrides the address of every State API call this process makes later, to any cluster). Without it a
-    process of the instance that asks the State API with no address, as Ray Train V2's PlacementGroupCleaner does
-    every second, finds its cluster by listing the machine's raylets, and with a second Ray on the machine
-    (another user's, a `ray start` cluster, the cluster test beside the suite) it gets "Found multiple active Ray
-    instances": the cleaner's thread dies, and a fit stopped without its controller's cleanup (a Tune trial
-    stopped by ASHA, Ctrl-C) leaks its placement group."""
+    process of the instance that asks the State API with no address (as Ray Train V2's PlacementGroupCleaner did,
+    every second, before `raytrain.trainer_class` left it out) finds its cluster by listing the machine's raylets,
+    and with a second Ray on the machine (another user's, a `ray start` cluster, the cluster test beside the suite)
+    it gets "Found multiple active Ray instances"."""
     import ray
 
     port = kwargs.get("dashboard_port") or free_port(DASHBOARD_PORT)

@@ -147,21 +147,67 @@ def trainer_class(one_worker: bool) -> type:
     leaves the model unwrapped, harness.all_reduce and the placement gather see no process group), and without
     torch's backend the run's controller (a process of its own, on the driver's node) does not import torch before
     it places the worker (~1 s of a 2-core box's 8 s to the first update; bench/train_start.py). Both without
-    Ray Train's `DatasetsCallback`: each worker reads its own Parquet shard and no trainer here takes `datasets`,
-    yet the callback starts a DatasetManager actor for every worker group (another process importing Ray Data)
-    and the workers' train context waits for it (~1 s more)."""
+    two of Ray Train's default callbacks, each a Python process of its own started beside the workers on every
+    run (on 2 cores the raylet starts two processes at a time, so a third waits):
+    - `DatasetsCallback`: each worker reads its own Parquet shard and no trainer here takes `datasets`, yet the
+      callback starts a DatasetManager actor for every worker group (a process importing Ray Data) and the
+      workers' train context waits for it (~1 s);
+    - `PlacementGroupCleanerCallback`: a detached actor per run that polls the State API for the controller's
+      death, to remove the worker group's placement group a killed controller leaves (~1 s of the start).
+      `release_orphaned_groups` does that from the GCS table where it happens: a failed fit (`fit_and_average`)
+      and a Tune trial stopped by its scheduler (pipeline/tune.py); a driver that ends takes its job's groups
+      with it."""
     from ray.train.torch import TorchTrainer
     from ray.train.v2._internal.callbacks import DatasetsCallback
+    from ray.train.v2._internal.callbacks.placement_group_callback import PlacementGroupCleanerCallback
     from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 
     class Trainer(DataParallelTrainer if one_worker else TorchTrainer):  # type: ignore[valid-type,misc]
         def _create_default_callbacks(self) -> list:
             if self.datasets:
                 raise ValueError("these runs read their own shards: no Ray Datasets")
-            return [c for c in super()._create_default_callbacks() if not isinstance(c, DatasetsCallback)]
+            return [c for c in super()._create_default_callbacks()
+                    if not isinstance(c, (DatasetsCallback, PlacementGroupCleanerCallback))]
 
     Trainer.__name__ = Trainer.__qualname__ = "OneWorkerTrainer" if one_worker else "GroupTrainer"
     return Trainer
+
+
+def release_orphaned_groups(job_id: str) -> int:
+    """Remove the placement groups of job `job_id` whose creator actor is dead; returns how many.
+
+    A Ray Train controller (an actor) creates its worker group's placement group and removes it when it ends
+    in order. One killed instead (a Tune trial stopped by its scheduler: Tune kills the trial's actor and the
+    controller dies with it; a controller that crashed) leaves it, and Ray keeps a placement group made by a
+    dead actor until the job ends: its CPUs stay reserved, and the next trials or fits of a long-lived driver
+    wait forever. Ray Train's PlacementGroupCleaner would watch for that from a process of its own per run
+    (`trainer_class` does not start it); this reads the GCS table, which needs no dashboard."""
+    import ray
+    from ray._private.state import state
+    from ray.util.placement_group import PlacementGroup, remove_placement_group
+
+    removed = 0
+    for group in job_groups(job_id):
+        # The group's flag follows the actor table's death with a lag (the owner of a killed controller has
+        # its error first): either says so.
+        if group.creator_actor_dead or state.actor_table(group.creator_actor_id.hex()).get("State") == "DEAD":
+            remove_placement_group(PlacementGroup(ray.PlacementGroupID(group.placement_group_id)))
+            removed += 1
+    return removed
+
+
+def job_groups(job_id: str, by_actors: bool = True) -> list[Any]:
+    """The live placement groups (GCS table entries) that actors of job `job_id` made (Ray Train's
+    worker groups; not detached ones); `by_actors=False`: the ones its driver made (Tune's trial groups)."""
+    import ray
+    from ray._private.state import state
+    from ray.core.generated import gcs_pb2
+
+    groups = [gcs_pb2.PlacementGroupTableData.FromString(raw)
+              for raw in state._connect_and_get_accessor().get_placement_group_table()]
+    return [g for g in groups if g.creator_job_id.hex() == job_id and not g.is_detached
+            and g.state != gcs_pb2.PlacementGroupTableData.REMOVED
+            and ray.ActorID(g.creator_actor_id).is_nil() != by_actors]
 
 
 def worker_count(train: TrainConfig) -> int | tuple[int, int]:
@@ -187,6 +233,9 @@ def fit_and_average(trainer: Any, run_path: Path, average_best: int, model: torc
         with progress_bar(Path(config["progress"]), config["train"]["max_steps"], what, limit):
             result = off_main_thread(trainer.fit)
     except Exception as error:  # TrainingFailedError wraps the worker's exception
+        import ray
+
+        release_orphaned_groups(ray.get_runtime_context().get_job_id())  # a controller that died: its group
         raise StageError(placement_failure(error, config["train"], keys, run_path)
                          or f"train: Ray Train failed: {first_failure(error)}") from error
     scored = [(m[SCORE], m["step"], c) for c, m in result.best_checkpoints if SCORE in m]

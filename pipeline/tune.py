@@ -15,8 +15,8 @@ fails is retried `tune.max_failures` times and then reported; the sweep goes on.
 Finished only when every trial ended (finished, stopped early by the scheduler, failed after its retries):
 Ctrl-C, SIGTERM or `tune.time_budget_s` stop the sweep through Tune's graceful stop, publish nothing and
 keep Ray Tune's experiment state, which `--resume` continues (`Tuner.restore`). Trials stopped by Tune
-have their Ray Train placement groups removed here (`release_stopped_trials`), so none waits for CPUs
-a dead trial still holds.
+have their Ray Train placement groups removed here (`raytrain.release_orphaned_groups`), so none waits for
+CPUs a dead trial still holds.
 
 MLflow: one parent run "tune" (the base config as params), one nested run per trial named by its values
 (`lr=0.002 λfba=0.1`; its sampled values as
@@ -175,40 +175,6 @@ def _best_validation(reports: list[dict[str, Any]], metric: str, mode: str) -> d
     return (max if mode == "max" else min)(scored, key=lambda r: r[metric])
 
 
-def release_stopped_trials(job_id: str) -> int:
-    """Remove the placement groups of job `job_id` whose creator actor is dead; returns how many.
-
-    A trial's Ray Train controller (an actor of the trial's driver function) creates its worker group's
-    placement group. When Tune stops the trial it kills the trial's actor, the controller dies with it,
-    and Ray keeps a placement group made by a dead actor until the job ends: its CPUs stay reserved and
-    the next trials wait forever. Ray Train's own PlacementGroupCleaner does this job only when it can
-    reach the State API (it fails with a second Ray instance on the machine: "Found multiple active Ray
-    instances"); the GCS table read here needs no dashboard."""
-    import ray
-    from ray.util.placement_group import PlacementGroup, remove_placement_group
-
-    removed = 0
-    for group in _actor_groups(job_id):
-        if group.creator_actor_dead:
-            remove_placement_group(PlacementGroup(ray.PlacementGroupID(group.placement_group_id)))
-            removed += 1
-    return removed
-
-
-def _actor_groups(job_id: str, by_actors: bool = True) -> list[Any]:
-    """The live placement groups (GCS table entries) that actors of job `job_id` made (Ray Train's
-    worker groups; not detached ones); `by_actors=False`: the ones its driver made (Tune's trial groups)."""
-    import ray
-    from ray._private.state import state
-    from ray.core.generated import gcs_pb2
-
-    groups = [gcs_pb2.PlacementGroupTableData.FromString(raw)
-              for raw in state._connect_and_get_accessor().get_placement_group_table()]
-    return [g for g in groups if g.creator_job_id.hex() == job_id and not g.is_detached
-            and g.state != gcs_pb2.PlacementGroupTableData.REMOVED
-            and ray.ActorID(g.creator_actor_id).is_nil() != by_actors]
-
-
 TRIAL_ACTORS = ("ImplicitFunc", "TrainController")  # Tune's function trial and the Ray Train controller it starts
 
 
@@ -239,14 +205,14 @@ def _release_all(job_id: str, timeout_s: float = 30.0) -> None:
         # after (a CPU held after a resumed sweep, CI of stop 67: a Ray Train group of a dead creator, made after
         # the check had found none).
         live = _live_trial_actors(job_id)
-        release_stopped_trials(job_id)
-        if not live and not _actor_groups(job_id) and not _actor_groups(job_id, by_actors=False):
+        raytrain.release_orphaned_groups(job_id)
+        if not live and not raytrain.job_groups(job_id) and not raytrain.job_groups(job_id, by_actors=False):
             return
         time.sleep(0.5)
     # Tune's own trial groups (the driver's) are removed as Tune cleans up; one left after the fit (issue 55: a
     # CPU still held 10 s after a resumed sweep, twice in CI) is removed here too.
     for by_actors, what in ((True, "Ray Train"), (False, "Tune trial")):
-        left = _actor_groups(job_id, by_actors)
+        left = raytrain.job_groups(job_id, by_actors)
         for group in left:
             remove_placement_group(PlacementGroup(ray.PlacementGroupID(group.placement_group_id)))
         if left:
@@ -257,7 +223,7 @@ def _release_all(job_id: str, timeout_s: float = 30.0) -> None:
 
 
 def _sweep_callback(budget_s: float = 0.0, every_s: float = 2.0) -> Any:
-    """A Tune callback that runs `release_stopped_trials` for this job every `every_s` seconds of the
+    """A Tune callback that runs `raytrain.release_orphaned_groups` for this job every `every_s` seconds of the
     sweep's loop (a stopped trial's actor is killed some time after Tune's verdict), keeps each trial's
     status as of the loop's last step (`ended`: what Tune itself decided, before an interruption or the
     budget stops the remaining trials, which end TERMINATED too, like the scheduler's), and once the fit
@@ -289,7 +255,7 @@ def _sweep_callback(budget_s: float = 0.0, every_s: float = 2.0) -> Any:
             if time.monotonic() < self.next_check:
                 return
             self.next_check = time.monotonic() + every_s
-            count = release_stopped_trials(self.job_id)
+            count = raytrain.release_orphaned_groups(self.job_id)
             if count:
                 log.info("tune: released %d placement group(s) of stopped trials' Ray Train runs", count)
 

@@ -14,9 +14,8 @@ WORDS_TGT = ("der die das rot blau klein groß hund katze mann frau kind ball st
 
 
 # The session's Ray instance (no GPU declared: tests/pipeline/test_gpu.py starts its own, then this one again).
-# The dashboard serves the State API that Ray Train's placement-group cleaner needs, on a port the instance's
-# processes are told of (cluster/connect.py's `init_local`, as a local run's: the cluster test's Ray runs
-# beside the suite on this machine).
+# The dashboard serves the State API (the tests' actor checks), on a port the instance's processes are told of
+# (cluster/connect.py's `init_local`, as a local run's: the cluster test's Ray runs beside the suite on this machine).
 RAY_SESSION = {"address": "local", "num_cpus": 2, "object_store_memory": 200 * 1024 * 1024, "include_dashboard": True,
                "log_to_driver": False}
 

@@ -2,6 +2,9 @@
 rank 0's progress file, an elastic group's size and what a group that cannot be placed again says."""
 import dataclasses
 import json
+import math
+import time
+from typing import Any
 
 import pytest
 
@@ -22,10 +25,11 @@ def test_an_unsatisfiable_request_fails_fast_with_the_numbers(ray_session):
 
 
 def test_the_instances_processes_reach_its_state_api_with_another_ray_on_the_machine(ray_session, tmp_path):
-    """A CI run: the cluster test's Ray beside a fault run's, and the run's Ray Train PlacementGroupCleaner died
-    with "Found multiple active Ray instances" (an actor that asks the State API with no address finds its
-    cluster by listing the machine's raylets). A local instance tells its processes where its State API is
-    (cluster/connect.py `init_local`), so an actor asking as the cleaner does gets its answer."""
+    """A CI run: the cluster test's Ray beside a fault run's, and the run's Ray Train PlacementGroupCleaner (no
+    longer started: `raytrain.trainer_class`) died with "Found multiple active Ray instances" (an actor that asks
+    the State API with no address finds its cluster by listing the machine's raylets). A local instance tells its
+    processes where its State API is (cluster/connect.py `init_local`), so an actor asking as the cleaner did
+    gets its answer."""
     import subprocess
     import sys
 
@@ -48,6 +52,83 @@ def test_the_instances_processes_reach_its_state_api_with_another_ray_on_the_mac
     finally:
         raylet.kill()
         raylet.wait()
+
+
+def make_group(cpus: float) -> str:
+    """A placement group of one bundle of `cpus` CPUs, made by the calling process (an actor: as a Ray Train
+    controller makes its worker group's), once placed."""
+    import ray
+    from ray.util.placement_group import placement_group
+
+    group = placement_group([{"CPU": cpus}])
+    ray.get(group.ready(), timeout=60)
+    return group.id.hex()
+
+
+def _controller() -> Any:
+    import ray
+
+    return ray.remote(num_cpus=0)(type("Controller", (), {"make": lambda self, cpus: make_group(cpus)})).remote()
+
+
+def _wait_for_cpus(full: float, deadline: float) -> None:
+    import ray
+
+    while ray.available_resources().get("CPU", 0) < full and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert ray.available_resources().get("CPU", 0) == full
+
+
+def test_a_placement_group_left_by_a_killed_actor_is_released(ray_session):
+    """What a Tune trial stopped by its scheduler leaves behind: its Ray Train controller (an actor) made the worker
+    group's placement group and was killed with the trial; Ray keeps such a group until the job ends."""
+    import ray
+
+    job = ray.get_runtime_context().get_job_id()
+    owner = _controller()
+    ray.get(owner.make.remote(1.0), timeout=60)
+    full = ray.cluster_resources()["CPU"]
+    assert ray.available_resources().get("CPU", 0) <= full - 1
+    assert raytrain.release_orphaned_groups(job) == 0  # its creator lives: kept
+    ray.kill(owner)
+    deadline = time.monotonic() + 30
+    released = 0
+    while not released and time.monotonic() < deadline:
+        time.sleep(0.5)
+        released = raytrain.release_orphaned_groups(job)
+    assert released == 1
+    _wait_for_cpus(full, deadline)
+
+
+def test_a_fit_whose_controller_died_fails_in_one_line_and_releases_its_group(ray_session, tmp_path, monkeypatch):
+    """Ray Train's PlacementGroupCleaner (a process per run, not started: `trainer_class`) is what removed the group
+    of a controller that died during a fit while the driver lives on (a test session, a Tune trial's driver):
+    `fit_and_average` does it on the failure. The stand-in's fit is what Ray Train's does then: its controller made
+    the group, died (killed here), and fit raised."""
+    import ray
+    from ray._private.state import state
+
+    monkeypatch.setenv(raytrain.START_TIMEOUT_ENV, "60")
+    full = ray.cluster_resources()["CPU"]
+    controller = _controller()
+
+    class Crashing:
+        train_loop_config = {"task": {"kind": "reder"}, "time_cap_at": math.inf,
+                             "progress": str(tmp_path / "progress.json"),
+                             "train": dataclasses.asdict(TrainConfig())}
+
+        def fit(self) -> None:
+            ray.get(controller.make.remote(1.0), timeout=60)
+            assert ray.available_resources().get("CPU", 0) <= full - 1
+            ray.kill(controller)
+            deadline = time.monotonic() + 30
+            while state.actor_table(controller._actor_id.hex())["State"] != "DEAD" and time.monotonic() < deadline:
+                time.sleep(0.1)
+            raise ray.exceptions.ActorDiedError()
+
+    with pytest.raises(StageError, match=r"^train: Ray Train failed: ActorDiedError: "):
+        raytrain.fit_and_average(Crashing(), tmp_path, 1, None)
+    _wait_for_cpus(full, time.monotonic() + 10)
 
 
 def test_run_storage_removes_the_previous_run_only_with_force(tmp_path):

@@ -102,21 +102,23 @@ def test_a_stage_share_of_the_run_budget_is_spent_by_its_worker_groups_start_too
     history = json.loads((out / "history.json").read_text())
     assert history[-1]["step"] == 1 and "valid_bleu" in history[-1]
     # What the start no longer pays (issue 53): Ray Train's DatasetManager actor (a process importing Ray Data, which
-    # the workers' train context waited for), although no run here takes Ray Datasets; a worker group did start.
+    # the workers' train context waited for), although no run here takes Ray Datasets, and its per-run
+    # PlacementGroupCleaner (a process polling the State API); a worker group did start.
     from ray.util.state import list_actors
 
     started = {a.class_name for a in list_actors(address=ray_session.get_runtime_context().gcs_address, limit=10000)}
-    assert "RayTrainWorker" in started and "DatasetManager" not in started, started
+    assert "RayTrainWorker" in started and not started & {"DatasetManager", "PlacementGroupCleaner"}, started
 
 
 def test_one_worker_trains_without_a_process_group_and_a_group_under_ddp():
     """The Ray Train trainer of a run (issue 53): a group of workers is a TorchTrainer (torch's backend: a process
     group, DDP); one worker needs neither, and with Ray Train's backend-less trainer its controller (a process of its
     own) does not import torch before it places the worker. Neither takes Ray Datasets (each worker reads its own
-    shard), so neither starts the DatasetManager actor."""
+    shard), so neither starts the DatasetManager actor; neither starts Ray Train's PlacementGroupCleaner either."""
     from ray.train import BackendConfig
     from ray.train.torch import TorchConfig, TorchTrainer
     from ray.train.v2._internal.callbacks import DatasetsCallback
+    from ray.train.v2._internal.callbacks.placement_group_callback import PlacementGroupCleanerCallback
 
     one, group = raytrain.trainer_class(True), raytrain.trainer_class(False)
     assert not issubclass(one, TorchTrainer) and issubclass(group, TorchTrainer)
@@ -124,7 +126,7 @@ def test_one_worker_trains_without_a_process_group_and_a_group_under_ddp():
     assert type(group(lambda: None).backend_config) is TorchConfig
     for trainer in (one(lambda: None), group(lambda: None)):
         callbacks = trainer._create_default_callbacks()
-        assert callbacks and not any(isinstance(c, DatasetsCallback) for c in callbacks)
+        assert callbacks and not any(isinstance(c, (DatasetsCallback, PlacementGroupCleanerCallback)) for c in callbacks)
     assert raytrain.trainer_class(True) is one  # one class per kind: built once
     assert raytrain.worker_count(load_config(SMOKE, ["train.num_workers=1"]).train) == 1  # what make_trainer asks
 

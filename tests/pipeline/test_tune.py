@@ -11,6 +11,7 @@ import run_pipeline
 from pipeline import signals, tune
 from pipeline.config import ConfigError, load_config
 from pipeline.tracking import STAGE_TAG, trial_name
+from tests.pipeline.test_raytrain import make_group
 
 SMOKE = Path(run_pipeline.__file__).resolve().parent / "configs" / "smoke.yaml"
 
@@ -155,40 +156,6 @@ def test_a_failing_trial_does_not_stop_the_sweep(tmp_path, capsys, ray_session):
     assert rows["0"]["status"] == "finished" and float(rows["0"]["valid_bleu"]) >= 0
 
 
-def _make_group(cpus: float) -> str:
-    import ray
-    from ray.util.placement_group import placement_group
-
-    group = placement_group([{"CPU": cpus}])
-    ray.get(group.ready(), timeout=60)
-    return group.id.hex()
-
-
-def test_a_placement_group_left_by_a_killed_actor_is_released(ray_session):
-    """What a trial stopped by Tune leaves behind: its Ray Train controller (an actor) made the worker
-    group's placement group and was killed with the trial; Ray keeps such a group until the job ends."""
-    import time
-
-    import ray
-
-    job = ray.get_runtime_context().get_job_id()
-    owner = ray.remote(num_cpus=0)(type("Controller", (), {"make": lambda self, cpus: _make_group(cpus)})).remote()
-    ray.get(owner.make.remote(1.0), timeout=60)
-    full = ray.cluster_resources()["CPU"]
-    assert ray.available_resources().get("CPU", 0) <= full - 1
-    assert tune.release_stopped_trials(job) == 0  # its creator lives: kept
-    ray.kill(owner)
-    deadline = time.monotonic() + 30
-    released = 0
-    while not released and time.monotonic() < deadline:
-        time.sleep(0.5)
-        released = tune.release_stopped_trials(job)
-    assert released == 1
-    while ray.available_resources().get("CPU", 0) < full and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert ray.available_resources().get("CPU", 0) == full
-
-
 def test_after_a_sweep_a_trial_group_the_driver_still_holds_is_removed_and_said(ray_session, caplog):
     """Issue 55's CI flake (a CPU still held 10 s after a resumed sweep returned): after the fit, a placement
     group this job's driver made (Tune's trial groups) still there once the wait is over is removed too."""
@@ -196,14 +163,14 @@ def test_after_a_sweep_a_trial_group_the_driver_still_holds_is_removed_and_said(
 
     job = ray.get_runtime_context().get_job_id()
     full = ray.cluster_resources()["CPU"]
-    _make_group(1.0)  # made by the driver, as Tune makes a trial's
+    make_group(1.0)  # made by the driver, as Tune makes a trial's
     assert ray.available_resources().get("CPU", 0) <= full - 1
     with caplog.at_level("WARNING", logger="pipeline.tune"):
         tune._release_all(job, timeout_s=1.0)
     assert "removed 1 Tune trial placement group(s) still held 1 s after the sweep" in caplog.text
     _wait_for_cpus(full)
     # an interrupted sweep (Ctrl-C, SIGTERM) does not wait: its stop has 10 s in all (tests/faults)
-    _make_group(1.0)
+    make_group(1.0)
     started = time.monotonic()
     with caplog.at_level("WARNING", logger="pipeline.tune"):
         tune._release_all(job, timeout_s=0.0)
@@ -223,7 +190,7 @@ def test_after_a_sweep_a_controller_still_alive_is_waited_for_and_the_group_it_m
     job = ray.get_runtime_context().get_job_id()
     full = ray.cluster_resources()["CPU"]
     controller = ray.remote(num_cpus=0)(type("TrainController", (), {
-        "make": lambda self, cpus, delay: (time.sleep(delay), _make_group(cpus))[1]})).remote()
+        "make": lambda self, cpus, delay: (time.sleep(delay), make_group(cpus))[1]})).remote()
     ray.get(controller.__ray_ready__.remote(), timeout=60)
     controller.make.remote(1.0, 2.0)
     killer = threading.Timer(4.0, ray.kill, (controller,))
