@@ -183,14 +183,11 @@ def release_orphaned_groups(job_id: str) -> int:
     wait forever. Ray Train's PlacementGroupCleaner would watch for that from a process of its own per run
     (`trainer_class` does not start it); this reads the GCS table, which needs no dashboard."""
     import ray
-    from ray._private.state import state
     from ray.util.placement_group import PlacementGroup, remove_placement_group
 
     removed = 0
     for group in job_groups(job_id):
-        # The group's flag follows the actor table's death with a lag (the owner of a killed controller has
-        # its error first): either says so.
-        if group.creator_actor_dead or state.actor_table(group.creator_actor_id.hex()).get("State") == "DEAD":
+        if group.creator_actor_dead:
             remove_placement_group(PlacementGroup(ray.PlacementGroupID(group.placement_group_id)))
             removed += 1
     return removed

@@ -71,9 +71,11 @@ def _controller() -> Any:
     return ray.remote(num_cpus=0)(type("Controller", (), {"make": lambda self, cpus: make_group(cpus)})).remote()
 
 
-def _wait_for_cpus(full: float, deadline: float) -> None:
+def wait_for_cpus(full: float, timeout_s: float = 30.0) -> None:
+    """Wait up to `timeout_s` for the cluster's `full` CPUs to be free again; fails if they are not."""
     import ray
 
+    deadline = time.monotonic() + timeout_s
     while ray.available_resources().get("CPU", 0) < full and time.monotonic() < deadline:
         time.sleep(0.2)
     assert ray.available_resources().get("CPU", 0) == full
@@ -97,7 +99,7 @@ def test_a_placement_group_left_by_a_killed_actor_is_released(ray_session):
         time.sleep(0.5)
         released = raytrain.release_orphaned_groups(job)
     assert released == 1
-    _wait_for_cpus(full, deadline)
+    wait_for_cpus(full, deadline - time.monotonic())
 
 
 def test_a_fit_whose_controller_died_fails_in_one_line_and_releases_its_group(ray_session, tmp_path, monkeypatch):
@@ -128,7 +130,7 @@ def test_a_fit_whose_controller_died_fails_in_one_line_and_releases_its_group(ra
 
     with pytest.raises(StageError, match=r"^train: Ray Train failed: ActorDiedError: "):
         raytrain.fit_and_average(Crashing(), tmp_path, 1, None)
-    _wait_for_cpus(full, time.monotonic() + 10)
+    wait_for_cpus(full, 10.0)
 
 
 def test_run_storage_removes_the_previous_run_only_with_force(tmp_path):

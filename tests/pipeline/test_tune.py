@@ -11,7 +11,7 @@ import run_pipeline
 from pipeline import signals, tune
 from pipeline.config import ConfigError, load_config
 from pipeline.tracking import STAGE_TAG, trial_name
-from tests.pipeline.test_raytrain import make_group
+from tests.pipeline.test_raytrain import make_group, wait_for_cpus
 
 SMOKE = Path(run_pipeline.__file__).resolve().parent / "configs" / "smoke.yaml"
 
@@ -168,7 +168,7 @@ def test_after_a_sweep_a_trial_group_the_driver_still_holds_is_removed_and_said(
     with caplog.at_level("WARNING", logger="pipeline.tune"):
         tune._release_all(job, timeout_s=1.0)
     assert "removed 1 Tune trial placement group(s) still held 1 s after the sweep" in caplog.text
-    _wait_for_cpus(full)
+    wait_for_cpus(full)
     # an interrupted sweep (Ctrl-C, SIGTERM) does not wait: its stop has 10 s in all (tests/faults)
     make_group(1.0)
     started = time.monotonic()
@@ -176,7 +176,7 @@ def test_after_a_sweep_a_trial_group_the_driver_still_holds_is_removed_and_said(
         tune._release_all(job, timeout_s=0.0)
     assert time.monotonic() - started < 1.0
     assert "removed 1 Tune trial placement group(s) still held when the sweep was interrupted" in caplog.text
-    _wait_for_cpus(full)
+    wait_for_cpus(full)
 
 
 def test_after_a_sweep_a_controller_still_alive_is_waited_for_and_the_group_it_makes_then_released(ray_session):
@@ -202,16 +202,7 @@ def test_after_a_sweep_a_controller_still_alive_is_waited_for_and_the_group_it_m
         killer.join()
     assert 4.0 <= time.monotonic() - started < 30.0
     assert not tune._live_trial_actors(job)
-    _wait_for_cpus(full, timeout_s=5.0)
-
-
-def _wait_for_cpus(full: float, timeout_s: float = 30.0) -> None:
-    import ray
-
-    deadline = time.monotonic() + timeout_s
-    while ray.available_resources().get("CPU", 0) < full and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert ray.available_resources().get("CPU", 0) == full
+    wait_for_cpus(full, timeout_s=5.0)
 
 
 def test_ctrl_c_or_sigterm_during_a_sweep_stops_it_gracefully_then_raises_the_signal_s_error():
