@@ -4,7 +4,7 @@ import dataclasses
 import json
 import math
 import time
-from typing import Any
+from typing import Any, Callable
 
 import pytest
 
@@ -71,14 +71,15 @@ def _controller() -> Any:
     return ray.remote(num_cpus=0)(type("Controller", (), {"make": lambda self, cpus: make_group(cpus)})).remote()
 
 
-def wait_for_cpus(full: float, timeout_s: float = 30.0) -> None:
-    """Wait up to `timeout_s` for the cluster's `full` CPUs to be free again; fails if they are not."""
+def wait_for_cpus(full: float, timeout_s: float = 30.0, explain: Callable[[], str] = lambda: "") -> None:
+    """Wait up to `timeout_s` for the cluster's `full` CPUs to be free again; fails if they are not (with
+    `explain()`, called only then)."""
     import ray
 
     deadline = time.monotonic() + timeout_s
     while ray.available_resources().get("CPU", 0) < full and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert ray.available_resources().get("CPU", 0) == full
+    assert ray.available_resources().get("CPU", 0) == full, explain()
 
 
 def test_a_placement_group_left_by_a_killed_actor_is_released(ray_session):

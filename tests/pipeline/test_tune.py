@@ -81,10 +81,8 @@ def test_three_trial_sweep_tracks_every_trial_and_writes_a_trainable_best_yaml(t
     assert run_pipeline.main(args + ["--resume"]) == 0
     out = capsys.readouterr().out
     assert "tune: 3 trials (" in out and "failed" not in out.split("tune: 3 trials")[1].split(")")[0]
-    deadline = time.monotonic() + 10  # a removed group's CPUs come back within moments
-    while ray.available_resources().get("CPU", 0) < ray.cluster_resources()["CPU"] and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert ray.available_resources().get("CPU", 0) == ray.cluster_resources()["CPU"], _holders()  # every trial's CPUs back
+    # every trial's CPUs back: a removed group's CPUs come back within moments
+    wait_for_cpus(ray.cluster_resources()["CPU"], timeout_s=10.0, explain=_holders)
     tune_dir = next(tmp_path.glob("tune-*"))
     with open(tune_dir / "trials.csv", newline="") as handle:
         rows = {float(r["train.lr"]): r for r in csv.DictReader(handle)}
