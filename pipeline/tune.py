@@ -188,25 +188,33 @@ def _live_trial_actors(job_id: str) -> list[str]:
     return [a["ActorClassName"] for a in table.values() if a["ActorClassName"] in TRIAL_ACTORS and a["State"] != "DEAD"]
 
 
-def _release_all(job_id: str, timeout_s: float = 30.0) -> None:
+def _release_all(job_id: str, timeout_s: float = 30.0, settle_s: float = 2.0) -> None:
     """After the fit: wait for the last trials' Ray Train runs to end (Tune kills their actors as it
     cleans up) and release what they leave, so the next Ray work in this process finds every CPU free.
     A group whose creator still lives after `timeout_s` is removed too: the fit has returned, so no trial of
     it runs, and such a controller (seen once in CI: a trial interrupted by the time budget while its Ray
     Train run was starting made its group after the fit returned) would hold its CPUs until the job ends.
+    Done when nothing of the trials is left for `settle_s` in a row: a controller killed while it was creating
+    its group has the group registered after the actor table says DEAD (bench/orphan_race.py), so one clean
+    reading is not the end (issue 55: a CPU held after a resumed sweep, in CI).
     After Ctrl-C or SIGTERM (`timeout_s` 0) nothing is waited for: the run is ending, and a wait for a trial's
     controller made its stop take 34 s where 10 are allowed (tests/faults)."""
     import ray
     from ray.util.placement_group import PlacementGroup, remove_placement_group
 
     deadline = time.monotonic() + timeout_s
+    clean_since = None
     while time.monotonic() < deadline:
         # A trial's actors first: a controller still alive when the groups were counted could make its group
         # after (a CPU held after a resumed sweep, CI of stop 67: a Ray Train group of a dead creator, made after
         # the check had found none).
         live = _live_trial_actors(job_id)
         raytrain.release_orphaned_groups(job_id)
-        if not live and not raytrain.job_groups(job_id) and not raytrain.job_groups(job_id, by_actors=False):
+        if live or raytrain.job_groups(job_id) or raytrain.job_groups(job_id, by_actors=False):
+            clean_since = None
+        elif clean_since is None:
+            clean_since = time.monotonic()
+        elif time.monotonic() - clean_since >= settle_s:
             return
         time.sleep(0.5)
     # Tune's own trial groups (the driver's) are removed as Tune cleans up; one left after the fit (issue 55: a
