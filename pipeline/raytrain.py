@@ -142,11 +142,12 @@ def make_trainer(cfg: PipelineConfig, name: str, storage: Path, train_data: Path
 
 @functools.cache
 def trainer_class(one_worker: bool) -> type:
-    """Ray Train's trainer of a run: `TorchTrainer` (a torch process group, DDP) for a group of workers, for one
-    worker Ray Train's `DataParallelTrainer` with no backend: one rank has nothing to synchronise (`prepare_model`
-    leaves the model unwrapped, harness.all_reduce and the placement gather see no process group), and without
-    torch's backend the run's controller (a process of its own, on the driver's node) does not import torch before
-    it places the worker (~1 s of a 2-core box's 8 s to the first update; bench/train_start.py). Both without
+    """Ray Train's trainer of a run: its `DataParallelTrainer`, for a group of workers with a torch process group
+    (gloo, or NCCL on GPUs) set up by `process_group.ProcessGroupConfig`, for one worker with no backend: one
+    rank has nothing to synchronise (`prepare_model` leaves the model unwrapped, harness.all_reduce and the
+    placement gather see no process group). Neither is Ray's `TorchConfig`, whose module imports torch in the
+    run's controller (a process of its own, on the driver's node) before it places the workers (~1.2 s of a
+    2-core box's 7.5 s to a two-worker stage's first update; bench/train_start.py --timeline). Both without
     two of Ray Train's default callbacks, each a Python process of its own started beside the workers on every
     run (on 2 cores the raylet starts two processes at a time, so a third waits):
     - `DatasetsCallback`: each worker reads its own Parquet shard and no trainer here takes `datasets`, yet the
@@ -157,12 +158,18 @@ def trainer_class(one_worker: bool) -> type:
       `release_orphaned_groups` does that from the GCS table where it happens: a failed fit (`fit_and_average`)
       and a Tune trial stopped by its scheduler (pipeline/tune.py); a driver that ends takes its job's groups
       with it."""
-    from ray.train.torch import TorchTrainer
     from ray.train.v2._internal.callbacks import DatasetsCallback
     from ray.train.v2._internal.callbacks.placement_group_callback import PlacementGroupCleanerCallback
     from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 
-    class Trainer(DataParallelTrainer if one_worker else TorchTrainer):  # type: ignore[valid-type,misc]
+    from pipeline.process_group import ProcessGroupConfig
+
+    class Trainer(DataParallelTrainer):  # type: ignore[valid-type,misc]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            if not one_worker:
+                kwargs.setdefault("backend_config", ProcessGroupConfig())
+            super().__init__(*args, **kwargs)
+
         def _create_default_callbacks(self) -> list:
             if self.datasets:
                 raise ValueError("these runs read their own shards: no Ray Datasets")
