@@ -72,9 +72,9 @@ def main(argv: list[str] | None = None) -> int:
         left += len(groups)
         unflagged += len(groups) - flagged
         survived += len(after)
+    free = ray.available_resources().get("CPU", 0)
     print(f"{args.kills} kills: {left} group(s) left by a killed creator, {unflagged} of them never flagged dead; "
-          f"{survived} survived release_orphaned_groups; CPUs free at the end {ray.available_resources().get('CPU', 0):g} "
-          f"of {full:g}")
+          f"{survived} survived release_orphaned_groups; CPUs free at the end {free:g} of {full:g}")
     ray.shutdown()
     return 1 if survived else 0
 

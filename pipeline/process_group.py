@@ -6,7 +6,7 @@ from a two-worker stage's start to its first update, bench/train_start.py --time
 workers, who import torch themselves anyway. `ProcessGroupConfig` is the same set-up, done by the same
 worker-side functions of `ray.train.torch.config`, called through the shims below that import them on the
 workers only. What it leaves out of Ray's: TPU process groups (`tpu_dist`, multi-slice) and Train v1 worker
-groups; neither is used here. This module must not import torch (tests/pipeline/test_raytrain.py checks it).
+groups; neither is used here. This module must not import torch (tests/pipeline/test_train.py checks it).
 """
 from __future__ import annotations
 
