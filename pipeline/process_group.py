@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import os
-from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,21 +43,10 @@ def _shutdown(destroy_process_group: bool) -> None:
     _shutdown_torch(destroy_process_group=destroy_process_group)
 
 
-class _DeviceContext(AbstractContextManager):
-    """Each worker's train function runs with its CUDA device set (Ray's `TorchConfigContextManager`)."""
-
-    def __enter__(self) -> None:
-        from ray.train.torch.config import TorchConfigContextManager
-
-        TorchConfigContextManager().__enter__()
-
-    def __exit__(self, *exc: object) -> bool:
-        return False
-
-
 @dataclass
 class ProcessGroupConfig(BackendConfig):
-    """`TorchConfig`'s fields and defaults: backend None picks NCCL where the workers have GPUs, else gloo."""
+    """`TorchConfig`'s fields and defaults: backend None picks NCCL where the workers have GPUs, else gloo. Not
+    its train-function context, which sets each worker's CUDA device: `trainloop.train_loop` does that first."""
 
     backend: str | None = None
     timeout_s: int = 1800
@@ -66,10 +54,6 @@ class ProcessGroupConfig(BackendConfig):
     @property
     def backend_cls(self) -> type:
         return ProcessGroupBackend
-
-    @property
-    def train_func_context(self) -> type:
-        return _DeviceContext
 
     @property
     def framework(self) -> Any:

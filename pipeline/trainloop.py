@@ -82,7 +82,7 @@ def train_loop(config: dict[str, Any]) -> None:
                         train.update_freq)
     torch.manual_seed(train.seed)
     device = ray.train.torch.get_device()
-    if device.type == "cuda":  # this process's default device (a group's context sets it; one worker has none)
+    if device.type == "cuda":  # this process's default device: no trainer's context sets it (process_group.py)
         torch.cuda.set_device(device)
     model, objective, directions = build_task(config)
     model.to(device)

@@ -74,8 +74,8 @@ def _probed(probe: Path, path: str) -> list[dict]:
 @pytest.mark.slow
 def test_the_train_stage_trains_on_one_gpu_in_bf16(tmp_path, ray_gpu):
     """train.use_gpu=true: Ray Train gives the one worker the GPU; one worker runs without a process group
-    (raytrain.trainer_class: nothing to synchronise, so no NCCL communicator to build); the worker's Harness runs every forward on cuda under
-    bf16 autocast (train.bf16) with fp32 parameters; checkpoints hold cuda tensors; rank 0's metrics reach
+    (raytrain.trainer_class: nothing to synchronise, so no NCCL communicator to build); the worker's Harness runs
+    every forward on cuda under bf16 autocast (train.bf16) with fp32 parameters; checkpoints hold cuda tensors; rank 0's metrics reach
     MLflow (sqlite in the workdir); the stage publishes the averaged model."""
     args = ["--config", str(SMOKE), f"workdir={tmp_path}", "train.num_workers=1", "train.use_gpu=true",
             "train.bf16=true", "train.max_steps=10", "train.validate_every=5", "loss.aux_start_step=5",

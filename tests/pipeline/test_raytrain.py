@@ -121,10 +121,14 @@ def test_a_group_registered_after_its_creator_was_killed_is_released(ray_session
         raytrain.release_orphaned_groups(job)
     assert unflagged, "40 kills of a group maker left no unflagged group: the race was not reproduced"
     assert raytrain.release_orphaned_groups(job) == len(left)
+
+    def still_there() -> list:
+        return [g for g in raytrain.job_groups(job) if g.creator_actor_id.hex() == maker]
+
     deadline = time.monotonic() + 10
-    while [g for g in raytrain.job_groups(job) if g.creator_actor_id.hex() == maker] and time.monotonic() < deadline:
+    while still_there() and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not [g for g in raytrain.job_groups(job) if g.creator_actor_id.hex() == maker]
+    assert not still_there()
 
 
 def test_a_fit_whose_controller_died_fails_in_one_line_and_releases_its_group(ray_session, tmp_path, monkeypatch):
