@@ -7,7 +7,8 @@ the share that is not GEMM (issue 58, item 1).
 The model and sentences are bench.peers' (untrained d512 REDER, 6 layers per end, r = 2, CTC, the first
 `--sentences` lines of Multi30k test 2016 English), decoded by `reder.translate.translate_ids` greedy. Paths:
 `reference` is the plain trunk (`REDER.fast_inference = False`: the eager layers as trained), `fast` the inference
-trunk (reder/inference.py), `int8` the fast trunk with its linear layers dynamically quantized (CPU).
+trunk (reder/inference.py), `fast_matmul` that trunk on torch's default GEMM instead of oneDNN's on prepacked
+weights (`reder.inference.ONEDNN = False`), `int8` the fast trunk with its linear layers dynamically quantized (CPU).
 
 Per path and batch size: the wall time per sentence without the profiler (median of `--repeats` passes over the
 sentences, the paths' passes interleaved, each pass: batch 1 = one call per sentence, batch N = one call over all
@@ -34,7 +35,7 @@ import torch
 from bench import emit, peers
 
 GEMM_OPS = ("aten::addmm", "aten::mm", "aten::bmm", "aten::baddbmm", "aten::addmv", "aten::mv",
-            "quantized::linear_dynamic", "aten::_weight_int8pack_mm", "aten::_weight_int4pack_mm")
+            "mkldnn::_linear_pointwise", "quantized::linear_dynamic", "aten::_weight_int8pack_mm", "aten::_weight_int4pack_mm")
 ATTENTION_OPS = ("aten::_scaled_dot_product_flash_attention_for_cpu",)
 
 
@@ -99,15 +100,21 @@ def profiled(decode: Callable[[list[list[int]], int], Any], sequences: list[list
 
 
 def decoder(model: Any, path: str) -> Callable[[list[list[int]], int], Any]:
-    """Greedy `translate_ids` through `path`: reference (fast_inference off), fast, int8 (a quantized copy)."""
-    from reder.inference import quantized
+    """Greedy `translate_ids` through `path`: reference (fast_inference off), fast, fast_matmul (the fast trunk on
+    torch's default GEMM instead of the prepacked oneDNN kernel), int8 (a quantized copy)."""
+    import reder.inference
     from reder.translate import translate_ids
 
-    chosen = quantized(model) if path == "int8" else model
+    chosen = reder.inference.quantized(model) if path == "int8" else model
+    onednn = reder.inference.ONEDNN
 
     def decode(batch: list[list[int]], size: int) -> Any:
         chosen.fast_inference = path != "reference"
-        return translate_ids(chosen, batch, "src2tgt", 1, size)
+        reder.inference.ONEDNN = onednn and path != "fast_matmul"
+        try:
+            return translate_ids(chosen, batch, "src2tgt", 1, size)
+        finally:
+            reder.inference.ONEDNN = onednn
 
     return decode
 
@@ -139,16 +146,21 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     "cpu_ms_repeats": [round(c, 3) for _, c in walls[path]],
                     **profiled(decoders[path], sequences, size, args.top)}
         mean_length = round(sum(map(len, sequences)) / len(sequences))
-        rate = peers.gemm_rate(base.cfg, mean_length, "cpu")
-        cpu_rate = peers.gemm_rate(base.cfg, mean_length, "cpu", clock=time.process_time)
-    floor = 1000 * sum(peers.reder_flops(base.cfg, len(s)) for s in sequences) / len(sequences) / rate
-    cpu_floor = floor * rate / cpu_rate
+        rates = {kernel: (peers.gemm_rate(base.cfg, mean_length, "cpu", kernel=kernel),
+                          peers.gemm_rate(base.cfg, mean_length, "cpu", clock=time.process_time, kernel=kernel))
+                 for kernel in peers.gemm_kernels("cpu")}
+    rate, cpu_rate = max(wall for wall, _ in rates.values()), max(cpu for _, cpu in rates.values())
+    flops = sum(peers.reder_flops(base.cfg, len(s)) for s in sequences) / len(sequences)
+    floor, cpu_floor, matmul_floor = 1000 * flops / rate, 1000 * flops / cpu_rate, 1000 * flops / rates["matmul"][0]
     report["floor"] = {"gemm_gflops_per_s": round(rate / 1e9, 1), "floor_ms": round(floor, 3),
-                       "gemm_gflops_per_cpu_s": round(cpu_rate / 1e9, 1), "floor_cpu_ms": round(cpu_floor, 3)}
+                       "gemm_gflops_per_cpu_s": round(cpu_rate / 1e9, 1), "floor_cpu_ms": round(cpu_floor, 3),
+                       "kernels_gflops_per_s": {kernel: round(wall / 1e9, 1) for kernel, (wall, _) in rates.items()},
+                       "matmul_floor_ms": round(matmul_floor, 3)}  # torch's default GEMM alone: this bench's floor before
     for numbers in report["paths"].values():
         for entry in numbers.values():
             entry["over_floor"] = round(entry["wall_ms_per_sentence"] / floor, 2)
             entry["cpu_over_floor"] = round(entry["cpu_ms_per_sentence"] / cpu_floor, 2)
+            entry["over_matmul_floor"] = round(entry["wall_ms_per_sentence"] / matmul_floor, 2)
     report["load_after"] = [round(x, 2) for x in os.getloadavg()]
     _print_tables(report)
     return emit(report, args.out)
@@ -157,7 +169,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 def _print_tables(report: dict[str, Any]) -> None:
     for path, numbers in report["paths"].items():
         for name, entry in numbers.items():
-            print(f"## {path} {name}: {entry['wall_ms_per_sentence']} ms/sentence (over floor {entry['over_floor']}), "
+            print(f"## {path} {name}: {entry['wall_ms_per_sentence']} ms/sentence (over floor {entry['over_floor']}; over "
+                  f"the default-GEMM floor {entry['over_matmul_floor']}), "
                   f"CPU {entry['cpu_ms_per_sentence']} ms (over the CPU-time floor {entry['cpu_over_floor']}), "
                   f"GEMM {entry['gemm_ms']} + attention {entry['attention_kernel_ms']} ms, non-GEMM share "
                   f"{entry['non_gemm_share']}, {entry['ops_per_call']} ops per sentence")

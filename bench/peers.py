@@ -24,7 +24,8 @@ Inputs: the first `--sentences` lines of Multi30k test-2016 English. Per engine 
 Engines and decoders:
   - `reder`: greedy (the inference trunk, reder/inference.py: packed batches, no padding outside the attention,
     the attention in length groups), `greedy_one_group` (the same, the attention one padded batch: before issue 58's
-    item 3), `greedy_reference` (the reference path, `fast_inference = False`: what greedy was before issue 58), on CPU
+    item 3), on CPU `greedy_matmul` (the same on torch's default GEMM, `reder.inference.ONEDNN = False`: before
+    stop 70), `greedy_reference` (the reference path, `fast_inference = False`: what greedy was before issue 58), on CPU
     `greedy_int8` (the trunk's linear layers int8, `reder.inference.quantized`), and CTC prefix beam `--beam`
     (REDER.translate under inference mode); with `--compile` also greedy with the trunk at bucketed static shapes
     under `torch.compile`, CUDA graphs on CUDA (reder/static.py; `greedy_compiled`, and `compile_s`: compiling
@@ -36,7 +37,9 @@ Engines and decoders:
 FLOP floor (reder worker): REDER's forward FLOPs for each test sentence from the config (2·m·n·k per matmul:
 q/k/v and output projections, relative attention, FFN, tied output projection over r·|x| positions; no
 norms or softmaxes), over the float32 GEMM rate of the same shapes measured in the same process with the same
-threads: the time a perfect implementation of these matmuls would need at batch 1. FLOP ceiling at batch N
+threads, of the faster kernel (torch's default GEMM, or on CPU oneDNN's on a prepacked weight, the inference trunk's;
+`*_over_matmul_floor` against the default GEMM's rate alone, this bench's floor before): the time a perfect
+implementation of these matmuls would need at batch 1. FLOP ceiling at batch N
 (`ceiling`): the same FLOPs over the GEMM rate of batch-N shapes (r·|x|·N rows): the sentences/s a perfect
 implementation would reach; `greedy_of_ceiling` is greedy's median sentences/s over it. Each GEMM rate is measured
 before the decoders and after them, the higher one used (both in `gemm_gflops_measured`: GFLOP/s, per wall and CPU
@@ -201,23 +204,37 @@ def reder_flops(cfg: Any, source_length: int) -> int:
 
 
 def gemm_rate(cfg: Any, length: int, device: str, seconds: float = 2.0, batch: int = 1,
-              clock: Callable[[], float] = time.perf_counter) -> float:
+              clock: Callable[[], float] = time.perf_counter, kernel: str = "matmul") -> float:
     """FLOP/s of float32 matmuls of REDER's shapes at `batch` (T = r·length·batch rows), measured for ~`seconds` of
-    `clock` (time.process_time: FLOP per CPU second of this process)."""
+    `clock` (time.process_time: FLOP per CPU second of this process). `kernel`: "matmul" (torch's default GEMM,
+    `a @ b`) or "onednn" (the inference trunk's CPU kernel: oneDNN's matmul on weights reordered once)."""
     t, d, f, v = cfg.upsample_ratio * length * batch, cfg.d_model, cfg.ffn_dim, cfg.vocab_size
     shapes = [(t, d, 3 * d), (t, d, d), (t, d, f), (t, f, d), (t, d, v)]
     pairs = [(torch.randn(m, k, device=device), torch.randn(k, n, device=device)) for m, k, n in shapes]
     flops = sum(2 * m * k * n for m, k, n in shapes)
-    for a, b in pairs:
-        a @ b
+    if kernel == "onednn":
+        weights = [torch.ops.mkldnn._reorder_linear_weight(b.t().contiguous()) for _, b in pairs]
+
+        def one_round() -> None:
+            for (a, _), w in zip(pairs, weights):
+                torch.ops.mkldnn._linear_pointwise(a, w, None, "none", [], "")
+    else:
+        def one_round() -> None:
+            for a, b in pairs:
+                a @ b
+    one_round()
     rounds, start = 0, clock()
     while clock() - start < seconds:
-        for a, b in pairs:
-            a @ b
+        one_round()
         if device.startswith("cuda"):
             torch.cuda.synchronize()
         rounds += 1
     return rounds * flops / (clock() - start)
+
+
+def gemm_kernels(device: str) -> tuple[str, ...]:
+    """The GEMM kernels a floor is measured with on `device`: the fastest of them sets it."""
+    return ("matmul", "onednn") if device == "cpu" and torch.backends.mkldnn.is_available() else ("matmul",)
 
 
 def work_reder(args: argparse.Namespace, sequences: list[list[int]], vocab: int) -> dict[str, Any]:
@@ -229,20 +246,21 @@ def work_reder(args: argparse.Namespace, sequences: list[list[int]], vocab: int)
     int8 = quantized(model) if args.device == "cpu" else None
     before = measure_gemm(model.cfg, sequences, args)
     out: dict[str, Any] = {}
-    grouped = reder.inference.GROUP_COST
-    runs = [("greedy", model, True, 1, grouped), ("greedy_one_group", model, True, 1, ONE_GROUP),
-            ("greedy_reference", model, False, 1, grouped)] + (
-        [("greedy_int8", int8, True, 1, grouped)] if int8 is not None else []) + [
-        (f"beam{args.beam}", model, True, args.beam, grouped)]
-    for name, chosen, fast, beam, group_cost in runs:
+    grouped, onednn = reder.inference.GROUP_COST, reder.inference.ONEDNN
+    runs = [("greedy", model, True, 1, grouped, onednn), ("greedy_one_group", model, True, 1, ONE_GROUP, onednn)] + (
+        [("greedy_matmul", model, True, 1, grouped, False)] if onednn and args.device == "cpu" else []) + [
+        ("greedy_reference", model, False, 1, grouped, onednn)] + (
+        [("greedy_int8", int8, True, 1, grouped, onednn)] if int8 is not None else []) + [
+        (f"beam{args.beam}", model, True, args.beam, grouped, onednn)]
+    for name, chosen, fast, beam, group_cost, kernel in runs:
         def run(batch: list[list[int]], size: int, chosen: Any = chosen, fast: bool = fast, beam: int = beam,
-                group_cost: int = group_cost) -> Any:
+                group_cost: int = group_cost, kernel: bool = kernel) -> Any:
             chosen.fast_inference = fast
-            reder.inference.GROUP_COST = group_cost
+            reder.inference.GROUP_COST, reder.inference.ONEDNN = group_cost, kernel
             return translate_ids(chosen, batch, "src2tgt", beam, size)
 
         out[name] = _time(run, sequences, args.batch, args.device, args.repeats, args.latency_repeats)
-    model.fast_inference, reder.inference.GROUP_COST = True, grouped
+    model.fast_inference, reder.inference.GROUP_COST, reder.inference.ONEDNN = True, grouped, onednn
     if args.compile:  # the trunk at static bucketed shapes under torch.compile (CUDA graphs on CUDA): reder/static.py
         from reder.static import compiled
 
@@ -257,12 +275,17 @@ def work_reder(args: argparse.Namespace, sequences: list[list[int]], vocab: int)
     rate, cpu_rate, batch_rate, cpu_batch_rate = (rates[key] for key in ("wall", "cpu", "wall_batch", "cpu_batch"))
     mean_flops = sum(reder_flops(model.cfg, len(s)) for s in sequences) / len(sequences)
     floor_ms = 1000 * mean_flops / rate
-    timed = [name for name in ("greedy", "greedy_one_group", "greedy_reference", "greedy_compiled") if name in out]
+    timed = [name for name in ("greedy", "greedy_one_group", "greedy_matmul", "greedy_reference", "greedy_compiled")
+             if name in out]
     out["floor"] = {"gemm_gflops_per_s": round(rate / 1e9, 1), "mean_gflop": round(mean_flops / 1e9, 3),
                     "floor_ms": round(floor_ms, 3), **{f"{name}_over_floor": round(out[name]["latency_ms"] / floor_ms, 2)
                                                        for name in timed},
                     "gemm_gflops_per_cpu_s": round(cpu_rate / 1e9, 1), "floor_cpu_ms": round(1000 * mean_flops / cpu_rate, 3),
                     **{f"{name}_cpu_over_floor": round(out[name]["cpu_latency_ms"] / (1000 * mean_flops / cpu_rate), 2)
+                       for name in timed},
+                    # the floor at torch's default GEMM alone (the floor of this bench before the oneDNN kernel)
+                    "matmul_gemm_gflops_per_s": round(rates["matmul"] / 1e9, 1),
+                    **{f"{name}_over_matmul_floor": round(out[name]["latency_ms"] * rates["matmul"] / mean_flops / 1000, 2)
                        for name in timed}}
     ceiling, cpu_ceiling = batch_rate / mean_flops, cpu_batch_rate / mean_flops
     out["ceiling"] = {"batch": args.batch, "gemm_gflops_per_s": round(batch_rate / 1e9, 1),
@@ -284,17 +307,24 @@ def gemm_rates(cfg: Any, sequences: list[list[int]], args: argparse.Namespace,
     machine lowers a rate more often than it raises one; the higher rate is the harder floor and ceiling). Also
     both measurements in GFLOP/s, under "measured"."""
     after = measure_gemm(cfg, sequences, args)
-    best: dict[str, Any] = {key: max(before[key], after[key]) for key in before}
-    best["measured"] = {key: [round(before[key] / 1e9, 1), round(after[key] / 1e9, 1)] for key in before}
+    keys = [key for key in before if key != "kernels"]
+    best: dict[str, Any] = {key: max(before[key], after[key]) for key in keys}
+    best["matmul"] = max(before["kernels"]["wall"]["matmul"], after["kernels"]["wall"]["matmul"])
+    best["measured"] = {key: {kernel: [round(before["kernels"][key][kernel] / 1e9, 1),
+                                       round(after["kernels"][key][kernel] / 1e9, 1)]
+                              for kernel in before["kernels"][key]} for key in keys}
     return best
 
 
 def measure_gemm(cfg: Any, sequences: list[list[int]], args: argparse.Namespace) -> dict[str, float]:
-    """gemm_rate at the mean length's batch-1 and batch-`--batch` shapes, per wall and per CPU second."""
+    """The GEMM rate at the mean length's batch-1 and batch-`--batch` shapes, per wall and per CPU second: of the
+    fastest kernel (`gemm_kernels`), each kernel's under "kernels"."""
     length, batch = round(sum(map(len, sequences)) / len(sequences)), min(args.batch, len(sequences))
-    return {"wall": gemm_rate(cfg, length, args.device), "cpu": gemm_rate(cfg, length, args.device, clock=time.process_time),
-            "wall_batch": gemm_rate(cfg, length, args.device, batch=batch),
-            "cpu_batch": gemm_rate(cfg, length, args.device, batch=batch, clock=time.process_time)}
+    shapes = {"wall": (1, time.perf_counter), "cpu": (1, time.process_time), "wall_batch": (batch, time.perf_counter),
+              "cpu_batch": (batch, time.process_time)}
+    kernels = {key: {kernel: gemm_rate(cfg, length, args.device, batch=size, clock=clock, kernel=kernel)
+                     for kernel in gemm_kernels(args.device)} for key, (size, clock) in shapes.items()}
+    return {**{key: max(rates.values()) for key, rates in kernels.items()}, "kernels": kernels}
 
 
 def work_teacher(args: argparse.Namespace, sequences: list[list[int]], vocab: int) -> dict[str, Any]:

@@ -12,6 +12,11 @@ Same modules, same weights, same arithmetic per position; what differs is the wo
     queries scattered in and its context gathered out. No FLOP is spent on padding outside the attention, and
     inside it only up to each group's longest sentence.
 The output projection (`REDER.project` with `rows`) likewise computes logits at real positions only.
+On a CPU with oneDNN (torch's x86 builds), every linear layer of this path and the output projection run as
+oneDNN matmuls on weights reordered once into its blocked layout (`linear`, `packed`), the FFN's GELU fused
+into its first one: at batch 1 (30-odd rows) torch's default float32 GEMM (MKL) repacks each weight on every
+call and reached about half the rate of the prepacked kernel on this project's AMD CPUs (docs/RESULTS.md,
+"Decoding at the floor"). The reordered copy is rebuilt when its weight changes (another tensor or an in-place update).
 `REDER.layers` takes this path when the model is in eval mode, gradients are off and `REDER.fast_inference`
 is set (the default); `fast_inference = False` keeps the reference path, which the tests compare this one with
 token by token (tests/reder/test_inference.py). `quantized(model)`: a copy with the trunk's linear layers
@@ -20,6 +25,7 @@ dynamically quantized to int8 (CPU; an option, it changes the arithmetic).
 import copy
 import math
 import warnings
+import weakref
 from dataclasses import dataclass
 from typing import Optional
 
@@ -126,6 +132,45 @@ def length_groups(lengths: list[int], cost: Optional[int] = None) -> list[range]
     return bounds[::-1]
 
 
+ONEDNN = torch.backends.mkldnn.is_available()  # False: torch's default GEMM everywhere (the bench's comparison)
+_packed: dict[int, tuple[weakref.ref, tuple[int, int], torch.Tensor]] = {}
+
+
+def packed(weight: torch.Tensor) -> torch.Tensor:
+    """`weight` (out, in) reordered for oneDNN's matmul, built on first use and again when the weight has changed
+    since (another storage, or an in-place update: its version counter)."""
+    stamp = (weight.data_ptr(), 0 if weight.is_inference() else weight._version)
+    entry = _packed.get(id(weight))
+    if entry is None or entry[0]() is not weight or entry[1] != stamp:
+        key = id(weight)
+        reordered = torch.ops.mkldnn._reorder_linear_weight(weight.detach())
+        _packed[key] = (weakref.ref(weight, lambda _, key=key: _packed.pop(key, None)), stamp, reordered)
+        return reordered
+    return entry[2]
+
+
+def onednn(x: torch.Tensor) -> bool:
+    """Whether `x`'s matmuls take the prepacked oneDNN kernel: float32 on the CPU, no gradient, not traced."""
+    return (ONEDNN and x.device.type == "cpu" and x.dtype == torch.float32 and not torch.is_grad_enabled()
+            and not torch.compiler.is_compiling())
+
+
+def linear(module: nn.Module, x: torch.Tensor, gelu: bool = False) -> torch.Tensor:
+    """module(x), then GELU with `gelu`: through oneDNN on a prepacked weight where `onednn(x)` (GELU fused, erf as
+    F.gelu's default), else the module itself (any other device or dtype, an int8 layer)."""
+    if type(module) is nn.Linear and onednn(x):
+        return torch.ops.mkldnn._linear_pointwise(x, packed(module.weight), module.bias, "gelu" if gelu else "none",
+                                                  [], "none" if gelu else "")
+    return F.gelu(module(x)) if gelu else module(x)
+
+
+def project(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x @ weight.t() (the tied output projection, no bias), prepacked through oneDNN where `onednn(x)`."""
+    if onednn(x) and x.dim() == 2:
+        return torch.ops.mkldnn._linear_pointwise(x, packed(weight), None, "none", [], "")
+    return x @ weight.t()
+
+
 def real_rows(mask: torch.Tensor) -> Optional[torch.Tensor]:
     """The real positions' indices in the flattened (B·T) layout (N,), or None when nothing is padded (one host sync)."""
     return None if bool(mask.all()) else mask.reshape(-1).nonzero().squeeze(1)
@@ -134,14 +179,14 @@ def real_rows(mask: torch.Tensor) -> Optional[torch.Tensor]:
 def attention(branch: AttentionBranch, x: torch.Tensor, plan: AttentionPlan) -> torch.Tensor:
     """SAN(LN(x)) of packed positions x (N, D) → (N, D); RelativeSelfAttention.forward's arithmetic, group by group."""
     module = branch.attention
-    qkv = module.qkv(F.layer_norm(x, x.shape[-1:]))  # (N, 3D)
+    qkv = linear(module.qkv, F.layer_norm(x, x.shape[-1:]))  # (N, 3D)
     if plan.order is not None:
         qkv = qkv.index_select(0, plan.order)  # the groups' order
     contexts = [attend(module, qkv[group.start : group.end], group) for group in plan.groups]
     context = contexts[0] if len(contexts) == 1 else torch.cat(contexts)  # (N, D)
     if plan.order is not None:
         context = torch.empty_like(context).index_copy_(0, plan.order, context)  # back to the batch's order
-    return module.out(context)
+    return linear(module.out, context)
 
 
 def attend(module: nn.Module, qkv: torch.Tensor, group: AttentionGroup) -> torch.Tensor:
@@ -161,7 +206,7 @@ def attend(module: nn.Module, qkv: torch.Tensor, group: AttentionGroup) -> torch
 
 def feed_forward(branch: FeedForwardBranch, x: torch.Tensor) -> torch.Tensor:
     """Linear(GELU(Linear(LN(x)))) of x (N, D) → (N, D)."""
-    return branch.outer(F.gelu(branch.inner(F.layer_norm(x, x.shape[-1:]))))
+    return linear(branch.outer, linear(branch.inner, F.layer_norm(x, x.shape[-1:]), gelu=True))
 
 
 @torch.no_grad()

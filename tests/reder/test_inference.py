@@ -117,3 +117,61 @@ def test_int8_quantizes_the_trunk_linears_and_decodes():
     valid = padding_mask(reference.lengths.tolist())
     assert (fast.log_probs[valid] - reference.log_probs[valid]).abs().max() < 0.5  # int8 weights: close, not equal
     assert len(int8.translate(tokens, lengths, "src2tgt")) == len(LENGTHS)
+
+
+needs_onednn = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="needs a torch build with oneDNN")
+
+
+@needs_onednn
+def test_the_onednn_kernels_equal_torchs_linear_and_projection():
+    """`linear` (GELU fused or not) and `project` through prepacked oneDNN weights: torch's float32 results, to
+    float32 rounding; with gradients on they are torch's own ops."""
+    layer, x = torch.nn.Linear(48, 40), torch.randn(7, 48)
+    with torch.no_grad():
+        assert reder.inference.onednn(x)
+        torch.testing.assert_close(reder.inference.linear(layer, x), layer(x), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(reder.inference.linear(layer, x, gelu=True), torch.nn.functional.gelu(layer(x)),
+                                   rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(reder.inference.project(x, layer.weight), x @ layer.weight.t(), rtol=1e-5, atol=1e-5)
+    assert not reder.inference.onednn(x)  # gradients on: autograd's ops, never the prepacked kernel
+    assert reder.inference.linear(layer, x).requires_grad
+
+
+@needs_onednn
+def test_the_fast_path_runs_its_matmuls_on_prepacked_onednn_weights():
+    """At batch 1 and in a ragged batch, every trunk linear layer and the output projection go through oneDNN's
+    kernel on CPU (none through addmm), and the tokens stay the reference path's."""
+    from torch.profiler import ProfilerActivity, profile
+
+    model = _model()
+    tokens, lengths = random_batch(LENGTHS, 20)
+    for batch in ((tokens, lengths), (tokens[:1, : LENGTHS[0]], lengths[:1])):
+        reference, _ = _both(model, lambda: model.translate(*batch, "src2tgt"))
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            assert model.translate(*batch, "src2tgt") == reference
+        counts = {event.key: event.count for event in prof.key_averages()}
+        linears = sum(isinstance(m, torch.nn.Linear) for m in model.ends.modules())  # both ends' layers run
+        assert counts.get("mkldnn::_linear_pointwise") == linears + 1 and "aten::addmm" not in counts, counts
+
+
+@needs_onednn
+def test_a_prepacked_weight_follows_its_weight():
+    """The reordered copy is rebuilt when its weight changes: in place (load_state_dict, an optimiser step) or by
+    another storage (`.data =`), so decoding never uses stale weights."""
+    model, other = _model(), _model()
+    other.load_state_dict({k: v + 0.05 * torch.randn_like(v) if v.is_floating_point() else v
+                           for k, v in other.state_dict().items()})
+    tokens, lengths = random_batch(LENGTHS, 20)
+    with torch.inference_mode():
+        before = model.outputs(tokens, lengths, "src2tgt")  # builds the packed weights
+    model.load_state_dict(other.state_dict())  # in place: the same parameters, new values
+    with torch.inference_mode():
+        reference, fast = _both(model, lambda: model.outputs(tokens, lengths, "src2tgt"))
+    valid = padding_mask(reference.lengths.tolist())  # the fast path leaves padded positions' logits at zero
+    assert not torch.allclose(before.log_probs[valid], fast.log_probs[valid])
+    torch.testing.assert_close(fast.log_probs[valid], reference.log_probs[valid], rtol=1e-5, atol=1e-5)
+    layer = model.ends["src"][0].feed_forward.inner
+    layer.weight.data = torch.zeros_like(layer.weight)  # another storage
+    x = torch.randn(3, layer.in_features)
+    with torch.no_grad():
+        torch.testing.assert_close(reder.inference.linear(layer, x), layer.bias.expand(3, -1))
