@@ -16,7 +16,9 @@ in length-sorted batches), then one profiled pass: each op's self CPU time, the 
 linear), the fused attention kernel (SDPA: its q·k and p·v products and the softmax) and everything else. The
 non-GEMM share is 1 − (GEMM + attention kernel) / the profiled pass's wall time (Python between the ops included;
 both from the same pass, so a busy machine moves both; the profiler's own cost per op counts as non-GEMM, so the
-share is an upper bound). `gemm_only_share` counts the attention kernel as non-GEMM too. The load average is
+share is an upper bound). `gemm_only_share` counts the attention kernel as non-GEMM too. `floor.gemm_replay`: the matmuls of one batch-1 decode
+at the mean length alone, on the model's own weights streamed from memory ("cold") and on one layer's repeated
+("warm", as the floor's rate is measured): what the GEMMs cost before any other op. The load average is
 printed before and after: on a shared 2-core box, compare paths within one run. With one thread the process CPU time
 (`cpu_ms_per_sentence`, and the floor from a GEMM rate per CPU second) is what a quiet machine's wall time would
 be: the time the process was not scheduled is left out.
@@ -119,6 +121,33 @@ def decoder(model: Any, path: str) -> Callable[[list[list[int]], int], Any]:
     return decode
 
 
+def gemm_replay(model: Any, length: int, rounds: int = 20) -> dict[str, float]:
+    """The matmuls of one batch-1 decode alone, back to back, through the fast path's kernels (reder.inference's
+    `linear` and `project`) at T = r·`length` rows, ms per decode (median of 3 timings of `rounds`): "cold" on
+    each layer's own weights in order, as a decode streams them from memory; "warm" on the first layer's weights
+    only, repeated, as the floor's rate measurement does. Their gap is the weights' memory traffic, not overhead."""
+    from reder.inference import linear, project
+
+    layers = [(layer.attention.attention, layer.feed_forward) for layer, _ in model.ops("src2tgt")]
+    calls = [module for attention, ffn in layers for module in (attention.qkv, attention.out, ffn.inner, ffn.outer)]
+    rows = model.cfg.upsample_ratio * length
+    inputs = {module.in_features: torch.randn(rows, module.in_features) for module in calls}
+    gelu = {id(ffn.inner) for _, ffn in layers}
+
+    def replay(modules: list[Any]) -> float:
+        start = time.perf_counter()
+        for _ in range(rounds):
+            for module in modules:
+                linear(module, inputs[module.in_features], gelu=id(module) in gelu)
+            project(inputs[model.cfg.d_model], model.embed.weight)
+        return 1000 * (time.perf_counter() - start) / rounds
+
+    warm = calls[:4] * len(layers)
+    replay(calls), replay(warm)  # the packed weights built, caches settled
+    return {"cold_ms": round(statistics.median(replay(calls) for _ in range(3)), 3),
+            "warm_ms": round(statistics.median(replay(warm) for _ in range(3)), 3)}
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = _args(argv)
     torch.set_num_threads(args.threads)
@@ -146,6 +175,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     "cpu_ms_repeats": [round(c, 3) for _, c in walls[path]],
                     **profiled(decoders[path], sequences, size, args.top)}
         mean_length = round(sum(map(len, sequences)) / len(sequences))
+        replay = gemm_replay(base, mean_length)
         rates = {kernel: (peers.gemm_rate(base.cfg, mean_length, "cpu", kernel=kernel),
                           peers.gemm_rate(base.cfg, mean_length, "cpu", clock=time.process_time, kernel=kernel))
                  for kernel in peers.gemm_kernels("cpu")}
@@ -155,7 +185,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     report["floor"] = {"gemm_gflops_per_s": round(rate / 1e9, 1), "floor_ms": round(floor, 3),
                        "gemm_gflops_per_cpu_s": round(cpu_rate / 1e9, 1), "floor_cpu_ms": round(cpu_floor, 3),
                        "kernels_gflops_per_s": {kernel: round(wall / 1e9, 1) for kernel, (wall, _) in rates.items()},
-                       "matmul_floor_ms": round(matmul_floor, 3)}  # torch's default GEMM alone: this bench's floor before
+                       "matmul_floor_ms": round(matmul_floor, 3),  # torch's default GEMM alone: this bench's floor before
+                       # a decode's own matmuls alone at the mean length (fast path's kernels), cold and warm weights
+                       "gemm_replay": {**replay, "cold_over_floor": round(replay["cold_ms"] / floor, 2)}}
     for numbers in report["paths"].values():
         for entry in numbers.values():
             entry["over_floor"] = round(entry["wall_ms_per_sentence"] / floor, 2)
@@ -163,6 +195,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             entry["over_matmul_floor"] = round(entry["wall_ms_per_sentence"] / matmul_floor, 2)
     report["load_after"] = [round(x, 2) for x in os.getloadavg()]
     _print_tables(report)
+    print(f"## floor {report['floor']['floor_ms']} ms at {report['floor']['gemm_gflops_per_s']} GFLOP/s "
+          f"(kernels: {report['floor']['kernels_gflops_per_s']}); a decode's matmuls alone: "
+          f"{report['floor']['gemm_replay']}")
     return emit(report, args.out)
 
 
