@@ -16,8 +16,8 @@ in length-sorted batches), then one profiled pass: each op's self CPU time, the 
 linear), the fused attention kernel (SDPA: its q·k and p·v products and the softmax) and everything else. The
 non-GEMM share is 1 − (GEMM + attention kernel) / the profiled pass's wall time (Python between the ops included;
 both from the same pass, so a busy machine moves both; the profiler's own cost per op counts as non-GEMM, so the
-share is an upper bound). `gemm_only_share` counts the attention kernel as non-GEMM too. `floor.gemm_replay`: the matmuls of one batch-1 decode
-at the mean length alone, on the model's own weights streamed from memory ("cold") and on one layer's repeated
+share is an upper bound). `gemm_only_share` counts the attention kernel as non-GEMM too. `floor.gemm_replay`: the
+matmuls of one batch-1 decode at the mean length alone, on the model's own weights streamed from memory ("cold") and on one layer's repeated
 ("warm", as the floor's rate is measured): what the GEMMs cost before any other op. The load average is
 printed before and after: on a shared 2-core box, compare paths within one run. With one thread the process CPU time
 (`cpu_ms_per_sentence`, and the floor from a GEMM rate per CPU second) is what a quiet machine's wall time would
@@ -37,7 +37,8 @@ import torch
 from bench import emit, peers
 
 GEMM_OPS = ("aten::addmm", "aten::mm", "aten::bmm", "aten::baddbmm", "aten::addmv", "aten::mv",
-            "mkldnn::_linear_pointwise", "quantized::linear_dynamic", "aten::_weight_int8pack_mm", "aten::_weight_int4pack_mm")
+            "mkldnn::_linear_pointwise", "quantized::linear_dynamic", "aten::_weight_int8pack_mm",
+            "aten::_weight_int4pack_mm")
 ATTENTION_OPS = ("aten::_scaled_dot_product_flash_attention_for_cpu",)
 
 
@@ -123,10 +124,10 @@ def decoder(model: Any, path: str) -> Callable[[list[list[int]], int], Any]:
 
 def gemm_replay(model: Any, length: int, rounds: int = 20) -> dict[str, float]:
     """The matmuls of one batch-1 decode alone, back to back, through the fast path's kernels (reder.inference's
-    `linear` and `project`) at T = r·`length` rows, ms per decode (median of 3 timings of `rounds`): "cold" on
+    `linear` and `tied_logits`) at T = r·`length` rows, ms per decode (median of 3 timings of `rounds`): "cold" on
     each layer's own weights in order, as a decode streams them from memory; "warm" on the first layer's weights
     only, repeated, as the floor's rate measurement does. Their gap is the weights' memory traffic, not overhead."""
-    from reder.inference import linear, project
+    from reder.inference import linear, tied_logits
 
     layers = [(layer.attention.attention, layer.feed_forward) for layer, _ in model.ops("src2tgt")]
     calls = [module for attention, ffn in layers for module in (attention.qkv, attention.out, ffn.inner, ffn.outer)]
@@ -139,7 +140,7 @@ def gemm_replay(model: Any, length: int, rounds: int = 20) -> dict[str, float]:
         for _ in range(rounds):
             for module in modules:
                 linear(module, inputs[module.in_features], gelu=id(module) in gelu)
-            project(inputs[model.cfg.d_model], model.embed.weight)
+            tied_logits(inputs[model.cfg.d_model], model.embed.weight)
         return 1000 * (time.perf_counter() - start) / rounds
 
     warm = calls[:4] * len(layers)
@@ -185,7 +186,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     report["floor"] = {"gemm_gflops_per_s": round(rate / 1e9, 1), "floor_ms": round(floor, 3),
                        "gemm_gflops_per_cpu_s": round(cpu_rate / 1e9, 1), "floor_cpu_ms": round(cpu_floor, 3),
                        "kernels_gflops_per_s": {kernel: round(wall / 1e9, 1) for kernel, (wall, _) in rates.items()},
-                       "matmul_floor_ms": round(matmul_floor, 3),  # torch's default GEMM alone: this bench's floor before
+                       "matmul_floor_ms": round(matmul_floor, 3),  # torch's default GEMM alone: the floor before
                        # a decode's own matmuls alone at the mean length (fast path's kernels), cold and warm weights
                        "gemm_replay": {**replay, "cold_over_floor": round(replay["cold_ms"] / floor, 2)}}
     for numbers in report["paths"].values():

@@ -285,8 +285,8 @@ def work_reder(args: argparse.Namespace, sequences: list[list[int]], vocab: int)
                        for name in timed},
                     # the floor at torch's default GEMM alone (the floor of this bench before the oneDNN kernel)
                     "matmul_gemm_gflops_per_s": round(rates["matmul"] / 1e9, 1),
-                    **{f"{name}_over_matmul_floor": round(out[name]["latency_ms"] * rates["matmul"] / mean_flops / 1000, 2)
-                       for name in timed}}
+                    **{f"{name}_over_matmul_floor":
+                       round(out[name]["latency_ms"] * rates["matmul"] / mean_flops / 1000, 2) for name in timed}}
     ceiling, cpu_ceiling = batch_rate / mean_flops, cpu_batch_rate / mean_flops
     out["ceiling"] = {"batch": args.batch, "gemm_gflops_per_s": round(batch_rate / 1e9, 1),
                       "sentences_per_s": round(ceiling, 2),

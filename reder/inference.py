@@ -1,6 +1,7 @@
 """The inference trunk: the layers of reder/reversible.py's plain path, for decoding only (eval, no gradient).
 
-Same modules, same weights, same arithmetic per position; what differs is the work around it:
+Same modules, same weights, same arithmetic per position (on a CPU with oneDNN summed in another order, below);
+what differs is the work around it:
   - what the attention needs besides q, k, v (the relative-distance index, the padded keys) is built once per
     call (`AttentionPlan`), not in every layer; the float bias that carries the relative positions is still
     computed per layer (it depends on that layer's queries);
@@ -13,8 +14,8 @@ Same modules, same weights, same arithmetic per position; what differs is the wo
     inside it only up to each group's longest sentence.
 The output projection (`REDER.project` with `rows`) likewise computes logits at real positions only.
 On a CPU with oneDNN (torch's x86 builds), every linear layer of this path and the output projection run as
-oneDNN matmuls on weights reordered once into its blocked layout (`linear`, `packed`), the FFN's GELU fused
-into its first one: at batch 1 (30-odd rows) torch's default float32 GEMM (MKL) repacks each weight on every
+oneDNN matmuls on weights reordered once into its blocked layout (`linear`, `tied_logits`, `packed`), the
+FFN's GELU fused into its first one: at batch 1 (30-odd rows) torch's default float32 GEMM (MKL) repacks each weight on every
 call and reached about half the rate of the prepacked kernel on this project's AMD CPUs (docs/RESULTS.md,
 "Decoding at the floor"). The reordered copy is rebuilt when its weight changes (another tensor or an in-place update).
 `REDER.layers` takes this path when the model is in eval mode, gradients are off and `REDER.fast_inference`
@@ -164,7 +165,7 @@ def linear(module: nn.Module, x: torch.Tensor, gelu: bool = False) -> torch.Tens
     return F.gelu(module(x)) if gelu else module(x)
 
 
-def project(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+def tied_logits(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """x @ weight.t() (the tied output projection, no bias), prepacked through oneDNN where `onednn(x)`."""
     if onednn(x) and x.dim() == 2:
         return torch.ops.mkldnn._linear_pointwise(x, packed(weight), None, "none", [], "")

@@ -10,7 +10,7 @@ from reder.config import DIRECTIONS, ENDS, PAD_ID, LossConfig, ModelConfig, chec
 from reder.ctc import valid_mask
 from reder.decode import CUTOFF_PROB, CUTOFF_TOP_N, strip_special
 from reder.heads import HEADS, HeadOutput, make_head
-from reder.inference import project, real_rows, run_inference
+from reder.inference import real_rows, run_inference, tied_logits
 from reder.layers import ActNorm, DuplexLayer
 from reder.legacy import keep_saved_head_names
 from reder.objectives.duplex import duplex_loss
@@ -106,12 +106,13 @@ class REDER(nn.Module):
         first, second = self.actnorm[end].inverse(h).chunk(2, dim=-1)
         states = (first + second) / 2  # (B, T, D)
         if rows is None and self._fast_path():  # nothing padded: every position, through the inference path's kernel
-            logits = project(states.flatten(0, 1), self.embed.weight).view(*states.shape[:2], -1)  # (B, T, V)
+            logits = tied_logits(states.flatten(0, 1), self.embed.weight).view(*states.shape[:2], -1)  # (B, T, V)
         elif rows is None:
             logits = states @ self.embed.weight.t()  # (B, T, V)
         else:
             batch, length, width = states.shape
-            packed = project(states.reshape(batch * length, width).index_select(0, rows), self.embed.weight)  # (N, V)
+            real = states.reshape(batch * length, width).index_select(0, rows)  # (N, D)
+            packed = tied_logits(real, self.embed.weight)  # (N, V)
             logits = packed.new_zeros(batch * length, packed.shape[-1]).index_copy_(0, rows, packed).view(batch, length, -1)
         return HeadOutput(self.penalise(logits, blank_penalty, normalise), lengths, self.head.extra(states, lengths, end))
 

@@ -124,7 +124,7 @@ needs_onednn = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reas
 
 @needs_onednn
 def test_the_onednn_kernels_equal_torchs_linear_and_projection():
-    """`linear` (GELU fused or not) and `project` through prepacked oneDNN weights: torch's float32 results, to
+    """`linear` (GELU fused or not) and `tied_logits` through prepacked oneDNN weights: torch's float32 results, to
     float32 rounding; with gradients on they are torch's own ops."""
     layer, x = torch.nn.Linear(48, 40), torch.randn(7, 48)
     with torch.no_grad():
@@ -132,7 +132,8 @@ def test_the_onednn_kernels_equal_torchs_linear_and_projection():
         torch.testing.assert_close(reder.inference.linear(layer, x), layer(x), rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(reder.inference.linear(layer, x, gelu=True), torch.nn.functional.gelu(layer(x)),
                                    rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(reder.inference.project(x, layer.weight), x @ layer.weight.t(), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(reder.inference.tied_logits(x, layer.weight), x @ layer.weight.t(),
+                                   rtol=1e-5, atol=1e-5)
     assert not reder.inference.onednn(x)  # gradients on: autograd's ops, never the prepacked kernel
     assert reder.inference.linear(layer, x).requires_grad
 
