@@ -15,9 +15,10 @@ what differs is the work around it:
 The output projection (`REDER.project` with `rows`) likewise computes logits at real positions only.
 On a CPU with oneDNN (torch's x86 builds), every linear layer of this path and the output projection run as
 oneDNN matmuls on weights reordered once into its blocked layout (`linear`, `tied_logits`, `packed`), the
-FFN's GELU fused into its first one: at batch 1 (30-odd rows) torch's default float32 GEMM (MKL) repacks each weight on every
-call and reached about half the rate of the prepacked kernel on this project's AMD CPUs (docs/RESULTS.md,
-"Decoding at the floor"). The reordered copy is rebuilt when its weight changes (another tensor or an in-place update).
+FFN's GELU fused into its first one: at batch 1 (30-odd rows) torch's default float32 GEMM (MKL) repacks each
+weight on every call and reached about half the rate of the prepacked kernel on this project's AMD CPUs
+(docs/RESULTS.md, "Decoding at the floor"). The reordered copy is rebuilt when its weight changes (another
+tensor or an in-place update).
 `REDER.layers` takes this path when the model is in eval mode, gradients are off and `REDER.fast_inference`
 is set (the default); `fast_inference = False` keeps the reference path, which the tests compare this one with
 token by token (tests/reder/test_inference.py). `quantized(model)`: a copy with the trunk's linear layers
@@ -140,10 +141,9 @@ _packed: dict[int, tuple[weakref.ref, tuple[int, int], torch.Tensor]] = {}
 def packed(weight: torch.Tensor) -> torch.Tensor:
     """`weight` (out, in) reordered for oneDNN's matmul, built on first use and again when the weight has changed
     since (another storage, or an in-place update: its version counter)."""
-    stamp = (weight.data_ptr(), 0 if weight.is_inference() else weight._version)
-    entry = _packed.get(id(weight))
+    key, stamp = id(weight), (weight.data_ptr(), 0 if weight.is_inference() else weight._version)
+    entry = _packed.get(key)
     if entry is None or entry[0]() is not weight or entry[1] != stamp:
-        key = id(weight)
         reordered = torch.ops.mkldnn._reorder_linear_weight(weight.detach())
         _packed[key] = (weakref.ref(weight, lambda _, key=key: _packed.pop(key, None)), stamp, reordered)
         return reordered
