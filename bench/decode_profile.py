@@ -8,7 +8,9 @@ The model and sentences are bench.peers' (untrained d512 REDER, 6 layers per end
 `--sentences` lines of Multi30k test 2016 English), decoded by `reder.translate.translate_ids` greedy. Paths:
 `reference` is the plain trunk (`REDER.fast_inference = False`: the eager layers as trained), `fast` the inference
 trunk (reder/inference.py), `fast_matmul` that trunk on torch's default GEMM instead of oneDNN's on prepacked
-weights (`reder.inference.ONEDNN = False`), `int8` the fast trunk with its linear layers dynamically quantized (CPU).
+weights (`reder.inference.ONEDNN = False`), `compiled` the `--compile` option's trunk (reder/static.py: a batch
+without padding through inductor with the weights frozen in, a padded one the fast trunk; compiled in the warm-up
+pass), `int8` the fast trunk with its linear layers dynamically quantized (CPU).
 
 Per path and batch size: the wall time per sentence without the profiler (median of `--repeats` passes over the
 sentences, the paths' passes interleaved, each pass: batch 1 = one call per sentence, batch N = one call over all
@@ -104,20 +106,23 @@ def profiled(decode: Callable[[list[list[int]], int], Any], sequences: list[list
 
 def decoder(model: Any, path: str) -> Callable[[list[list[int]], int], Any]:
     """Greedy `translate_ids` through `path`: reference (fast_inference off), fast, fast_matmul (the fast trunk on
-    torch's default GEMM instead of the prepacked oneDNN kernel), int8 (a quantized copy)."""
+    torch's default GEMM instead of the prepacked oneDNN kernel), compiled (reder/static.py's trunk: unpadded
+    batches through inductor with the weights frozen in, compiled in the warm-up pass), int8 (a quantized copy)."""
     import reder.inference
+    from reder.static import StaticTrunk
     from reder.translate import translate_ids
 
     chosen = reder.inference.quantized(model) if path == "int8" else model
     onednn = reder.inference.ONEDNN
+    trunk = StaticTrunk(torch.device("cpu")) if path == "compiled" else None
 
     def decode(batch: list[list[int]], size: int) -> Any:
-        chosen.fast_inference = path != "reference"
+        chosen.fast_inference, chosen.static_trunk = path != "reference", trunk
         reder.inference.ONEDNN = onednn and path != "fast_matmul"
         try:
             return translate_ids(chosen, batch, "src2tgt", 1, size)
         finally:
-            reder.inference.ONEDNN = onednn
+            reder.inference.ONEDNN, chosen.static_trunk = onednn, None
 
     return decode
 

@@ -27,9 +27,10 @@ Engines and decoders:
     item 3), on CPU `greedy_matmul` (the same on torch's default GEMM, `reder.inference.ONEDNN = False`: before
     stop 70), `greedy_reference` (the reference path, `fast_inference = False`: what greedy was before issue 58), on CPU
     `greedy_int8` (the trunk's linear layers int8, `reder.inference.quantized`), and CTC prefix beam `--beam`
-    (REDER.translate under inference mode); with `--compile` also greedy with the trunk at bucketed static shapes
-    under `torch.compile`, CUDA graphs on CUDA (reder/static.py; `greedy_compiled`, and `compile_s`: compiling
-    every bucket the timed calls meet, before them);
+    (REDER.translate under inference mode); with `--compile` also greedy with the trunk under `torch.compile`
+    (reder/static.py: on CUDA at bucketed static shapes under CUDA graphs, on a CPU a batch without padding through
+    inductor with the weights frozen in, a padded one eagerly packed; `greedy_compiled`, and `compile_s`: compiling
+    every graph the timed calls meet, before them);
   - `teacher`: our Transformer, greedy and beam 4 (`Transformer.translate`);
   - `ct2`: CTranslate2 (optional extra) on the teacher converted by `reder.ct2` (float32), greedy and beam 4,
     one `translate_batch` per length-sorted batch, as one runs it (`ct2_mirror_beam4`: `reder.ct2.translate_ids`,
@@ -93,7 +94,7 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--layers", type=int, default=6, help="AR: encoder and decoder layers each; REDER: per end")
     parser.add_argument("--ar-tokens", type=int, default=16, help="untrained AR outputs: forced length")
     parser.add_argument("--compile", action="store_true",
-                        help="also time REDER greedy with its trunk at static shapes under torch.compile (reder/static.py)")
+                        help="also time REDER greedy with its trunk under torch.compile (reder/static.py)")
     parser.add_argument("--repeats", type=int, default=5, help="calls at batch --batch per decoder (median, spread)")
     parser.add_argument("--latency-repeats", type=int, default=1, help="passes of batch-1 calls per decoder (median)")
     parser.add_argument("--out", help="also write the driver's JSON here")
@@ -261,12 +262,12 @@ def work_reder(args: argparse.Namespace, sequences: list[list[int]], vocab: int)
 
         out[name] = _time(run, sequences, args.batch, args.device, args.repeats, args.latency_repeats)
     model.fast_inference, reder.inference.GROUP_COST, reder.inference.ONEDNN = True, grouped, onednn
-    if args.compile:  # the trunk at static bucketed shapes under torch.compile (CUDA graphs on CUDA): reder/static.py
+    if args.compile:  # the trunk under torch.compile (CUDA graphs at static bucketed shapes on CUDA): reder/static.py
         from reder.static import compiled
 
         started = time.perf_counter()
         compiled(model)
-        for size in (1, args.batch):  # every shape bucket the timed calls meet, compiled before they start
+        for size in (1, args.batch):  # every graph the timed calls meet, compiled before they start
             translate_ids(model, sequences, "src2tgt", 1, size)
         out["compile_s"] = round(time.perf_counter() - started, 1)
         out["greedy_compiled"] = _time(lambda batch, size: translate_ids(model, batch, "src2tgt", 1, size), sequences,

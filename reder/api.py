@@ -90,8 +90,9 @@ def load(directory: str | Path, device: str = "cpu", int8: bool = False, compile
     """The model directory `directory` ready to translate (see the module doc); or a model the pipeline registered
     in MLflow, by URI: `models:/reder-en-de@champion` (an alias), `models:/reder-en-de/3` (a version). `int8`: a
     REDER on CPU with its trunk's linear layers dynamically quantized (reder.inference.quantized; faster, not
-    bit-equal). `compile`: a REDER's trunk at bucketed static shapes under torch.compile, CUDA graphs on CUDA
-    (reder/static.py; the same tokens; each shape bucket compiles at its first batch)."""
+    bit-equal). `compile`: a REDER's trunk under torch.compile (reder/static.py; the same tokens): CUDA graphs at
+    bucketed static shapes on CUDA, each bucket compiled at its first batch; on a CPU unpadded batches with the
+    weights frozen in (a later change to them raises), one graph per direction compiled at its first batch."""
     if str(directory).startswith(REGISTRY):
         directory = registered_model_dir(str(directory))
     return Translator(directory, device, int8, compile)

@@ -1,15 +1,26 @@
-"""Static-shape decoding (issue 58, item 4): the inference trunk at a few fixed shapes, under torch.compile.
+"""Compiled decoding (issue 58, item 4): the inference trunk under torch.compile, an option.
 
 On a GPU a small batch's decode is ~25 kernel launches per layer, and their launch cost, not their arithmetic,
 sets its time. CUDA graphs replay a recorded sequence of kernels in one launch, but only at the shapes recorded.
-`StaticTrunk` pads a batch (B, T, 2D) up to the next bucket of `batch_buckets(B)` × LENGTHS (the extra sentences
-one real position each, the extra positions masked out as keys), runs reder/inference.py's trunk unpacked
-(`run_inference(..., pack=False)`: no host sync, no data-dependent shape) under `torch.compile` — mode
-"reduce-overhead" (CUDA graphs) on CUDA, the default mode (inductor's fused kernels) on CPU — and slices the real
-batch back, its padded positions zero as the eager trunk leaves them. One graph per bucket and direction, compiled
-at its first call (seconds to a minute each). Padding changes no real position's arithmetic: a padded key is masked
-out of every real query's softmax, and every other op is per position; the tests compare tokens with the eager
-path (tests/reder/test_static.py). Options: `reder.load(dir, compile=True)`, `--compile` of `reder.translate`.
+On CUDA `StaticTrunk` pads a batch (B, T, 2D) up to the next bucket of `batch_buckets(B)` × LENGTHS (the extra
+sentences one real position each, the extra positions masked out as keys), runs reder/inference.py's trunk
+unpacked (`run_inference(..., pack=False)`: no host sync, no data-dependent shape) under `torch.compile` mode
+"reduce-overhead" (CUDA graphs), and slices the real batch back, its padded positions zero as the eager trunk leaves
+them: one graph per bucket and direction, compiled at its first call.
+
+On a CPU there are no launches to save; what costs is the Python and the small ops between the GEMMs. There a batch
+without padding (every batch of one sentence) runs the same unpacked trunk through inductor with its weights
+frozen into the graph (`torch._inductor.config.freezing`): each linear layer a oneDNN matmul on a weight packed at
+compile time, the residual update and the FFN's GELU fused into their matmuls, LayerNorm and the attention's bias in
+generated C++. Its batch and length dimensions are dynamic: one graph per direction (two where the relative
+distances' reach is clipped by the length), compiled at its first call (seconds to a minute). A padded batch runs
+the eager packed trunk instead, which computes no padded position outside the attention (docs/RESULTS.md, "Decoding
+at the floor": bucketed static shapes pad and halved the CPU's batch-64 throughput). The frozen weights are those
+of the first call: a later change to them (training, `load_state_dict`) raises instead of decoding with stale ones.
+
+Padding changes no real position's arithmetic: a padded key is masked out of every real query's softmax, and every
+other op is per position; the tests compare tokens with the eager path (tests/reder/test_static.py). Options:
+`reder.load(dir, compile=True)`, `--compile` of `reder.translate`.
 """
 from typing import Callable, Optional
 
@@ -49,27 +60,69 @@ def pad_to_bucket(h: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, to
     return padded, padded_mask
 
 
-class StaticTrunk:
-    """`REDER.layers`' inference trunk at bucketed static shapes under torch.compile (see the module doc).
-    `backend`: torch.compile's ("inductor"), or None: the same padded shapes run eagerly, not compiled (for tests)."""
+def stamps(parameters: list[nn.Parameter]) -> list[tuple[int, int]]:
+    """Each parameter's (storage address, version counter): what changes when a weight does (an inference tensor,
+    a model built under inference mode, has no version counter: its address only, as reder.inference.packed)."""
+    return [(p.data_ptr(), 0 if p.is_inference() else p._version) for p in parameters]
 
-    def __init__(self, device: torch.device, backend: Optional[str] = "inductor") -> None:
+
+class StaticTrunk:
+    """`REDER.layers`' inference trunk under torch.compile (see the module doc): at bucketed static shapes on CUDA,
+    with frozen weights and dynamic shapes for unpadded batches on a CPU. `backend`: torch.compile's
+    ("inductor"), or None: the same shapes and dispatch run eagerly, not compiled (for tests). `buckets`: whether to
+    pad to the buckets (default: off a CPU; on, a CPU runs the CUDA path's shapes, for tests)."""
+
+    def __init__(self, device: torch.device, backend: Optional[str] = "inductor", buckets: Optional[bool] = None) -> None:
+        self.backend, self.buckets = backend, device.type != "cpu" if buckets is None else buckets
         self.run: Callable[..., torch.Tensor] = run_inference
         if backend is not None:
-            mode = "reduce-overhead" if device.type == "cuda" and backend == "inductor" else None
             torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
+        if backend is not None and self.buckets:
+            mode = "reduce-overhead" if device.type == "cuda" and backend == "inductor" else None
             self.run = torch.compile(run_inference, mode=mode, backend=backend, dynamic=False)
+        # CPU: per direction's ops, the compiled trunk, the parameters frozen into it and their stamps then
+        self.frozen: dict[tuple[tuple[int, bool], ...], tuple[Callable[..., torch.Tensor], list[nn.Parameter], list[tuple[int, int]]]] = {}
 
     def __call__(self, h: torch.Tensor, mask: torch.Tensor, ops: list[Op]) -> torch.Tensor:
-        """run_inference(h, mask, ops) at the bucket's shape: (B, T, 2D), padded positions zero."""
+        """run_inference(h, mask, ops) (B, T, 2D), padded positions zero: compiled at the bucket's shape (CUDA), or
+        compiled as it is when nothing is padded and eagerly packed otherwise (CPU)."""
+        if not self.buckets:
+            return self.unpadded(h, mask, ops) if bool(mask.all()) else run_inference(h, mask, ops)
         batch, length, _ = h.shape
         padded, padded_mask = pad_to_bucket(h, mask)
         out = self.run(padded, padded_mask, ops, False)[:batch, :length]  # (B, T, 2D)
         # masked_fill makes a new tensor: a CUDA graph's output buffer is overwritten by its next replay
         return out.masked_fill(~mask[..., None], 0.0)
 
+    def unpadded(self, h: torch.Tensor, mask: torch.Tensor, ops: list[Op]) -> torch.Tensor:
+        """The trunk of a batch without padding, compiled with the weights frozen in at the first call for these
+        `ops`, batch and length dynamic (a closure over `ops`: torch.compile guards on it more cheaply than on an
+        argument, ~0.5 ms a call on the project's CPU)."""
+        if self.backend is None:
+            return run_inference(h, mask, ops, False)
+        key = tuple((id(layer), inverse) for layer, inverse in ops)
+        if key not in self.frozen:
+            parameters = [p for layer, _ in ops for p in layer.parameters()]
+            self.frozen[key] = (torch.compile(lambda h, mask: run_inference(h, mask, ops, False), backend=self.backend,
+                                              dynamic=False), parameters, stamps(parameters))
+        trunk, parameters, compiled_with = self.frozen[key]
+        if stamps(parameters) != compiled_with:
+            raise RuntimeError("the model's weights changed after its trunk was compiled with them frozen in: "
+                               "compile it again (reder.static.compiled) or decode eagerly (model.static_trunk = None)")
+        for dim in (0, 1):
+            torch._dynamo.maybe_mark_dynamic(h, dim)
+            torch._dynamo.maybe_mark_dynamic(mask, dim)
+        # Set for the call, not through torch.compile's options: torch.compile reads it when it traces (the first
+        # call, and any recompile), and inductor.config.patch costs ~1 ms a call.
+        config, freezing = torch._inductor.config, torch._inductor.config.freezing
+        config.freezing = True
+        try:
+            return trunk(h, mask)
+        finally:
+            config.freezing = freezing
 
-def compiled(model: nn.Module, backend: Optional[str] = "inductor") -> nn.Module:
+
+def compiled(model: nn.Module, backend: Optional[str] = "inductor", buckets: Optional[bool] = None) -> nn.Module:
     """`model` (a REDER) with its inference trunk run by a StaticTrunk on the model's device (in place; returned)."""
-    model.static_trunk = StaticTrunk(next(model.parameters()).device, backend)
+    model.static_trunk = StaticTrunk(next(model.parameters()).device, backend, buckets)
     return model

@@ -23,9 +23,11 @@ model's output with K mask-predict iterations of the CMLM in DIR (the same direc
 
 --int8 (a REDER model on CPU): the trunk's linear layers dynamically quantized to int8 (reder.inference.quantized),
 faster on CPU, not the float32 model's arithmetic (its output may differ).
---compile (a REDER model): the trunk at bucketed static shapes under torch.compile (reder/static.py; on CUDA with
-CUDA graphs, mode "reduce-overhead"): the same tokens, no per-kernel launch cost on a GPU; the first batch of each
-shape bucket compiles (seconds to minutes), so it pays for long inputs only.
+--compile (a REDER model): the trunk under torch.compile (reder/static.py), the same tokens. On CUDA at bucketed
+static shapes with CUDA graphs (mode "reduce-overhead"): no per-kernel launch cost; the first batch of each shape
+bucket compiles (seconds to minutes). On a CPU a batch without padding (--batch-size 1) runs through inductor with
+the weights frozen in (one graph per direction, lengths dynamic, compiled at its first batch), a padded batch the
+eager trunk. Compiling takes seconds to a minute, so it pays for long inputs or a server only.
 
 One sentence per line in, one per line out, in the input order. SentencePiece is applied inside: input is
 plain text, output is detokenized text. A line is what `reder.text` says (the ingest stage's rule too): it
@@ -385,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--int8", action="store_true",
                         help="REDER on CPU: the trunk's linear layers dynamically quantized to int8 (faster, not bit-equal)")
     parser.add_argument("--compile", action="store_true",
-                        help="REDER: the trunk at bucketed static shapes under torch.compile (CUDA graphs on CUDA); same tokens")
+                        help="REDER: the trunk under torch.compile (CUDA graphs on CUDA, frozen weights on a CPU); same tokens")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args(argv)
     try:

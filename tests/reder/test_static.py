@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from reder.inference import run_inference
-from reder.static import LENGTHS, bucket, compiled, pad_to_bucket
+from reder.static import LENGTHS, StaticTrunk, bucket, compiled, pad_to_bucket
 from reder.translate import translate_ids
 from tests.reder.helpers import decoding_model, padding_mask, random_batch
 
@@ -38,9 +38,10 @@ def _check_equal_tokens(model, sequences: list[list[int]], directions: tuple[str
 
 
 def test_static_shapes_equal_the_eager_trunk():
-    """The bucketed static shapes run eagerly (backend None: what torch.compile traces, without compiling): states at
-    real positions equal the packed eager trunk's, padded positions zero, tokens equal."""
-    model = compiled(decoding_model(), backend=None)
+    """The bucketed static shapes (the CUDA path, here on the CPU) run eagerly (backend None: what torch.compile
+    traces, without compiling): states at real positions equal the packed eager trunk's, padded positions zero,
+    tokens equal."""
+    model = compiled(decoding_model(), backend=None, buckets=True)
     upsampled = [2 * n for n in LENGTHS_ACROSS_BUCKETS]
     h, mask = torch.randn(len(upsampled), max(upsampled), 32), padding_mask(upsampled)
     with torch.inference_mode():
@@ -51,12 +52,54 @@ def test_static_shapes_equal_the_eager_trunk():
     _check_equal_tokens(model, _sequences(LENGTHS_ACROSS_BUCKETS))
 
 
+def test_the_cpu_compiles_unpadded_batches_and_packs_padded_ones(monkeypatch):
+    """On a CPU a batch without padding takes the compiled trunk (`unpadded`) at its own shape, a padded batch the
+    eager packed trunk: tokens equal the eager path's either way, both directions, greedy and beam."""
+    taken = []
+    unpadded = StaticTrunk.unpadded
+    monkeypatch.setattr(StaticTrunk, "unpadded", lambda self, h, mask, ops: taken.append(h.shape) or unpadded(self, h, mask, ops))
+    model = compiled(decoding_model(), backend=None)
+    assert not model.static_trunk.buckets
+    sequences = _sequences(LENGTHS_ACROSS_BUCKETS)
+    _check_equal_tokens(model, sequences, sizes=(1, 4))
+    lengths = sorted(2 * n for n in LENGTHS_ACROSS_BUCKETS)
+    assert sorted({shape[1] for shape in taken}) == lengths and {shape[0] for shape in taken} == {1}  # batch 1 only
+
+
+def test_frozen_weights_that_change_are_refused():
+    """The CPU's compiled trunk freezes the weights in: after an in-place change (an optimiser step,
+    `load_state_dict`) a decode raises rather than use the old ones (Dynamo alone here, backend "eager"); a model
+    built under inference mode (its weights have no version counter) compiles and decodes."""
+    model = compiled(decoding_model(), backend="eager")
+    sequence = _sequences([5])
+    first = translate_ids(model, sequence, "src2tgt")
+    assert translate_ids(model, sequence, "src2tgt") == first
+    with torch.no_grad():
+        model.ends["src"][0].feed_forward.inner.weight.mul_(2.0)
+    with pytest.raises(RuntimeError, match="weights changed after its trunk was compiled"):
+        translate_ids(model, sequence, "src2tgt")
+    assert compiled(model, backend="eager") and translate_ids(model, sequence, "src2tgt")  # compiled again: decodes
+    with torch.inference_mode():  # a model built under inference mode: weights without version counters
+        model = decoding_model()
+        eager = translate_ids(model, sequence, "src2tgt")
+        assert translate_ids(compiled(model, backend="eager"), sequence, "src2tgt") == eager
+
+
 @pytest.mark.slow
 def test_compiled_trunk_equals_the_eager_trunk_on_cpu():
-    """Through inductor on CPU (generated C++ kernels): one graph, a ragged batch of 3 in the bucket (4, 64), one
-    sentence added (a graph compiled in 1–2 minutes on the project's 2-core box under load: the slow part; the
-    buckets themselves are the test above's)."""
-    _check_equal_tokens(compiled(decoding_model()), _sequences([3, 9, 30]), ("src2tgt",), (3,))
+    """Through inductor on CPU (generated C++ kernels) with the weights frozen in: sentences one at a time (one
+    graph, lengths dynamic, compiled in about a minute on the project's 2-core box: the slow part) and a ragged
+    batch (eagerly packed), the eager path's tokens; on a CPU with oneDNN every linear layer of the graph is a matmul
+    on a weight packed at compile time (inductor's freezing took effect)."""
+    from torch._dynamo.utils import counters
+
+    counters.clear()
+    model = compiled(decoding_model())
+    _check_equal_tokens(model, _sequences([9, 12, 15]), ("src2tgt",), (1, 3))
+    if torch.backends.mkldnn.is_available():
+        linears = 4 * len(model.ops("src2tgt"))
+        assert counters["inductor"]["mkldnn_linear_weight_pack_matcher_count"] % linears == 0
+        assert counters["inductor"]["mkldnn_linear_weight_pack_matcher_count"] >= linears
 
 
 @pytest.mark.gpu
