@@ -11,9 +11,9 @@ them: one graph per bucket and direction, compiled at its first call.
 On a CPU there are no launches to save; what costs is the Python and the small ops between the GEMMs. There a batch
 without padding (every batch of one sentence) runs the same unpacked trunk through inductor with its weights
 frozen into the graph (`torch._inductor.config.freezing`): each linear layer a oneDNN matmul on a weight packed at
-compile time, the residual update and the FFN's GELU fused into their matmuls, LayerNorm and the attention's bias in
-generated C++. Its batch and length dimensions are dynamic: one graph per direction (two where the relative
-distances' reach is clipped by the length), compiled at its first call (seconds to a minute). A padded batch runs
+compile time, the FFN's GELU and some residual updates fused into their matmuls, LayerNorm and the attention's bias
+in generated C++. Its batch and length dimensions are dynamic: one graph per direction (two where a short input
+clips the relative distances' reach), compiled at its first call (seconds to a minute). A padded batch runs
 the eager packed trunk instead, which computes no padded position outside the attention (docs/RESULTS.md, "Decoding
 at the floor": bucketed static shapes pad and halved the CPU's batch-64 throughput). The frozen weights are those
 of the first call: a later change to them (training, `load_state_dict`) raises instead of decoding with stale ones.
@@ -22,6 +22,7 @@ Padding changes no real position's arithmetic: a padded key is masked out of eve
 other op is per position; the tests compare tokens with the eager path (tests/reder/test_static.py). Options:
 `reder.load(dir, compile=True)`, `--compile` of `reder.translate`.
 """
+import types
 from typing import Callable, Optional
 
 import torch
@@ -32,6 +33,8 @@ from reder.inference import Op, run_inference
 LENGTHS = (8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)  # upsampled positions T': ≤ 1.5× apart
 MAX_BATCH_BUCKET = 1024  # batch buckets: the powers of two up to this, then multiples of it
 RECOMPILE_LIMIT = 256  # graphs per compiled function: buckets × 2 directions (torch's default, 8, is too few)
+# A CPU trunk compiled for one direction's ops: the compiled function, the parameters frozen into it, their stamps
+Frozen = tuple[Callable[..., torch.Tensor], list[nn.Parameter], list[tuple[int, int]]]
 
 
 def bucket(size: int, sizes: tuple[int, ...]) -> int:
@@ -66,13 +69,22 @@ def stamps(parameters: list[nn.Parameter]) -> list[tuple[int, int]]:
     return [(p.data_ptr(), 0 if p.is_inference() else p._version) for p in parameters]
 
 
+def own_code(function: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """`function` on a copy of its code object: torch.compile keeps compiled graphs per code object, guarded by the
+    parameters' identity, not their values, so a trunk compiled again after its weights changed would otherwise
+    find the graph frozen with the old ones."""
+    return types.FunctionType(function.__code__.replace(), function.__globals__, function.__name__,
+                              function.__defaults__, function.__closure__)
+
+
 class StaticTrunk:
     """`REDER.layers`' inference trunk under torch.compile (see the module doc): at bucketed static shapes on CUDA,
     with frozen weights and dynamic shapes for unpadded batches on a CPU. `backend`: torch.compile's
     ("inductor"), or None: the same shapes and dispatch run eagerly, not compiled (for tests). `buckets`: whether to
-    pad to the buckets (default: off a CPU; on, a CPU runs the CUDA path's shapes, for tests)."""
+    pad to the buckets (default: on any device but a CPU; True on a CPU runs the CUDA path's shapes, for tests)."""
 
-    def __init__(self, device: torch.device, backend: Optional[str] = "inductor", buckets: Optional[bool] = None) -> None:
+    def __init__(self, device: torch.device, backend: Optional[str] = "inductor",
+                 buckets: Optional[bool] = None) -> None:
         self.backend, self.buckets = backend, device.type != "cpu" if buckets is None else buckets
         self.run: Callable[..., torch.Tensor] = run_inference
         if backend is not None:
@@ -80,8 +92,7 @@ class StaticTrunk:
         if backend is not None and self.buckets:
             mode = "reduce-overhead" if device.type == "cuda" and backend == "inductor" else None
             self.run = torch.compile(run_inference, mode=mode, backend=backend, dynamic=False)
-        # CPU: per direction's ops, the compiled trunk, the parameters frozen into it and their stamps then
-        self.frozen: dict[tuple[tuple[int, bool], ...], tuple[Callable[..., torch.Tensor], list[nn.Parameter], list[tuple[int, int]]]] = {}
+        self.frozen: dict[tuple[tuple[int, bool], ...], Frozen] = {}  # CPU: by the ops' (id(layer), inverse)
 
     def __call__(self, h: torch.Tensor, mask: torch.Tensor, ops: list[Op]) -> torch.Tensor:
         """run_inference(h, mask, ops) (B, T, 2D), padded positions zero: compiled at the bucket's shape (CUDA), or
@@ -103,8 +114,8 @@ class StaticTrunk:
         key = tuple((id(layer), inverse) for layer, inverse in ops)
         if key not in self.frozen:
             parameters = [p for layer, _ in ops for p in layer.parameters()]
-            self.frozen[key] = (torch.compile(lambda h, mask: run_inference(h, mask, ops, False), backend=self.backend,
-                                              dynamic=False), parameters, stamps(parameters))
+            trunk = own_code(lambda h, mask: run_inference(h, mask, ops, False))
+            self.frozen[key] = (torch.compile(trunk, backend=self.backend, dynamic=False), parameters, stamps(parameters))
         trunk, parameters, compiled_with = self.frozen[key]
         if stamps(parameters) != compiled_with:
             raise RuntimeError("the model's weights changed after its trunk was compiled with them frozen in: "

@@ -57,7 +57,8 @@ def test_the_cpu_compiles_unpadded_batches_and_packs_padded_ones(monkeypatch):
     eager packed trunk: tokens equal the eager path's either way, both directions, greedy and beam."""
     taken = []
     unpadded = StaticTrunk.unpadded
-    monkeypatch.setattr(StaticTrunk, "unpadded", lambda self, h, mask, ops: taken.append(h.shape) or unpadded(self, h, mask, ops))
+    monkeypatch.setattr(StaticTrunk, "unpadded",
+                        lambda self, h, mask, ops: taken.append(h.shape) or unpadded(self, h, mask, ops))
     model = compiled(decoding_model(), backend=None)
     assert not model.static_trunk.buckets
     sequences = _sequences(LENGTHS_ACROSS_BUCKETS)
@@ -90,7 +91,8 @@ def test_compiled_trunk_equals_the_eager_trunk_on_cpu():
     """Through inductor on CPU (generated C++ kernels) with the weights frozen in: sentences one at a time (one
     graph, lengths dynamic, compiled in about a minute on the project's 2-core box: the slow part) and a ragged
     batch (eagerly packed), the eager path's tokens; on a CPU with oneDNN every linear layer of the graph is a matmul
-    on a weight packed at compile time (inductor's freezing took effect)."""
+    on a weight packed at compile time (inductor's freezing took effect). After the weights change a decode raises,
+    and compiled again the trunk is frozen with the new weights, not served the old graph (a second compile)."""
     from torch._dynamo.utils import counters
 
     counters.clear()
@@ -100,6 +102,17 @@ def test_compiled_trunk_equals_the_eager_trunk_on_cpu():
         linears = 4 * len(model.ops("src2tgt"))
         assert counters["inductor"]["mkldnn_linear_weight_pack_matcher_count"] % linears == 0
         assert counters["inductor"]["mkldnn_linear_weight_pack_matcher_count"] >= linears
+    with torch.inference_mode():  # as a decode's states are: what the first graph's guards saw
+        h, mask = torch.randn(1, 24, 32), torch.ones(1, 24, dtype=torch.bool)
+    with torch.no_grad():
+        for parameter in model.ends.parameters():
+            parameter.mul_(1.5)
+    with torch.inference_mode(), pytest.raises(RuntimeError, match="weights changed"):
+        model.layers(h, mask, "src2tgt")
+    compiled(model)
+    with torch.inference_mode():
+        expected = run_inference(h, mask, model.ops("src2tgt"))
+        torch.testing.assert_close(model.layers(h, mask, "src2tgt"), expected, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.gpu
