@@ -20,7 +20,8 @@ non-GEMM share is 1 − (GEMM + attention kernel) / the profiled pass's wall tim
 both from the same pass, so a busy machine moves both; the profiler's own cost per op counts as non-GEMM, so the
 share is an upper bound). `gemm_only_share` counts the attention kernel as non-GEMM too. `floor.gemm_replay`: the
 matmuls of one batch-1 decode at the mean length alone, on the model's own weights streamed from memory ("cold") and on one layer's repeated
-("warm", as the floor's rate is measured): what the GEMMs cost before any other op. The load average is
+("warm", as the floor's rate is measured): what the GEMMs cost before any other op. `floor.weights_stream_ms`: those
+weights over the memory's read rate (a large tensor's sum), what streaming them alone would take. The load average is
 printed before and after: on a shared 2-core box, compare paths within one run. With one thread the process CPU time
 (`cpu_ms_per_sentence`, and the floor from a GEMM rate per CPU second) is what a quiet machine's wall time would
 be: the time the process was not scheduled is left out.
@@ -154,6 +155,20 @@ def gemm_replay(model: Any, length: int, rounds: int = 20) -> dict[str, float]:
             "warm_ms": round(statistics.median(replay(warm) for _ in range(3)), 3)}
 
 
+def read_bandwidth(megabytes: int = 256, rounds: int = 7) -> float:
+    """The memory's read rate (GB/s) with the session's threads: a sum over a float32 tensor far larger than any
+    cache (median of `rounds`). Over it, the weights a decode reads from memory give a bandwidth floor to set
+    beside the FLOP floor: what streaming them alone would take."""
+    x = torch.randn(megabytes * 2**20 // 4)
+    x.sum()
+    times = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        x.sum()
+        times.append(time.perf_counter() - start)
+    return x.numel() * 4 / statistics.median(times) / 1e9
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = _args(argv)
     torch.set_num_threads(args.threads)
@@ -182,10 +197,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     **profiled(decoders[path], sequences, size, args.top)}
         mean_length = round(sum(map(len, sequences)) / len(sequences))
         replay = gemm_replay(base, mean_length)
+        bandwidth = read_bandwidth()
         rates = {kernel: (peers.gemm_rate(base.cfg, mean_length, "cpu", kernel=kernel),
                           peers.gemm_rate(base.cfg, mean_length, "cpu", clock=time.process_time, kernel=kernel))
                  for kernel in peers.gemm_kernels("cpu")}
     rate, cpu_rate = max(wall for wall, _ in rates.values()), max(cpu for _, cpu in rates.values())
+    weights = 4 * sum(p.numel() for layer, _ in base.ops("src2tgt") for p in layer.parameters()) + 4 * base.embed.weight.numel()
     flops = sum(peers.reder_flops(base.cfg, len(s)) for s in sequences) / len(sequences)
     floor, cpu_floor, matmul_floor = 1000 * flops / rate, 1000 * flops / cpu_rate, 1000 * flops / rates["matmul"][0]
     report["floor"] = {"gemm_gflops_per_s": round(rate / 1e9, 1), "floor_ms": round(floor, 3),
@@ -193,7 +210,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                        "kernels_gflops_per_s": {kernel: round(wall / 1e9, 1) for kernel, (wall, _) in rates.items()},
                        "matmul_floor_ms": round(matmul_floor, 3),  # torch's default GEMM alone: the floor before
                        # a decode's own matmuls alone at the mean length (fast path's kernels), cold and warm weights
-                       "gemm_replay": {**replay, "cold_over_floor": round(replay["cold_ms"] / floor, 2)}}
+                       "gemm_replay": {**replay, "cold_over_floor": round(replay["cold_ms"] / floor, 2)},
+                       # the weights a batch-1 decode reads (trunk and tied projection), streamed at the read rate
+                       "memory_read_gb_per_s": round(bandwidth, 1), "weights_mb": round(weights / 1e6, 1),
+                       "weights_stream_ms": round(1000 * weights / bandwidth / 1e9, 3)}
     for numbers in report["paths"].values():
         for entry in numbers.values():
             entry["over_floor"] = round(entry["wall_ms_per_sentence"] / floor, 2)
@@ -203,7 +223,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     _print_tables(report)
     print(f"## floor {report['floor']['floor_ms']} ms at {report['floor']['gemm_gflops_per_s']} GFLOP/s "
           f"(kernels: {report['floor']['kernels_gflops_per_s']}); a decode's matmuls alone: "
-          f"{report['floor']['gemm_replay']}")
+          f"{report['floor']['gemm_replay']}; its weights ({report['floor']['weights_mb']} MB) streamed at "
+          f"{report['floor']['memory_read_gb_per_s']} GB/s: {report['floor']['weights_stream_ms']} ms")
     return emit(report, args.out)
 
 
