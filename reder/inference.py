@@ -138,14 +138,20 @@ ONEDNN = torch.backends.mkldnn.is_available()  # False: torch's default GEMM eve
 _packed: dict[int, tuple[weakref.ref, tuple[int, int], torch.Tensor]] = {}
 
 
+def stamp(tensor: torch.Tensor) -> tuple[int, int]:
+    """What changes when a tensor's values do: its storage address and version counter (an inference tensor, made
+    under inference mode, has none: its address only)."""
+    return tensor.data_ptr(), 0 if tensor.is_inference() else tensor._version
+
+
 def packed(weight: torch.Tensor) -> torch.Tensor:
     """`weight` (out, in) reordered for oneDNN's matmul, built on first use and again when the weight has changed
     since (another storage, or an in-place update: its version counter)."""
-    key, stamp = id(weight), (weight.data_ptr(), 0 if weight.is_inference() else weight._version)
+    key, current = id(weight), stamp(weight)
     entry = _packed.get(key)
-    if entry is None or entry[0]() is not weight or entry[1] != stamp:
+    if entry is None or entry[0]() is not weight or entry[1] != current:
         reordered = torch.ops.mkldnn._reorder_linear_weight(weight.detach())
-        _packed[key] = (weakref.ref(weight, lambda _, key=key: _packed.pop(key, None)), stamp, reordered)
+        _packed[key] = (weakref.ref(weight, lambda _, key=key: _packed.pop(key, None)), current, reordered)
         return reordered
     return entry[2]
 

@@ -28,7 +28,7 @@ from typing import Callable, Optional
 import torch
 from torch import nn
 
-from reder.inference import Op, run_inference
+from reder.inference import Op, run_inference, stamp
 
 LENGTHS = (8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)  # upsampled positions T': ≤ 1.5× apart
 MAX_BATCH_BUCKET = 1024  # batch buckets: the powers of two up to this, then multiples of it
@@ -64,9 +64,8 @@ def pad_to_bucket(h: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, to
 
 
 def stamps(parameters: list[nn.Parameter]) -> list[tuple[int, int]]:
-    """Each parameter's (storage address, version counter): what changes when a weight does (an inference tensor,
-    a model built under inference mode, has no version counter: its address only, as reder.inference.packed)."""
-    return [(p.data_ptr(), 0 if p.is_inference() else p._version) for p in parameters]
+    """Each parameter's `reder.inference.stamp`: what changes when a weight does."""
+    return [stamp(p) for p in parameters]
 
 
 def own_code(function: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
