@@ -206,7 +206,7 @@ def update_rows(args: argparse.Namespace) -> list[dict]:
     """Whole REDER updates at one token batch: CTC head, DAG head with each DP (seconds, DAG/CTC ratios)."""
     import torch
 
-    from reder import EOS_ID, LossConfig, ModelConfig, REDER
+    from reder import EOS_ID, DuplexLoss, LossConfig, ModelConfig, REDER
 
     rows = []
     for pair in args.update_grid:
@@ -220,13 +220,14 @@ def update_rows(args: argparse.Namespace) -> list[dict]:
             for name, head, dp in (("ctc", "ctc", "auto"), ("dag_torch", "dag", "torch"), ("dag_triton", "dag", "triton")):
                 config = ModelConfig(vocab_size=VOCAB, d_model=512, n_heads=4, ffn_dim=1024, layers_per_end=3, dropout=0.3,
                                      head=head, graph_upsample_ratio=float(ratio), dag_dp=dp, max_positions=1024)
-                model = REDER(config, LossConfig(aux_start_step=10**9)).to(args.device).train()
+                model = REDER(config).to(args.device).train()
+                objective = DuplexLoss(model, LossConfig(aux_start_step=10**9))
                 optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
                 def update() -> None:
                     optimizer.zero_grad(set_to_none=True)
                     with torch.autocast(args.device, dtype=torch.bfloat16, enabled=args.device == "cuda"):
-                        terms = model.loss(src, lengths, tgt, lengths, step=0)
+                        terms = objective(src, lengths, tgt, lengths, 0)
                     terms["total"].backward()
                     optimizer.step()
 

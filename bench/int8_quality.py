@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> dict:
     if args.model:
         return emit(held_out(args), args.out)
     torch.manual_seed(0)
-    from reder import EOS_ID, LossConfig, ModelConfig, REDER
+    from reder import EOS_ID, DuplexLoss, LossConfig, ModelConfig, REDER
     from reder.ctc import pad_batch
     from reder.inference import quantized
 
@@ -60,7 +60,8 @@ def main(argv: list[str] | None = None) -> dict:
     cfg = ModelConfig(vocab_size=len(vocab) + 5, d_model=args.d_model, n_heads=max(1, args.d_model // 32),
                       ffn_dim=2 * args.d_model, layers_per_end=2, dropout=0.0, upsample_ratio=3, max_relative_distance=8,
                       label_smoothing=0.0)
-    model = REDER(cfg, LossConfig(lambda_fba=0.0, lambda_cc=0.0)).train()
+    model = REDER(cfg).train()
+    objective = DuplexLoss(model, LossConfig(lambda_fba=0.0, lambda_cc=0.0))
     optimizer = torch.optim.Adam(model.parameters(), lr=2e-3, betas=(0.9, 0.98))
     inputs = {"src2tgt": (src, src_lengths, german), "tgt2src": (tgt, tgt_lengths, english)}
 
@@ -75,7 +76,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     start, step = time.monotonic(), 0
     while time.monotonic() - start < args.limit_s:
-        terms = model.loss(src, src_lengths, tgt, tgt_lengths, step)
+        terms = objective(src, src_lengths, tgt, tgt_lengths, step)
         optimizer.zero_grad()
         terms["total"].backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

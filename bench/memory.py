@@ -24,21 +24,22 @@ def measure(layers_per_end: int, memory_efficient: bool, aux: bool, device: str,
     """One configuration, in this process: returns activation MB and median step seconds."""
     import torch
 
-    from reder import DIRECTIONS, EOS_ID, LossConfig, ModelConfig, REDER
+    from reder import DIRECTIONS, EOS_ID, DuplexLoss, LossConfig, ModelConfig, REDER
 
     torch.manual_seed(0)
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     cfg = ModelConfig(vocab_size=VOCAB, d_model=D_MODEL, n_heads=N_HEADS, ffn_dim=FFN_DIM, layers_per_end=layers_per_end,
                       dropout=0.1, upsample_ratio=2, memory_efficient=memory_efficient)
     loss_config = LossConfig(lambda_fba=0.1 if aux else 0.0, lambda_cc=0.0, aux_start_step=0)
-    model = REDER(cfg, loss_config).to(device).train()
+    model = REDER(cfg).to(device).train()
+    objective = DuplexLoss(model, loss_config)
     tokens = torch.randint(4, VOCAB - 1, (BATCH, SRC_LENGTH), device=device)
     tokens[:, -1] = EOS_ID
     lengths = torch.full((BATCH,), SRC_LENGTH, device=device)
 
     def step() -> None:
         for directions in ((DIRECTIONS,) if joint else ((d,) for d in DIRECTIONS)):
-            model.loss(tokens, lengths, tokens.roll(1, dims=1), lengths, step=0, directions=directions)["total"].backward()
+            objective(tokens, lengths, tokens.roll(1, dims=1), lengths, 0, directions=directions)["total"].backward()
 
     step()  # warm-up: ActNorm init, .grad buffers, allocator pools
     times, peaks = time_and_peak(step, steps, device)

@@ -325,8 +325,9 @@ def reder_phase(args: argparse.Namespace, cfg, device: str) -> dict:
             models, entry = {}, {"head": model_cfg.head, "seed": seed, "simplex": simplex}
             for directions in [(d,) for d in DIRECTIONS] if simplex else [DIRECTIONS]:
                 torch.manual_seed(seed)
-                model = REDER(model_cfg, replace(loss_config, directions=directions)).to(device)
-                harness = _harness(args, model, DuplexLoss(model), train, device, inputs.sp, inputs.data, directions)
+                model = REDER(model_cfg).to(device)
+                objective = DuplexLoss(model, replace(loss_config, directions=directions))
+                harness = _harness(args, model, objective, train, device, inputs.sp, inputs.data, directions)
                 fitted = {"train": harness.fit_examples(examples, time_cap_s=args.time_cap_s)}
                 if args.validate_every:
                     fitted.update(_average(model, harness, inputs.sp, inputs.data, directions))
@@ -439,8 +440,8 @@ def aux_phase(args: argparse.Namespace, cfg, device: str) -> dict:
               "teachers_loaded": bool(inputs.teachers), "head": model_cfg.head,
               "lambda_fba": cfg.loss.lambda_fba, "lambda_cc": cfg.loss.lambda_cc, "aux_terms": args.aux_terms}
     torch.manual_seed(1)
-    model = REDER(model_cfg, LossConfig(0.0, 0.0, 0)).to(device)
-    harness = _harness(args, model, DuplexLoss(model), train, device)
+    model = REDER(model_cfg).to(device)
+    harness = _harness(args, model, DuplexLoss(model, LossConfig(0.0, 0.0, 0)), train, device)
     stage1 = harness.fit_examples(examples, until=fork)
     state = copy.deepcopy(harness.state_dict())  # weights, optimizer, schedule, position in the data
     report["stage1"] = {"train": stage1, **_evaluate(model, inputs, speed=not args.no_speed)}
@@ -450,8 +451,8 @@ def aux_phase(args: argparse.Namespace, cfg, device: str) -> dict:
         for name, loss_config in (*((f"kd{term}", config) for term, config in runs.items()),
                                   ("kd_noaux", LossConfig(0.0, 0.0, 0))):
             torch.manual_seed(seed + 1)
-            model = REDER(model_cfg, loss_config).to(device)
-            harness = _harness(args, model, DuplexLoss(model), replace(train, seed=seed), device)
+            model = REDER(model_cfg).to(device)
+            harness = _harness(args, model, DuplexLoss(model, loss_config), replace(train, seed=seed), device)
             harness.load_state_dict(copy.deepcopy(state))
             entry = {"seed": seed, "train": harness.fit_examples(examples)}
             entry.update(_evaluate(model, inputs, hypotheses.setdefault(name, {}), speed=not args.no_speed))

@@ -45,9 +45,9 @@ def main() -> None:
     torch.manual_seed(0)
     aux = {"aux_start_step": 0} if args.variant == "fba+cc" else {"aux_start_step": 10**9}
     model = REDER(ModelConfig(vocab_size=10_000, d_model=512, n_heads=4, ffn_dim=1024, layers_per_end=3, dropout=0.3,
-                              upsample_ratio=2, max_positions=1024),
-                  LossConfig(glance_start=0.5, glance_end=0.5, **aux))
-    run = Harness(model, DuplexLoss(model), TrainConfig(bf16=False, max_tokens=4096), "cpu")
+                              upsample_ratio=2, max_positions=1024))
+    objective = DuplexLoss(model, LossConfig(glance_start=0.5, glance_end=0.5, **aux))
+    run = Harness(model, objective, TrainConfig(bf16=False, max_tokens=4096), "cpu")
     rng = random.Random(0)
     ids = lambda: [rng.randint(4, 9_998) for _ in range(rng.randint(9, 15))]  # noqa: E731
     updates = [[[(ids(), ids()) for _ in range(args.pairs)]] for _ in range(args.updates + 1)]

@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import torch
 
 from pipeline.harness import passes, token_batches
-from reder import LossConfig, ModelConfig, REDER
+from reder import DuplexLoss, LossConfig, ModelConfig, REDER
 
 BASE = dict(vocab_size=8000, d_model=256, n_heads=4, ffn_dim=1024, layers_per_end=3, dropout=0.1, upsample_ratio=2,
             max_positions=1024)
@@ -50,15 +50,15 @@ def main() -> None:
     for name in names:
         model_overrides, loss_overrides = VARIANTS[name]
         torch.manual_seed(0)
-        model = REDER(ModelConfig(**{**BASE, "vocab_size": args.vocab_size, **model_overrides}),
-                      LossConfig(**loss_overrides))
+        model = REDER(ModelConfig(**{**BASE, "vocab_size": args.vocab_size, **model_overrides}))
+        objective = DuplexLoss(model, LossConfig(**loss_overrides))
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
         tokens, seconds = 0, 0.0
         for index, batch in enumerate(batches):
             src, src_lengths, tgt, tgt_lengths = passes(batch, torch.device("cpu"))[0]
             started = time.perf_counter()
             optimizer.zero_grad(set_to_none=True)
-            model.loss(src, src_lengths, tgt, tgt_lengths, step=1)["total"].backward()
+            objective(src, src_lengths, tgt, tgt_lengths, 1)["total"].backward()
             optimizer.step()
             if index:  # the first step warms up allocator and kernels
                 seconds += time.perf_counter() - started

@@ -34,7 +34,7 @@ import torch
 
 from pipeline.config import TrainConfig
 from reder import EOS_ID
-from reder.checkpoint import average_state_dicts
+from reder.checkpoint import average_state_dicts, upgrade_state_dict
 from reder.ctc import pad_batch
 
 SCORE = "valid_bleu"  # what validation returns and checkpoints are ranked by (higher is better)
@@ -596,7 +596,7 @@ class Harness:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue the run of `state` (its history gets a `resumed_from` entry)."""
-        self.model.load_state_dict(state["model"])
+        self.model.load_state_dict(upgrade_state_dict(state["model"]))  # a checkpoint of an older layout too
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.step, self.epoch, self.next_batch = state["step"], state["epoch"], state["next_batch"]

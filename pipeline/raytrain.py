@@ -37,7 +37,7 @@ from pipeline.progress import Progress
 from pipeline.runfiles import HISTORY_FILE, PROGRESS_FILE, WORKERS_FILE
 from pipeline.stage import StageError
 from pipeline.trainloop import train_loop
-from reder.checkpoint import MODEL_FILE, average_state_dicts, load_tensors
+from reder.checkpoint import MODEL_FILE, average_state_dicts, load_tensors, upgrade_state_dict
 
 log = logging.getLogger(__name__)
 
@@ -264,7 +264,7 @@ def fit_and_average(trainer: Any, run_path: Path, average_best: int, model: torc
             states.append(load_tensors(Path(directory) / MODEL_FILE))
     with result.checkpoint.as_directory() as directory:  # the latest: the whole history
         history = json.loads((Path(directory) / HISTORY_FILE).read_text(encoding="utf-8"))
-    model.load_state_dict(average_state_dicts(states))
+    model.load_state_dict(average_state_dicts([upgrade_state_dict(state) for state in states]))
     return {"history": history, "averaged": [{"step": step, SCORE: score} for score, step, _ in best],
             "fit_seconds": round(time.time() - started, 1)}
 

@@ -51,7 +51,7 @@ def _build(cfg: PipelineConfig, workdir: Path, name: str, train_data: Path, data
     run_storage(storage, name, force)  # with --force, no resume of the finished run
     trainer = make_trainer(cfg, name, storage, train_data, data, corpus, spm_dir,
                            tracker.worker_target() if tracker is not None else None, time_cap_s=time_cap_s)
-    model = REDER(ModelConfig.from_dict(asdict(cfg.model)), cfg.loss)
+    model = REDER(ModelConfig.from_dict(asdict(cfg.model)))
     fitted = fit_and_average(trainer, storage / name, cfg.train.average_best, model)
     tuned = tune_blank_penalty(model, cfg, data, corpus, spm_dir)
     save_model_dir(tmp / MODEL_DIR, model, spm_dir / spm.MODEL_FILE, cfg.data.src_lang, cfg.data.tgt_lang,
@@ -77,14 +77,14 @@ def tune_blank_penalty(model: REDER, cfg: PipelineConfig, data: Path, corpus: Pa
         return {}
     validator = Validator({"ids": str(data / "valid"), "text": str(corpus / "valid")},
                           (spm_dir / spm.MODEL_FILE).read_bytes(), cfg.train.valid_max_sentences,
-                          model.loss_config.directions, cfg.evaluate.blank_penalties)
+                          cfg.loss.directions, cfg.evaluate.blank_penalties)
     try:
         scores = validator(model.to("cuda" if torch.cuda.is_available() else "cpu"))
     finally:
         model.cpu()
-    for direction in model.loss_config.directions:
+    for direction in cfg.loss.directions:
         model.blank_penalty[direction] = scores[f"blank_penalty_{direction}"]
     log.info("train: blank penalty %s (validation greedy BLEU %s, without it %s)", model.blank_penalty,
-             {d: round(scores[f"bleu_{d}"], 2) for d in model.loss_config.directions},
-             {d: round(scores.get(f"bleu_{d}_unpenalised", math.nan), 2) for d in model.loss_config.directions})
+             {d: round(scores[f"bleu_{d}"], 2) for d in cfg.loss.directions},
+             {d: round(scores.get(f"bleu_{d}_unpenalised", math.nan), 2) for d in cfg.loss.directions})
     return scores

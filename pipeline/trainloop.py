@@ -60,7 +60,7 @@ from reder.cmlm import CMLM
 from reder.config import CmlmConfig
 from reder.checkpoint import MODEL_FILE, load_tensors
 from reder.ctc import pad_batch
-from reder.objectives.directional import CmlmObjective, PairObjective, TeacherObjective
+from reder.objectives.directional import CmlmObjective, PairObjective, TeacherObjective, teacher_loss
 from reder.translate import greedy_by_penalty, translate_ids
 
 log = logging.getLogger(__name__)
@@ -184,8 +184,9 @@ def build_task(config: dict[str, Any]) -> tuple[torch.nn.Module, torch.nn.Module
             models[direction] = model_class(config_class.from_dict(config["model"]))
         pair = ModelPair(models)
         return pair, PairObjective({d: objective_class(m, d) for d, m in models.items()}), DIRECTIONS
-    model = REDER(ModelConfig.from_dict(config["model"]), LossConfig.from_dict(config["loss"]))
-    return model, DuplexLoss(model), model.loss_config.directions  # a simplex model: its one direction
+    model = REDER(ModelConfig.from_dict(config["model"]))
+    objective = DuplexLoss(model, LossConfig.from_dict(config["loss"]))
+    return model, objective, objective.directions  # a simplex model: its one direction
 
 
 class ModelPair(torch.nn.ModuleDict):
@@ -328,7 +329,7 @@ class Validator:
             src, src_lengths = pad_batch(inputs[start : start + batch_size], device)
             tgt, tgt_lengths = pad_batch(references[start : start + batch_size], device)
             count = float(tgt_lengths.sum())
-            total += float(model.loss(src, src_lengths, tgt, tgt_lengths)["nll"]) * count
+            total += float(teacher_loss(model, src, src_lengths, tgt, tgt_lengths)["nll"]) * count
             tokens += count
         return total / max(tokens, 1.0)
 

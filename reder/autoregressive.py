@@ -18,7 +18,6 @@ from torch import nn
 from reder.attention import sdpa
 from reder.config import BOS_ID, EOS_ID, PAD_ID, TransformerConfig
 from reder.ctc import valid_mask
-from reder.objectives.directional import teacher_loss
 
 KeysValues = tuple[torch.Tensor, torch.Tensor]  # keys and values, (N, H, S, D/H) each
 
@@ -207,12 +206,6 @@ class Transformer(EncoderDecoder):
         """Teacher-forced log-probabilities (B, T, V) of each position of targets (B, T), given encoder memory."""
         prev = torch.cat([torch.full_like(tgt_tokens[:, :1], BOS_ID), tgt_tokens[:, :-1]], dim=1)  # (B, T) shifted right
         return log_softmax_fp32(self.decoder_logits(memory, src_mask, prev))  # (B, T, V)
-
-    def loss(self, src_tokens: torch.Tensor, src_lengths: torch.Tensor, tgt_tokens: torch.Tensor,
-             tgt_lengths: torch.Tensor) -> dict[str, torch.Tensor]:
-        """`nll`: mean NLL per target token (EOS in, pads out); `total`: (1−ε)·nll + ε·mean_v(−log p_v), per token:
-        the teacher's objective, `reder.objectives.directional.teacher_loss`."""
-        return teacher_loss(self, src_tokens, src_lengths, tgt_tokens, tgt_lengths)
 
     @torch.no_grad()
     def score_encoded(self, memory: torch.Tensor, src_mask: torch.Tensor, tgt_tokens: torch.Tensor,

@@ -5,7 +5,9 @@ A model directory holds `model.pt` (the state dict), `config.json` (the model's 
 direction (REDER.blank_penalty) —
 and for a teacher or a CMLM its `direction`) and `spm.model` (the joint SentencePiece model). Files are
 written to temporary names and renamed, so an interrupted save never leaves a half-written model behind.
-Directories written by older versions are read through reder/legacy.py (`upgrade_meta`).
+Directories written by older versions are read in the current layout: their config.json through `upgrade_meta`,
+their state dict through `upgrade_state_dict` (a key map, torchtune's way); the live models only know their
+own names.
 
 Every `.pt` file is read with `load_tensors` (`torch.load(weights_only=True)`): tensors and plain containers,
 numbers and strings only, so a pickle planted in a checkpoint cannot run code; a file that cannot be read
@@ -24,11 +26,35 @@ import torch
 from reder.autoregressive import Transformer
 from reder.cmlm import CMLM
 from reder.config import DIRECTIONS, CmlmConfig, ModelConfig, TransformerConfig
-from reder.legacy import upgrade_meta
 from reder.model import REDER
 
 MODEL_FILE, CONFIG_FILE, SPM_FILE = "model.pt", "config.json", "spm.model"
 ARCHITECTURES = {"reder": (REDER, ModelConfig), "transformer": (Transformer, TransformerConfig), "cmlm": (CMLM, CmlmConfig)}
+# Saved names of older layouts → today's: a REDER's DAG links were saved at the top level before the output
+# heads were modules of their own (and until the model stopped renaming its own parameters when saved).
+RENAMED_PREFIXES = {"links.": "head.links."}
+
+
+def upgrade_meta(meta: dict[str, Any]) -> dict[str, Any]:
+    """config.json's contents as the current code writes them; `meta` unchanged. Directories written before the
+    teacher and the CMLM had directories of their own lack `architecture` (they are REDER); those written before
+    the train stage tuned a blank penalty lack a REDER's `blank_penalty` (0 both ways)."""
+    meta = {"architecture": "reder", **meta}
+    if meta["architecture"] == "reder" and "blank_penalty" not in meta:
+        meta["blank_penalty"] = dict.fromkeys(DIRECTIONS, 0.0)
+    return meta
+
+
+def upgrade_state_dict(state: dict[str, Any]) -> dict[str, Any]:
+    """A saved state dict (a model's, or a training checkpoint's model entry) with every key of an older layout
+    renamed to today's (`RENAMED_PREFIXES`), order kept; a current one comes back equal."""
+    def renamed(key: str) -> str:
+        for old, new in RENAMED_PREFIXES.items():
+            if key.startswith(old):
+                return new + key[len(old):]
+        return key
+
+    return {renamed(key): value for key, value in state.items()}
 
 
 def save_model_dir(directory: Path, model: REDER | Transformer | CMLM, spm_model: Path, src_lang: str, tgt_lang: str,
@@ -113,7 +139,7 @@ def load_model_dir(directory: Path, device: str | torch.device = "cpu") -> tuple
     if not isinstance(state, dict):
         raise ValueError(f"{path}: expected a state dict, found {type(state).__name__}")
     try:
-        model.load_state_dict(state)
+        model.load_state_dict(upgrade_state_dict(state))
     except RuntimeError as error:  # missing/unexpected keys or shapes that do not match config.json
         raise ValueError(f"{path}: does not fit {CONFIG_FILE} ({str(error).splitlines()[0]})") from None
     if isinstance(model, REDER):

@@ -6,7 +6,7 @@ sinusoidal positions). The decoder reads the whole target at once, some position
 CTC blank's id, never a real piece), without a causal mask, and predicts every position; a length head on the
 mean of the encoder states predicts the target length (fairseq's cmlm; the paper uses a LENGTH token).
 Training masks n tokens of each target, n uniform in 1..|y|, and scores the masked positions (label-smoothed
-cross-entropy) plus `length_loss_factor` × the length's cross-entropy (reder/objectives/directional.py,
+cross-entropy) plus `length_loss_factor` × the length's cross-entropy (the objective: reder/objectives/directional.py,
 `cmlm_loss`). Targets carry no EOS: the length says where they end.
 
 Mask-predict with T iterations and l length candidates: the l most likely lengths are decoded in parallel;
@@ -21,11 +21,10 @@ import math
 import torch
 from torch import nn
 
-from reder import autoregressive
+from reder.autoregressive import DecoderLayer as CausalDecoderLayer
 from reder.autoregressive import EncoderDecoder, KeysValues, log_softmax_fp32
 from reder.config import BOS_ID, EOS_ID, PAD_ID, CmlmConfig
 from reder.ctc import pad_batch, valid_mask
-from reder.objectives.directional import cmlm_loss
 
 
 def remask(scores: torch.Tensor, lengths: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
@@ -36,7 +35,7 @@ def remask(scores: torch.Tensor, lengths: torch.Tensor, counts: torch.Tensor) ->
     return ranks < counts[:, None]
 
 
-class DecoderLayer(autoregressive.DecoderLayer):
+class DecoderLayer(CausalDecoderLayer):
     """The teacher's decoder layer (the same modules) with self-attention over every target position (no causal
     mask, no cache)."""
 
@@ -80,13 +79,6 @@ class CMLM(EncoderDecoder):
                          lengths: torch.Tensor) -> torch.Tensor:
         """`decode`'s logits as log-probabilities (N, T, V), in float32 or wider."""
         return log_softmax_fp32(self.decode(cross, src_mask, tokens, lengths))
-
-    def loss(self, src_tokens: torch.Tensor, src_lengths: torch.Tensor, tgt_tokens: torch.Tensor,
-             tgt_lengths: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Targets (B, T) end in EOS, as every batch of the training core (dropped here). `nll`: mean NLL of the
-        masked tokens; `length`: the length's cross-entropy; `total`: (1−ε)·nll + ε·mean_v(−log p_v) over the
-        masked tokens + length_loss_factor · length: the CMLM's objective, `reder.objectives.directional.cmlm_loss`."""
-        return cmlm_loss(self, src_tokens, src_lengths, tgt_tokens, tgt_lengths)
 
     def _predict(self, cross: list[KeysValues], src_mask: torch.Tensor, tokens: torch.Tensor,
                  lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

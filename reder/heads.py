@@ -1,10 +1,11 @@
 """Output heads: everything that differs between CTC and DAG outputs, behind the one interface the trunk calls.
 
 A head owns the upsampling of the reading end's input and `max_input_length`, what it adds to the writing
-end's log-probs (`extra`; DAG: log E from its links), its loss (named `<name>_<direction>`, plus its
-`counters`), FBA's layout of the target, CC's hard decode, its decoders (with beam_size > 1 both heads
-search a beam; `reranks` heads also give an n-best for reranking), and the feasibility rule the tokenize stage filters pairs with. A new head
-is a class registered in HEADS, with its name added to reder.config.HEADS (config validation).
+end's log-probs (`extra`; DAG: log E from its links), FBA's layout of the target, CC's hard decode, its
+decoders (with beam_size > 1 both heads search a beam; `reranks` heads also give an n-best for reranking),
+and the feasibility rule the tokenize stage filters pairs with. Its loss is the objectives'
+(reder/objectives/outputs.py, the main term named `<name>_<direction>`). A new head is a class registered in
+HEADS, with its name added to reder.config.HEADS (config validation) and its loss to the objectives'.
 """
 from dataclasses import dataclass, field
 from functools import partial
@@ -20,7 +21,6 @@ from reder.dag import DAG_DECODERS, DagLinks, dag_decode, dag_greedy, graph_leng
 from reder.dag import viterbi_align as dag_viterbi_align
 from reder.dag_beam import dag_beam
 from reder.decode import CUTOFF_PROB, CUTOFF_TOP_N, ctc_greedy, ctc_nbest, strip_special
-from reder.objectives.terms import ctc_loss, dag_loss
 
 
 @dataclass
@@ -42,7 +42,6 @@ class CtcHead(nn.Module):
 
     name = "ctc"  # the main loss term is ctc_<direction>
     ratio_name = "upsample_ratio"
-    counters: tuple[str, ...] = ()
     decoders: tuple[str, ...] = ("greedy",)  # with beam_size > 1: prefix beam search
     reranks = True  # its beam's n-best can be reranked (by the teacher or by the model's reverse direction)
     decode_options: tuple[str, ...] = ("cutoff_top_n", "cutoff_prob")  # what `decode` takes beyond the beam
@@ -68,11 +67,6 @@ class CtcHead(nn.Module):
     def extra(self, states: torch.Tensor, lengths: torch.Tensor, end: str) -> dict[str, torch.Tensor]:
         """Nothing beyond the log-probs."""
         return {}
-
-    def loss(self, output: HeadOutput, y: torch.Tensor, y_lengths: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """Label-smoothed CTC of y (B, U); no counters."""
-        cfg = self.cfg
-        return ctc_loss(output.log_probs, output.lengths, y, y_lengths, cfg.blank_id, cfg.label_smoothing), {}
 
     def fba_layout(self, output: HeadOutput, y: torch.Tensor, y_lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """y on its best alignment a*: tokens (B, T) (blanks included, PAD past each length), compared
@@ -122,7 +116,6 @@ class DagHead(nn.Module):
 
     name = "dag"  # the main loss term is dag_<direction>
     ratio_name = "graph_upsample_ratio"
-    counters: tuple[str, ...] = ("dropped",)  # samples left out: graph shorter than the target
     decoders: tuple[str, ...] = DAG_DECODERS  # with beam_size > 1: beam search over strings (dag_beam)
     reranks = False
     decode_options: tuple[str, ...] = ("max_transition", "no_repeat_ngram", "dag_length_penalty")
@@ -159,14 +152,6 @@ class DagHead(nn.Module):
     def extra(self, states: torch.Tensor, lengths: torch.Tensor, end: str) -> dict[str, torch.Tensor]:
         """log E (B, T, T) of the writing end's links over its output states (B, T, D)."""
         return {"log_edges": self.links[end](states, lengths)}
-
-    def loss(self, output: HeadOutput, y: torch.Tensor, y_lengths: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """−log P(Y|x)/|Y| of Y = [BOS, y…, EOS] over the graph (no label smoothing), and how many samples
-        were dropped for a graph shorter than Y."""
-        targets = F.pad(y, (1, 0), value=BOS_ID)  # (B, M)
-        main, dropped = dag_loss(output.extra["log_edges"], output.log_probs, output.lengths, targets, y_lengths + 1,
-                                 self.cfg.dag_dp)
-        return main, {"dropped": dropped}
 
     def fba_layout(self, output: HeadOutput, y: torch.Tensor, y_lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Y = [BOS, y…, EOS] on its Viterbi path: tokens (B, L) (Y_i at vertex a_i, the skip token — the

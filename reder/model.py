@@ -6,14 +6,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from reder.config import DIRECTIONS, ENDS, PAD_ID, LossConfig, ModelConfig, check_direction
+from reder.config import DIRECTIONS, ENDS, PAD_ID, ModelConfig, check_direction
 from reder.ctc import valid_mask
 from reder.decode import CUTOFF_PROB, CUTOFF_TOP_N, strip_special
 from reder.heads import HEADS, HeadOutput, make_head
 from reder.inference import real_rows, run_inference, tied_logits
 from reder.layers import ActNorm, DuplexLayer
-from reder.legacy import keep_saved_head_names
-from reder.objectives.duplex import duplex_loss
 from reder.reversible import Op, run_trunk
 
 
@@ -25,18 +23,17 @@ class REDER(nn.Module):
     in inverse form, so tgt2src is exactly the inverse map of src2tgt (docs/DESIGN.md, "The model"). The
     head (reder/heads.py, `cfg.head`: CTC or DAG) upsamples the input and owns the output side; the trunk is
     the same for all.
-    The head's parameters are saved under their own names at the top level (`links.*`), not under `head.`
-    (reder/legacy.py): model directories stay the same whatever the code's layout. The training objective:
-    reder/objectives/duplex.py (`loss` calls it).
+    The model knows nothing of its training objective: reder/objectives/duplex.py's `DuplexLoss(model, loss_config)`
+    calls it. Its parameters are saved under its own names (model directories of the older layout, the head's
+    `links.*` at the top level, are converted when they load: reder/checkpoint.py, `upgrade_state_dict`).
     `blank_penalty` (direction → c) is subtracted from the CTC blank's logit whenever the model decodes (greedy,
     beam, n-best), not in training: tuned on the validation split by the train stage, it is no parameter but
     travels in the model directory's config.json (reder/checkpoint.py); 0 = the model's own calibration.
     """
 
-    def __init__(self, cfg: ModelConfig, loss_config: Optional[LossConfig] = None) -> None:
+    def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.cfg = cfg
-        self.loss_config = loss_config or LossConfig()
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model, padding_idx=PAD_ID)
         nn.init.normal_(self.embed.weight, std=cfg.d_model**-0.5)
         self.positions = nn.ModuleDict({end: nn.Embedding(cfg.max_positions, cfg.d_model) for end in ("src", "tgt")})
@@ -49,7 +46,6 @@ class REDER(nn.Module):
         self.blank_penalty: dict[str, float] = dict.fromkeys(DIRECTIONS, 0.0)
         self.fast_inference = True  # eval without gradients: reder/inference.py's trunk (False: the reference path)
         self.static_trunk: Optional[Callable[..., torch.Tensor]] = None  # reder/static.py's compiled trunk, an option
-        keep_saved_head_names(self)
 
     def ops(self, direction: str) -> list[Op]:
         """The trunk's steps for a direction: reading end regular 1..L/2, then writing end inverse L/2..1."""
@@ -151,16 +147,11 @@ class REDER(nn.Module):
         return output.log_probs, output.lengths
 
     def initialize(self, src_tokens: torch.Tensor, src_lengths: torch.Tensor, tgt_tokens: torch.Tensor, tgt_lengths: torch.Tensor) -> None:
-        """Data-initialise both ends' ActNorm from one batch (done by the first `loss` call in training)."""
+        """Data-initialise both ends' ActNorm from one batch (done by the objective's first call in training)."""
         with torch.no_grad():
             for tokens, lengths, end in ((src_tokens, src_lengths, "src"), (tgt_tokens, tgt_lengths, "tgt")):
                 if not self.actnorm[end].is_initialized():
                     self.embed_input(tokens, lengths, end)
-
-    def loss(self, src_tokens: torch.Tensor, src_lengths: torch.Tensor, tgt_tokens: torch.Tensor, tgt_lengths: torch.Tensor,
-             step: int, directions: Optional[tuple[str, ...]] = None) -> dict[str, torch.Tensor]:
-        """Named loss terms and their weighted `total`: REDER's objective, `reder.objectives.duplex.duplex_loss`."""
-        return duplex_loss(self, src_tokens, src_lengths, tgt_tokens, tgt_lengths, step, directions)
 
     @torch.inference_mode()
     def translate(

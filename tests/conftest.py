@@ -109,7 +109,7 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     blank); untrained. Read-only: copy it to break it."""
     import sentencepiece
 
-    from reder import EOS_ID, PAD_ID
+    from reder import EOS_ID, PAD_ID, DuplexLoss
     from reder.checkpoint import save_model_dir
     from tests.reder.helpers import random_batch, tiny_model
 
@@ -121,7 +121,7 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
                                              minloglevel=2, hard_vocab_limit=True)
     model = tiny_model(vocab_size=30)
     src, src_lengths = random_batch([5, 3], 30)
-    model.loss(src, src_lengths, src, src_lengths, step=0)  # data-initialises the ActNorms
+    DuplexLoss(model)(src, src_lengths, src, src_lengths, step=0)  # data-initialises the ActNorms
     return save_model_dir(tmp_path / "model", model.eval(), tmp_path / "spm.model", "en", "de")
 
 

@@ -1,24 +1,22 @@
 """The teacher's (reder/autoregressive.py) and the CMLM's (reder/cmlm.py) losses, `teacher_loss` and `cmlm_loss`
-(the models' `loss` calls them; the models give log-probabilities), their one-direction objectives, and
+(the models give log-probabilities and know nothing of their loss), their one-direction objectives, and
 `PairObjective`, both directions' as one, each with REDER's `DuplexLoss` call signature so the one training
 harness (pipeline/harness.py) and DDP wrap them alike. The objectives read a batch in their direction and name
 the terms by it."""
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 import torch
 
+from reder.autoregressive import Transformer
+from reder.cmlm import CMLM
 from reder.config import PAD_ID
 from reder.ctc import valid_mask
 from reder.objectives.terms import uniform_mask
 
-if TYPE_CHECKING:
-    from reder.autoregressive import Transformer
-    from reder.cmlm import CMLM
-
 Batch = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]  # src, src_lengths, tgt, tgt_lengths
 
 
-def teacher_loss(model: "Transformer", src_tokens: torch.Tensor, src_lengths: torch.Tensor, tgt_tokens: torch.Tensor,
+def teacher_loss(model: Transformer, src_tokens: torch.Tensor, src_lengths: torch.Tensor, tgt_tokens: torch.Tensor,
                  tgt_lengths: torch.Tensor) -> dict[str, torch.Tensor]:
     """The teacher's label-smoothed cross-entropy (fairseq's), per target token. With p_t = p(· | x, y_<t) the
     decoder's distribution at target position t (teacher forcing; EOS in, pads out), N the batch's target tokens
@@ -35,7 +33,7 @@ def teacher_loss(model: "Transformer", src_tokens: torch.Tensor, src_lengths: to
     return {"nll": nll, "total": (1 - smoothing) * nll + smoothing * uniform}
 
 
-def cmlm_loss(model: "CMLM", src_tokens: torch.Tensor, src_lengths: torch.Tensor, tgt_tokens: torch.Tensor,
+def cmlm_loss(model: CMLM, src_tokens: torch.Tensor, src_lengths: torch.Tensor, tgt_tokens: torch.Tensor,
               tgt_lengths: torch.Tensor) -> dict[str, torch.Tensor]:
     """The CMLM's loss (Ghazvininejad et al., 2019; fairseq's cmlm). Targets (B, T) end in EOS, as every batch of
     the training core; it is dropped here: y without EOS, n = |y|. M: the masked positions (`uniform_mask`,
@@ -67,7 +65,7 @@ class TeacherObjective(torch.nn.Module):
     """One direction's teacher as a DDP-wrappable objective with REDER's call signature: the batch's
     (src, tgt) pairs are read in the teacher's direction; terms are named by direction."""
 
-    def __init__(self, model: "Transformer", direction: str) -> None:
+    def __init__(self, model: Transformer, direction: str) -> None:
         super().__init__()
         self.model, self.direction = model, direction
 
@@ -84,7 +82,7 @@ class CmlmObjective(torch.nn.Module):
     on its own direction's pairs: src2tgt on the batch (x, teacher(x)), tgt2src on `tgt2src_batch`
     (teacher(y), y) read backwards (y → teacher(y)); without KD on the references read in its direction."""
 
-    def __init__(self, model: "CMLM", direction: str) -> None:
+    def __init__(self, model: CMLM, direction: str) -> None:
         super().__init__()
         self.model, self.direction = model, direction
 

@@ -1,28 +1,29 @@
 """REDER's objective (docs/DESIGN.md, "Losses"): per direction the head's loss, forward–backward agreement and
 cycle consistency, with glancing; `DuplexLoss`, the module a trainer wraps in DistributedDataParallel.
 
-Total = Σ_directions [ main + λ_fba·FBA + λ_cc·CC ], FBA from `loss_config.start_step("fba")`, CC from
-`start_step("cc")`. The model (reder/model.py) gives embedding, trunk and heads; this module only calls them.
+Total = Σ_directions [ main + λ_fba·FBA + λ_cc·CC ], FBA from `config.start_step("fba")`, CC from
+`start_step("cc")`, the weights and steps a `LossConfig`'s: the objective owns them, the model (reder/model.py)
+knows nothing of its loss. The model gives embedding, trunk and heads; this module only calls them.
 """
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 import torch
 from torch import nn
 
-from reder.config import DIRECTIONS, ENDS, REVERSE, check_direction
+from reder.config import DIRECTIONS, ENDS, REVERSE, LossConfig, check_direction
 from reder.heads import HeadOutput
 from reder.layers import LayerRng
+from reder.model import REDER
+from reder.objectives.outputs import COUNTERS, output_loss
 from reder.objectives.terms import forward_backward_agreement, glance_mask
 from reder.reversible import Op, invert_ops, run_trunk
 
-if TYPE_CHECKING:
-    from reder.model import REDER
 
-
-def duplex_loss(model: "REDER", src_tokens: torch.Tensor, src_lengths: torch.Tensor, tgt_tokens: torch.Tensor,
-                tgt_lengths: torch.Tensor, step: int, directions: Optional[tuple[str, ...]] = None) -> dict[str, torch.Tensor]:
-    """Named loss terms per direction (default: the loss config's `directions`) and their weighted `total`
-    (FBA from `loss_config.start_step("fba")`, CC from `start_step("cc")`).
+def duplex_loss(model: REDER, config: LossConfig, src_tokens: torch.Tensor, src_lengths: torch.Tensor,
+                tgt_tokens: torch.Tensor, tgt_lengths: torch.Tensor, step: int,
+                directions: Optional[tuple[str, ...]] = None) -> dict[str, torch.Tensor]:
+    """Named loss terms per direction (default: `config.directions`) and their weighted `total` (FBA from
+    `config.start_step("fba")`, CC from `start_step("cc")`).
 
     The main term is `<head>_<direction>` (`ctc_…`, `dag_…`); `fba_…` and `cc_…` only while that term is on
     (step past its start, weight > 0): a term that was not computed is absent, not a zero, so a trainer's
@@ -34,12 +35,11 @@ def duplex_loss(model: "REDER", src_tokens: torch.Tensor, src_lengths: torch.Ten
     backward, each layer's parameter gradient from one direction waits in autograd's buffers until the
     other direction's backward reaches that layer (one extra copy of the trunk's gradients at peak).
     """
-    directions = model.loss_config.directions if directions is None else directions
+    directions = config.directions if directions is None else directions
     for direction in directions:
         check_direction(direction)
     if model.training:
         model.initialize(src_tokens, src_lengths, tgt_tokens, tgt_lengths)
-    config = model.loss_config
     use_fba = step >= config.start_step("fba") and config.lambda_fba > 0
     use_cc = step >= config.start_step("cc") and config.lambda_cc > 0
     zero, name = src_tokens.new_zeros((), dtype=torch.float32), model.head.name
@@ -58,7 +58,7 @@ def duplex_loss(model: "REDER", src_tokens: torch.Tensor, src_lengths: torch.Ten
         if cc is not None:
             terms[f"cc_{direction}"] = cc
             total = total + config.lambda_cc * cc
-        for counter in model.head.counters:
+        for counter in COUNTERS[model.cfg.head]:
             terms[f"{counter}_{direction}"] = zero + counts[counter]
             if counter in cc_counts:
                 terms[f"{counter}_cc_{direction}"] = zero + cc_counts[counter]
@@ -67,7 +67,7 @@ def duplex_loss(model: "REDER", src_tokens: torch.Tensor, src_lengths: torch.Ten
 
 
 def direction_loss(
-    model: "REDER", direction: str, x: torch.Tensor, x_lengths: torch.Tensor, y: torch.Tensor, y_lengths: torch.Tensor,
+    model: REDER, direction: str, x: torch.Tensor, x_lengths: torch.Tensor, y: torch.Tensor, y_lengths: torch.Tensor,
     use_fba: bool, use_cc: bool, glance_ratio: float = 0.0,
 ) -> tuple[torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor], dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """One direction's (main, FBA or None, CC or None, the main term's counters, CC's counters)."""
@@ -77,14 +77,14 @@ def direction_loss(
     ops = model.ops(direction)
     states, rngs = run_trunk(h0, mask, ops, model.cfg.memory_efficient, keep_all=use_fba)
     output = model.project(states[-1], out_lengths, writing)  # log-probs (B, T', V), DAG: log E (B, T', T')
-    main, counts = model.head.loss(output, y, y_lengths)
+    main, counts = output_loss(model.cfg, output, y, y_lengths)
     output = output.detach()
     fba = agreement(model, [h0, *states], mask, output, y, y_lengths, ops, rngs, writing) if use_fba else None
     cc, cc_counts = cycle_consistency(model, output, x, x_lengths, REVERSE[direction]) if use_cc else (None, {})
     return main, fba, cc, counts, cc_counts
 
 
-def glance(model: "REDER", direction: str, x: torch.Tensor, x_lengths: torch.Tensor, y: torch.Tensor,
+def glance(model: REDER, direction: str, x: torch.Tensor, x_lengths: torch.Tensor, y: torch.Tensor,
            y_lengths: torch.Tensor, ratio: float, generator: Optional[torch.Generator] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Glancing's first pass (no gradient): y laid out on the output positions by the head (FBA's layout:
     CTC its best alignment, DAG its Viterbi path), and the positions whose aligned target token goes into
@@ -98,7 +98,7 @@ def glance(model: "REDER", direction: str, x: torch.Tensor, x_lengths: torch.Ten
 
 
 def agreement(
-    model: "REDER",
+    model: REDER,
     forward_states: list[torch.Tensor],
     mask: torch.Tensor,
     output: HeadOutput,
@@ -127,26 +127,34 @@ def reverse_states(g0: torch.Tensor, mask: torch.Tensor, ops: list[Op], rngs: li
 
 
 def cycle_consistency(
-    model: "REDER", output: HeadOutput, x: torch.Tensor, x_lengths: torch.Tensor, back: str
+    model: REDER, output: HeadOutput, x: torch.Tensor, x_lengths: torch.Tensor, back: str
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """CC = the head's loss of the original x under the reverse direction run on ȳ, the hard tokens of the
     (detached) output: CTC per-frame argmax collapsed, blanks kept; DAG greedy with EOS. No gradient through
     the argmax; the gradient flows through the reverse pass. Returns (loss, the head's counters)."""
     y_bar, y_bar_lengths = model.head.cycle_input(output)
-    return model.head.loss(model.outputs(y_bar, y_bar_lengths, back), x, x_lengths)
+    return output_loss(model.cfg, model.outputs(y_bar, y_bar_lengths, back), x, x_lengths)
 
 
 class DuplexLoss(nn.Module):
-    """`forward` = `duplex_loss(model, ...)`, so DDP (which hooks `forward`) can wrap the training objective.
+    """REDER's objective under a `LossConfig` (its weights, start steps, glancing and directions): `forward` is
+    `duplex_loss(model, config, ...)`, so DDP (which hooks `forward`) can wrap it, as fairseq's criterions are
+    built from their own hyper-parameters and called on (model, sample).
 
     `tgt2src_batch` (src, src_lengths, tgt, tgt_lengths) gives tgt2src its own pairs (sequence-level KD:
     src2tgt learns (x, teacher(x)), tgt2src learns (teacher(y), y)); both directions still go through one
-    forward call, so DDP sees every parameter used in every update. `directions` default to the model's
-    loss config's (a simplex model trains one; DDP then needs find_unused_parameters, pipeline/trainloop.py)."""
+    forward call, so DDP sees every parameter used in every update. `directions` default to the config's (a
+    simplex model trains one; DDP then needs find_unused_parameters, pipeline/trainloop.py)."""
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: REDER, config: Optional[LossConfig] = None) -> None:
         super().__init__()
         self.model = model
+        self.config = config or LossConfig()
+
+    @property
+    def directions(self) -> tuple[str, ...]:
+        """The directions this objective trains."""
+        return self.config.directions
 
     def forward(
         self,
@@ -158,9 +166,9 @@ class DuplexLoss(nn.Module):
         directions: Optional[tuple[str, ...]] = None,
         tgt2src_batch: Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] = None,
     ) -> dict[str, torch.Tensor]:
-        directions = self.model.loss_config.directions if directions is None else directions
+        directions = self.config.directions if directions is None else directions
         if tgt2src_batch is None:
-            return duplex_loss(self.model, src_tokens, src_lengths, tgt_tokens, tgt_lengths, step, directions)
+            return duplex_loss(self.model, self.config, src_tokens, src_lengths, tgt_tokens, tgt_lengths, step, directions)
         batches = {"src2tgt": (src_tokens, src_lengths, tgt_tokens, tgt_lengths), "tgt2src": tgt2src_batch}
-        parts = [duplex_loss(self.model, *batches[d], step, (d,)) for d in DIRECTIONS if d in directions]
+        parts = [duplex_loss(self.model, self.config, *batches[d], step, (d,)) for d in DIRECTIONS if d in directions]
         return {**{k: v for part in parts for k, v in part.items()}, "total": sum(part["total"] for part in parts)}

@@ -145,8 +145,8 @@ class _Recording(torch.nn.Module):
 
 def _harness_run(bf16: bool) -> tuple[Harness, _Recording, list[dict]]:
     torch.manual_seed(0)
-    model = tiny_model(LossConfig(aux_start_step=0), vocab_size=32, dropout=0.0, attention_dropout=0.0).cuda()
-    objective, reports = _Recording(DuplexLoss(model)), []
+    model = tiny_model(vocab_size=32, dropout=0.0, attention_dropout=0.0).cuda()
+    objective, reports = _Recording(DuplexLoss(model, LossConfig(aux_start_step=0))), []
     cfg = test_harness._config(bf16=bf16, max_steps=6)
     run = Harness(model, objective, cfg, "cuda", on_report=lambda metrics, _: reports.append(metrics))
     run.fit_examples(test_harness._examples())

@@ -396,14 +396,15 @@ def test_kd_examples_train_each_direction_on_its_own_distilled_pairs():
     reference, none = harness.passes([e[:2] for e in examples], torch.device("cpu"))
     assert none is None and reference[2].tolist() == [[7, 8, 3, 0], [6, 7, 8, 3]]
 
-    model = tiny_model(LossConfig(aux_start_step=0), dropout=0.0, attention_dropout=0.0).double()
+    model = tiny_model(dropout=0.0, attention_dropout=0.0).double()
+    objective = DuplexLoss(model, LossConfig(aux_start_step=0))
     model.initialize(*forward)  # ActNorm from one batch, so both evaluations below see the same model
-    joint = DuplexLoss(model)(*forward, 1, tgt2src_batch=backward)
-    alone = {**model.loss(*forward, 1, ("src2tgt",)), **model.loss(*backward, 1, ("tgt2src",))}
+    joint = objective(*forward, 1, tgt2src_batch=backward)
+    alone = {**objective(*forward, 1, ("src2tgt",)), **objective(*backward, 1, ("tgt2src",))}
     for name in ("ctc_src2tgt", "fba_src2tgt", "cc_src2tgt", "ctc_tgt2src", "fba_tgt2src", "cc_tgt2src"):
         torch.testing.assert_close(joint[name], alone[name])
     assert joint["fba_tgt2src"] > 0 and joint["cc_src2tgt"] > 0
-    lam = model.loss_config
+    lam = objective.config
     expected = sum(alone[f"ctc_{d}"] + lam.lambda_fba * alone[f"fba_{d}"] + lam.lambda_cc * alone[f"cc_{d}"]
                    for d in ("src2tgt", "tgt2src"))
     torch.testing.assert_close(joint["total"], expected)
@@ -557,5 +558,5 @@ def test_the_harness_counts_the_tokens_an_objective_trains_on():
         harness = Harness(cmlm, CmlmObjective(cmlm, direction), cfg, "cpu")
         assert harness.update([[example, example]])["tokens"] == 2 * tokens, direction
     reder = REDER(ModelConfig(vocab_size=16, d_model=8, n_heads=2, ffn_dim=16, layers_per_end=1, dropout=0.0,
-                              max_positions=64), LossConfig())
-    assert Harness(reder, DuplexLoss(reder), cfg, "cpu").update([[example, example]])["tokens"] == 2 * (9 + 6)
+                              max_positions=64))
+    assert Harness(reder, DuplexLoss(reder, LossConfig()), cfg, "cpu").update([[example, example]])["tokens"] == 2 * (9 + 6)

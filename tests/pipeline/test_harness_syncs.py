@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-import reder.heads
 import reder.objectives.duplex
+import reder.objectives.outputs
 from pipeline import harness
 from pipeline.config import TrainConfig
 from pipeline.harness import Harness
@@ -97,8 +97,8 @@ LOSSES = {  # glancing on in all; FBA and CC off, FBA alone, both
 
 def _harness(loss: str, dtype: torch.dtype = torch.float32, **overrides) -> Harness:
     torch.manual_seed(0)
-    model = tiny_model(LOSSES[loss]).to(dtype)
-    return Harness(model, DuplexLoss(model), _train_config(**overrides), "cpu")
+    model = tiny_model().to(dtype)
+    return Harness(model, DuplexLoss(model, LOSSES[loss]), _train_config(**overrides), "cpu")
 
 
 def _updates(kd: bool, count: int = 3) -> list[list[list]]:
@@ -210,7 +210,7 @@ def test_an_update_equals_the_one_from_before(loss, kd, monkeypatch):
     ours = [new.update(batches) for batches in _updates(kd)]
     with monkeypatch.context() as patch:
         patch.setattr(ActNorm, "initialize", _old_initialize)
-        patch.setattr(reder.heads, "ctc_loss", _old_smoothed_ctc_loss)
+        patch.setattr(reder.objectives.outputs, "ctc_loss", _old_smoothed_ctc_loss)
         patch.setattr(reder.objectives.duplex, "forward_backward_agreement", _old_agreement)
         torch.manual_seed(1)
         theirs = [_old_update(old, batches) for batches in _updates(kd)]
@@ -321,8 +321,9 @@ def test_compiled_branches_train_as_the_eager_ones():
     runs = []
     for compiled in (False, True):
         torch.manual_seed(0)
-        model = tiny_model(LossConfig(aux_start_step=0, lambda_cc=0.0), dropout=0.0, attention_dropout=0.0)
-        runs.append(Harness(model, DuplexLoss(model), _train_config(compile=compiled), "cpu"))
+        model = tiny_model(dropout=0.0, attention_dropout=0.0)
+        objective = DuplexLoss(model, LossConfig(aux_start_step=0, lambda_cc=0.0))
+        runs.append(Harness(model, objective, _train_config(compile=compiled), "cpu"))
     assert harness.compile_branches(tiny_model()) == 2 * 2 * 2  # per end: layers × (attention, feed-forward)
     for batches in _updates(kd=False, count=2):
         eager, compiled = (run.update(batches) for run in runs)

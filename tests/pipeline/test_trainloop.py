@@ -245,12 +245,12 @@ def test_stage_two_keeps_both_directions_greedy_output_at_the_reference_length_a
                                    (tmp_path / "spm.model").read_bytes(), 0, blank_penalties=EvaluateConfig().blank_penalties)
     aux_start = 30
     model = REDER(ModelConfig(vocab_size=256, d_model=64, n_heads=4, ffn_dim=128, layers_per_end=2, dropout=0.0,
-                              max_positions=512, memory_efficient=False),
-                  LossConfig(lambda_fba=0.1, lambda_cc=0.1, aux_start_step=aux_start))
+                              max_positions=512, memory_efficient=False))
+    objective = DuplexLoss(model, LossConfig(lambda_fba=0.1, lambda_cc=0.1, aux_start_step=aux_start))
     reports = []
     cfg = TrainConfig(lr=0.003, warmup_steps=10, max_tokens=100_000, max_steps=60, validate_every=10, log_every=10,
                       bf16=False)
-    Harness(model, DuplexLoss(model), cfg, "cpu", validate=validator,
+    Harness(model, objective, cfg, "cpu", validate=validator,
             on_report=lambda metrics, _: reports.append(metrics)).fit_examples(ids)
     on = [r for r in reports if r["step"] >= aux_start]  # the switch-on's validation, then those with stage two
     assert [r["step"] for r in on] == [30, 40, 50, 60]

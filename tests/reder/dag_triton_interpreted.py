@@ -12,7 +12,7 @@ import os
 import pytest
 import torch
 
-from reder import LossConfig
+from reder import DuplexLoss, LossConfig
 from reder.dag import target_emissions
 from reder.objectives import duplex
 from reder.objectives.duplex import glance
@@ -97,12 +97,12 @@ def test_the_dag_head_with_dp_triton_trains_as_with_dp_torch_and_glancing_and_fb
     runs = {}
     for dp in ("torch", "triton"):
         torch.manual_seed(1)
-        model = tiny_model(loss_config, dag_dp=dp, **options).train()
+        model = tiny_model(dag_dp=dp, **options).train()
         model.initialize(x, x_lengths, y, y_lengths)
         glanced = []
         monkeypatch.setattr(duplex, "glance", lambda *args, **kwargs: glanced.append(glance(*args, **kwargs)) or glanced[-1])
         torch.manual_seed(2)
-        terms = model.loss(x, x_lengths, y, y_lengths, step=0)
+        terms = DuplexLoss(model, loss_config)(x, x_lengths, y, y_lengths, step=0)
         terms["total"].backward()
         runs[dp] = terms, glanced, {name: param.grad for name, param in model.named_parameters()}
     (terms, glanced, grads), (expected_terms, expected_glanced, expected_grads) = runs["triton"], runs["torch"]

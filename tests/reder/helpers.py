@@ -5,7 +5,7 @@ from typing import Callable, Optional
 import sacrebleu
 import torch
 
-from reder import EOS_ID, LossConfig, ModelConfig, REDER
+from reder import EOS_ID, DuplexLoss, LossConfig, ModelConfig, REDER
 from reder.ctc import pad_batch
 from reder.dag import dag_log_likelihood, edge_mask, graph_lengths_for, masked_log_softmax, target_emissions
 from tests.conftest import SHARED_DATA
@@ -34,11 +34,12 @@ class WordPairs:
         return " ".join(self.inverse.get(t, "<unk>") for t in ids)
 
 
-def memorise(model: REDER, data: WordPairs, every: int, score_from: int, limit_s: float,
+def memorise(model: REDER, loss_config: LossConfig, data: WordPairs, every: int, score_from: int, limit_s: float,
              max_steps: int = 10**9) -> tuple[dict[str, torch.Tensor], Callable[[str, str], float]]:
-    """Train `model` on all of `data` in one batch (Adam, clipping) until both directions' greedy BLEU exceeds
-    90 — scored every `every` steps from step `score_from` — or `limit_s` / `max_steps` run out. Returns the
-    last step's loss terms and bleu(direction, decoder) on the memorised pairs."""
+    """Train `model` under `DuplexLoss(model, loss_config)` on all of `data` in one batch (Adam, clipping) until
+    both directions' greedy BLEU exceeds 90 — scored every `every` steps from step `score_from` — or `limit_s` /
+    `max_steps` run out. Returns the last step's loss terms and bleu(direction, decoder) on the memorised pairs."""
+    objective = DuplexLoss(model, loss_config)
     src, src_lengths = data.encode(data.english)
     tgt, tgt_lengths = data.encode(data.german)
     optimizer = torch.optim.Adam(model.parameters(), lr=2e-3, betas=(0.9, 0.98))
@@ -52,7 +53,7 @@ def memorise(model: REDER, data: WordPairs, every: int, score_from: int, limit_s
 
     start, step = time.monotonic(), 0
     while step < max_steps and time.monotonic() - start < limit_s:
-        terms = model.loss(src, src_lengths, tgt, tgt_lengths, step)
+        terms = objective(src, src_lengths, tgt, tgt_lengths, step)
         optimizer.zero_grad()
         terms["total"].backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -73,8 +74,8 @@ def tiny_config(**overrides) -> ModelConfig:
     return ModelConfig(**values)
 
 
-def tiny_model(loss_config: LossConfig | None = None, **overrides) -> REDER:
-    return REDER(tiny_config(**overrides), loss_config)
+def tiny_model(**overrides) -> REDER:
+    return REDER(tiny_config(**overrides))
 
 
 def decoding_model(head: str = "ctc", **overrides) -> REDER:

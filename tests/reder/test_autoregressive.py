@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from reder import BOS_ID, EOS_ID, PAD_ID, TransformerConfig
 from reder.autoregressive import Transformer
 from reder.ctc import pad_batch
+from reder.objectives.directional import teacher_loss
 from reder.rerank import rerank
 from tests.reder.helpers import MULTI30K, WordPairs, random_batch
 
@@ -38,7 +39,7 @@ def partly_trained(seed: int, steps: int = 40) -> Transformer:
     tgt[real] = permutation[src[real] - 4]
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
     for _ in range(steps):
-        loss = model.loss(src, lengths, tgt, lengths)["total"]
+        loss = teacher_loss(model, src, lengths, tgt, lengths)["total"]
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
@@ -80,7 +81,7 @@ def test_loss_matches_the_textbook_label_smoothed_cross_entropy():
     model = tiny_transformer(label_smoothing=0.2).double().eval()
     src, src_lengths = random_batch([5, 3, 6], VOCAB)
     tgt, tgt_lengths = random_batch([4, 6, 2], VOCAB)
-    terms = model.loss(src, src_lengths, tgt, tgt_lengths)
+    terms = teacher_loss(model, src, src_lengths, tgt, tgt_lengths)
     prev = torch.full_like(tgt, PAD_ID)  # [BOS, y_1 … y_{T−1}], built here token by token
     for row, length in enumerate(tgt_lengths.tolist()):
         prev[row, 0] = BOS_ID
@@ -102,7 +103,7 @@ def test_loss_matches_the_textbook_label_smoothed_cross_entropy():
     # this formula, (1−ε)·nll + ε·mean_v(−log p_v), is also PyTorch's label_smoothing
     reference = F.cross_entropy(flat_logits, flat_targets, ignore_index=PAD_ID, label_smoothing=0.2)
     assert terms["total"].item() == pytest.approx(reference.item(), rel=1e-12)
-    model.train().loss(src, src_lengths, tgt, tgt_lengths)["total"].backward()
+    teacher_loss(model.train(), src, src_lengths, tgt, tgt_lengths)["total"].backward()
     assert model.embed.weight.grad.abs().sum() > 0
 
 
@@ -163,7 +164,7 @@ def test_teacher_forcing_uses_sdpas_causal_flag_and_equals_the_explicit_causal_m
     for attention in (spy, explicit):
         monkeypatch.setattr(F, "scaled_dot_product_attention", attention)
         model.zero_grad()
-        loss = model.loss(src, src_lengths, tgt, tgt_lengths)["total"]
+        loss = teacher_loss(model, src, src_lengths, tgt, tgt_lengths)["total"]
         loss.backward()
         results.append((loss.detach(), [p.grad.clone() for p in model.parameters()]))
     # 2 encoder layers (key mask), then per decoder layer: self-attention (causal flag), cross-attention (key mask)
@@ -312,7 +313,7 @@ def test_teachers_memorise_64_multi30k_pairs_in_both_directions():
         optimizer = torch.optim.Adam(model.parameters(), lr=2e-3, betas=(0.9, 0.98))
         start, step = time.monotonic(), 0
         while time.monotonic() - start < TIME_LIMIT_S:
-            terms = model.loss(src, src_lengths, tgt, tgt_lengths)
+            terms = teacher_loss(model, src, src_lengths, tgt, tgt_lengths)
             optimizer.zero_grad()
             terms["total"].backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -347,6 +348,6 @@ def test_cuda_decoding_and_scores_match_the_cpu(models):
                                    model.score(src, src_lengths, tgt, tgt_lengths), atol=1e-4, rtol=1e-4)
         on_gpu.train()
         with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = on_gpu.loss(gpu_src, gpu_lengths, tgt.cuda(), tgt_lengths.cuda())["total"]
+            loss = teacher_loss(on_gpu, gpu_src, gpu_lengths, tgt.cuda(), tgt_lengths.cuda())["total"]
         loss.backward()
         assert torch.isfinite(loss) and all(torch.isfinite(p.grad).all() for p in on_gpu.parameters() if p.grad is not None)

@@ -8,7 +8,7 @@ import pytest
 import sentencepiece
 import torch
 
-from reder import EOS_ID, PAD_ID, TransformerConfig
+from reder import EOS_ID, PAD_ID, DuplexLoss, TransformerConfig
 from reder.autoregressive import Transformer
 from reder.checkpoint import CONFIG_FILE, MODEL_FILE, average_state_dicts, load_model_dir, load_teacher_dir, read_meta, save_model_dir
 from reder.decode import ctc_nbest, strip_special
@@ -24,7 +24,7 @@ def _initialized(seed: int):
     model = tiny_model()
     src, src_lengths = random_batch([5, 3, 4], 12)
     tgt, tgt_lengths = random_batch([4, 4, 2], 12)
-    model.loss(src, src_lengths, tgt, tgt_lengths, step=0)  # data-initialises the ActNorms
+    DuplexLoss(model)(src, src_lengths, tgt, tgt_lengths, step=0)  # data-initialises the ActNorms
     return model.eval()
 
 
@@ -77,7 +77,7 @@ def test_dag_model_directory_round_trips_the_head_fields_and_decodes_identically
     model = tiny_model(head="dag", graph_upsample_ratio=2.5, link_heads=2)
     src, src_lengths = random_batch([5, 3, 4], 12)
     tgt, tgt_lengths = random_batch([4, 4, 2], 12)
-    model.loss(src, src_lengths, tgt, tgt_lengths, step=0)
+    DuplexLoss(model)(src, src_lengths, tgt, tgt_lengths, step=0)
     model.eval()
     spm_file = tmp_path / "fake.model"
     spm_file.write_bytes(b"not read by the model")
@@ -219,7 +219,7 @@ def test_cli_reranks_with_a_teacher_and_decodes_with_a_transformer(spm_dir, monk
     torch.manual_seed(0)
     model = tiny_model(vocab_size=30)
     src, src_lengths = random_batch([5, 3, 4], 30)
-    model.loss(src, src_lengths, src, src_lengths, step=0)
+    DuplexLoss(model)(src, src_lengths, src, src_lengths, step=0)
     model.eval()
     spm_file = spm_dir / "spm.model"
     reder_dir = save_model_dir(spm_dir / "reder", model, spm_file, "en", "de")

@@ -10,6 +10,7 @@ from reder import EOS_ID, PAD_ID
 from reder.cmlm import CMLM, remask
 from reder.config import CmlmConfig
 from reder.ctc import pad_batch, valid_mask
+from reder.objectives.directional import cmlm_loss
 from reder.objectives.terms import uniform_mask
 from tests.reder.helpers import random_batch
 
@@ -35,7 +36,7 @@ def test_loss_scores_only_the_masked_positions() -> None:
     src, src_lengths = random_batch([5, 3, 7], VOCAB)
     tgt, tgt_lengths = random_batch([4, 6, 2], VOCAB)
     torch.manual_seed(7)
-    terms = model.loss(src, src_lengths, tgt, tgt_lengths)
+    terms = cmlm_loss(model, src, src_lengths, tgt, tgt_lengths)
     torch.manual_seed(7)  # the same draws: a reference computed by hand
     lengths = tgt_lengths - 1
     masked = uniform_mask(lengths, 5)
@@ -182,7 +183,7 @@ def test_a_tiny_cmlm_learns_to_reverse_and_refinement_repairs_a_corrupted_hypoth
         sources, targets = reverse_task(32, generator)
         src, src_lengths = pad_batch([s + [EOS_ID] for s in sources])
         tgt, tgt_lengths = pad_batch([t + [EOS_ID] for t in targets])
-        loss = model.loss(src, src_lengths, tgt, tgt_lengths)["total"]
+        loss = cmlm_loss(model, src, src_lengths, tgt, tgt_lengths)["total"]
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()

@@ -224,9 +224,10 @@ def test_dag_model_overfits_64_multi30k_pairs_in_both_directions():
     data = WordPairs()  # the last id is the DAG's skip token
     cfg = ModelConfig(vocab_size=data.vocab_size, d_model=128, n_heads=4, ffn_dim=256, layers_per_end=2, dropout=0.0,
                       max_relative_distance=8, head="dag", graph_upsample_ratio=2.0, link_heads=4)
-    model = REDER(cfg, LossConfig(lambda_fba=0.1, lambda_cc=0.1, aux_start_step=DAG_AUX_START)).train()
+    model = REDER(cfg).train()
+    loss_config = LossConfig(lambda_fba=0.1, lambda_cc=0.1, aux_start_step=DAG_AUX_START)
     # score only once the auxiliary stage has run a while
-    terms, bleu = memorise(model, data, every=10, score_from=DAG_AUX_START + 10, limit_s=OVERFIT_LIMIT_S,
+    terms, bleu = memorise(model, loss_config, data, every=10, score_from=DAG_AUX_START + 10, limit_s=OVERFIT_LIMIT_S,
                            max_steps=OVERFIT_MAX_STEPS)
     scores = {d: bleu(d, "greedy") for d in DIRECTIONS}
     assert terms["fba_src2tgt"] > 0 and terms["cc_tgt2src"] > 0  # the auxiliary stage ran

@@ -14,7 +14,7 @@ LOSS = LossConfig(lambda_fba=0.5, lambda_cc=0.5, aux_start_step=0)
 
 def _model():
     torch.manual_seed(0)
-    return tiny_model(LOSS, dropout=0.0, attention_dropout=0.0, memory_efficient=True).train()
+    return tiny_model(dropout=0.0, attention_dropout=0.0, memory_efficient=True).train()
 
 
 def _batch(lengths: list[int], seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -34,7 +34,7 @@ def _worker(rank: int, world_size: int, init_file: str, out_dir: str) -> None:
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size)
     try:
         model = _model()
-        objective = DistributedDataParallel(DuplexLoss(model))
+        objective = DistributedDataParallel(DuplexLoss(model, LOSS))
         half = slice(2 * rank, 2 * rank + 2)
         terms = objective(SRC[half], SRC_LENGTHS[half], TGT[half], TGT_LENGTHS[half], 0)
         terms["total"].backward()
@@ -53,8 +53,9 @@ def test_two_process_ddp_step_matches_single_process(tmp_path):
 
     reference = _model()
     reference.initialize(SRC, SRC_LENGTHS, TGT, TGT_LENGTHS)  # ActNorm statistics of the whole batch
+    objective = DuplexLoss(reference, LOSS)
     losses = [
-        reference.loss(SRC[h], SRC_LENGTHS[h], TGT[h], TGT_LENGTHS[h], step=0)["total"] for h in (slice(0, 2), slice(2, 4))
+        objective(SRC[h], SRC_LENGTHS[h], TGT[h], TGT_LENGTHS[h], step=0)["total"] for h in (slice(0, 2), slice(2, 4))
     ]
     (sum(losses) / 2).backward()  # DDP averages the ranks' gradients
 

@@ -1,4 +1,4 @@
-"""The output heads: registry, saved names, upsampling and input limits, the feasibility rules against the
+"""The output heads: registry, saved names (and the older layout's, upgraded on load), upsampling and input limits, the feasibility rules against the
 losses they guard, and the heads' loss terms, FBA layouts, CC inputs and decoders inside the model."""
 import json
 
@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from reder import BOS_ID, DIRECTIONS, EOS_ID, PAD_ID, DuplexLoss, LossConfig, ModelConfig
+from reder.checkpoint import MODEL_FILE, load_model_dir, save_model_dir, upgrade_state_dict
 from reder.config import HEADS as CONFIG_HEADS
 from reder.dag import dag_greedy, dag_log_likelihood, dag_viterbi, edge_mask, masked_log_softmax, target_emissions, viterbi_align
 from reder.dag_beam import dag_beam
@@ -14,13 +15,21 @@ from reder.heads import HEADS, CtcHead, DagHead, HeadOutput, all_decoders, feasi
 from reder.decode import strip_special
 from tests.reder.helpers import padding_mask, random_batch, tiny_config, tiny_model
 
-# The DAG links' entries in every model directory saved before heads were modules (and since).
-LINK_KEYS = [f"links.{end}.{name}" for end in ("src", "tgt")
-             for name in ("positions.weight", "query.weight", "query.bias", "key.weight", "key.bias", "gate.weight", "gate.bias")]
+_LINK_NAMES = [f"{end}.{name}" for end in ("src", "tgt")
+               for name in ("positions.weight", "query.weight", "query.bias", "key.weight", "key.bias", "gate.weight", "gate.bias")]
+# The DAG links' entries as the live model names and saves them, and as model directories of the older layout
+# (saved before the model stopped renaming its head's parameters) hold them, at the top level.
+LINK_KEYS = [f"head.links.{name}" for name in _LINK_NAMES]
+OLD_LINK_KEYS = [f"links.{name}" for name in _LINK_NAMES]
 
 
-def _dag_model(loss_config=None, **overrides):
-    return tiny_model(loss_config, **{"head": "dag", "graph_upsample_ratio": 2.5, "link_heads": 2, **overrides})
+def _dag_model(**overrides):
+    return tiny_model(**{"head": "dag", "graph_upsample_ratio": 2.5, "link_heads": 2, **overrides})
+
+
+def _old_layout(state):
+    """A current state dict in the older saved layout: the head's links at the top level, order kept."""
+    return {name.removeprefix("head.") if name.startswith("head.links.") else name: value for name, value in state.items()}
 
 
 def test_every_configurable_head_is_registered_with_its_capabilities():
@@ -35,22 +44,58 @@ def test_every_configurable_head_is_registered_with_its_capabilities():
         head_class("crf")
 
 
-def test_saved_names_are_those_of_models_saved_before_heads_were_modules():
+def test_saved_names_are_the_live_ones_and_the_older_layout_loads_through_upgrade_state_dict():
     ctc, dag = tiny_model(), _dag_model()
+    live = [name for name, _ in dag.named_parameters()] + [name for name, _ in dag.named_buffers()]
+    assert sorted(dag.state_dict()) == sorted(live)  # no renaming when saved
     assert list(dag.state_dict()) == list(ctc.state_dict()) + LINK_KEYS
-    assert not any(name.startswith("head.") for name in dag.state_dict())
-    old = {name: torch.randn_like(value) if value.is_floating_point() else value for name, value in dag.state_dict().items()}
+    assert not any(name.startswith("links.") for name in dag.state_dict())
+    current = {name: torch.randn_like(value) if value.is_floating_point() else value for name, value in dag.state_dict().items()}
+    old = _old_layout(current)
+    assert list(old) == list(ctc.state_dict()) + OLD_LINK_KEYS
+    assert list(upgrade_state_dict(old)) == list(current)  # renamed, order kept
+    assert upgrade_state_dict(current) == current  # today's layout comes back equal
     restored = _dag_model()
-    restored.load_state_dict(old)
+    with pytest.raises(RuntimeError, match='(?s)Missing key.*"head.links.src.positions.weight".*Unexpected key.*"links.src'):
+        restored.load_state_dict(old)  # the model itself knows its live names only
+    restored.load_state_dict(upgrade_state_dict(old))
+    for name, value in current.items():
+        assert torch.equal(restored.state_dict()[name], value), name
     assert torch.equal(restored.head.links["src"].query.weight, old["links.src.query.weight"])
     wrapped = DuplexLoss(_dag_model())  # a prefix ("model.") as inside a training wrapper
-    wrapped.load_state_dict({f"model.{name}": value for name, value in old.items()})
-    assert torch.equal(wrapped.model.head.links["tgt"].gate.bias, old["links.tgt.gate.bias"])
-    assert list(wrapped.state_dict()) == [f"model.{name}" for name in old]
-    assert dag.load_state_dict(ctc.state_dict(), strict=False) == (LINK_KEYS, [])  # (missing, unexpected), as saved
+    wrapped.load_state_dict({f"model.{name}": value for name, value in current.items()})
+    assert torch.equal(wrapped.model.head.links["tgt"].gate.bias, current["head.links.tgt.gate.bias"])
+    assert list(wrapped.state_dict()) == [f"model.{name}" for name in current]
+    assert dag.load_state_dict(ctc.state_dict(), strict=False) == (LINK_KEYS, [])  # (missing, unexpected), live names
     assert ctc.load_state_dict(dag.state_dict(), strict=False) == ([], LINK_KEYS)
-    with pytest.raises(RuntimeError, match='Missing key.*"links.src.positions.weight"'):
+    with pytest.raises(RuntimeError, match='Missing key.*"head.links.src.positions.weight"'):
         dag.load_state_dict(ctc.state_dict())
+
+
+def test_a_model_directory_of_the_older_layout_loads_as_it_was_saved(tmp_path):
+    """model.pt rewritten with the older layout's keys (links.* at the top level) loads through load_model_dir
+    into the same tensors, and the model decodes as the one saved."""
+    torch.manual_seed(0)
+    model = _dag_model(dropout=0.0, attention_dropout=0.0)
+    src, src_lengths = random_batch([5, 3, 4], 12)
+    tgt, tgt_lengths = random_batch([4, 4, 2], 12)
+    model.train().initialize(src, src_lengths, tgt, tgt_lengths)  # data-initialised ActNorms
+    model.eval()
+    spm_file = tmp_path / "fake.model"
+    spm_file.write_bytes(b"not read by the model")
+    directory = save_model_dir(tmp_path / "model", model, spm_file, "en", "de")
+    saved = torch.load(directory / MODEL_FILE, weights_only=True)
+    assert OLD_LINK_KEYS[0] not in saved and LINK_KEYS[0] in saved  # saved under the live names
+    torch.save(_old_layout(saved), directory / MODEL_FILE)
+    assert set(torch.load(directory / MODEL_FILE, weights_only=True)) >= set(OLD_LINK_KEYS)
+    loaded, _ = load_model_dir(directory)
+    assert list(loaded.state_dict()) == list(model.state_dict())
+    for name, value in model.state_dict().items():
+        assert torch.equal(loaded.state_dict()[name], value), name
+    for direction in DIRECTIONS:
+        for got, expected in zip(loaded(src, src_lengths, direction), model(src, src_lengths, direction)):
+            assert torch.equal(got, expected), direction
+        assert loaded.translate(src, src_lengths, direction) == model.translate(src, src_lengths, direction)
 
 
 def test_ctc_upsampling_repeats_every_token_r_times():
@@ -158,7 +203,7 @@ def test_trunk_stays_invertible_and_unchanged_with_the_dag_head():
     ctc = tiny_model(layers_per_end=3).double().eval()
     dag = _dag_model(layers_per_end=3).double().eval()
     missing, unexpected = dag.load_state_dict(ctc.state_dict(), strict=False)
-    assert not unexpected and missing == LINK_KEYS
+    assert not unexpected and missing == LINK_KEYS  # the live names: head.links.…
     h, mask = torch.randn(3, 7, 16, dtype=torch.float64), padding_mask([7, 5, 2])
     for direction, back in (("src2tgt", "tgt2src"), ("tgt2src", "src2tgt")):
         out = dag.layers(h, mask, direction)
@@ -167,10 +212,10 @@ def test_trunk_stays_invertible_and_unchanged_with_the_dag_head():
 
 
 def test_dag_loss_terms_gradients_and_dropped_counts():
-    model = _dag_model(LossConfig(lambda_fba=0.3, lambda_cc=0.2), graph_upsample_ratio=1.0).train()
+    model = _dag_model(graph_upsample_ratio=1.0).train()
     src, src_lengths = random_batch([5, 4, 3], 12)
     tgt, tgt_lengths = random_batch([4, 6, 3], 12)  # λ = 1: the second pair cannot fit src2tgt, the first not tgt2src
-    terms = model.loss(src, src_lengths, tgt, tgt_lengths, step=0)
+    terms = DuplexLoss(model, LossConfig(lambda_fba=0.3, lambda_cc=0.2))(src, src_lengths, tgt, tgt_lengths, step=0)
     names = {f"{kind}_{d}" for kind in ("dag", "fba", "cc", "dropped", "dropped_cc") for d in DIRECTIONS} | {"total"}
     assert set(terms) == names
     assert int(terms["dropped_src2tgt"]) == 1 and int(terms["dropped_tgt2src"]) == 1
@@ -202,8 +247,8 @@ def test_fba_lays_the_target_on_its_viterbi_path():
         others = [j for j in range(length) if j not in vertices]
         assert (tokens[b, others] == model.cfg.blank_id).all() and (tokens[b, length:] == PAD_ID).all()
         assert on_path[b, vertices].all() and not on_path[b, others].any()
-    model.loss_config = LossConfig(lambda_fba=1.0, lambda_cc=0.0)
-    terms = model.loss(src, src_lengths, tgt, tgt_lengths, step=0, directions=("src2tgt",))
+    objective = DuplexLoss(model, LossConfig(lambda_fba=1.0, lambda_cc=0.0))
+    terms = objective(src, src_lengths, tgt, tgt_lengths, step=0, directions=("src2tgt",))
     assert terms["fba_src2tgt"] > 0
     terms["fba_src2tgt"].backward()
     assert all(p.grad.abs().sum() > 0 for n, p in model.named_parameters() if n.startswith("ends."))
@@ -275,10 +320,11 @@ def test_ctc_cycle_input_is_cut_to_what_the_reverse_pass_can_upsample():
     output = HeadOutput(F.one_hot(frames, 12).double().log_softmax(-1), torch.tensor([8, 4]))
     tokens, lengths = head.cycle_input(output)
     assert lengths.tolist() == [4, 3] and tokens.tolist() == [[4, 5, 6, 7], [4, 5, 3, 0]]
-    model = tiny_model(LossConfig(lambda_fba=0.0, lambda_cc=1.0, aux_start_step=0), upsample_ratio=2, max_positions=8)
+    model = tiny_model(upsample_ratio=2, max_positions=8)
+    objective = DuplexLoss(model, LossConfig(lambda_fba=0.0, lambda_cc=1.0, aux_start_step=0))
     x = torch.tensor([[4, 5, 6, EOS_ID]])
     model.outputs(tokens[:1], lengths[:1], "tgt2src")  # fits: 4 tokens upsampled to 8 positions
-    assert torch.isfinite(model.loss(x, torch.tensor([4]), x, torch.tensor([4]), step=0)["total"])
+    assert torch.isfinite(objective(x, torch.tensor([4]), x, torch.tensor([4]), step=0)["total"])
 
 
 def test_dag_cycle_input_is_the_greedy_output_with_eos_cut_to_the_input_limit():

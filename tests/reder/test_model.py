@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from reder import EOS_ID, LossConfig, ModelConfig, REDER
+from reder import EOS_ID, DuplexLoss, LossConfig, ModelConfig, REDER
 from tests.reder.helpers import random_batch, tiny_config, tiny_model
 
 
@@ -76,7 +76,7 @@ def test_state_dict_round_trip_keeps_actnorm_initialisation():
     model = tiny_model().train()
     src, src_lengths = random_batch([5, 4], 12)
     tgt, tgt_lengths = random_batch([4, 3], 12)
-    model.loss(src, src_lengths, tgt, tgt_lengths, step=0)
+    DuplexLoss(model)(src, src_lengths, tgt, tgt_lengths, step=0)
     assert all(bool(model.actnorm[end].initialized) for end in ("src", "tgt"))
     restored = REDER(model.cfg)
     restored.load_state_dict(model.state_dict())

@@ -7,7 +7,7 @@ from reder import DuplexLoss, LossConfig, TransformerConfig
 from reder.autoregressive import Transformer
 from reder.configio import ConfigError, FieldError
 from reder.ctc import pad_batch, valid_mask
-from reder.objectives.directional import CmlmObjective, TeacherObjective
+from reder.objectives.directional import CmlmObjective, TeacherObjective, cmlm_loss, teacher_loss
 from reder.objectives.duplex import glance, reverse_states
 from reder.objectives.terms import forward_backward_agreement, glance_mask, uniform_mask
 from reder.reversible import run_trunk
@@ -54,11 +54,12 @@ def test_reverse_states_line_up_with_forward_states():
 def test_aux_terms_are_absent_before_aux_start_step_and_on_after():
     """A term not computed is absent, not a zero (issue 41: a trainer's window means then average it over the
     updates that computed it)."""
-    model = tiny_model(LossConfig(lambda_fba=0.3, lambda_cc=0.2, aux_start_step=10)).train()
+    model = tiny_model().train()
+    objective = DuplexLoss(model, LossConfig(lambda_fba=0.3, lambda_cc=0.2, aux_start_step=10))
     src, src_lengths = random_batch([5, 4], 12)
     tgt, tgt_lengths = random_batch([4, 3], 12)
-    before = model.loss(src, src_lengths, tgt, tgt_lengths, step=9)
-    after = model.loss(src, src_lengths, tgt, tgt_lengths, step=10)
+    before = objective(src, src_lengths, tgt, tgt_lengths, step=9)
+    after = objective(src, src_lengths, tgt, tgt_lengths, step=10)
     assert set(before) == {"ctc_src2tgt", "ctc_tgt2src", "total"} and set(after) == TERMS
     for name in TERMS - {"total"}:
         assert after[name] > 0, name
@@ -70,10 +71,10 @@ def test_aux_terms_are_absent_before_aux_start_step_and_on_after():
 
 
 def test_cycle_consistency_gives_gradient_through_the_reverse_pass():
-    model = tiny_model(LossConfig(lambda_fba=0.0, lambda_cc=1.0)).train()
+    model = tiny_model().train()
     src, src_lengths = random_batch([5, 4], 12)
     tgt, tgt_lengths = random_batch([4, 3], 12)
-    terms = model.loss(src, src_lengths, tgt, tgt_lengths, step=0)
+    terms = DuplexLoss(model, LossConfig(lambda_fba=0.0, lambda_cc=1.0))(src, src_lengths, tgt, tgt_lengths, step=0)
     assert "fba_src2tgt" not in terms  # weight 0: not computed
     terms["cc_src2tgt"].backward()  # x → ȳ (hard, no gradient) → x̂: only the tgt2src pass carries gradient
     grads = {name: p.grad for name, p in model.named_parameters()}
@@ -85,10 +86,10 @@ def test_cycle_consistency_gives_gradient_through_the_reverse_pass():
 
 
 def test_fba_gives_gradient_to_the_forward_pass():
-    model = tiny_model(LossConfig(lambda_fba=1.0, lambda_cc=0.0)).train()
+    model = tiny_model().train()
     src, src_lengths = random_batch([5, 4], 12)
     tgt, tgt_lengths = random_batch([4, 3], 12)
-    terms = model.loss(src, src_lengths, tgt, tgt_lengths, step=0)
+    terms = DuplexLoss(model, LossConfig(lambda_fba=1.0, lambda_cc=0.0))(src, src_lengths, tgt, tgt_lengths, step=0)
     terms["fba_src2tgt"].backward()
     grads = {name: p.grad for name, p in model.named_parameters()}
     assert grads["positions.src.weight"].abs().sum() > 0  # the forward pass reads src
@@ -96,15 +97,16 @@ def test_fba_gives_gradient_to_the_forward_pass():
 
 
 def test_one_direction_at_a_time_gives_the_joint_gradient():
-    model = tiny_model(LossConfig(lambda_fba=0.5, lambda_cc=0.5), dropout=0.0, attention_dropout=0.0).double().train()
+    model = tiny_model(dropout=0.0, attention_dropout=0.0).double().train()
+    objective = DuplexLoss(model, LossConfig(lambda_fba=0.5, lambda_cc=0.5))
     src, src_lengths = random_batch([5, 4], 12)
     tgt, tgt_lengths = random_batch([4, 3], 12)
-    joint = model.loss(src, src_lengths, tgt, tgt_lengths, step=0)
+    joint = objective(src, src_lengths, tgt, tgt_lengths, step=0)
     joint["total"].backward()
     expected = {n: p.grad.clone() for n, p in model.named_parameters()}
     model.zero_grad()
     for direction in ("src2tgt", "tgt2src"):
-        terms = model.loss(src, src_lengths, tgt, tgt_lengths, step=0, directions=(direction,))
+        terms = objective(src, src_lengths, tgt, tgt_lengths, step=0, directions=(direction,))
         assert set(terms) == {f"ctc_{direction}", f"fba_{direction}", f"cc_{direction}", "total"}
         assert torch.allclose(terms[f"ctc_{direction}"], joint[f"ctc_{direction}"])
         terms["total"].backward()
@@ -121,11 +123,11 @@ def test_fba_and_cc_have_their_own_start_steps_and_default_to_aux_start_step():
     split = LossConfig(lambda_fba=0.3, lambda_cc=0.2, aux_start_step=10, fba_start_step=5, cc_start_step=20)
     assert (split.start_step("fba"), split.start_step("cc")) == (5, 20)
     assert LossConfig(aux_start_step=10, cc_start_step=0).start_step("fba") == 10
-    model = tiny_model(split).train()
+    objective = DuplexLoss(tiny_model().train(), split)
     src, src_lengths = random_batch([5, 4], 12)
     tgt, tgt_lengths = random_batch([4, 3], 12)
     for step, fba_on, cc_on in ((4, False, False), (5, True, False), (19, True, False), (20, True, True)):
-        terms = model.loss(src, src_lengths, tgt, tgt_lengths, step=step)
+        terms = objective(src, src_lengths, tgt, tgt_lengths, step=step)
         for d in ("src2tgt", "tgt2src"):
             assert (f"fba_{d}" in terms) == fba_on and (f"cc_{d}" in terms) == cc_on, (step, d)
             assert all(terms[name] > 0 for name in (f"fba_{d}", f"cc_{d}") if name in terms)
@@ -150,10 +152,12 @@ def test_a_simplex_model_trains_its_one_direction_only(direction):
     """loss.directions = (d,): the other direction's terms are absent and the positions only its reading end
     uses get no gradient; the total is d's main term (a clean simplex: no FBA/CC)."""
     other = "tgt2src" if direction == "src2tgt" else "src2tgt"
-    model = tiny_model(LossConfig(0.0, 0.0, directions=(direction,))).train()
+    model = tiny_model().train()
+    simplex = DuplexLoss(model, LossConfig(0.0, 0.0, directions=(direction,)))
+    assert simplex.directions == (direction,)
     src, src_lengths = random_batch([5, 4], 12)
     tgt, tgt_lengths = random_batch([4, 3], 12)
-    terms = DuplexLoss(model)(src, src_lengths, tgt, tgt_lengths, 0)
+    terms = simplex(src, src_lengths, tgt, tgt_lengths, 0)
     assert set(terms) == {f"ctc_{direction}", "total"}  # FBA and CC at weight 0: not computed
     assert torch.equal(terms["total"], terms[f"ctc_{direction}"])
     terms["total"].backward()
@@ -163,11 +167,11 @@ def test_a_simplex_model_trains_its_one_direction_only(direction):
     assert all(p.grad is not None for n, p in model.named_parameters() if n != unread)
     # a KD micro-batch (tgt2src on its own pairs) trains the one direction too
     model.zero_grad()
-    kd = DuplexLoss(model)(src, src_lengths, tgt, tgt_lengths, 0, tgt2src_batch=(tgt, tgt_lengths, src, src_lengths))
+    kd = simplex(src, src_lengths, tgt, tgt_lengths, 0, tgt2src_batch=(tgt, tgt_lengths, src, src_lengths))
     assert not any(name.endswith(other) for name in kd)
     # the duplex model gives the same network both directions' terms and a gradient everywhere
-    duplex = tiny_model(LossConfig(0.0, 0.0)).train()
-    both = DuplexLoss(duplex)(src, src_lengths, tgt, tgt_lengths, 0)
+    duplex = tiny_model().train()
+    both = DuplexLoss(duplex, LossConfig(0.0, 0.0))(src, src_lengths, tgt, tgt_lengths, 0)
     assert {f"ctc_{direction}", f"ctc_{other}"} <= set(both)
     both["total"].backward()
     assert all(p.grad is not None for p in duplex.parameters())
@@ -215,7 +219,7 @@ def test_glancing_puts_the_aligned_target_tokens_into_the_input_at_the_drawn_pos
     options = {"head": "dag", "graph_upsample_ratio": 3.0, "link_heads": 2} if head == "dag" else {"upsample_ratio": 3}
     options["attention_dropout"] = 0.0
     torch.manual_seed(1)
-    model = tiny_model(LossConfig(glance_start=1.0, glance_end=1.0), dropout=0.0, **options)
+    model = tiny_model(dropout=0.0, **options)
     x, x_lengths = random_batch([5, 3, 4], 12)
     y, y_lengths = random_batch([4, 2, 5], 12)
     model.train()
@@ -229,14 +233,15 @@ def test_glancing_puts_the_aligned_target_tokens_into_the_input_at_the_drawn_pos
     hook.remove()
     assert torch.equal(seen[0], torch.where(chosen, layout, upsampled))
     assert torch.equal(seen[0] != upsampled, chosen & (layout != upsampled))
-    terms = model.loss(x, x_lengths, y, y_lengths, step=0)  # glancing in training: a finite loss with gradients
+    terms = DuplexLoss(model, LossConfig(glance_start=1.0, glance_end=1.0))(x, x_lengths, y, y_lengths, step=0)  # glancing in training: a finite loss with gradients
     terms["total"].backward()
     assert torch.isfinite(terms["total"]) and model.embed.weight.grad is not None
-    plain = tiny_model(LossConfig(), dropout=0.0, **options)
+    plain = tiny_model(dropout=0.0, **options)
     plain.load_state_dict(model.state_dict())
-    zero = tiny_model(LossConfig(glance_start=0.0, glance_end=0.0), dropout=0.0, **options)
+    zero = tiny_model(dropout=0.0, **options)
     zero.load_state_dict(model.state_dict())
-    assert torch.equal(zero.loss(x, x_lengths, y, y_lengths, step=5)["total"], plain.loss(x, x_lengths, y, y_lengths, step=5)["total"])
+    no_glancing = DuplexLoss(zero, LossConfig(glance_start=0.0, glance_end=0.0))(x, x_lengths, y, y_lengths, step=5)
+    assert torch.equal(no_glancing["total"], DuplexLoss(plain, LossConfig())(x, x_lengths, y, y_lengths, step=5)["total"])
 
 
 def test_the_glancing_schedule_is_linear_then_constant_and_checked():
@@ -258,8 +263,8 @@ def test_teacher_objective_reads_the_batch_in_its_direction():
     forward = TeacherObjective(model, "src2tgt")(src, src_lengths, tgt, tgt_lengths, 0)
     backward = TeacherObjective(model, "tgt2src")(src, src_lengths, tgt, tgt_lengths, 0)
     assert set(forward) == {"nll_src2tgt", "total"} and set(backward) == {"nll_tgt2src", "total"}
-    torch.testing.assert_close(forward["total"], model.loss(src, src_lengths, tgt, tgt_lengths)["total"])
-    torch.testing.assert_close(backward["nll_tgt2src"], model.loss(tgt, tgt_lengths, src, src_lengths)["nll"])
+    torch.testing.assert_close(forward["total"], teacher_loss(model, src, src_lengths, tgt, tgt_lengths)["total"])
+    torch.testing.assert_close(backward["nll_tgt2src"], teacher_loss(model, tgt, tgt_lengths, src, src_lengths)["nll"])
 
 
 def test_cmlm_objective_trains_its_direction_on_its_own_kd_pairs():
@@ -279,8 +284,8 @@ def test_cmlm_objective_trains_its_direction_on_its_own_kd_pairs():
         terms = CmlmObjective(model, direction)(x, x_lengths, kd_y, kd_y_lengths, 0, tgt2src_batch=reverse)
         assert set(terms) == {f"nll_{direction}", f"length_{direction}", "total"}
         torch.manual_seed(3)  # the same masks
-        torch.testing.assert_close(terms["total"], model.loss(*expected)["total"])
+        torch.testing.assert_close(terms["total"], cmlm_loss(model, *expected)["total"])
     torch.manual_seed(3)
     plain = CmlmObjective(model, "tgt2src")(x, x_lengths, kd_y, kd_y_lengths, 0)
     torch.manual_seed(3)
-    torch.testing.assert_close(plain["total"], model.loss(kd_y, kd_y_lengths, x, x_lengths)["total"])
+    torch.testing.assert_close(plain["total"], cmlm_loss(model, kd_y, kd_y_lengths, x, x_lengths)["total"])

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from reder import LossConfig
+from reder import DuplexLoss, LossConfig
 from reder.reversible import run_trunk
 from tests.reder.helpers import padding_mask, random_batch, tiny_model
 
@@ -31,15 +31,16 @@ def test_memory_efficient_gradients_equal_plain_autograd(keep_all, direction, sh
 
 
 def test_full_loss_gradients_equal_plain_autograd_with_aux_terms():
-    plain = tiny_model(LossConfig(lambda_fba=0.5, lambda_cc=0.5), memory_efficient=False).double().train()
-    efficient = tiny_model(LossConfig(lambda_fba=0.5, lambda_cc=0.5), memory_efficient=True).double().train()
+    loss_config = LossConfig(lambda_fba=0.5, lambda_cc=0.5)
+    plain = tiny_model(memory_efficient=False).double().train()
+    efficient = tiny_model(memory_efficient=True).double().train()
     efficient.load_state_dict(plain.state_dict())
     src, src_lengths = random_batch([5, 3, 4], 12)
     tgt, tgt_lengths = random_batch([4, 4, 2], 12)
     results = []
     for model in (plain, efficient):
         torch.manual_seed(3)
-        terms = model.loss(src, src_lengths, tgt, tgt_lengths, step=0)
+        terms = DuplexLoss(model, loss_config)(src, src_lengths, tgt, tgt_lengths, step=0)
         terms["total"].backward()
         results.append((terms, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
     (terms_a, grads_a), (terms_b, grads_b) = results
