@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 
 DEFAULT_PENALTIES = (0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0)
@@ -37,18 +38,22 @@ def main(argv: list[str] | None = None) -> dict:
 
     from pipeline.evaluate import read_text_split
     from reder.checkpoint import SPM_FILE, load_model_dir
-    from reder.translate import encode_lines, reranked_by_penalty, translate_ids
+    from reder.decoding import make_decoder
+    from reder.decoding.ctc import reranked_by_penalty
+    from reder.decoding.run import encode_lines, translate_ids
 
     torch.set_num_threads(args.threads)
     run = json.loads((Path(args.workdir) / "last_run.json").read_text(encoding="utf-8"))
     stages = {name: Path(entry["output"]) for name, entry in run["stages"].items()}
     model_dir = stages["train"] / "model"
     model, _ = load_model_dir(model_dir, "cpu")
-    if not model.head.reranks:
+    if model.cfg.head != "ctc":
         raise SystemExit(f"beam_tuning: {model_dir} has head {model.cfg.head!r}; the beam tuning is for CTC models")
     sp = sentencepiece.SentencePieceProcessor(model_file=str(model_dir / SPM_FILE))
     source, target = read_text_split(stages["ingest"], args.split, args.sentences)
-    rerankers = {f"beam{args.beam}": {}, f"beam{args.beam}_selfrerank": {"rerank": "self", "rerank_weight": args.weight}}
+    rerankers = {f"beam{args.beam}": make_decoder(model, "beam", beam_size=args.beam),
+                 f"beam{args.beam}_selfrerank": make_decoder(model, "beam", beam_size=args.beam, rerank="self",
+                                                             rerank_weight=args.weight)}
 
     def timed(work):
         wall, cpu = time.perf_counter(), time.process_time()
@@ -59,10 +64,10 @@ def main(argv: list[str] | None = None) -> dict:
     for direction, inputs in (("src2tgt", source), ("tgt2src", target)):
         encoded = encode_lines(sp, inputs)
         apart, apart_wall, apart_cpu = timed(lambda: {
-            penalty: {name: translate_ids(model, encoded, direction, args.beam, args.batch, blank_penalty=penalty, **how)
-                      for name, how in rerankers.items()} for penalty in args.penalties})
+            penalty: {name: translate_ids(model, encoded, direction, replace(decoder, blank_penalty=penalty), args.batch)
+                      for name, decoder in rerankers.items()} for penalty in args.penalties})
         shared, shared_wall, shared_cpu = timed(lambda: reranked_by_penalty(
-            model, encoded, direction, args.beam, args.penalties, rerankers, args.batch))
+            model, encoded, direction, args.penalties, rerankers, args.batch))
         if shared != {float(p): outputs for p, outputs in apart.items()}:
             raise SystemExit(f"beam_tuning: {direction}: the shared n-best's outputs differ from translate_ids'")
         rows.append({"direction": direction, "sentences": len(encoded), "points": len(args.penalties),

@@ -60,7 +60,7 @@ def train_phase(args: argparse.Namespace, cfg, device: str) -> dict:
 def eval_phase(args: argparse.Namespace, cfg, device: str) -> dict:
     from pipeline.evaluate import decoders_for, measure_speed
     from reder.checkpoint import load_cmlm_dir, load_model_dir
-    from reder.translate import translate_ids
+    from reder.decoding.run import translate_ids
 
     inputs = _reder_inputs(args, cfg, device)
     if not inputs.teachers:
@@ -76,13 +76,14 @@ def eval_phase(args: argparse.Namespace, cfg, device: str) -> dict:
     else:  # no REDER: the teachers and the CMLMs alone, as decoders_for would call them, and the refinement
         # pass over the teachers' greedy output instead of REDER's
         reder, teachers = cmlms["src2tgt"], inputs.teachers
-        systems = {f"cmlm_T{t}": (lambda enc, d, bs, t=t: translate_ids(cmlms[d], enc, d, args.length_beam, bs,
-                                                                         iterations=t)) for t in args.iterations}
+        systems = {f"cmlm_T{t}": (lambda enc, d, bs, t=t: translate_ids(cmlms[d], enc, d, "mask_predict", bs,
+                                                                         length_beam=args.length_beam, iterations=t))
+                   for t in args.iterations}
         for steps in args.refine_steps:
             systems[f"ar_greedy_refine{steps}"] = lambda enc, d, bs, steps=steps: translate_ids(
-                teachers[d], enc, d, 1, bs, refiner=cmlms[d], refine_steps=steps)
+                teachers[d], enc, d, "greedy", bs, refiner=cmlms[d], refine_steps=steps)
         for name, size in (("teacher_greedy", 1), ("teacher_beam4", 4)):
-            systems[name] = lambda enc, d, bs, size=size: translate_ids(teachers[d], enc, d, size, bs)
+            systems[name] = lambda enc, d, bs, size=size: translate_ids(teachers[d], enc, d, "beam", bs, beam_size=size)
     report = {**_header(args, device), "benchmark": "cmlm", "reder": str(args.reder), "length_beam": args.length_beam,
               "splits": list(args.splits),
               "threads": torch.get_num_threads(), "scores": {}}

@@ -1,4 +1,4 @@
-"""Beam-4 speed of our AR teacher (`Transformer.translate`) against the same weights in CTranslate2, CPU.
+"""Beam-4 speed of our AR teacher (its `greedy` and `beam` decoders) against the same weights in CTranslate2, CPU.
 
     OMP_NUM_THREADS=1 python -m bench.ct2_teacher --spm SPM_MODEL [--teacher MODEL_DIR] [--sentences 100]
         [--threads 1] [--d-model 512 --heads 4 --ffn 1024 --layers 3]
@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> dict:
     import sentencepiece
 
     from reder import ct2
-    from reder.translate import encode_lines, translate_ids
+    from reder.decoding.run import encode_lines, translate_ids
 
     processor = sentencepiece.SentencePieceProcessor(model_file=args.spm)
     args.device = "cpu"
@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> dict:
         ct2_dir = ct2.convert_model(model, Path(args.spm), Path(tmp) / "ct2")
         translator = ct2.load_translator(ct2_dir, threads=args.threads)
         engines = {
-            "ours": lambda batch, size: translate_ids(model, batch, "src2tgt", beam_size=4, batch_size=size),
+            "ours": lambda batch, size: translate_ids(model, batch, "src2tgt", "beam", size, beam_size=4),
             "ct2_mirror": lambda batch, size: ct2.translate_ids(translator, ct2_dir, batch, beam_size=4, batch_size=size),
             "ct2_plain": lambda batch, size: ct2.translate_plain(translator, ct2_dir, batch, 4, batch_size=size),
         }

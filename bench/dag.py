@@ -99,7 +99,8 @@ def decode_times(lengths: list[int], batch: int, device: str, repeats: int) -> l
     """ms per sentence of each decoder on random graphs of each length."""
     import torch
 
-    from reder.dag import DAG_DECODERS, dag_decode
+    from reder.decoding.dag import DagGreedy, DagLookahead, DagViterbi
+    from reder.heads import HeadOutput
 
     rows = []
     for length in lengths:
@@ -107,14 +108,15 @@ def decode_times(lengths: list[int], batch: int, device: str, repeats: int) -> l
         log_edges, _, graph_lengths, _ = _inputs(batch, 2, length, device)
         log_probs = torch.randn(batch, length, VOCAB, device=device).log_softmax(-1)
         row = {"graph_vertices": length, "batch": batch}
-        for decoder in DAG_DECODERS:
-            dag_decode(decoder, log_edges, log_probs, graph_lengths)  # warm-up
+        output = HeadOutput(log_probs, graph_lengths, {"log_edges": log_edges})
+        for decoder in (DagGreedy(), DagLookahead(), DagViterbi()):
+            decoder.search(None, output)  # warm-up
             times = []
             for _ in range(repeats):
                 start = time.perf_counter()
-                dag_decode(decoder, log_edges, log_probs, graph_lengths)
+                decoder.search(None, output)
                 times.append(time.perf_counter() - start)
-            row[f"{decoder}_ms_per_sentence"] = round(1000 * statistics.median(times) / batch, 3)
+            row[f"{decoder.name}_ms_per_sentence"] = round(1000 * statistics.median(times) / batch, 3)
         rows.append(row)
     return rows
 

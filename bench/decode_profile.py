@@ -111,7 +111,7 @@ def decoder(model: Any, path: str) -> Callable[[list[list[int]], int], Any]:
     batches through inductor with the weights frozen in, compiled in the warm-up pass), int8 (a quantized copy)."""
     import reder.inference
     from reder.static import StaticTrunk
-    from reder.translate import translate_ids
+    from reder.decoding.run import translate_ids
 
     chosen = reder.inference.quantized(model) if path == "int8" else model
     onednn = reder.inference.ONEDNN
@@ -121,7 +121,7 @@ def decoder(model: Any, path: str) -> Callable[[list[list[int]], int], Any]:
         chosen.fast_inference, chosen.static_trunk = path != "reference", trunk
         reder.inference.ONEDNN = onednn and path != "fast_matmul"
         try:
-            return translate_ids(chosen, batch, "src2tgt", 1, size)
+            return translate_ids(chosen, batch, "src2tgt", batch_size=size)
         finally:
             reder.inference.ONEDNN, chosen.static_trunk = onednn, None
 

@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> dict:
     from pipeline import evaluate, teacher
     from pipeline.config import PipelineConfig, from_dict
     from reder.checkpoint import SPM_FILE, load_model_dir
-    from reder.translate import encode_lines
+    from reder.decoding.run import encode_lines
 
     run = json.loads((Path(args.workdir) / "last_run.json").read_text(encoding="utf-8"))
     stages = {name: Path(entry["output"]) for name, entry in run["stages"].items()}
@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> dict:
     source, _ = evaluate.read_text_split(stages["ingest"], "test", args.sentences)
     encoded = encode_lines(sp, source)
     options = SimpleNamespace(**{**asdict(cfg.evaluate), "beam_size": args.beam, "teacher_baseline": True,
-                                 "rerank": "teacher" if model.head.reranks and args.beam > 1 else "none",
+                                 "rerank": "teacher" if model.cfg.head == "ctc" and args.beam > 1 else "none",
                                  "teacher_beam_size": 4, "latency_sentences": len(encoded), "throughput_batch": args.batch})
     decoders = evaluate.decoders_for(model, options, teachers)
     speed = evaluate.measure_speed(model, encoded, decoders, options)

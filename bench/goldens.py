@@ -98,9 +98,10 @@ def transformer_config(cls: type) -> Any:
                max_positions=128)
 
 
-def decode_all(models: dict[str, torch.nn.Module]) -> dict[str, Any]:
-    """Every decoder's output on a fixed batch, through `reder.translate`'s functions."""
-    from reder import translate
+def decode_all(models: dict[str, torch.nn.Module], work: Path) -> dict[str, Any]:
+    """Every decoder's output on a fixed batch, through reder/decoding/."""
+    from reder.decoding.ctc import CtcBeam, greedy_by_penalty, nbest, reranked_by_penalty
+    from reder.decoding.run import translate_ids
 
     sequences = [row for row in batches(99)[0][0].tolist()]
     sequences = [s[: s.index(EOS_ID) + 1] for s in sequences]
@@ -108,55 +109,62 @@ def decode_all(models: dict[str, torch.nn.Module]) -> dict[str, Any]:
     teachers, cmlms = models["teachers"], models["cmlms"]
     run: dict[str, Callable[[], Any]] = {}
     for d in ("src2tgt", "tgt2src"):
-        run[f"ctc_greedy_{d}"] = lambda d=d: translate.translate_ids(ctc, sequences, d)
-        run[f"ctc_greedy_penalty_{d}"] = lambda d=d: translate.translate_ids(ctc, sequences, d, blank_penalty=0.7)
-        run[f"ctc_beam4_{d}"] = lambda d=d: translate.translate_ids(ctc, sequences, d, 4)
-        run[f"ctc_beam4_cutoff_{d}"] = lambda d=d: translate.translate_ids(ctc, sequences, d, 4, cutoff_top_n=3,
-                                                                           cutoff_prob=0.9)
-        run[f"ctc_beam4_self_{d}"] = lambda d=d: translate.translate_ids(ctc, sequences, d, 4, rerank="self",
-                                                                         rerank_weight=0.5)
-        run[f"ctc_beam4_teacher_{d}"] = lambda d=d: translate.translate_ids(ctc, sequences, d, 4, teacher=teachers[d])
-        run[f"ctc_by_penalty_{d}"] = lambda d=d: {str(k): v for k, v in translate.greedy_by_penalty(
+        run[f"ctc_greedy_{d}"] = lambda d=d: translate_ids(ctc, sequences, d)
+        run[f"ctc_greedy_penalty_{d}"] = lambda d=d: translate_ids(ctc, sequences, d, "greedy", blank_penalty=0.7)
+        run[f"ctc_beam4_{d}"] = lambda d=d: translate_ids(ctc, sequences, d, "beam", beam_size=4)
+        run[f"ctc_beam4_cutoff_{d}"] = lambda d=d: translate_ids(ctc, sequences, d, "beam", beam_size=4, cutoff_top_n=3,
+                                                                 cutoff_prob=0.9)
+        run[f"ctc_beam4_self_{d}"] = lambda d=d: translate_ids(ctc, sequences, d, "beam", beam_size=4, rerank="self",
+                                                               rerank_weight=0.5)
+        run[f"ctc_beam4_teacher_{d}"] = lambda d=d: translate_ids(ctc, sequences, d, "beam", beam_size=4,
+                                                                  rerank="teacher", teacher=teachers[d])
+        run[f"ctc_by_penalty_{d}"] = lambda d=d: {str(k): v for k, v in greedy_by_penalty(
             ctc, sequences, d, [0.0, 0.5, 1.0], batch_size=5).items()}
-        run[f"ctc_reranked_by_penalty_{d}"] = lambda d=d: {str(k): v for k, v in translate.reranked_by_penalty(
-            ctc, sequences, d, 3, [0.0, 0.5], {"beam": {}, "self": {"rerank": "self", "rerank_weight": 1.0},
-                                               "teacher": {"rerank": "teacher", "teacher": teachers[d]}}, 5).items()}
-        run[f"ctc_nbest_{d}"] = lambda d=d: ctc.nbest(*pad_batch(sequences), d, 4)
-        for name in ("greedy", "lookahead", "viterbi"):
-            run[f"dag_{name}_{d}"] = lambda d=d, name=name: translate.translate_ids(dag, sequences, d, decoder=name)
-            run[f"dag_{name}_options_{d}"] = lambda d=d, name=name: translate.translate_ids(
-                dag, sequences, d, decoder=name, max_transition=3, no_repeat_ngram=2, dag_length_penalty=1.2)
-        run[f"dag_beam3_{d}"] = lambda d=d: translate.translate_ids(dag, sequences, d, 3, batch_size=5)
-        run[f"dag_beam3_options_{d}"] = lambda d=d: translate.translate_ids(dag, sequences, d, 3, max_transition=4,
-                                                                            dag_length_penalty=0.8)
-        run[f"teacher_greedy_{d}"] = lambda d=d: translate.translate_ids(teachers[d], sequences, d, 1)
-        run[f"teacher_beam4_{d}"] = lambda d=d: translate.translate_ids(teachers[d], sequences, d, 4)
-        run[f"teacher_beam4_lp_{d}"] = lambda d=d: translate.translate_ids(teachers[d], sequences, d, 4,
-                                                                           length_penalty=0.6, max_len_a=1.0)
-        run[f"cmlm_T1_{d}"] = lambda d=d: translate.translate_ids(cmlms[d], sequences, d, 3, iterations=1)
-        run[f"cmlm_T4_{d}"] = lambda d=d: translate.translate_ids(cmlms[d], sequences, d, 3, iterations=4)
-        run[f"ctc_refine2_{d}"] = lambda d=d: translate.translate_ids(ctc, sequences, d, refiner=cmlms[d],
-                                                                      refine_steps=2)
-    return {name: fn() for name, fn in run.items()}
+        run[f"ctc_reranked_by_penalty_{d}"] = lambda d=d: {str(k): v for k, v in reranked_by_penalty(
+            ctc, sequences, d, [0.0, 0.5], {"beam": CtcBeam(beam_size=3),
+                                            "self": CtcBeam(beam_size=3, rerank="self", rerank_weight=1.0),
+                                            "teacher": CtcBeam(beam_size=3, rerank="teacher", teacher=teachers[d])},
+            5).items()}
+        run[f"ctc_nbest_{d}"] = lambda d=d: nbest(ctc, *pad_batch(sequences), d, 4)
+        for name, options in (("greedy", {"no_repeat_ngram": 2}), ("lookahead", {"no_repeat_ngram": 2}),
+                              ("viterbi", {"length_penalty": 1.2})):
+            run[f"dag_{name}_{d}"] = lambda d=d, name=name: translate_ids(dag, sequences, d, name)
+            run[f"dag_{name}_options_{d}"] = lambda d=d, name=name, options=options: translate_ids(
+                dag, sequences, d, name, max_transition=3, **options)
+        run[f"dag_beam3_{d}"] = lambda d=d: translate_ids(dag, sequences, d, "beam", 5, beam_size=3)
+        run[f"dag_beam3_options_{d}"] = lambda d=d: translate_ids(dag, sequences, d, "beam", beam_size=3,
+                                                                  max_transition=4, length_penalty=0.8)
+        run[f"teacher_greedy_{d}"] = lambda d=d: translate_ids(teachers[d], sequences, d)
+        run[f"teacher_beam4_{d}"] = lambda d=d: translate_ids(teachers[d], sequences, d, "beam", beam_size=4)
+        run[f"teacher_beam4_lp_{d}"] = lambda d=d: translate_ids(teachers[d], sequences, d, "beam", beam_size=4,
+                                                                 length_penalty=0.6, max_len_a=1.0)
+        run[f"cmlm_T1_{d}"] = lambda d=d: translate_ids(cmlms[d], sequences, d, "mask_predict", length_beam=3,
+                                                        iterations=1)
+        run[f"cmlm_T4_{d}"] = lambda d=d: translate_ids(cmlms[d], sequences, d, "mask_predict", length_beam=3,
+                                                        iterations=4)
+        run[f"ctc_refine2_{d}"] = lambda d=d: translate_ids(ctc, sequences, d, refiner=cmlms[d], refine_steps=2)
+    outputs = {name: fn() for name, fn in run.items()}
+    outputs.update(ct2_outputs(teachers["src2tgt"], sequences, work))
+    return outputs
 
 
-def ct2_outputs(teacher: Transformer, work: Path) -> dict[str, Any]:
+def ct2_outputs(teacher: Transformer, sequences: list[list[int]], work: Path) -> dict[str, Any]:
     """CTranslate2's greedy and beam 4 of the src2tgt teacher, when CTranslate2 is installed."""
     try:
         import ctranslate2  # noqa: F401
     except ImportError:
         return {}
-    from reder import ct2
-
     from pipeline.spm import train as train_spm
+    from reder.ct2 import convert_model
+    from reder.decoding.ct2 import ct2_model
+    from reder.decoding.run import translate_ids
 
     bible = Path(__file__).resolve().parent.parent / "tests" / "data" / "bible_en_es"
     lines = [line for side in ("train.en", "train.es") for line in (bible / side).read_text(encoding="utf-8").splitlines()]
     (work / "spm.model").write_bytes(train_spm(lines, VOCAB))
-    out_dir = ct2.convert_model(teacher, work / "spm.model", work / "ct2")
-    translator = ct2.load_translator(out_dir)
-    sequences = [s[: s.index(EOS_ID) + 1] for s in batches(99)[0][0].tolist()]
-    return {f"ct2_beam{k}": ct2.translate_ids(translator, out_dir, sequences, beam_size=k) for k in (1, 4)}
+    model = ct2_model(convert_model(teacher, work / "spm.model", work / "ct2"))
+    return {"ct2_beam1": translate_ids(model, sequences, "src2tgt"),
+            "ct2_beam4": translate_ids(model, sequences, "src2tgt", "beam", beam_size=4)}
 
 
 def record(work: Path) -> dict[str, Any]:
@@ -186,9 +194,7 @@ def record(work: Path) -> dict[str, Any]:
                                        kd=kind == "cmlms", copy_rounds=8 if kind == "teachers" else 0)
         result["parameters"][kind] = list(both.state_dict())
         models[kind] = pair
-    with torch.inference_mode():
-        result["decoders"] = decode_all(models)
-    result["decoders"].update(ct2_outputs(models["teachers"]["src2tgt"], work))
+    result["decoders"] = decode_all(models, work)
     return result
 
 

@@ -48,6 +48,7 @@ def main(argv: list[str] | None = None) -> dict:
     torch.manual_seed(0)
     from reder import EOS_ID, DuplexLoss, LossConfig, ModelConfig, REDER
     from reder.ctc import pad_batch
+    from reder.decoding.run import decode
     from reder.inference import quantized
 
     english = (MULTI30K / "train.en").read_text(encoding="utf-8").splitlines()[: args.pairs]
@@ -69,7 +70,7 @@ def main(argv: list[str] | None = None) -> dict:
         out = {}
         for direction, (tokens, lengths, references) in inputs.items():
             with torch.inference_mode():
-                hypotheses = chosen.translate(tokens, lengths, direction)
+                hypotheses = decode(chosen, tokens, lengths, direction)
             text = [" ".join(words.get(t, "<unk>") for t in h) for h in hypotheses]
             out[direction] = (sacrebleu.corpus_bleu(text, [references]).score, hypotheses)
         return out
@@ -101,7 +102,7 @@ def main(argv: list[str] | None = None) -> dict:
                                            "identical_share": round(sum(a == b for a, b in zip(hyp32, hyp8)) / len(hyp32), 3)}
     with torch.inference_mode():
         report["sentences_per_s"] = interleaved_rates(
-            {name: (lambda chosen=chosen: chosen.translate(src, src_lengths, "src2tgt"))
+            {name: (lambda chosen=chosen: decode(chosen, src, src_lengths, "src2tgt"))
              for name, chosen in (("float32", model), ("int8", int8))}, len(english), args.repeats)
     report["load_after"] = [round(x, 2) for x in os.getloadavg()]
     return emit(report, args.out)

@@ -31,7 +31,7 @@ Engines and decoders:
     (reder/static.py: on CUDA at bucketed static shapes under CUDA graphs, on a CPU a batch without padding through
     inductor with the weights frozen in, a padded one eagerly packed; `greedy_compiled`, and `compile_s`: compiling
     every graph the timed calls meet, before them);
-  - `teacher`: our Transformer, greedy and beam 4 (`Transformer.translate`);
+  - `teacher`: our Transformer, greedy and beam 4 (its `greedy` and `beam` decoders);
   - `ct2`: CTranslate2 (optional extra) on the teacher converted by `reder.ct2` (float32), greedy and beam 4,
     one `translate_batch` per length-sorted batch, as one runs it (`ct2_mirror_beam4`: `reder.ct2.translate_ids`,
     which reproduces our search's outputs, for KD, with `--mirror`); on CPU also greedy with compute_type int8 (`greedy_int8`).
@@ -120,7 +120,7 @@ def spm_model(args: argparse.Namespace) -> Path:
 def sources(args: argparse.Namespace, spm: Path) -> list[list[int]]:
     import sentencepiece
 
-    from reder.translate import encode_lines
+    from reder.decoding.run import encode_lines
 
     lines = (Path(args.data) / "test_2016_flickr.en").read_text(encoding="utf-8").splitlines()[: args.sentences]
     return encode_lines(sentencepiece.SentencePieceProcessor(model_file=str(spm)), lines)
@@ -240,8 +240,8 @@ def gemm_kernels(device: str) -> tuple[str, ...]:
 
 def work_reder(args: argparse.Namespace, sequences: list[list[int]], vocab: int) -> dict[str, Any]:
     import reder.inference
+    from reder.decoding.run import choose, translate_ids
     from reder.inference import quantized
-    from reder.translate import translate_ids
 
     model = reder_model(args, vocab)
     int8 = quantized(model) if args.device == "cpu" else None
@@ -258,7 +258,7 @@ def work_reder(args: argparse.Namespace, sequences: list[list[int]], vocab: int)
                 group_cost: int = group_cost, kernel: bool = kernel) -> Any:
             chosen.fast_inference = fast
             reder.inference.GROUP_COST, reder.inference.ONEDNN = group_cost, kernel
-            return translate_ids(chosen, batch, "src2tgt", beam, size)
+            return translate_ids(chosen, batch, "src2tgt", choose(chosen, beam=beam), size)
 
         out[name] = _time(run, sequences, args.batch, args.device, args.repeats, args.latency_repeats)
     model.fast_inference, reder.inference.GROUP_COST, reder.inference.ONEDNN = True, grouped, onednn
@@ -268,9 +268,9 @@ def work_reder(args: argparse.Namespace, sequences: list[list[int]], vocab: int)
         started = time.perf_counter()
         compiled(model)
         for size in (1, args.batch):  # every graph the timed calls meet, compiled before they start
-            translate_ids(model, sequences, "src2tgt", 1, size)
+            translate_ids(model, sequences, "src2tgt", batch_size=size)
         out["compile_s"] = round(time.perf_counter() - started, 1)
-        out["greedy_compiled"] = _time(lambda batch, size: translate_ids(model, batch, "src2tgt", 1, size), sequences,
+        out["greedy_compiled"] = _time(lambda batch, size: translate_ids(model, batch, "src2tgt", batch_size=size), sequences,
                                        args.batch, args.device, args.repeats, args.latency_repeats)
     rates = gemm_rates(model.cfg, sequences, args, before)  # the best of the two measurements: the ceiling stays high
     rate, cpu_rate, batch_rate, cpu_batch_rate = (rates[key] for key in ("wall", "cpu", "wall_batch", "cpu_batch"))
@@ -329,11 +329,12 @@ def measure_gemm(cfg: Any, sequences: list[list[int]], args: argparse.Namespace)
 
 
 def work_teacher(args: argparse.Namespace, sequences: list[list[int]], vocab: int) -> dict[str, Any]:
-    from reder.translate import translate_ids
+    from reder.decoding.run import translate_ids
 
     model, search = teacher_model(args, vocab), ar_search(args)
     out: dict[str, Any] = {f"{'greedy' if beam == 1 else f'beam{beam}'}": _time(
-        lambda batch, size, beam=beam: translate_ids(model, batch, "src2tgt", beam, size, **search), sequences,
+        lambda batch, size, beam=beam: translate_ids(model, batch, "src2tgt", "beam", size, beam_size=beam, **search),
+        sequences,
         args.batch, args.device) for beam in (1, 4)}
     out["parameters"] = sum(p.numel() for p in model.parameters())
     return out

@@ -77,7 +77,7 @@ def _scores(translate, sp, data: Path, directions=("src2tgt", "tgt2src"),
     """sacreBLEU BLEU/chrF of `translate(encoded, direction)` on `splits` (both test sets; the detokenized
     outputs go into `kept` when given, by split and direction)."""
     from pipeline.metrics import corpus_scores
-    from reder.translate import encode_lines
+    from reder.decoding.run import encode_lines
 
     scores = {}
     for split in splits:
@@ -96,7 +96,7 @@ def _roundtrip(translate, sp, data: Path) -> dict[str, float]:
     """Round-trip BLEU on test_2016_flickr: x → ŷ → x̂ scored against x, for each side (`translate` as in _scores)."""
     from pipeline.metrics import corpus_scores
     from reder import EOS_ID
-    from reder.translate import encode_lines
+    from reder.decoding.run import encode_lines
 
     english, german = _lines(data, TESTS[0])
     result = {}
@@ -110,7 +110,7 @@ def _roundtrip(translate, sp, data: Path) -> dict[str, float]:
 
 def _greedy(model):
     """translate(encoded, direction) with `model`'s greedy decoder (a teacher's beam 1)."""
-    from reder.translate import translate_ids
+    from reder.decoding.run import translate_ids
 
     return lambda encoded, direction: translate_ids(model, encoded, direction)
 
@@ -164,7 +164,7 @@ def teachers_phase(args: argparse.Namespace, cfg, device: str) -> dict:
     from reder import TransformerConfig
     from reder.autoregressive import Transformer
     from reder.checkpoint import save_model_dir
-    from reder.translate import encode_lines, translate_ids
+    from reder.decoding.run import encode_lines, translate_ids
 
     data, out = Path(args.data_dir), Path(args.out)
     english, german = _lines(data, "train")
@@ -186,13 +186,14 @@ def teachers_phase(args: argparse.Namespace, cfg, device: str) -> dict:
         teachers[direction] = model
         save_model_dir(out / f"teacher-{direction}", model, out / "spm.model", "en", "de", extra={"direction": direction})
     for beam in (1, 4):
-        translate = lambda encoded, d, beam=beam: translate_ids(teachers[d], encoded, d, beam, 64)  # noqa: E731
+        translate = lambda encoded, d, beam=beam: translate_ids(teachers[d], encoded, d, "beam", 64,  # noqa: E731
+                                                                beam_size=beam)
         report[f"teacher_{'greedy' if beam == 1 else f'beam{beam}'}"] = {**_scores(translate, sp, data),
                                                                        **_roundtrip(translate, sp, data)}
     test = encode_lines(sp, _lines(data, TESTS[0])[0])
     report["speed"] = measure_speed(teachers["src2tgt"], test, {
-        "teacher_greedy": lambda enc, d, bs: translate_ids(teachers[d], enc, d, 1, bs),
-        "teacher_beam4": lambda enc, d, bs: translate_ids(teachers[d], enc, d, 4, bs)}, _speed(cfg))
+        "teacher_greedy": lambda enc, d, bs: translate_ids(teachers[d], enc, d, "greedy", bs),
+        "teacher_beam4": lambda enc, d, bs: translate_ids(teachers[d], enc, d, "beam", bs, beam_size=4)}, _speed(cfg))
     if args.no_distill:  # a baseline only (e.g. the teachers at REDER's training cost), no KD corpus
         return report
     started = time.perf_counter()
@@ -237,7 +238,7 @@ def _reder_inputs(args: argparse.Namespace, cfg, device: str) -> SimpleNamespace
     token ids of the references and of the KD outputs, the teachers (when saved) and the evaluation settings."""
     import sentencepiece
 
-    from reder.translate import encode_lines
+    from reder.decoding.run import encode_lines
 
     data, source = Path(args.data_dir), Path(args.source)
     sp = sentencepiece.SentencePieceProcessor(model_file=str(source / "spm.model"))

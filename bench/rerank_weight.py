@@ -45,7 +45,8 @@ def main(argv: list[str] | None = None) -> dict:
     from reder.checkpoint import SPM_FILE, load_model_dir
     from reder.ctc import pad_batch
     from reder.rerank import pick, reconstruction_scores
-    from reder.translate import encode_lines
+    from reder.decoding.ctc import nbest as ctc_nbest
+    from reder.decoding.run import encode_lines
 
     run = json.loads((Path(args.workdir) / "last_run.json").read_text(encoding="utf-8"))
     stages = {name: Path(entry["output"]) for name, entry in run["stages"].items()}
@@ -54,7 +55,7 @@ def main(argv: list[str] | None = None) -> dict:
         raise SystemExit(f"rerank_weight: {args.workdir} has no finished {missing} stage(s)")
     model_dir = stages["train"] / "model"
     model, _ = load_model_dir(model_dir, args.device)
-    if not model.head.reranks:
+    if model.cfg.head != "ctc":
         raise SystemExit(f"rerank_weight: {model_dir} has head {model.cfg.head!r}; self-reranking needs a CTC model")
     sp = sentencepiece.SentencePieceProcessor(model_file=str(model_dir / SPM_FILE))
     source, target = read_text_split(stages["ingest"], args.split, args.sentences)
@@ -71,7 +72,7 @@ def main(argv: list[str] | None = None) -> dict:
                 rows = order[start : start + args.batch]
                 tokens, lengths = pad_batch([encoded[i] for i in rows], args.device)
                 for penalty in penalties:
-                    nbest = model.nbest(tokens, lengths, direction, args.beam, blank_penalty=penalty)
+                    nbest = ctc_nbest(model, tokens, lengths, direction, args.beam, blank_penalty=penalty)
                     reverse = reconstruction_scores(model, tokens, lengths, direction,
                                                     [[ids for ids, _ in e] for e in nbest])
                     for weight in args.weights:

@@ -24,7 +24,7 @@ import yaml
 from reder.config import CmlmConfig, LossConfig, ModelConfig, TransformerConfig
 from reder.configio import ConfigError, FieldError, from_dict, require, to_dict
 from reder.decode import CUTOFF_PROB, CUTOFF_TOP_N
-from reder.heads import head_class
+from reder.decoding import DECODERS
 from reder.rerank import RERANK_WEIGHT, RERANKERS
 
 
@@ -714,7 +714,8 @@ def check_consistency(cfg: PipelineConfig) -> None:
     if cfg.model.vocab_size < 64:
         raise ConfigError(f"model.vocab_size: must be >= 64 for a joint SentencePiece model, "
                           f"got {cfg.model.vocab_size}")
-    if cfg.evaluate.rerank != "none" and (not head_class(cfg.model.head).reranks or cfg.evaluate.beam_size < 2):
+    reranks = "rerank" in DECODERS[(cfg.model.head, "beam")].__dataclass_fields__  # the head's beam takes a reranker
+    if cfg.evaluate.rerank != "none" and (not reranks or cfg.evaluate.beam_size < 2):
         raise ConfigError(f"evaluate.rerank: reranks the CTC beam, so it needs model.head=ctc and "
                           f"evaluate.beam_size >= 2, got {cfg.evaluate.rerank!r} with model.head {cfg.model.head!r} and "
                           f"evaluate.beam_size {cfg.evaluate.beam_size}")

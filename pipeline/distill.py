@@ -51,7 +51,9 @@ from pipeline.stage import StageError, StageRun, write_json
 from reder import EOS_ID, heads
 from reder.autoregressive import Transformer
 from reder.checkpoint import load_teacher_dir
-from reder.translate import translate_ids
+from reder.decoding.base import Ct2Model
+from reder.decoding.ct2 import ct2_model
+from reder.decoding.run import translate_ids
 
 log = logging.getLogger(__name__)
 
@@ -192,14 +194,12 @@ class TeacherDecoder:
             torch.set_num_threads(max(1, threads))
         self.decoding = decoding
         if ct2_dirs:
-            from reder import ct2
-
             devices, why_not = ctranslate2_cuda() if self.device == "cuda" else (0, "")  # loads cuBLAS 12 if needed
             if self.device == "cuda" and not devices:
                 raise RuntimeError(f"distill: CTranslate2 cannot decode on this actor's GPU: {why_not}; "
                                    "set distill.engine=torch (or auto)")
-            translators = {d: (ct2.load_translator(Path(p), self.device, max(1, threads)), Path(p)) for d, p in ct2_dirs.items()}
-            self.decoders = {d: functools.partial(decode_ct2, *translators[d]) for d in translators}
+            self.decoders = {d: functools.partial(decode, ct2_model(Path(p), self.device, max(1, threads)), direction=d)
+                             for d, p in ct2_dirs.items()}
         else:
             teachers = {d: load_teacher_dir(Path(p), d, vocab_size, self.device) for d, p in teacher_dirs.items()}
             self.decoders = {d: functools.partial(decode, teachers[d], direction=d) for d in teachers}
@@ -246,23 +246,15 @@ def _in_batches(search: Callable[[list[list[int]], int], list[list[int]]], input
     return outputs
 
 
-def decode(model: Transformer, inputs: list[list[int]], direction: str, beam_size: int, length_penalty: float,
-           max_len_a: float, max_len_b: int, max_tokens: int = 0, batch_size: int = 128) -> list[list[int]]:
-    """Teacher outputs (piece ids, no EOS) for pieces without EOS, in input order: one batched beam search per
+def decode(model: Transformer | Ct2Model, inputs: list[list[int]], direction: str, beam_size: int,
+           length_penalty: float, max_len_a: float, max_len_b: int, max_tokens: int = 0,
+           batch_size: int = 128) -> list[list[int]]:
+    """Teacher outputs (piece ids, no EOS) for pieces without EOS, in input order: one batched beam search (the
+    `beam` decoder of reder/decoding/: ours, or through CTranslate2 for a `Ct2Model`, which mirrors ours) per
     `plan_batches` batch (the batches the stage's actors get, so outputs match actor or not)."""
     return _in_batches(lambda sequences, size: translate_ids(
-        model, sequences, direction, beam_size, size, length_penalty=length_penalty, max_len_a=max_len_a,
-        max_len_b=max_len_b), inputs, max_tokens, batch_size)
-
-
-def decode_ct2(translator: Any, ct2_dir: Path, inputs: list[list[int]], beam_size: int, length_penalty: float,
-               max_len_a: float, max_len_b: int, max_tokens: int = 0, batch_size: int = 128) -> list[list[int]]:
-    """`decode` through CTranslate2 (`reder.ct2.translate_ids`, which mirrors our search), the same batches."""
-    from reder import ct2
-
-    return _in_batches(lambda sequences, size: ct2.translate_ids(
-        translator, ct2_dir, sequences, beam_size, length_penalty, max_len_a, max_len_b, batch_size=size),
-        inputs, max_tokens, batch_size)
+        model, sequences, direction, "beam", size, beam_size=beam_size, length_penalty=length_penalty,
+        max_len_a=max_len_a, max_len_b=max_len_b), inputs, max_tokens, batch_size)
 
 
 def plan_actors(distill: DistillConfig) -> tuple[int, dict[str, float]]:

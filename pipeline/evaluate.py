@@ -50,6 +50,7 @@ import json
 import logging
 import time
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -65,7 +66,9 @@ from pipeline.runfiles import MODEL_DIR
 from pipeline.stage import StageError, StageRun, write_json, write_text
 from reder import DIRECTIONS, EOS_ID
 from reder.checkpoint import SPM_FILE, load_cmlm_dir, load_model_dir
-from reder.translate import encode_lines, reranked_by_penalty, translate_ids
+from reder.decoding import make_decoder
+from reder.decoding.ctc import reranked_by_penalty
+from reder.decoding.run import encode_lines, translate_ids
 
 log = logging.getLogger(__name__)
 
@@ -173,13 +176,21 @@ def read_split(corpus: Path, split: str, cfg: PipelineConfig) -> tuple[list[str]
 Decoder = Callable[[list[list[int]], str, int], list[list[int]]]  # (encoded inputs, direction, batch size) → ids
 
 
+def system(models: dict[str, Any], decoders: dict[str, Any], refiners: dict[str, Any] | None = None,
+           refine_steps: int = 0) -> Decoder:
+    """An evaluated system: per direction a model and its decoder (reder/decoding/), maybe a refiner."""
+    return lambda encoded, direction, batch_size: translate_ids(
+        models[direction], encoded, direction, decoders[direction], batch_size,
+        (refiners or {}).get(direction), refine_steps)
+
+
 def decoders_for(model: Any, evaluation: Any, teachers: dict[str, Any], cmlms: dict[str, Any] | None = None,
                  beam_penalty: dict[str, dict[str, float]] | None = None) -> dict[str, Decoder]:
-    """Every evaluated system by name: REDER's decoders (CTC greedy and beam, reranked by `evaluate.rerank`;
-    or the DAG decoders; a beam decoder under its `beam_penalty` per direction where given, else the model's
-    own), with `evaluate.teacher_baseline` the teachers' greedy and beam search, and with
-    `cmlms` (direction → CMLM) the CMLMs' mask-predict (`evaluate.cmlm_iterations`) and REDER's greedy output
-    refined by them (`evaluate.refine_steps`)."""
+    """Every evaluated system by name, each a decoder of reder/decoding/: REDER's (CTC greedy and beam, reranked
+    by `evaluate.rerank`; or the DAG's greedy, lookahead, viterbi and beam; a beam decoder under its
+    `beam_penalty` per direction where given, else the model's own), with `evaluate.teacher_baseline` the
+    teachers' greedy and beam, and with `cmlms` (direction → CMLM) the CMLMs' mask_predict
+    (`evaluate.cmlm_iterations`) and REDER's greedy output refined by them (`evaluate.refine_steps`)."""
     if (evaluation.teacher_baseline or evaluation.rerank == "teacher") and set(teachers) != {"src2tgt", "tgt2src"}:
         raise ValueError("evaluate.teacher_baseline / evaluate.rerank=teacher need both directions' teachers "
                          "(the teacher stage's output)")
@@ -188,50 +199,64 @@ def decoders_for(model: Any, evaluation: Any, teachers: dict[str, Any], cmlms: d
     if (iterations or refine_steps) and set(cmlms) != {"src2tgt", "tgt2src"}:
         raise ValueError("evaluate.cmlm_iterations / evaluate.refine_steps need both directions' CMLMs (the cmlm "
                          "stage's output)")
-    # the head's own decoders, then its beam decoders (`beam_decoders`) under the model's own penalty
-    options = decoding_options(model, evaluation)
-    systems: dict[str, Decoder] = {name: (lambda enc, d, bs, name=name: translate_ids(model, enc, d, 1, bs, name, **options))
-                                   for name in model.head.decoders}
+    reder = dict.fromkeys(DIRECTIONS, model)
+    both = lambda decoder: dict.fromkeys(DIRECTIONS, decoder)  # noqa: E731
+    greedy = head_decoder(model, evaluation, "greedy")
+    systems: dict[str, Decoder] = {"greedy": system(reder, both(greedy))}
+    for name in ("lookahead", "viterbi") if model.cfg.head == "dag" else ():
+        systems[name] = system(reder, both(head_decoder(model, evaluation, name)))
     if any(getattr(model, "blank_penalty", {}).values()):
-        systems["greedy_unpenalised"] = lambda enc, d, bs: translate_ids(model, enc, d, 1, bs, blank_penalty=0.0, **options)
-    for name in beam_rerankers(model, evaluation, teachers, "src2tgt"):
+        systems["greedy_unpenalised"] = system(reder, both(make_decoder(model, "greedy", blank_penalty=0.0)))
+    for name in beam_decoders(model, evaluation, teachers, "src2tgt"):
         chosen = (beam_penalty or {}).get(name, {})
-        systems[name] = lambda enc, d, bs, name=name, chosen=chosen: translate_ids(
-            model, enc, d, evaluation.beam_size, bs, blank_penalty=chosen.get(d), **options,
-            **beam_rerankers(model, evaluation, teachers, d)[name])
+        systems[name] = system(reder, {d: penalised(beam_decoders(model, evaluation, teachers, d)[name], chosen.get(d))
+                                       for d in DIRECTIONS})
     for steps in refine_steps:
-        systems[f"greedy_refine{steps}"] = lambda enc, d, bs, steps=steps: translate_ids(
-            model, enc, d, 1, bs, refiner=cmlms[d], refine_steps=steps, **options)
+        systems[f"greedy_refine{steps}"] = system(reder, both(greedy), cmlms, steps)
     for count in iterations:
-        systems[f"cmlm_T{count}"] = lambda enc, d, bs, count=count: translate_ids(
-            cmlms[d], enc, d, evaluation.cmlm_length_beam, bs, iterations=count)
+        mask_predict = make_decoder(cmlms["src2tgt"], "mask_predict", iterations=count,
+                                    length_beam=evaluation.cmlm_length_beam)
+        systems[f"cmlm_T{count}"] = system(cmlms, both(mask_predict))
     if evaluation.teacher_baseline:
-        for name, size in (("teacher_greedy", 1), (f"teacher_beam{evaluation.teacher_beam_size}", evaluation.teacher_beam_size)):
-            systems[name] = lambda enc, d, bs, size=size: translate_ids(teachers[d], enc, d, size, bs)
+        size = evaluation.teacher_beam_size
+        systems["teacher_greedy"] = system(teachers, both(make_decoder(teachers["src2tgt"], "greedy")))
+        systems[f"teacher_beam{size}"] = system(teachers, both(make_decoder(teachers["src2tgt"], "beam", beam_size=size)))
     return systems
 
 
-def decoding_options(model: Any, evaluation: Any) -> dict[str, Any]:
-    """The head's decoding options: CTC the beam's per-frame cutoffs; DAG the transition bound, n-gram blocking and
-    length penalty."""
-    if model.head.reranks:
-        return {"cutoff_top_n": evaluation.cutoff_top_n, "cutoff_prob": evaluation.cutoff_prob}
-    return {"max_transition": evaluation.dag_max_transition, "no_repeat_ngram": evaluation.dag_no_repeat_ngram,
-            "dag_length_penalty": evaluation.dag_length_penalty}
+def penalised(decoder: Any, penalty: float | None) -> Any:
+    """A CTC decoder under blank penalty `penalty` (None: as it is, the model's own)."""
+    return decoder if penalty is None else replace(decoder, blank_penalty=penalty)
 
 
-def beam_rerankers(model: Any, evaluation: Any, teachers: dict[str, Any], direction: str) -> dict[str, dict[str, Any]]:
-    """REDER's beam decoders by name with `evaluate.beam_size` > 1, each as its `translate_ids` reranking options for
-    `direction`: its beam search (CTC: prefix beam; DAG: over strings) and, for a head whose n-best can be reranked
-    (CTC), the beam reranked by `evaluate.rerank` (`rerank_nbest`'s rerank, rerank_weight, teacher)."""
+def head_decoder(model: Any, evaluation: Any, name: str, **options: Any) -> Any:
+    """REDER's decoder `name` with the evaluate section's options for its head: CTC the beam's per-frame cutoffs;
+    DAG the transition bound, n-gram blocking (greedy, lookahead) and length penalty (viterbi, beam)."""
+    if model.cfg.head == "ctc":
+        if name == "beam":
+            options.update(cutoff_top_n=evaluation.cutoff_top_n, cutoff_prob=evaluation.cutoff_prob)
+        return make_decoder(model, name, **options)
+    options["max_transition"] = evaluation.dag_max_transition
+    if name in ("greedy", "lookahead"):
+        options["no_repeat_ngram"] = evaluation.dag_no_repeat_ngram
+    else:
+        options["length_penalty"] = evaluation.dag_length_penalty
+    return make_decoder(model, name, **options)
+
+
+def beam_decoders(model: Any, evaluation: Any, teachers: dict[str, Any], direction: str) -> dict[str, Any]:
+    """REDER's beam decoders of `direction` by system name with `evaluate.beam_size` > 1: its beam search (CTC:
+    prefix beam; DAG: over strings) and, for a CTC model, the beam reranked by `evaluate.rerank`."""
     beam = evaluation.beam_size
     if beam < 2:
         return {}
-    systems: dict[str, dict[str, Any]] = {f"beam{beam}": {}}
-    if model.head.reranks and evaluation.rerank == "teacher":
-        systems[f"beam{beam}_rerank"] = {"rerank": "teacher", "teacher": teachers[direction]}
-    elif model.head.reranks and evaluation.rerank == "self":
-        systems[f"beam{beam}_selfrerank"] = {"rerank": "self", "rerank_weight": evaluation.rerank_weight}
+    systems = {f"beam{beam}": head_decoder(model, evaluation, "beam", beam_size=beam)}
+    if model.cfg.head == "ctc" and evaluation.rerank == "teacher":
+        systems[f"beam{beam}_rerank"] = head_decoder(model, evaluation, "beam", beam_size=beam, rerank="teacher",
+                                                     teacher=teachers[direction])
+    elif model.cfg.head == "ctc" and evaluation.rerank == "self":
+        systems[f"beam{beam}_selfrerank"] = head_decoder(model, evaluation, "beam", beam_size=beam, rerank="self",
+                                                         rerank_weight=evaluation.rerank_weight)
     return systems
 
 
@@ -251,9 +276,8 @@ def tune_beam_penalties(model: Any, cfg: PipelineConfig, teachers: dict[str, Any
     for direction, (inputs, references) in sides.items():
         progress.doing(f"valid {direction}: the beam under blank penalties {', '.join(f'{p:g}' for p in grid)}")
         encoded = cut_to([e[:-1] for e in encode_lines(sp, inputs)], limit)[0]
-        outputs = reranked_by_penalty(model, encoded, direction, evaluation.beam_size, grid,
-                                      beam_rerankers(model, evaluation, teachers, direction), evaluation.batch_size,
-                                      **decoding_options(model, evaluation),
+        outputs = reranked_by_penalty(model, encoded, direction, grid,
+                                      beam_decoders(model, evaluation, teachers, direction), evaluation.batch_size,
                                       on_batch=lambda count: progress.update(progress.done + count))
         for penalty, by_name in outputs.items():
             for name, ids in by_name.items():
@@ -338,7 +362,7 @@ def evaluate_model(model_dir: Path, corpus: Path, cfg: PipelineConfig, out: Path
                 log.warning("evaluate: %d of %d %s %s greedy outputs are longer than the model reads back (%d pieces "
                             "with EOS): cut to it for the round trip (results.json: roundtrip_cut)",
                             roundtrip_cut[f"{split}.{side}"], len(fed), split, direction, model.max_input_length())
-            restored = translate_ids(model, fed, back, 1, evaluation.batch_size)
+            restored = translate_ids(model, fed, back, batch_size=evaluation.batch_size)
             text = [sp.decode(h) for h in restored]
             write_text(out / f"{split}.roundtrip_{side}.greedy.txt", "".join(h + "\n" for h in text))
             roundtrip[f"{split}.{side}"] = corpus_bleu(text, inputs)[0]

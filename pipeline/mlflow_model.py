@@ -7,8 +7,9 @@ of this repository to load — `mlflow.pyfunc.load_model("models:/reder-en-de/1"
 `mlflow.models.set_model`; nothing else imports it.
 
 Input: rows of `text`, `src`, `tgt` (language codes of the model directory; each row names its own
-direction, so one request may mix both); params `beam` (CTC prefix beam size, 1 = greedy) and `decoder`
-(a DAG model's greedy, lookahead or viterbi), `strict` (default false). Output: one translation per row, in input
+direction, so one request may mix both); params `beam` (the beam size, 1 = greedy; > 1 with decoder greedy means
+beam) and `decoder` (a name of reder/decoding/, as the CLI takes it: greedy, beam; a DAG model's lookahead,
+viterbi), `strict` (default false). Output: one translation per row, in input
 order. As `python -m reder.translate`, every row is translated: a control character or line terminator in its
 text becomes a space and a text longer than the model reads is cut to it, each logged as a warning naming the
 row; with `strict` such a row is refused instead. A row for a language pair the model does not translate, an

@@ -16,8 +16,9 @@ Then:
 
 Request (POST, JSON): `text` (one string or a list of up to MAX_SENTENCES strings, each 1 to reder.api.MAX_CHARS
 characters, one line), `src` and `tgt` (language codes the model directory records; a REDER model translates both
-ways, a teacher only its own pair), optional `beam` (1 to MAX_BEAM; CTC prefix beam, a teacher's beam size),
-`decoder` (a DAG model's greedy, lookahead or viterbi) and `strict` (default false). Response: `translation`, a
+ways, a teacher only its own pair), optional `beam` (1 to MAX_BEAM: the beam size; > 1 with decoder greedy means
+beam), `decoder` (a name of reder/decoding/, as the CLI takes it: greedy, beam; a DAG model's lookahead, viterbi)
+and `strict` (default false). Response: `translation`, a
 string or a list as `text` was, and `notes` where a sentence was mended: as `python -m reder.translate`, every
 sentence is translated, a control character or line terminator inside it becoming a space and (engine torch) a
 sentence longer than the model reads cut to it, each named in `notes` (`text[3]: U+2028 (LINE SEPARATOR) at
@@ -26,7 +27,7 @@ character 5 replaced by a space`); with `"strict": true` such a sentence is a 40
 the replica. GET /health answers `{"languages": [...], "engine": ...}`.
 
 `engine=torch` serves a model directory with `reder.api.Translator` (REDER, or an AR teacher with our beam
-search); `engine=ct2` serves a teacher model directory through CTranslate2 (`reder.ct2.TextTranslator`, the
+search); `engine=ct2` serves a teacher model directory through CTranslate2 (`reder.api.Ct2Translator`, the
 optional extra), the AR baseline served the same way. Dynamic batching (`serve.batch`): concurrent
 requests are gathered up to `max_batch_size` requests or `batch_wait_timeout_s`, then each (direction, beam,
 decoder) group is translated in one call.
@@ -123,9 +124,9 @@ def load_backend(model_dir: str, engine: str, device: str, threads: int) -> Any:
         torch.set_num_threads(threads)
         return load(model_dir, device)
     if engine == "ct2":
-        from reder.ct2 import TextTranslator
+        from reder.api import Ct2Translator
 
-        return TextTranslator(model_dir, device, threads)
+        return Ct2Translator(model_dir, device, threads)
     raise ValueError(f"engine: must be torch or ct2, got {engine!r}")
 
 

@@ -61,7 +61,8 @@ from reder.config import CmlmConfig
 from reder.checkpoint import MODEL_FILE, load_tensors
 from reder.ctc import pad_batch
 from reder.objectives.directional import CmlmObjective, PairObjective, TeacherObjective, teacher_loss
-from reder.translate import greedy_by_penalty, translate_ids
+from reder.decoding.ctc import greedy_by_penalty
+from reder.decoding.run import choose, translate_ids
 
 log = logging.getLogger(__name__)
 
@@ -244,7 +245,7 @@ def lazy_validator(config: dict[str, Any], max_sentences: int,
 
 
 class Validator:
-    """Greedy decoding of the validation split in `directions` (a CMLM: mask-predict, translate_ids' default 10
+    """Greedy decoding of the validation split in `directions` (a CMLM: mask-predict with its default 10
     iterations and one length candidate), scored with sacreBLEU (rank 0); for a teacher also its validation loss
     (mean token NLL, `valid_nll_<direction>`), and the output's length over the references' (`valid_length_ratio_
     <direction>`, in BLEU's tokens: a CTC model that over-predicts the blank writes short). A CTC REDER with
@@ -283,7 +284,8 @@ class Validator:
                     scores.update(self._penalised(model, direction))
                     continue
                 member = model[direction] if isinstance(model, ModelPair) else model
-                hypotheses = [self.sp.decode(h) for h in translate_ids(member, self._inputs(member, direction), direction)]
+                decoded = translate_ids(member, self._inputs(member, direction), direction, choose(member))
+                hypotheses = [self.sp.decode(h) for h in decoded]
                 scores[f"bleu_{direction}"], scores[f"valid_length_ratio_{direction}"] = corpus_bleu(
                     hypotheses, self.references[direction])  # no chrF: ~0.3 s a direction at every validation
                 if isinstance(member, Transformer):

@@ -12,15 +12,22 @@ SentencePiece is applied inside.
 """
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+import sentencepiece
 import torch
 
-from reder.checkpoint import SPM_FILE, direction_of, load_model_dir
+from reder.autoregressive import Transformer
+from reder.checkpoint import SPM_FILE, direction_of, load_model_dir, read_meta
 from reder.cmlm import CMLM
+from reder.decoding.ct2 import ct2_model
+from reder.decoding.run import choose, encode_lines, translate_ids, translate_lines
+from reder.inference import quantized
+from reder.model import REDER
+from reder.static import compiled
 from reder.text import line_problem
-from reder.translate import check_device, fast_model, load_sentencepiece, translate_lines
 
 MAX_CHARS = 2000  # per sentence a service takes (pipeline.serve, the MLflow pyfunc): sentences, not books
 
@@ -39,10 +46,42 @@ def sentence_problem(line: object, strict: bool = True) -> Optional[str]:
     return line_problem(line) if strict else None
 
 
+def load_sentencepiece(path: Path) -> sentencepiece.SentencePieceProcessor:
+    try:
+        return sentencepiece.SentencePieceProcessor(model_file=str(path))
+    except (RuntimeError, OSError) as error:
+        raise ValueError(f"{path}: not a SentencePiece model ({str(error).splitlines()[0]})") from None
+
+
+def check_device(device: str) -> None:
+    try:
+        kind = torch.device(device).type
+    except RuntimeError:
+        raise ValueError(f"--device {device}: not a device (cpu, cuda, cuda:N)") from None
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {device}: CUDA is not available on this machine (use --device cpu)")
+
+
+def fast_model(model: REDER | Transformer | CMLM, device: str, int8: bool = False,
+               compile: bool = False) -> REDER | Transformer | CMLM:
+    """`model` with the decoding options asked for: `int8` (a REDER on CPU with its trunk's linear layers
+    dynamically quantized, reder.inference.quantized) or `compile` (a REDER's trunk at static shapes under
+    torch.compile, reder.static.compiled), not both; ValueError otherwise."""
+    if int8 and compile:
+        raise ValueError("--int8 and --compile: choose one (the int8 trunk is not compiled)")
+    if compile and not isinstance(model, REDER):
+        raise ValueError(f"--compile is for a REDER model (got a {type(model).__name__})")
+    if compile:
+        return compiled(model)
+    if int8 and (not isinstance(model, REDER) or torch.device(device).type != "cpu"):
+        raise ValueError(f"--int8 is for a REDER model on CPU (got a {type(model).__name__} on {device})")
+    return quantized(model) if int8 else model
+
+
 class Translator:
-    """A loaded model directory. `translate(text, src, tgt, beam=1, decoder="greedy")`: CTC models decode
-    greedily or with prefix beam search (`beam` > 1); DAG models with `decoder` greedy, lookahead or
-    viterbi; a Transformer with beam search of size `beam`; a CMLM with mask-predict, `iterations` and `beam`
+    """A loaded model directory. `translate(text, src, tgt, beam=1, decoder="greedy")`, the decoders of
+    reder/decoding/ by name: CTC models greedy or `beam` (prefix beam search of size `beam`); DAG models greedy,
+    lookahead, viterbi or beam; a Transformer greedy or beam; a CMLM mask_predict with `iterations` and `beam`
     length candidates. `refiner` (a Translator of a CMLM for this direction) refines the output with
     `refine_steps` mask-predict iterations."""
 
@@ -58,29 +97,53 @@ class Translator:
                   batch_size: int = 64, iterations: int = 10, refiner: Optional[Translator] = None,
                   refine_steps: int = 0, notes: Optional[list[tuple[int, str]]] = None) -> str | list[str]:
         """One sentence (a str) or a list of them, from language `src` into `tgt`. With a `notes` list every
-        sentence is translated, mended where it must be (`reder.translate.translate_lines`: a control character
+        sentence is translated, mended where it must be (`reder.decoding.run.translate_lines`: a control character
         becomes a space, a sentence longer than the model reads is cut), each change appended as (index, what)."""
-        if beam < 1 or batch_size < 1:
-            raise ValueError(f"beam and batch_size must be >= 1, got {beam} and {batch_size}")
-        decoders = getattr(getattr(self.model, "head", None), "decoders", ("greedy",))
-        if decoder not in decoders:
-            raise ValueError(f"decoder {decoder!r}: this model decodes with {', '.join(decoders)}")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         lines = [text] if isinstance(text, str) else list(text)
         direction = direction_of(self.meta, src, tgt, self.directory)
-        options: dict[str, Any] = {"iterations": iterations} if isinstance(self.model, CMLM) else {}
+        chosen = choose(self.model, decoder, beam, **({"iterations": iterations} if isinstance(self.model, CMLM) else {}))
+        refine: dict[str, Any] = {}
         if refiner is not None or refine_steps:
             if refiner is None or not isinstance(refiner.model, CMLM):
                 raise ValueError("refine_steps needs refiner=<a Translator of a CMLM model directory>")
             if direction_of(refiner.meta, src, tgt, refiner.directory) != direction:
                 raise ValueError(f"{refiner.directory}: its direction differs from this model's {direction} for {src}->{tgt}")
-            options.update(refiner=refiner.model, refine_steps=refine_steps)
+            refine.update(refiner=refiner.model, refine_steps=refine_steps)
         with torch.inference_mode():
-            out = translate_lines(self.model, self.sp, lines, direction, beam, batch_size, decoder, notes=notes, **options)
+            out = translate_lines(self.model, self.sp, lines, direction, chosen, batch_size, notes=notes, **refine)
         return out[0] if isinstance(text, str) else out
 
     def __repr__(self) -> str:
         kind = type(self.model).__name__
         return f"Translator({str(self.directory)!r}, {kind}, {self.languages[0]}<->{self.languages[1]})"
+
+
+class Ct2Translator:
+    """A teacher model directory served through CTranslate2, as `Translator` serves it with our search:
+    `translate(text, src, tgt, beam, decoder)` with the same decoder names, text in and detokenized text out, its
+    own direction only. The teacher is converted (float32) into `work` (a temporary directory by default) when it
+    loads; decoding is CTranslate2 as one runs it (reder/decoding/ct2.py, `mirror` off)."""
+
+    def __init__(self, teacher_dir: str | Path, device: str = "cpu", threads: int = 1, work: str | Path | None = None) -> None:
+        from reder.ct2 import convert
+
+        self.directory = Path(teacher_dir)
+        self.meta = read_meta(self.directory)
+        self._work = None if work else tempfile.TemporaryDirectory(prefix="ct2-")
+        self.model = ct2_model(convert(self.directory, Path(work or self._work.name) / "ct2"), device, threads)
+        self.sp = load_sentencepiece(self.directory / SPM_FILE)
+        self.languages = (self.meta.get("src_lang"), self.meta.get("tgt_lang"))
+
+    def translate(self, text: str | Sequence[str], src: str, tgt: str, beam: int = 4, decoder: str = "greedy",
+                  batch_size: int = 64) -> str | list[str]:
+        direction = direction_of(self.meta, src, tgt, self.directory)
+        chosen = choose(self.model, decoder, beam, mirror=False)
+        lines = [text] if isinstance(text, str) else list(text)
+        out = [self.sp.decode(h) for h in translate_ids(self.model, encode_lines(self.sp, lines), direction, chosen,
+                                                        batch_size)]
+        return out[0] if isinstance(text, str) else out
 
 
 REGISTRY = "models:/"

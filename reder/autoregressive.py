@@ -312,11 +312,3 @@ class Transformer(EncoderDecoder):
                 history, last, row_limits, scores = history[rows], last[rows], row_limits[rows], scores[keep]
                 alive = [alive[g] for g in keep.tolist()]
         return [max(finished[b] + greedy_finished[b], key=lambda h: h[1]) for b in range(len(limits))]
-
-    @torch.no_grad()
-    def translate(self, tokens: torch.Tensor, lengths: torch.Tensor, beam_size: int = 4, length_penalty: float = 1.0,
-                  max_len_a: float = 1.2, max_len_b: int = 10) -> list[list[int]]:
-        """Token ids (B, S) ending in EOS → one hypothesis per sentence (ids without specials); beam 1 is greedy."""
-        if beam_size == 1:
-            return self.greedy(tokens, lengths, max_len_a, max_len_b)
-        return [h for h, _ in self.beam_search(tokens, lengths, beam_size, length_penalty, max_len_a, max_len_b)]

@@ -162,10 +162,3 @@ class CMLM(EncoderDecoder):
         for row, sentence, length in zip(rows, tokens.tolist(), lengths.tolist()):
             outputs[row] = sentence[:length]
         return outputs
-
-    @torch.no_grad()
-    def translate(self, tokens: torch.Tensor, lengths: torch.Tensor, beam_size: int = 5,
-                  iterations: int = 10) -> list[list[int]]:
-        """Token ids (B, S) ending in EOS → one hypothesis per sentence: mask-predict with `iterations` and
-        `beam_size` length candidates."""
-        return [hypothesis for hypothesis, _ in self.mask_predict(tokens, lengths, iterations, beam_size)]

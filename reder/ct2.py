@@ -1,4 +1,5 @@
-"""The autoregressive teacher as a CTranslate2 model: conversion, and decoding that mirrors `Transformer.translate`.
+"""The autoregressive teacher as a CTranslate2 model: conversion, and decoding that mirrors the teacher's `greedy`
+and `beam` decoders (reder/decoding/autoregressive.py).
 
 CTranslate2 is an optional extra (`pip install -e .[ct2]`); it is imported inside the functions only.
 
@@ -50,14 +51,13 @@ beam and num_hypotheses (here K) have finished.
 from __future__ import annotations
 
 import json
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from reder.autoregressive import Transformer, output_limits, sinusoids
-from reder.checkpoint import SPM_FILE, direction_of, load_model_dir, read_meta
+from reder.checkpoint import SPM_FILE, load_model_dir
 from reder.config import BOS_ID, EOS_ID, PAD_ID
 
 VOCABULARY_FILE = "shared_vocabulary.json"  # CTranslate2's name for a vocabulary shared by source and target
@@ -181,7 +181,7 @@ def translate_ids(translator: Any, ct2_dir: Path, sequences: list[list[int]], be
                   length_penalty: float = 1.0, max_len_a: float = 1.2, max_len_b: int = 10,
                   greedy_floor: bool = True, patience: float = 1.0, batch_size: int = 64) -> list[list[int]]:
     """Token ids (each ending in EOS) → one hypothesis per sentence (ids without specials), as
-    `Transformer.translate` with the same arguments (see the module doc for what differs).
+    the teacher's own greedy or beam search with the same arguments (see the module doc for what differs).
 
     Length-sorted batches of `batch_size` run to their longest limit; a sentence's beam result is exactly what a
     run to its own limit L gives when its search stopped before step L − 2 (its longest finished hypothesis,
@@ -265,31 +265,3 @@ def translate_plain(translator: Any, ct2_dir: Path, sequences: list[list[int]], 
         for i, result in zip(chunk, results):
             outputs[i] = [index[piece] for piece in result.hypotheses[0] if piece != pieces[EOS_ID]]
     return outputs
-
-
-class TextTranslator:
-    """A teacher model directory served through CTranslate2, as `reder.api.Translator` serves it with our search:
-    `translate(text, src, tgt, beam)`, text in and detokenized text out, its own direction only. The teacher
-    is converted (float32) into `work` (a temporary directory by default) when it loads; decoding is
-    `translate_plain`, CTranslate2 as one runs it."""
-
-    def __init__(self, teacher_dir: str | Path, device: str = "cpu", threads: int = 1, work: str | Path | None = None) -> None:
-        import sentencepiece
-
-        self.directory = Path(teacher_dir)
-        self.meta = read_meta(self.directory)
-        self._work = None if work else tempfile.TemporaryDirectory(prefix="ct2-")
-        self.ct2_dir = convert(self.directory, Path(work or self._work.name) / "ct2")
-        self.translator = load_translator(self.ct2_dir, device, threads)
-        self.sp = sentencepiece.SentencePieceProcessor(model_file=str(self.directory / SPM_FILE))
-        self.languages = (self.meta.get("src_lang"), self.meta.get("tgt_lang"))
-
-    def translate(self, text: str | list[str], src: str, tgt: str, beam: int = 4, decoder: str = "greedy",
-                  batch_size: int = 64) -> str | list[str]:
-        if decoder != "greedy":
-            raise ValueError(f"decoder {decoder!r}: an autoregressive teacher decodes with beam search only")
-        direction_of(self.meta, src, tgt, self.directory)
-        lines = [text] if isinstance(text, str) else list(text)
-        ids = [self.sp.encode(line) + [EOS_ID] for line in lines]
-        out = [self.sp.decode(h) for h in translate_plain(self.translator, self.ct2_dir, ids, beam, batch_size=batch_size)]
-        return out[0] if isinstance(text, str) else out

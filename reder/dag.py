@@ -1,5 +1,6 @@
-"""DA-Transformer output head (Huang et al., ICML 2022): links, the DP, Viterbi alignment, decoders (the loss:
-reder/objectives/terms.py; the beam search over strings: reder/dag_beam.py).
+"""DA-Transformer output head (Huang et al., ICML 2022): links, the DP, Viterbi alignment, the greedy, lookahead
+and Viterbi searches (the loss: reder/objectives/terms.py; the beam search over strings: reder/dag_beam.py; the
+decoders that run them: reder/decoding/dag.py).
 
 A batch of graphs: vertex b, j for j < L_b (graph_lengths); vertex 0 starts every path and L_b − 1 ends it.
 `log_edges` (B, L, L) holds log E_kj, −inf unless k < j < L_b. The target is Y = [BOS, y…, EOS] (M_b
@@ -213,22 +214,6 @@ def dag_viterbi(log_edges: torch.Tensor, log_probs: torch.Tensor, graph_lengths:
             path.append(int(backpointers[step][b, path[-1]]))
         hypotheses.append([int(tokens[b, v]) for v in reversed(path)])
     return hypotheses
-
-
-DAG_DECODERS = ("greedy", "lookahead", "viterbi")
-
-
-def dag_decode(decoder: str, log_edges: torch.Tensor, log_probs: torch.Tensor, graph_lengths: torch.Tensor,
-               max_transition: int = 0, no_repeat_ngram: int = 0, length_penalty: float = 1.0) -> list[list[int]]:
-    """Raw ids (BOS/EOS kept) of one hypothesis per graph; lookahead uses β = 1. `max_transition` bounds every
-    decoder's jumps, `no_repeat_ngram` applies to greedy and lookahead, `length_penalty` to Viterbi."""
-    if decoder == "greedy":
-        return dag_greedy(log_edges, log_probs, graph_lengths, 0.0, max_transition, no_repeat_ngram)
-    if decoder == "lookahead":
-        return dag_greedy(log_edges, log_probs, graph_lengths, 1.0, max_transition, no_repeat_ngram)
-    if decoder == "viterbi":
-        return dag_viterbi(log_edges, log_probs, graph_lengths, length_penalty, max_transition)
-    raise ValueError(f"DAG decoder must be one of {DAG_DECODERS}, got {decoder!r}")
 
 
 def graph_lengths_for(input_lengths: torch.Tensor, ratio: float) -> torch.Tensor:

@@ -1,11 +1,11 @@
 """Output heads: everything that differs between CTC and DAG outputs, behind the one interface the trunk calls.
 
 A head owns the upsampling of the reading end's input and `max_input_length`, what it adds to the writing
-end's log-probs (`extra`; DAG: log E from its links), FBA's layout of the target, CC's hard decode, its
-decoders (with beam_size > 1 both heads search a beam; `reranks` heads also give an n-best for reranking),
-and the feasibility rule the tokenize stage filters pairs with. Its loss is the objectives'
-(reder/objectives/outputs.py, the main term named `<name>_<direction>`). A new head is a class registered in
-HEADS, with its name added to reder.config.HEADS (config validation) and its loss to the objectives'.
+end's log-probs (`extra`; DAG: log E from its links), FBA's layout of the target, CC's hard decode, and the
+feasibility rule the tokenize stage filters pairs with. Its loss is the objectives' (reder/objectives/outputs.py,
+the main term named `<name>_<direction>`), its decoders reder/decoding/'s (the family named as the head). A new
+head is a class registered in HEADS, with its name added to reder.config.HEADS (config validation), its loss to
+the objectives' and its decoders to reder/decoding/.
 """
 from dataclasses import dataclass, field
 from functools import partial
@@ -17,15 +17,14 @@ from torch import nn
 
 from reder.config import BOS_ID, EOS_ID, PAD_ID, ModelConfig
 from reder.ctc import collapse_frames, pad_batch, valid_mask, viterbi_align
-from reder.dag import DAG_DECODERS, DagLinks, dag_decode, dag_greedy, graph_lengths_for, target_emissions
+from reder.dag import DagLinks, dag_greedy, graph_lengths_for, target_emissions
 from reder.dag import viterbi_align as dag_viterbi_align
-from reder.dag_beam import dag_beam
-from reder.decode import CUTOFF_PROB, CUTOFF_TOP_N, ctc_greedy, ctc_nbest, strip_special
+from reder.decode import strip_special
 
 
 @dataclass
 class HeadOutput:
-    """A writing end's output: log-probs (B, T, V) (the logits, for a head's `argmax_greedy` decoding), lengths
+    """A writing end's output: log-probs (B, T, V) (the logits, for CTC's greedy argmax), lengths
     (B,), the head's own tensors (DAG: "log_edges", log E (B, T, T))."""
 
     log_probs: torch.Tensor
@@ -38,14 +37,10 @@ class HeadOutput:
 
 
 class CtcHead(nn.Module):
-    """CTC at both ends: each input token r times; blank-separated alignments; greedy or prefix beam search."""
+    """CTC at both ends: each input token r times; blank-separated alignments."""
 
     name = "ctc"  # the main loss term is ctc_<direction>
     ratio_name = "upsample_ratio"
-    decoders: tuple[str, ...] = ("greedy",)  # with beam_size > 1: prefix beam search
-    reranks = True  # its beam's n-best can be reranked (by the teacher or by the model's reverse direction)
-    decode_options: tuple[str, ...] = ("cutoff_top_n", "cutoff_prob")  # what `decode` takes beyond the beam
-    argmax_greedy = True  # greedy is a per-frame argmax: it can read logits instead of log-probs
     emits_blank = True  # decoders drop blanks from the output: a blank penalty (REDER.blank_penalty) applies
 
     def __init__(self, cfg: ModelConfig) -> None:
@@ -82,22 +77,6 @@ class CtcHead(nn.Module):
         limit = self.max_input_length()
         return tokens[:, :limit], lengths.clamp(max=limit)
 
-    def decode(self, output: HeadOutput, decoder: str, beam_size: int, cutoff_top_n: int = CUTOFF_TOP_N,
-               cutoff_prob: float = CUTOFF_PROB) -> list[list[int]]:
-        """Raw labels (EOS kept) of one hypothesis per sentence: greedy, or prefix beam search (beam_size > 1)
-        over each frame's top `cutoff_top_n` tokens within cumulative probability `cutoff_prob`."""
-        if decoder != "greedy":
-            raise ValueError(f"decoder {decoder!r} needs head='dag'; a CTC model decodes greedily or with beam_size > 1")
-        if beam_size == 1:
-            return ctc_greedy(output.log_probs, output.lengths, self.cfg.blank_id)
-        return [entries[0][0] for entries in self.nbest(output, beam_size, cutoff_top_n, cutoff_prob)]
-
-    def nbest(self, output: HeadOutput, beam_size: int, cutoff_top_n: int = CUTOFF_TOP_N,
-              cutoff_prob: float = CUTOFF_PROB) -> list[list[tuple[list[int], float]]]:
-        """The prefix beam's n-best per sentence, best first: raw labels and the length-normalised log P(y|x)
-        (the candidates a reranker rescores)."""
-        return ctc_nbest(output.log_probs, output.lengths, self.cfg.blank_id, beam_size, cutoff_top_n, cutoff_prob)
-
     @staticmethod
     def feasible(input_len: int, target: list[int], ratio: float) -> bool:
         """Whether CTC can emit `target`+EOS from `input_len` pieces (+EOS) upsampled by the ratio r: a path
@@ -116,10 +95,6 @@ class DagHead(nn.Module):
 
     name = "dag"  # the main loss term is dag_<direction>
     ratio_name = "graph_upsample_ratio"
-    decoders: tuple[str, ...] = DAG_DECODERS  # with beam_size > 1: beam search over strings (dag_beam)
-    reranks = False
-    decode_options: tuple[str, ...] = ("max_transition", "no_repeat_ngram", "dag_length_penalty")
-    argmax_greedy = False  # greedy weighs emissions against the links: it needs log-probs
     emits_blank = False  # the blank id is only FBA's skip token: no blank penalty
 
     def __init__(self, cfg: ModelConfig) -> None:
@@ -173,24 +148,6 @@ class DagHead(nn.Module):
         hypotheses = dag_greedy(output.extra["log_edges"], output.log_probs, output.lengths)
         return pad_batch([strip_special(h, blank)[:limit] + [EOS_ID] for h in hypotheses], output.log_probs.device)
 
-    def decode(self, output: HeadOutput, decoder: str, beam_size: int, max_transition: int = 0, no_repeat_ngram: int = 0,
-               dag_length_penalty: float = 1.0) -> list[list[int]]:
-        """Raw ids (BOS/EOS kept) of one hypothesis per graph: greedy, lookahead or viterbi; with beam_size > 1
-        beam search over strings by their exact probability (`dag_beam`, the top 5 tokens of each vertex as
-        candidates; never below greedy or lookahead on that score). `max_transition` bounds the jumps (0: no
-        bound), `no_repeat_ngram` N blocks consecutive repeated n-grams up to N in greedy and lookahead,
-        `dag_length_penalty` is Viterbi's and the beam's |Y| exponent."""
-        log_edges = output.extra["log_edges"]
-        if beam_size > 1:
-            if decoder != "greedy":
-                raise ValueError(f"decoder {decoder!r} with beam_size {beam_size}: a DAG beam search is its own decoder "
-                                 "(give beam_size > 1 alone, or beam_size 1 with greedy, lookahead or viterbi)")
-            return [string for string, _ in dag_beam(log_edges, output.log_probs, output.lengths, beam_size,
-                                                     length_penalty=dag_length_penalty,
-                                                     excluded=(PAD_ID, self.cfg.blank_id), max_transition=max_transition)]
-        return dag_decode(decoder, log_edges, output.log_probs, output.lengths, max_transition, no_repeat_ngram,
-                          dag_length_penalty)
-
     @staticmethod
     def feasible(input_len: int, target: list[int], ratio: float) -> bool:
         """Whether the graph over BOS + `input_len` pieces + EOS, int(λ·(input_len+2)) vertices, has one for
@@ -233,7 +190,3 @@ def feasibility_key(cfg: ModelConfig) -> dict[str, Any]:
     """The tokenize stage's hash key of the config's feasibility rule."""
     return head_class(cfg.head).feasibility_key(cfg)
 
-
-def all_decoders() -> tuple[str, ...]:
-    """Every decoder name some head offers (the CLI's choices)."""
-    return tuple(dict.fromkeys(name for head in HEADS.values() for name in head.decoders))

@@ -8,8 +8,7 @@ from torch import nn
 
 from reder.config import DIRECTIONS, ENDS, PAD_ID, ModelConfig, check_direction
 from reder.ctc import valid_mask
-from reder.decode import CUTOFF_PROB, CUTOFF_TOP_N, strip_special
-from reder.heads import HEADS, HeadOutput, make_head
+from reder.heads import HeadOutput, make_head
 from reder.inference import real_rows, run_inference, tied_logits
 from reder.layers import ActNorm, DuplexLayer
 from reder.reversible import Op, run_trunk
@@ -115,7 +114,7 @@ class REDER(nn.Module):
     def penalise(self, logits: torch.Tensor, blank_penalty: float, normalise: bool = True) -> torch.Tensor:
         """Logits (B, T, V) with the blank's lowered by `blank_penalty`, then log-probabilities in the head's dtype
         (the logits themselves with normalise=False): what `project` returns of them, so that one run of the model
-        serves several penalties (`reder.translate.greedy_by_penalty`, `reranked_by_penalty`)."""
+        serves several penalties (`reder.decoding.ctc.greedy_by_penalty`, `reranked_by_penalty`)."""
         if blank_penalty:
             logits = logits.clone()
             logits[..., self.cfg.blank_id] -= blank_penalty
@@ -152,57 +151,3 @@ class REDER(nn.Module):
             for tokens, lengths, end in ((src_tokens, src_lengths, "src"), (tgt_tokens, tgt_lengths, "tgt")):
                 if not self.actnorm[end].is_initialized():
                     self.embed_input(tokens, lengths, end)
-
-    @torch.inference_mode()
-    def translate(
-        self, tokens: torch.Tensor, lengths: torch.Tensor, direction: str, beam_size: int = 1, decoder: str = "greedy",
-        blank_penalty: Optional[float] = None, **options: float,
-    ) -> list[list[int]]:
-        """Token ids (B, T) ending in EOS → one hypothesis per sentence (ids; BOS, EOS and blanks removed).
-
-        The head's decoders: CTC greedy, or prefix beam search with beam_size > 1; DAG greedy, lookahead or
-        viterbi, or its beam search with beam_size > 1. `options`: any head's `decode_options` (CTC: the
-        per-frame cutoffs of reder.decode.frame_candidates; DAG: max_transition, no_repeat_ngram,
-        dag_length_penalty); those of the other head are ignored. Under inference mode; a head whose greedy
-        decoder is a per-position argmax (CTC) gets the logits without the log-softmax. CTC: the blank's logit
-        is lowered by `blank_penalty` (None: the model's own `blank_penalty` of the direction)."""
-        known = {name for head in HEADS.values() for name in head.decode_options}
-        if set(options) - known:
-            raise TypeError(f"unknown decoding options {sorted(set(options) - known)}; known: {sorted(known)}")
-        normalise = not (beam_size == 1 and decoder == "greedy" and self.head.argmax_greedy)
-        output = self.outputs(tokens, lengths, direction, normalise, self.decoding_penalty(direction, blank_penalty))
-        own = {name: value for name, value in options.items() if name in self.head.decode_options}
-        hypotheses = self.head.decode(output, decoder, beam_size, **own)
-        return [strip_special(h, self.cfg.blank_id) for h in hypotheses]
-
-    @torch.no_grad()
-    def nbest(self, tokens: torch.Tensor, lengths: torch.Tensor, direction: str, beam_size: int,
-              cutoff_top_n: int = CUTOFF_TOP_N, cutoff_prob: float = CUTOFF_PROB,
-              blank_penalty: Optional[float] = None) -> list[list[tuple[list[int], float]]]:
-        """The CTC beam's n-best per sentence, best first: (ids with specials stripped, the normalised forward
-        score log P(y|x)/|y| of the raw labels, under the blank penalty as `translate` applies it); of raw
-        labels equal after stripping only the best stays."""
-        if not self.head.reranks:
-            raise ValueError(f"candidates need a CTC head, this model's head is {self.cfg.head!r}")
-        output = self.outputs(tokens, lengths, direction, blank_penalty=self.decoding_penalty(direction, blank_penalty))
-        return self.nbest_of(output, beam_size, cutoff_top_n, cutoff_prob)
-
-    def nbest_of(self, output: HeadOutput, beam_size: int, cutoff_top_n: int = CUTOFF_TOP_N,
-                 cutoff_prob: float = CUTOFF_PROB) -> list[list[tuple[list[int], float]]]:
-        """`nbest` of the model's output (log-probabilities, under whatever penalty they carry)."""
-        nbest = self.head.nbest(output, beam_size, cutoff_top_n, cutoff_prob)
-        results = []
-        for entries in nbest:
-            seen: dict[tuple[int, ...], float] = {}
-            for labels, score in entries:
-                seen.setdefault(tuple(strip_special(labels, self.cfg.blank_id)), score)
-            results.append([(list(ids), score) for ids, score in seen.items()])
-        return results
-
-    def candidates(self, tokens: torch.Tensor, lengths: torch.Tensor, direction: str, beam_size: int,
-                   cutoff_top_n: int = CUTOFF_TOP_N, cutoff_prob: float = CUTOFF_PROB,
-                   blank_penalty: Optional[float] = None) -> list[list[list[int]]]:
-        """The ids of `nbest` alone (best first, specials stripped, duplicates merged): for reranking."""
-        return [[ids for ids, _ in entries]
-                for entries in self.nbest(tokens, lengths, direction, beam_size, cutoff_top_n, cutoff_prob, blank_penalty)]
-

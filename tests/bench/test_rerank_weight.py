@@ -13,7 +13,7 @@ from pipeline.config import load_config
 from pipeline.metrics import corpus_scores
 from reder import REDER, ModelConfig
 from reder.checkpoint import save_model_dir
-from reder.translate import encode_lines, translate_ids
+from reder.decoding.run import encode_lines, translate_ids
 from tests.pipeline.test_evaluate import VOCAB, _corpus
 
 
@@ -53,7 +53,8 @@ def test_each_weight_scores_what_self_reranking_decodes_with_it(tmp_path, capsys
     for direction, column in (("src2tgt", 0), ("tgt2src", 1)):
         inputs, references = [p[column] for p in pairs], [p[1 - column] for p in pairs]
         for weight in (0.0, 1.0, 3.0):
-            decoded = translate_ids(model, encode_lines(sp, inputs), direction, 4, 64, rerank="self", rerank_weight=weight)
+            decoded = translate_ids(model, encode_lines(sp, inputs), direction, "beam", 64, beam_size=4, rerank="self",
+                                    rerank_weight=weight)
             texts = [sp.decode(h) for h in decoded]
             assert (tmp_path / "hyp" / f"valid.{direction}.w{weight}.txt").read_text(encoding="utf-8") == \
                 "".join(t + "\n" for t in texts)
@@ -70,8 +71,8 @@ def test_each_weight_scores_what_self_reranking_decodes_with_it(tmp_path, capsys
         inputs, references = [p[column] for p in pairs], [p[1 - column] for p in pairs]
         for penalty in (0.0, 3.0):
             for weight in (0.0, 1.0):
-                decoded = translate_ids(model, encode_lines(sp, inputs), direction, 4, 64, rerank="self",
-                                        rerank_weight=weight, blank_penalty=penalty)
+                decoded = translate_ids(model, encode_lines(sp, inputs), direction, "beam", 64, beam_size=4,
+                                        rerank="self", rerank_weight=weight, blank_penalty=penalty)
                 texts = [sp.decode(h) for h in decoded]
                 assert (tmp_path / "grid" / f"valid.{direction}.c{penalty}.w{weight}.txt").read_text(encoding="utf-8") \
                     == "".join(t + "\n" for t in texts)

@@ -11,7 +11,7 @@ from pipeline.config import load_config
 from pipeline.stage import StageRun
 from reder import CMLM
 from reder.checkpoint import load_cmlm_dir
-from reder.translate import encode_lines, translate_ids
+from reder.decoding.run import encode_lines, translate_ids
 from tests.pipeline.conftest import make_pairs
 
 VOCAB = 64
@@ -62,6 +62,6 @@ def test_the_stage_trains_both_cmlms_in_one_ray_train_run(tmp_path, ray_session)
     for direction in ("src2tgt", "tgt2src"):
         model = load_cmlm_dir(dirs[direction], direction, VOCAB)
         assert isinstance(model, CMLM) and model.cfg.d_model == 16
-        assert len(translate_ids(model, encoded, direction, 2, iterations=2)) == 5
+        assert len(translate_ids(model, encoded, direction, "mask_predict", length_beam=2, iterations=2)) == 5
     # both directions trained by one Ray Train run (issue 53)
     assert sorted(p.name for p in (tmp_path / "ray_results").iterdir()) == ["cmlm-test"]

@@ -16,7 +16,7 @@ from pipeline.stage import write_json
 from reder import REDER, ModelConfig, TransformerConfig
 from reder.autoregressive import Transformer
 from reder.checkpoint import load_teacher_dir, save_model_dir
-from reder.translate import encode_lines, translate_ids
+from reder.decoding.run import encode_lines, translate_ids
 from tests.pipeline.conftest import DecoderClock, make_pairs
 
 VOCAB = 64
@@ -80,7 +80,8 @@ def test_models_are_scored_and_timed_with_their_decoders_against_the_teacher_bas
     if head == "ctc":  # the reranked hypotheses are the teacher's pick among the beam's candidates
         sp = sentencepiece.SentencePieceProcessor(model_file=str(tmp_path / "spm.model"))
         tgt2src = load_teacher_dir(tmp_path / "teacher-stage" / "tgt2src", "tgt2src", VOCAB)
-        expected = translate_ids(model, encode_lines(sp, [t for _, t in pairs]), "tgt2src", 3, 64, teacher=tgt2src)
+        expected = translate_ids(model, encode_lines(sp, [t for _, t in pairs]), "tgt2src", "beam", 64, beam_size=3,
+                                 rerank="teacher", teacher=tgt2src)
         assert (out / "test.tgt2src.beam3_rerank.txt").read_text(encoding="utf-8").splitlines() == \
             [sp.decode(h) for h in expected]
 
@@ -103,8 +104,9 @@ def test_self_reranking_is_its_own_decoder_with_the_configured_weight_and_cutoff
     assert list(decoders) == ["greedy", "beam3", "beam3_selfrerank"]
     encoded = [[5, 6, 7, 3], [8, 3], [9, 10, 11, 12, 3]]
     assert decoders["beam3_selfrerank"](encoded, "src2tgt", 2) == translate_ids(
-        model, encoded, "src2tgt", 3, 2, rerank="self", rerank_weight=2.5, cutoff_top_n=6)
-    assert decoders["beam3"](encoded, "src2tgt", 2) == translate_ids(model, encoded, "src2tgt", 3, 2, cutoff_top_n=6)
+        model, encoded, "src2tgt", "beam", 2, beam_size=3, rerank="self", rerank_weight=2.5, cutoff_top_n=6)
+    assert decoders["beam3"](encoded, "src2tgt", 2) == translate_ids(model, encoded, "src2tgt", "beam", 2, beam_size=3,
+                                                                     cutoff_top_n=6)
 
 
 def test_a_model_directorys_blank_penalty_decodes_every_decoder_and_greedy_unpenalised_is_kept_beside(tmp_path):
@@ -132,15 +134,17 @@ def test_a_model_directorys_blank_penalty_decodes_every_decoder_and_greedy_unpen
                for decoder in ("greedy", "beam3", "greedy_unpenalised")}
     valid = evaluate.read_text_split(corpus, "valid", 6)
     sides = {"src2tgt": valid, "tgt2src": valid[::-1]}
-    brute = {d: {p: corpus_scores([sp.decode(h) for h in translate_ids(model, encode_lines(sp, inputs), d, 3,
-                                                                      blank_penalty=p)], references)["bleu"]
+    brute = {d: {p: corpus_scores([sp.decode(h) for h in translate_ids(model, encode_lines(sp, inputs), d, "beam",
+                                                                      beam_size=3, blank_penalty=p)], references)["bleu"]
                  for p in grid} for d, (inputs, references) in sides.items()}
     chosen = {d: max(grid, key=lambda p: (bleu[p], -abs(p), -p)) for d, bleu in brute.items()}
     assert results["beam_blank_penalty"] == {"beam3": chosen}
     assert results["beam_blank_penalty_valid"] == {"beam3": {d: {f"{p:g}": round(b, 2) for p, b in bleu.items()}
                                                              for d, bleu in brute.items()}}
-    for decoder, beam, penalty in (("greedy", 1, -3.0), ("beam3", 3, chosen["src2tgt"]), ("greedy_unpenalised", 1, 0.0)):
-        assert written[decoder] == [sp.decode(h) for h in translate_ids(model, encoded, "src2tgt", beam, blank_penalty=penalty)]
+    for decoder, name, options in (("greedy", "greedy", {"blank_penalty": -3.0}),
+                                   ("beam3", "beam", {"beam_size": 3, "blank_penalty": chosen["src2tgt"]}),
+                                   ("greedy_unpenalised", "greedy", {"blank_penalty": 0.0})):
+        assert written[decoder] == [sp.decode(h) for h in translate_ids(model, encoded, "src2tgt", name, **options)]
     assert written["greedy"] != written["greedy_unpenalised"]
     # the grid [0]: nothing tuned, the beam decodes under the model's own penalty as before
     cfg = load_config(None, [f"model.vocab_size={VOCAB}", "evaluate.splits=[test]", "evaluate.beam_size=3",
@@ -150,7 +154,7 @@ def test_a_model_directorys_blank_penalty_decodes_every_decoder_and_greedy_unpen
     evaluate.evaluate_model(model_dir, corpus, cfg, tmp_path / "plain", None)
     assert json.loads((tmp_path / "plain" / evaluate.RESULTS_FILE).read_text())["beam_blank_penalty"] == {}
     assert (tmp_path / "plain" / "test.src2tgt.beam3.txt").read_text(encoding="utf-8").splitlines() == \
-        [sp.decode(h) for h in translate_ids(model, encoded, "src2tgt", 3, blank_penalty=-3.0)]
+        [sp.decode(h) for h in translate_ids(model, encoded, "src2tgt", "beam", beam_size=3, blank_penalty=-3.0)]
 
 
 def test_each_beam_decoder_gets_the_blank_penalty_whose_output_scores_best_on_validation(tiny_model_dir, tmp_path):
@@ -164,7 +168,8 @@ def test_each_beam_decoder_gets_the_blank_penalty_whose_output_scores_best_on_va
     src = ["the cat sat on the mat", "a dog ran in the park", "the bird sang a song", "dogs and cats are friends",
            "the dog sat", "a cat sang"]
     grid = (0.0, -4.0, 3.0)
-    made = [sp.decode(h) for h in translate_ids(model, encode_lines(sp, src), "src2tgt", 3, blank_penalty=3.0)]
+    made = [sp.decode(h) for h in translate_ids(model, encode_lines(sp, src), "src2tgt", "beam", beam_size=3,
+                                                blank_penalty=3.0)]
     corpus = tmp_path / "corpus"
     for split in ("valid", "test"):
         (corpus / split).mkdir(parents=True)
@@ -178,13 +183,14 @@ def test_each_beam_decoder_gets_the_blank_penalty_whose_output_scores_best_on_va
     sides = {"src2tgt": (src, made), "tgt2src": (made, src)}
     for decoder, rerank in (("beam3", {}), ("beam3_selfrerank", {"rerank": "self", "rerank_weight": 0.5})):
         brute = {d: {p: corpus_scores([sp.decode(h) for h in translate_ids(
-                    model, encode_lines(sp, inputs), d, 3, blank_penalty=p, **rerank)], references)["bleu"] for p in grid}
+                    model, encode_lines(sp, inputs), d, "beam", beam_size=3, blank_penalty=p, **rerank)],
+                    references)["bleu"] for p in grid}
                  for d, (inputs, references) in sides.items()}
         chosen = {d: max(grid, key=lambda p: (bleu[p], -abs(p), -p)) for d, bleu in brute.items()}
         assert results["beam_blank_penalty"][decoder] == chosen, (decoder, brute)
         assert (tmp_path / f"test.src2tgt.{decoder}.txt").read_text(encoding="utf-8").splitlines() == [
-            sp.decode(h) for h in translate_ids(model, encode_lines(sp, src), "src2tgt", 3, blank_penalty=chosen["src2tgt"],
-                                                **rerank)]
+            sp.decode(h) for h in translate_ids(model, encode_lines(sp, src), "src2tgt", "beam", beam_size=3,
+                                                blank_penalty=chosen["src2tgt"], **rerank)]
     assert results["beam_blank_penalty"]["beam3"]["src2tgt"] == 3.0 != model.blank_penalty["src2tgt"]
     assert len(set(results["beam_blank_penalty_valid"]["beam3"]["src2tgt"].values())) > 1  # the pick can be wrong
 
@@ -261,8 +267,9 @@ def test_cmlm_mask_predict_and_refined_greedy_are_decoders_of_their_own(tmp_path
     encoded = encode_lines(sp, [t for _, t in pairs])
     cmlm = load_cmlm_dir(tmp_path / "cmlm-stage" / "tgt2src", "tgt2src", VOCAB)
     read = lambda name: (out / f"test.tgt2src.{name}.txt").read_text(encoding="utf-8").splitlines()  # noqa: E731
-    assert read("cmlm_T3") == [sp.decode(h) for h in translate_ids(cmlm, encoded, "tgt2src", 2, 64, iterations=3)]
-    assert read("greedy_refine2") == [sp.decode(h) for h in translate_ids(model, encoded, "tgt2src", 1, 64,
+    assert read("cmlm_T3") == [sp.decode(h) for h in translate_ids(cmlm, encoded, "tgt2src", "mask_predict", 64,
+                                                                   length_beam=2, iterations=3)]
+    assert read("greedy_refine2") == [sp.decode(h) for h in translate_ids(model, encoded, "tgt2src", "greedy", 64,
                                                                           refiner=cmlm, refine_steps=2)]
     with pytest.raises(ValueError, match="need both directions' CMLMs"):
         evaluate.decoders_for(model, cfg.evaluate, {"src2tgt": None, "tgt2src": None}, {"src2tgt": cmlm})

@@ -68,18 +68,23 @@ def test_a_sentence_with_a_line_terminator_or_control_character_is_mended_and_na
 
 def test_a_dynamic_batch_is_translated_by_group_and_a_refused_job_answered_alone(tiny_model_dir):
     """Jobs of both directions and beams in one batch get what the translator gives each alone; a job for a
-    pair the model does not translate, or with a decoder it lacks, gets its own error and spoils no other."""
+    pair the model does not translate, or with a decoder it lacks, gets its own error and spoils no other. The
+    decoders are reder/decoding/'s names: decoder "beam" with beam 3 is the beam of `beam=3` alone."""
     server = service.TranslationService.func_or_class(str(tiny_model_dir))
     translator = load(tiny_model_dir)
     jobs = [_job(["the cat sat", "a dog"]), _job("the bird", "de", "en"), _job(["dogs and cats"], beam=3),
-            _job("a cat", "en", "fr"), _job("the mat"), _job("a song", decoder="lookahead")]
+            _job("a cat", "en", "fr"), _job("the mat"), _job("a song", decoder="lookahead"),
+            _job(["dogs and cats", "a dog ran"], beam=3, decoder="beam")]
     out = server.translate_jobs(jobs)
     assert out[0] == (translator.translate(["the cat sat", "a dog"], "en", "de"), [])
     assert out[1] == (translator.translate(["the bird"], "de", "en"), [])
     assert out[2] == (translator.translate(["dogs and cats"], "en", "de", beam=3), [])
     assert out[4] == (translator.translate(["the mat"], "en", "de"), [])
+    assert out[6] == (translator.translate(["dogs and cats", "a dog ran"], "en", "de", beam=3), [])
+    assert out[6][0] != translator.translate(["dogs and cats", "a dog ran"], "en", "de")  # the beam, not greedy
     assert isinstance(out[3], BadRequest) and "translates en->de and de->en, not en->fr" in str(out[3])
-    assert isinstance(out[5], BadRequest) and "decoder 'lookahead'" in str(out[5])
+    assert isinstance(out[5], BadRequest) and str(out[5]) == "decoder 'lookahead': a CTC REDER decodes with greedy, beam"
+    assert out[5].status == 400
 
 
 def test_a_refused_job_spoils_none_of_the_good_jobs_in_its_own_group(tiny_model_dir):
@@ -107,7 +112,7 @@ def test_a_refused_job_spoils_none_of_the_good_jobs_in_its_own_group(tiny_model_
 
 
 def test_the_ct2_engine_serves_a_teacher_as_ctranslate2_translates_it(tiny_model_dir, tmp_path):
-    """engine=ct2 (the optional extra, which CI installs): the jobs of one group get what reder.ct2.TextTranslator
+    """engine=ct2 (the optional extra, which CI installs): the jobs of one group get what reder.api.Ct2Translator
     gives their lines in one call (not each job alone: translate_plain caps a batch at its longest input's limit,
     and this untrained teacher never ends a sentence early); the pair the teacher does not translate is refused
     alone."""
@@ -115,19 +120,22 @@ def test_the_ct2_engine_serves_a_teacher_as_ctranslate2_translates_it(tiny_model
     from reder import TransformerConfig
     from reder.autoregressive import Transformer
     from reder.checkpoint import SPM_FILE, save_model_dir
-    from reder.ct2 import TextTranslator
+    from reder.api import Ct2Translator
 
     teacher = Transformer(TransformerConfig(vocab_size=29, d_model=8, n_heads=2, ffn_dim=16, encoder_layers=1,
                                             decoder_layers=1, max_positions=64)).eval()
     teacher_dir = save_model_dir(tmp_path / "teacher", teacher, tiny_model_dir / SPM_FILE, "en", "de",
                                  extra={"direction": "src2tgt"})
     server = service.TranslationService.func_or_class(str(teacher_dir), engine="ct2")
-    reference = TextTranslator(teacher_dir)
-    jobs = [_job(["the cat sat", "a dog"], beam=2), _job("der hund", "de", "en", beam=2), _job("the bird", beam=2)]
+    reference = Ct2Translator(teacher_dir)
+    jobs = [_job(["the cat sat", "a dog"], beam=2), _job("der hund", "de", "en", beam=2), _job("the bird", beam=2),
+            _job(["a dog ran"], beam=2, decoder="beam"), _job("the cat", decoder="viterbi")]
     out = server.translate_jobs(jobs)
     together = reference.translate(["the cat sat", "a dog", "the bird"], "en", "de", beam=2)
     assert out[0] == (together[:2], []) and out[2] == (together[2:], []) and all(together)
     assert isinstance(out[1], BadRequest) and "not de->en" in str(out[1])
+    assert out[3] == (reference.translate(["a dog ran"], "en", "de", beam=2), [])  # the decoders' names, "beam" too
+    assert isinstance(out[4], BadRequest) and "decoder 'viterbi'" in str(out[4]) and "greedy, beam" in str(out[4])
 
 
 def _post(url: str, payload: object, method: str = "POST") -> tuple[int, dict]:
@@ -156,6 +164,8 @@ def test_the_endpoint_serves_both_directions_and_refuses_bad_requests(tiny_model
         requests = [({"text": f"the cat sat {'on the mat ' * (i % 3)}".strip(), "src": "en", "tgt": "de"}
                      if i % 2 else {"text": ["a dog ran", "the bird"][: 1 + i % 2], "src": "de", "tgt": "en", "beam": 2})
                     for i in range(24)]
+        # reder/decoding/'s names: decoder "beam" with beam 3 is what reder.api's translate(..., beam=3) gives
+        requests += [{"text": ["dogs and cats", "a dog ran"], "src": "en", "tgt": "de", "beam": 3, "decoder": "beam"}] * 2
         with ThreadPoolExecutor(8) as pool:  # concurrent: the replica batches them
             answers = list(pool.map(lambda payload: _post(url, payload), requests))
         for payload, (status, body) in zip(requests, answers):
@@ -165,6 +175,8 @@ def test_the_endpoint_serves_both_directions_and_refuses_bad_requests(tiny_model
             (b"{", 415, "not JSON"), ({"text": "a", "src": "en", "tgt": "fr"}, 400, "not en->fr"),
             ({"text": "", "src": "en", "tgt": "de"}, 400, "text[0]"), ({"text": 5, "src": "en", "tgt": "de"}, 400, "text:"),
             ({"text": "cat " * 400, "src": "en", "tgt": "de", "strict": True}, 400, "exceed"),  # over the input limit
+            ({"text": "the cat", "src": "en", "tgt": "de", "decoder": "viterbi"}, 400,
+             "decoder 'viterbi': a CTC REDER decodes with greedy, beam"),
         ]:
             code, body = _post(url, payload)
             assert code == status and message in body["error"], (payload, code, body)

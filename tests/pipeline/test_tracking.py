@@ -327,11 +327,14 @@ def test_the_trained_model_is_registered_as_a_pyfunc_that_translates_both_ways(t
     assert load_backend("models:/reder-en-de@champion", "torch", "cpu", 1).languages == local.languages
     rows = pd.DataFrame([{"text": "the cat", "src": "en", "tgt": "de"}, {"text": "a dog ran", "src": "de", "tgt": "en"},
                          {"text": "the bird", "src": "en", "tgt": "de"}])
-    assert served.predict(rows) == [local.translate("the cat", "en", "de"), local.translate("a dog ran", "de", "en"),
-                                    local.translate("the bird", "en", "de")]
-    assert served.predict(rows, params={"beam": 3}) == [local.translate("the cat", "en", "de", beam=3),
-                                                        local.translate("a dog ran", "de", "en", beam=3),
-                                                        local.translate("the bird", "en", "de", beam=3)]
+    greedy = [local.translate("the cat", "en", "de"), local.translate("a dog ran", "de", "en"),
+              local.translate("the bird", "en", "de")]
+    assert served.predict(rows) == greedy
+    beam3 = [local.translate("the cat", "en", "de", beam=3), local.translate("a dog ran", "de", "en", beam=3),
+             local.translate("the bird", "en", "de", beam=3)]
+    assert served.predict(rows, params={"beam": 3}) == beam3 != greedy
+    # the decoders by reder/decoding/'s names: decoder "beam" with beam 3 is reder.load's translate(..., beam=3)
+    assert served.predict(rows, params={"beam": 3, "decoder": "beam"}) == beam3
     for bad, params, message in [
         ({"text": "the cat", "src": "en", "tgt": "fr"}, None, "row 1: this model translates en->de and de->en, not en->fr"),
         ({"text": "  ", "src": "en", "tgt": "de"}, None, "row 1: text is empty"),
@@ -340,7 +343,8 @@ def test_the_trained_model_is_registered_as_a_pyfunc_that_translates_both_ways(t
         ({"text": "the\u2029cat", "src": "en", "tgt": "de"}, {"strict": True}, "row 1: text U+2029 (PARAGRAPH SEPARATOR) at character 4"),
         ({"text": "the \x07cat", "src": "en", "tgt": "de"}, {"strict": True}, "row 1: text U+0007 (a control character) at character 5"),
         ({"text": "the cat", "src": "en", "tgt": "de"}, {"beam": 0}, "params.beam: must be >= 1, got 0"),
-        ({"text": "the cat", "src": "en", "tgt": "de"}, {"decoder": "viterbi"}, "row 0: decoder 'viterbi'"),
+        ({"text": "the cat", "src": "en", "tgt": "de"}, {"decoder": "viterbi"},
+         "row 0: decoder 'viterbi': a CTC REDER decodes with greedy, beam"),
     ]:
         with pytest.raises(MlflowException, match=re.escape(message)) as caught:
             served.predict(pd.DataFrame([{"text": "ok", "src": "en", "tgt": "de"}, bad]), params=params)
@@ -422,6 +426,11 @@ def test_mlflow_models_serve_translates_both_ways_from_one_endpoint(tiny_model_d
         local = reder.load(tiny_model_dir)
         assert status == 200 and body["predictions"] == [local.translate("the cat", "en", "de", beam=2),
                                                           local.translate("a dog ran", "de", "en", beam=2)]
+        # the decoders by reder/decoding/'s names: decoder "beam" with beam 3 is reder.load's translate(..., beam=3)
+        beam_rows = [*rows, {"text": "the bird", "src": "en", "tgt": "de"}]
+        status, body = post({"dataframe_records": beam_rows, "params": {"beam": 3, "decoder": "beam"}})
+        assert status == 200 and body["predictions"] == [local.translate(row["text"], row["src"], row["tgt"], beam=3)
+                                                          for row in beam_rows]
         status, body = post({"dataframe_records": [rows[0], {"text": "the cat", "src": "en", "tgt": "fr"}]})
         assert status == 400 and "row 1: this model translates en->de and de->en, not en->fr" in body["message"]
     finally:

@@ -168,7 +168,7 @@ def test_validation_picks_each_directions_best_blank_penalty_and_the_train_stage
     from pipeline.metrics import corpus_scores
     from pipeline.train import tune_blank_penalty
     from reder.checkpoint import load_model_dir
-    from reder.translate import encode_lines, translate_ids
+    from reder.decoding.run import encode_lines, translate_ids
 
     model, _ = load_model_dir(tiny_model_dir)
     sp = sentencepiece.SentencePieceProcessor(model_file=str(tiny_model_dir / "spm.model"))
@@ -178,7 +178,8 @@ def test_validation_picks_each_directions_best_blank_penalty_and_the_train_stage
     grid = (0.0, 0.5, -4.0, 3.0)
 
     def decode(lines: list[str], direction: str, penalty: float) -> list[str]:
-        return [sp.decode(h) for h in translate_ids(model, encode_lines(sp, lines), direction, blank_penalty=penalty)]
+        return [sp.decode(h) for h in translate_ids(model, encode_lines(sp, lines), direction, "greedy",
+                                                    blank_penalty=penalty)]
 
     made = {"src2tgt": -4.0, "tgt2src": 0.5}
     references = {"src2tgt": decode(src, "src2tgt", -4.0), "tgt2src": decode(tgt, "tgt2src", 0.5)}

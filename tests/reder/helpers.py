@@ -8,6 +8,7 @@ import torch
 from reder import EOS_ID, DuplexLoss, LossConfig, ModelConfig, REDER
 from reder.ctc import pad_batch
 from reder.dag import dag_log_likelihood, edge_mask, graph_lengths_for, masked_log_softmax, target_emissions
+from reder.decoding.run import decode
 from tests.conftest import SHARED_DATA
 
 MULTI30K = SHARED_DATA / "multi30k"
@@ -47,7 +48,7 @@ def memorise(model: REDER, loss_config: LossConfig, data: WordPairs, every: int,
     def bleu(direction: str, decoder: str = "greedy") -> float:
         model.eval()
         tokens, lengths, references = (src, src_lengths, data.german) if direction == "src2tgt" else (tgt, tgt_lengths, data.english)
-        hypotheses = [data.decode(h) for h in model.translate(tokens, lengths, direction, decoder=decoder)]
+        hypotheses = [data.decode(h) for h in decode(model, tokens, lengths, direction, decoder)]
         model.train()
         return sacrebleu.corpus_bleu(hypotheses, [references]).score
 

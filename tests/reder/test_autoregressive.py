@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from reder import BOS_ID, EOS_ID, PAD_ID, TransformerConfig
 from reder.autoregressive import Transformer
 from reder.ctc import pad_batch
+from reder.decoding.run import decode
 from reder.objectives.directional import teacher_loss
 from reder.rerank import rerank
 from tests.reder.helpers import MULTI30K, WordPairs, random_batch
@@ -178,7 +179,8 @@ def test_beam_one_is_exactly_greedy(models):
     for model in [*models, tiny_transformer().eval()]:
         greedy = model.greedy(src, src_lengths)
         assert [h for h, _ in model.beam_search(src, src_lengths, beam_size=1)] == greedy
-        assert model.translate(src, src_lengths, beam_size=1) == greedy
+        assert decode(model, src, src_lengths, "src2tgt", "beam", beam_size=1) == greedy  # the beam decoder too
+        assert decode(model, src, src_lengths, "src2tgt", "greedy") == greedy
         if model in models:  # outputs that end by themselves, at lengths that vary: not a trivial comparison
             assert len({len(h) for h in greedy}) > 2 and min(map(len, greedy)) < int(1.2 * min(LENGTHS) + 10) - 1
 
@@ -257,11 +259,12 @@ def test_specials_are_never_generated_and_lengths_are_capped():
     boost[EOS_ID] = -50.0  # and EOS would never come unless forced
     model.step = lambda tokens, cache: Transformer.step(model, tokens, cache) + boost
     src, src_lengths = random_batch([5, 2, 7], VOCAB)
-    outputs = [model.greedy(src, src_lengths), model.translate(src, src_lengths, beam_size=3)]
+    outputs = [model.greedy(src, src_lengths), decode(model, src, src_lengths, "src2tgt", "beam", beam_size=3)]
     for hypotheses in outputs:
         assert [len(h) for h in hypotheses] == [int(1.2 * n + 10) - 1 for n in (5, 2, 7)]  # EOS forced at the limit
         assert all(t not in (PAD_ID, BOS_ID, EOS_ID, model.cfg.blank_id) for h in hypotheses for t in h)
-    assert [len(h) for h in model.translate(src, src_lengths, beam_size=2, max_len_a=0.5, max_len_b=1)] == [2, 1, 3]
+    assert [len(h) for h in decode(model, src, src_lengths, "src2tgt", "beam", beam_size=2, max_len_a=0.5, max_len_b=1)] == [2, 1, 3]
+    assert [len(h) for h in decode(model, src, src_lengths, "src2tgt", "greedy", max_len_a=0.5, max_len_b=1)] == [2, 1, 3]
 
 
 def test_inputs_longer_than_max_positions_are_refused():
@@ -269,9 +272,9 @@ def test_inputs_longer_than_max_positions_are_refused():
     assert model.max_input_length() == 8
     src, src_lengths = random_batch([9, 3], VOCAB)
     with pytest.raises(ValueError, match="9 positions exceeds max_positions=8"):
-        model.translate(src, src_lengths)
+        decode(model, src, src_lengths, "src2tgt", "beam")
     short, short_lengths = random_batch([8, 3], VOCAB)
-    assert all(len(h) <= 7 for h in model.translate(short, short_lengths, beam_size=2, max_len_b=50))  # outputs capped too
+    assert all(len(h) <= 7 for h in decode(model, short, short_lengths, "src2tgt", "beam", beam_size=2, max_len_b=50))  # outputs capped too
 
 
 def test_rerank_picks_the_teachers_favourite_in_one_forward_pass():
@@ -320,7 +323,7 @@ def test_teachers_memorise_64_multi30k_pairs_in_both_directions():
             optimizer.step()
             step += 1
             if step % 25 == 0 or terms["nll"].item() < 0.01:
-                decoded = model.eval().translate(src, src_lengths, beam_size=4)
+                decoded = decode(model.eval(), src, src_lengths, direction, "beam", beam_size=4)
                 hypotheses = [data.decode(h) for h in decoded]
                 model.train()
                 scores[direction] = sacrebleu.corpus_bleu(hypotheses, [references]).score

@@ -11,11 +11,13 @@ import torch
 from reder import EOS_ID, PAD_ID, DuplexLoss, TransformerConfig
 from reder.autoregressive import Transformer
 from reder.checkpoint import CONFIG_FILE, MODEL_FILE, average_state_dicts, load_model_dir, load_teacher_dir, read_meta, save_model_dir
+from reder.ctc import pad_batch
 from reder.decode import ctc_nbest, strip_special
+from reder.decoding import CtcBeam, TeacherBeam
+from reder.decoding.ctc import nbest
+from reder.decoding.run import decode, translate_ids, translate_lines
 from reder.rerank import rerank
 from reder.translate import main as translate_main
-from reder.ctc import pad_batch
-from reder.translate import translate_ids, translate_lines
 from tests.reder.helpers import random_batch, tiny_model
 
 
@@ -66,7 +68,7 @@ def test_translate_ids_batches_by_length_and_keeps_input_order():
     model = _initialized(0)
     tokens, lengths = random_batch([7, 2, 5, 3, 6], 12)
     sequences = [tokens[i, : lengths[i]].tolist() for i in range(5)]
-    one_by_one = [model.translate(*pad_batch([s]), "src2tgt")[0] for s in sequences]
+    one_by_one = [decode(model, *pad_batch([s]), "src2tgt")[0] for s in sequences]
     assert translate_ids(model, sequences, "src2tgt", batch_size=2) == one_by_one
     too_long = [4] * (model.cfg.max_positions // model.cfg.upsample_ratio) + [EOS_ID]
     with pytest.raises(ValueError, match="input 2: 33 pieces"):
@@ -144,11 +146,12 @@ def test_transformer_model_directory_round_trip_translates_identically(tmp_path)
     assert meta["architecture"] == "transformer" and meta["direction"] == "tgt2src"
     assert read_meta(save_model_dir(tmp_path / "reder", _initialized(0), spm_file, "en", "de"))["architecture"] == "reder"
     tokens, lengths = random_batch([6, 4, 5], 12)
-    for beam_size in (1, 3):
-        assert loaded.translate(tokens, lengths, beam_size=beam_size) == teacher.translate(tokens, lengths, beam_size=beam_size)
+    for decoder, options in (("greedy", {}), ("beam", {"beam_size": 1}), ("beam", {"beam_size": 3})):
+        assert (decode(loaded, tokens, lengths, "tgt2src", decoder, **options)
+                == decode(teacher, tokens, lengths, "tgt2src", decoder, **options))
     sequences = [tokens[i, : lengths[i]].tolist() for i in range(3)]
-    one_by_one = [teacher.translate(*pad_batch([s]), beam_size=2)[0] for s in sequences]
-    assert translate_ids(loaded, sequences, "tgt2src", beam_size=2, batch_size=2) == one_by_one
+    one_by_one = [decode(teacher, *pad_batch([s]), "tgt2src", "beam", beam_size=2)[0] for s in sequences]
+    assert translate_ids(loaded, sequences, "tgt2src", "beam", batch_size=2, beam_size=2) == one_by_one
     with pytest.raises(ValueError, match="input 1: 65 pieces .* exceed the model's limit of 64 \\(max_positions 64\\)"):
         translate_ids(loaded, [[4] * 64 + [EOS_ID]], "tgt2src")
 
@@ -174,11 +177,16 @@ def test_load_teacher_dir_names_each_problem(tmp_path):
         load_teacher_dir(teacher_dir, "src2tgt", 13)
 
 
+def _candidates(model, tokens, lengths, direction, beam_size):
+    """The ids of the CTC n-best alone (best first, specials stripped, duplicates merged): what a reranker rescores."""
+    return [[ids for ids, _ in entries] for entries in nbest(model, tokens, lengths, direction, beam_size)]
+
+
 def test_candidates_are_the_stripped_deduplicated_ctc_nbest():
     model = _initialized(0)
     tokens, lengths = random_batch([7, 2, 5, 3], 12)
     log_probs, out_lengths = model(tokens, lengths, "src2tgt")
-    candidates = model.candidates(tokens, lengths, "src2tgt", beam_size=5)
+    candidates = _candidates(model, tokens, lengths, "src2tgt", 5)
     for row, entries in enumerate(ctc_nbest(log_probs, out_lengths, model.cfg.blank_id, 5)):
         expected = []
         for labels, _ in entries:
@@ -186,23 +194,35 @@ def test_candidates_are_the_stripped_deduplicated_ctc_nbest():
             if stripped not in expected:
                 expected.append(stripped)
         assert candidates[row] == expected
-    assert [c[0] for c in candidates] == model.translate(tokens, lengths, "src2tgt", beam_size=5)
-    with pytest.raises(ValueError, match="candidates need a CTC head"):
-        tiny_model(head="dag", graph_upsample_ratio=2.5, link_heads=2).candidates(tokens, lengths, "src2tgt", 5)
+    assert [c[0] for c in candidates] == decode(model, tokens, lengths, "src2tgt", "beam", beam_size=5)
+    with pytest.raises(ValueError, match="an n-best needs a CTC model; this model's head is 'dag'"):
+        nbest(tiny_model(head="dag", graph_upsample_ratio=2.5, link_heads=2).eval(), tokens, lengths, "src2tgt", 5)
 
 
 def test_translate_ids_with_a_teacher_reranks_the_ctc_candidates():
     model, teacher = _initialized(0), _teacher(1)
     tokens, lengths = random_batch([7, 2, 5, 3, 6], 12)
     sequences = [tokens[i, : lengths[i]].tolist() for i in range(5)]
-    reranked = translate_ids(model, sequences, "tgt2src", beam_size=4, batch_size=2, teacher=teacher)
-    manual = [rerank(teacher, *pad_batch([s]), model.candidates(*pad_batch([s]), "tgt2src", 4))[0] for s in sequences]
+    reranked = translate_ids(model, sequences, "tgt2src", "beam", batch_size=2, beam_size=4, rerank="teacher", teacher=teacher)
+    manual = [rerank(teacher, *pad_batch([s]), _candidates(model, *pad_batch([s]), "tgt2src", 4))[0] for s in sequences]
     assert reranked == manual
-    assert reranked != translate_ids(model, sequences, "tgt2src", beam_size=4)  # the teacher changed some choices
-    with pytest.raises(ValueError, match="needs a CTC model and beam_size > 1"):
-        translate_ids(model, sequences, "tgt2src", beam_size=1, teacher=teacher)
+    assert reranked != translate_ids(model, sequences, "tgt2src", "beam", beam_size=4)  # the teacher changed some choices
+    # a teacher reranks the CTC beam only: greedy takes no reranker, a DAG's beam none either
+    # (the exact list of options a decoder takes: tests/reder/test_decoding.py)
+    with pytest.raises(ValueError, match=r"decoder 'greedy' of ctc: unknown options \['rerank', 'teacher'\]; "
+                                         r"it takes \[.*'blank_penalty'\]$"):
+        translate_ids(model, sequences, "tgt2src", rerank="teacher", teacher=teacher)
+    dag = tiny_model(head="dag", graph_upsample_ratio=2.5, link_heads=2).eval()
+    with pytest.raises(ValueError, match=r"decoder 'beam' of dag: unknown options \['rerank', 'teacher'\]"):
+        translate_ids(dag, sequences, "tgt2src", "beam", beam_size=4, rerank="teacher", teacher=teacher)
+    # the library does not imply rerank="teacher" from a teacher (the CLI does), nor the reverse
+    with pytest.raises(ValueError, match="a teacher is only for rerank='teacher'"):
+        translate_ids(model, sequences, "tgt2src", "beam", beam_size=4, teacher=teacher)
+    with pytest.raises(ValueError, match="rerank='teacher' needs a teacher"):
+        translate_ids(model, sequences, "tgt2src", "beam", beam_size=4, rerank="teacher")
     with pytest.raises(ValueError, match="input 1: 7 pieces .* exceed the teacher's limit of 6"):
-        translate_ids(model, sequences, "tgt2src", beam_size=2, teacher=Transformer(replace(teacher.cfg, max_positions=6)))
+        translate_ids(model, sequences, "tgt2src", "beam", beam_size=2, rerank="teacher",
+                      teacher=Transformer(replace(teacher.cfg, max_positions=6)))
 
 
 @pytest.fixture()
@@ -235,25 +255,38 @@ def test_cli_reranks_with_a_teacher_and_decodes_with_a_transformer(spm_dir, monk
         return code, out, err
 
     code, out, _ = run("--checkpoint", str(reder_dir), "--direction", "src2tgt", "--beam", "3", "--teacher", str(teacher_dir))
-    assert code == 0 and out.splitlines() == translate_lines(model, sp, lines, "src2tgt", 3, teacher=teacher)
+    # --teacher alone implies --rerank teacher (the CLI's rule; the library asks for both)
+    expected = translate_lines(model, sp, lines, "src2tgt", CtcBeam(beam_size=3, rerank="teacher", teacher=teacher))
+    assert code == 0 and out.splitlines() == expected
     code, out, _ = run("--checkpoint", str(teacher_dir), "--direction", "src2tgt", "--beam", "2")
-    assert code == 0 and out.splitlines() == translate_lines(teacher, sp, lines, "src2tgt", 2)
+    assert code == 0 and out.splitlines() == translate_lines(teacher, sp, lines, "src2tgt", TeacherBeam(beam_size=2))
     code, out, _ = run("--checkpoint", str(reder_dir), "--direction", "src2tgt", "--beam", "3", "--rerank", "self",
                        "--rerank-weight", "2", "--cutoff-top-n", "5", "--cutoff-prob", "0.99")
-    assert code == 0 and out.splitlines() == translate_lines(model, sp, lines, "src2tgt", 3, rerank="self", rerank_weight=2.0,
-                                                              cutoff_top_n=5, cutoff_prob=0.99)
+    expected = translate_lines(model, sp, lines, "src2tgt", CtcBeam(beam_size=3, rerank="self", rerank_weight=2.0,
+                                                                   cutoff_top_n=5, cutoff_prob=0.99))
+    assert code == 0 and out.splitlines() == expected
     reder_args = ("--checkpoint", str(reder_dir), "--direction", "src2tgt", "--beam", "3")
     for args, message in [
         ((*reder_args, "--rerank", "teacher"), "error: --rerank teacher needs --teacher DIR\n"),
         ((*reder_args, "--rerank", "self", "--teacher", str(teacher_dir)), "--teacher DIR is the reranker of --rerank teacher"),
-        ((*reder_args, "--rerank", "self", "--rerank-weight", "-1"), "need --rerank-weight >= 0"),
-        ((*reder_args[:4], "--rerank", "self"), "--rerank self reranks a CTC model's beam"),
-        (("--checkpoint", str(teacher_dir), "--direction", "src2tgt", "--rerank", "self"), "takes --beam, not --decoder, --rerank"),
-        (("--checkpoint", str(reder_dir), "--direction", "src2tgt", "--teacher", str(teacher_dir)), "needs a CTC model and --beam > 1"),
+        ((*reder_args, "--rerank", "self", "--rerank-weight", "-1"),
+         f"error: decoder 'beam': rerank_weight must be >= 0, got -1.0 (ctc model {reder_dir})\n"),
+        # a reranker without a beam: greedy takes no --rerank (nor --teacher), and says what it takes (the exact
+        # lists: tests/reder/test_decoding.py)
+        ((*reder_args[:4], "--rerank", "self"),
+         ("error: decoder 'greedy' of ctc: unknown options ['rerank']; it takes [", f"'blank_penalty'] (ctc model {reder_dir})\n")),
+        (("--checkpoint", str(teacher_dir), "--direction", "src2tgt", "--rerank", "self"),
+         ("error: decoder 'greedy' of transformer: unknown options ['rerank']; it takes [",
+          f"'max_len_a', 'max_len_b'] (transformer model {teacher_dir})\n")),
+        (("--checkpoint", str(teacher_dir), "--direction", "src2tgt", "--beam", "2", "--rerank", "self"),
+         "error: decoder 'beam' of transformer: unknown options ['rerank']; it takes ["),
+        (("--checkpoint", str(reder_dir), "--direction", "src2tgt", "--teacher", str(teacher_dir)),
+         ("error: decoder 'greedy' of ctc: unknown options ['rerank', 'teacher']; it takes [", "'blank_penalty'] (ctc model")),
         (("--checkpoint", str(reder_dir), "--direction", "tgt2src", "--beam", "3", "--teacher", str(teacher_dir)),
          "the teacher translates 'src2tgt', but 'tgt2src'"),
         (("--checkpoint", str(reder_dir), "--direction", "src2tgt", "--beam", "3", "--teacher", str(spm_dir / "nope")), "does not exist"),
         (("--checkpoint", str(teacher_dir), "--direction", "tgt2src"), "is a Transformer for direction 'src2tgt', not 'tgt2src'"),
     ]:
         code, out, err = run(*args)
-        assert code == 2 and out == "" and message in err, err
+        fragments = (message,) if isinstance(message, str) else message
+        assert code == 2 and out == "" and err.count("\n") == 1 and all(f in err for f in fragments), err

@@ -10,6 +10,7 @@ from reder import EOS_ID, PAD_ID
 from reder.cmlm import CMLM, remask
 from reder.config import CmlmConfig
 from reder.ctc import pad_batch, valid_mask
+from reder.decoding.run import decode
 from reder.objectives.directional import cmlm_loss
 from reder.objectives.terms import uniform_mask
 from tests.reder.helpers import random_batch
@@ -102,7 +103,7 @@ def test_one_iteration_is_the_argmax_of_one_parallel_pass() -> None:
         logits = model.decode(model.cross(memory), src_mask, masks, lengths)
         logits[..., model.banned] = -math.inf
         argmax = [logits[b, : lengths[b]].argmax(dim=-1).tolist() for b in range(3)]
-    assert model.translate(src, src_lengths, beam_size=1, iterations=1) == argmax
+    assert decode(model, src, src_lengths, "src2tgt", "mask_predict", length_beam=1, iterations=1) == argmax
 
 
 def test_schedule_remasks_n_times_t_minus_t_over_t_tokens() -> None:
@@ -159,7 +160,8 @@ def test_checkpoint_round_trip(tmp_path) -> None:
     loaded, meta = load_model_dir(tmp_path / "model")
     assert isinstance(loaded, CMLM) and meta["architecture"] == "cmlm" and loaded.cfg == model.cfg
     src, src_lengths = random_batch([5, 3], VOCAB)
-    assert loaded.translate(src, src_lengths, 2, 3) == model.translate(src, src_lengths, 2, 3)
+    options = dict(length_beam=2, iterations=3)
+    assert decode(loaded, src, src_lengths, "tgt2src", "mask_predict", **options) == decode(model, src, src_lengths, "tgt2src", "mask_predict", **options)
     assert isinstance(load_cmlm_dir(tmp_path / "model", "tgt2src", VOCAB), CMLM)
     with pytest.raises(ValueError, match="src2tgt"):
         load_cmlm_dir(tmp_path / "model", "src2tgt", VOCAB)
@@ -193,7 +195,7 @@ def test_a_tiny_cmlm_learns_to_reverse_and_refinement_repairs_a_corrupted_hypoth
     src, src_lengths = pad_batch([s + [EOS_ID] for s in sources])
     # one length candidate: trained on true lengths only, the model is as sure of a wrong length's tokens, so
     # the mean log-probability does not rank lengths here (it does rank candidates: test above)
-    decoded = model.translate(src, src_lengths, beam_size=1, iterations=4)
+    decoded = decode(model, src, src_lengths, "src2tgt", "mask_predict", length_beam=1, iterations=4)
     accuracy = sum(h == t for h, t in zip(decoded, targets)) / len(targets)
     assert accuracy >= 0.9, accuracy
     corrupted = [t[:1] + [4 + (t[1] - 3) % (VOCAB - 5)] + t[2:] for t in targets]  # the second token wrong

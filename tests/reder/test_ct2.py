@@ -1,4 +1,5 @@
-"""reder.ct2: a teacher converted to CTranslate2 scores and decodes as ours (skipped without CTranslate2)."""
+"""reder.ct2: a teacher converted to CTranslate2 scores and decodes as ours, also through the ct2 decoders
+(reder/decoding/ct2.py) and reder.api.Ct2Translator (skipped without CTranslate2)."""
 import math
 from pathlib import Path
 
@@ -12,7 +13,9 @@ from reder.config import BOS_ID, PAD_ID
 from reder.checkpoint import save_model_dir
 from reder.ctc import pad_batch
 from reder.objectives.directional import teacher_loss
-from reder.translate import encode_lines, translate_ids
+from reder.api import Ct2Translator
+from reder.decoding.ct2 import ct2_model
+from reder.decoding.run import encode_lines, translate_ids
 
 ctranslate2 = pytest.importorskip("ctranslate2", reason="CTranslate2 is an optional extra: pip install -e .[ct2]")
 from reder import ct2  # noqa: E402  (after the skip: it needs ctranslate2 at call time only, but is tested with it)
@@ -54,7 +57,7 @@ def converted(tmp_path_factory) -> tuple[Transformer, list[list[int]], object, o
 def test_the_converted_model_gives_our_log_probabilities(converted):
     model, sources, translator, ct2_dir = converted
     pieces = ct2._pieces_of(ct2_dir)
-    targets = translate_ids(model, sources[:8], "src2tgt", beam_size=1)
+    targets = translate_ids(model, sources[:8], "src2tgt", "greedy")
     for source, target in zip(sources[:8], targets):
         src, src_lengths = pad_batch([source])
         tgt, _ = pad_batch([target + [EOS_ID]])
@@ -72,8 +75,14 @@ def _score(model: Transformer, source: list[int], hypothesis: list[int]) -> floa
 @pytest.mark.parametrize("max_len_a, max_len_b", [(1.2, 10), (0.0, 4)])  # the second cuts most outputs at the limit
 def test_greedy_outputs_equal_ours(converted, max_len_a, max_len_b):
     model, sources, translator, ct2_dir = converted
-    search = dict(beam_size=1, max_len_a=max_len_a, max_len_b=max_len_b)
-    assert ct2.translate_ids(translator, ct2_dir, sources, **search) == translate_ids(model, sources, "src2tgt", **search)
+    search = dict(max_len_a=max_len_a, max_len_b=max_len_b)
+    theirs = ct2.translate_ids(translator, ct2_dir, sources, beam_size=1, **search)
+    assert theirs == translate_ids(model, sources, "src2tgt", "greedy", **search)
+    # the ct2 family's greedy (mirror, its default) is that search; mirror=False is CTranslate2 as one runs it
+    converted_model = ct2_model(ct2_dir)
+    assert translate_ids(converted_model, sources, "src2tgt", "greedy", batch_size=16, **search) == theirs
+    plain = ct2.translate_plain(translator, ct2_dir, sources, 1, **search)
+    assert translate_ids(converted_model, sources, "src2tgt", "greedy", mirror=False, **search) == plain
 
 
 def _banned_before_the_softmax(logits: torch.Tensor) -> torch.Tensor:
@@ -91,10 +100,11 @@ def test_beam_outputs_equal_ours_or_stopped_earlier(converted, max_len_a, max_le
     model, sources, translator, ct2_dir = converted
     search = dict(beam_size=4, max_len_a=max_len_a, max_len_b=max_len_b)
     theirs = ct2.translate_ids(translator, ct2_dir, sources, **search)
-    as_is = translate_ids(model, sources, "src2tgt", **search)
+    assert translate_ids(ct2_model(ct2_dir), sources, "src2tgt", "beam", **search) == theirs  # the ct2 family's beam
+    as_is = translate_ids(model, sources, "src2tgt", "beam", **search)
     assert sum(a != b for a, b in zip(as_is, theirs)) <= len(sources) // 4  # 10-14 of 60 by the training threads; 8 of 250 trained longer
     monkeypatch.setattr(autoregressive, "log_softmax_fp32", _banned_before_the_softmax)  # ours and _score
-    ours = translate_ids(model, sources, "src2tgt", **search)
+    ours = translate_ids(model, sources, "src2tgt", "beam", **search)
     differing = [i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b]
     for i in differing:
         assert _score(model, sources[i], ours[i]) > _score(model, sources[i], theirs[i]) - 1e-5, i
@@ -114,14 +124,20 @@ def test_a_reder_model_directory_is_refused(tiny_model_dir, tmp_path):
 
 
 def test_the_text_translator_serves_its_own_direction_through_translate_plain(converted):
-    """reder.ct2.TextTranslator (the Serve endpoint's engine=ct2): text in, detokenized text out, what
-    translate_plain gives for the same ids; the reverse pair is refused as reder.api refuses it."""
+    """reder.api.Ct2Translator (the Serve endpoint's engine=ct2): text in, detokenized text out, what
+    translate_plain gives for the same ids, its decoders named as everywhere else (greedy with a beam > 1 or
+    beam: the beam search); the reverse pair is refused as reder.api refuses it."""
     _, sources, translator, ct2_dir = converted
-    served = ct2.TextTranslator(ct2_dir.parent / "teacher")
+    served = Ct2Translator(ct2_dir.parent / "teacher")
     lines = [served.sp.decode(source[:-1]) for source in sources[:6]]
     ids = [served.sp.encode(line) + [EOS_ID] for line in lines]
     expected = [served.sp.decode(h) for h in ct2.translate_plain(translator, ct2_dir, ids, 4)]
     assert served.translate(lines, "en", "es", beam=4) == expected and any(expected)
+    assert served.translate(lines, "en", "es", beam=4, decoder="beam") == expected
     assert served.translate(lines[0], "en", "es", beam=4) == expected[0]
+    greedy = [served.sp.decode(h) for h in ct2.translate_plain(translator, ct2_dir, ids, 1)]
+    assert served.translate(lines, "en", "es", beam=1) == greedy
     with pytest.raises(ValueError, match="not es->en"):
         served.translate("hola", "es", "en")
+    with pytest.raises(ValueError, match="^decoder 'viterbi': a (CTranslate2 teacher|Ct2Model) decodes with greedy, beam$"):
+        served.translate("hola", "en", "es", beam=1, decoder="viterbi")

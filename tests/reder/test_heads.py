@@ -11,8 +11,10 @@ from reder.checkpoint import MODEL_FILE, load_model_dir, save_model_dir, upgrade
 from reder.config import HEADS as CONFIG_HEADS
 from reder.dag import dag_greedy, dag_log_likelihood, dag_viterbi, edge_mask, masked_log_softmax, target_emissions, viterbi_align
 from reder.dag_beam import dag_beam
-from reder.heads import HEADS, CtcHead, DagHead, HeadOutput, all_decoders, feasibility_key, feasibility_rule, head_class, make_head
 from reder.decode import strip_special
+from reder.decoding import DECODERS, decoder_names
+from reder.decoding.run import choose, decode
+from reder.heads import HEADS, CtcHead, DagHead, HeadOutput, feasibility_key, feasibility_rule, head_class, make_head
 from tests.reder.helpers import padding_mask, random_batch, tiny_config, tiny_model
 
 _LINK_NAMES = [f"{end}.{name}" for end in ("src", "tgt")
@@ -37,9 +39,11 @@ def test_every_configurable_head_is_registered_with_its_capabilities():
     for name in CONFIG_HEADS:
         head = make_head(tiny_config(head=name, link_heads=2))
         assert type(head) is head_class(name) and head.name == name
-    assert (CtcHead.decoders, DagHead.decoders) == (("greedy",), ("greedy", "lookahead", "viterbi"))
-    assert all_decoders() == ("greedy", "lookahead", "viterbi")
-    assert (CtcHead.reranks, DagHead.reranks) == (True, False)
+        assert decoder_names(name)[0] == "greedy"  # every head has its decoders (reder/decoding/), greedy first
+    assert (decoder_names("ctc"), decoder_names("dag")) == (("greedy", "beam"), ("greedy", "lookahead", "viterbi", "beam"))
+    assert set(decoder_names("ctc")) | set(decoder_names("dag")) <= set(decoder_names())
+    # only the CTC beam's n-best can be reranked (by the teacher or by the model's reverse direction)
+    assert ("rerank" in DECODERS["ctc", "beam"].__dataclass_fields__, "rerank" in DECODERS["dag", "beam"].__dataclass_fields__) == (True, False)
     with pytest.raises(ValueError, match="unknown head 'crf'"):
         head_class("crf")
 
@@ -95,7 +99,7 @@ def test_a_model_directory_of_the_older_layout_loads_as_it_was_saved(tmp_path):
     for direction in DIRECTIONS:
         for got, expected in zip(loaded(src, src_lengths, direction), model(src, src_lengths, direction)):
             assert torch.equal(got, expected), direction
-        assert loaded.translate(src, src_lengths, direction) == model.translate(src, src_lengths, direction)
+        assert decode(loaded, src, src_lengths, direction) == decode(model, src, src_lengths, direction)
 
 
 def test_ctc_upsampling_repeats_every_token_r_times():
@@ -254,38 +258,43 @@ def test_fba_lays_the_target_on_its_viterbi_path():
     assert all(p.grad.abs().sum() > 0 for n, p in model.named_parameters() if n.startswith("ends."))
 
 
-def test_translate_with_every_dag_decoder_in_both_directions_and_clear_errors():
+def test_decode_with_every_dag_decoder_in_both_directions_and_clear_errors():
     model = _dag_model().eval()
     tokens, lengths = random_batch([5, 3, 1], 12)
     for direction in DIRECTIONS:
         for decoder in ("greedy", "lookahead", "viterbi"):
-            hypotheses = model.translate(tokens, lengths, direction, decoder=decoder)
+            hypotheses = decode(model, tokens, lengths, direction, decoder)
             assert len(hypotheses) == 3 and all(4 <= t < 11 or t == 1 for h in hypotheses for t in h)
-    with pytest.raises(ValueError, match="DAG decoder must be one of"):
-        model.translate(tokens, lengths, "src2tgt", decoder="beam")
+    with pytest.raises(ValueError, match="^decoder 'mask_predict': a DAG REDER decodes with greedy, lookahead, viterbi, beam$"):
+        decode(model, tokens, lengths, "src2tgt", "mask_predict")
     for direction in DIRECTIONS:  # beam search over strings: the beam's string, specials stripped
         output = model.outputs(tokens, lengths, direction)
         best = dag_beam(output.extra["log_edges"], output.log_probs, output.lengths, 4, excluded=(0, model.cfg.blank_id))
-        assert model.translate(tokens, lengths, direction, beam_size=4) == [strip_special(s, model.cfg.blank_id)
-                                                                          for s, _ in best]
+        assert decode(model, tokens, lengths, direction, "beam", beam_size=4) == [strip_special(s, model.cfg.blank_id)
+                                                                                 for s, _ in best]
     output = model.outputs(tokens, lengths, "src2tgt")  # the decoding options reach the DAG decoders
     edges, log_probs, graph_lengths = output.extra["log_edges"], output.log_probs, output.lengths
-    options = {"max_transition": 2, "no_repeat_ngram": 2, "dag_length_penalty": 0.5}
     for decoder, lookahead in (("greedy", 0.0), ("lookahead", 1.0)):
-        assert model.translate(tokens, lengths, "src2tgt", decoder=decoder, **options) == [
+        assert decode(model, tokens, lengths, "src2tgt", decoder, max_transition=2, no_repeat_ngram=2) == [
             strip_special(h, model.cfg.blank_id) for h in dag_greedy(edges, log_probs, graph_lengths, lookahead, 2, 2)]
-    assert model.translate(tokens, lengths, "src2tgt", decoder="viterbi", **options) == [
+    assert decode(model, tokens, lengths, "src2tgt", "viterbi", max_transition=2, length_penalty=0.5) == [
         strip_special(h, model.cfg.blank_id) for h in dag_viterbi(edges, log_probs, graph_lengths, 0.5, 2)]
-    assert model.translate(tokens, lengths, "src2tgt", beam_size=3, **options) == [strip_special(h, model.cfg.blank_id)
+    assert decode(model, tokens, lengths, "src2tgt", "beam", beam_size=3, max_transition=2, length_penalty=0.5) == [
+        strip_special(h, model.cfg.blank_id)
         for h, _ in dag_beam(edges, log_probs, graph_lengths, 3, length_penalty=0.5, excluded=(0, model.cfg.blank_id),
                              max_transition=2)]
-    assert model.translate(tokens, lengths, "src2tgt", cutoff_top_n=3) == model.translate(tokens, lengths, "src2tgt")
-    with pytest.raises(TypeError, match="unknown decoding options"):
-        model.translate(tokens, lengths, "src2tgt", lookahead_beta=2.0)
-    with pytest.raises(ValueError, match="a DAG beam search is its own decoder"):
-        model.translate(tokens, lengths, "src2tgt", decoder="viterbi", beam_size=4)
-    with pytest.raises(ValueError, match="needs head='dag'"):
-        tiny_model().eval().translate(tokens, lengths, "src2tgt", decoder="viterbi")
+    # an option the decoder does not take is an error now (the CTC head's, or another DAG decoder's)
+    for decoder, options, unknown in (("greedy", {"cutoff_top_n": 3}, "cutoff_top_n"),
+                                      ("greedy", {"lookahead_beta": 2.0}, "lookahead_beta"),
+                                      ("viterbi", {"no_repeat_ngram": 2}, "no_repeat_ngram"),
+                                      ("greedy", {"length_penalty": 0.5}, "length_penalty"),
+                                      ("viterbi", {"beam_size": 4}, "beam_size")):
+        with pytest.raises(ValueError, match=rf"^decoder '{decoder}' of dag: unknown options \['{unknown}'\]; it takes "):
+            decode(model, tokens, lengths, "src2tgt", decoder, **options)
+    with pytest.raises(ValueError, match="decoder 'viterbi' with beam 4: a beam search is its own decoder"):
+        choose(model, "viterbi", 4)
+    with pytest.raises(ValueError, match="^decoder 'viterbi': a CTC REDER decodes with greedy, beam$"):
+        decode(tiny_model().eval(), tokens, lengths, "src2tgt", "viterbi")
 
 
 def test_config_rejects_unknown_heads_and_bad_graph_settings():

@@ -5,6 +5,8 @@ import pytest
 import torch
 
 import reder.inference
+from reder.decoding import decoder_names
+from reder.decoding.run import decode
 from reder.inference import AttentionPlan, length_groups, quantized, run_inference
 from tests.reder.helpers import decoding_model as _model
 from tests.reder.helpers import padding_mask, random_batch
@@ -37,14 +39,15 @@ def test_translations_equal_the_reference_path(head):
     """Every decoder, ragged batches and one sentence at a time: the same tokens through both paths."""
     model = _model(head)
     tokens, lengths = random_batch(LENGTHS, 20)
-    runs = [dict(beam_size=1), dict(beam_size=4)] + ([dict(decoder="lookahead"), dict(decoder="viterbi")] if head == "dag" else [])
+    runs = [(name, {"beam_size": 4} if name == "beam" else {}) for name in decoder_names(head)]
+    assert len(runs) == (2 if head == "ctc" else 4)
     for direction in ("src2tgt", "tgt2src"):
-        for options in runs:
-            reference, fast = _both(model, lambda: model.translate(tokens, lengths, direction, **options))
-            assert fast == reference, (direction, options)
+        for decoder, options in runs:
+            reference, fast = _both(model, lambda: decode(model, tokens, lengths, direction, decoder, **options))
+            assert fast == reference, (direction, decoder)
             for row, length in enumerate(LENGTHS):  # batch 1: no padding at all
                 one = tokens[row : row + 1, :length], lengths[row : row + 1]
-                assert model.translate(*one, direction, **options) == reference[row:row + 1]
+                assert decode(model, *one, direction, decoder, **options) == reference[row:row + 1]
         with torch.inference_mode():
             reference, fast = _both(model, lambda: model.outputs(tokens, lengths, direction))
         valid = padding_mask(reference.lengths.tolist())
@@ -64,9 +67,9 @@ def test_length_groups_equal_the_reference_path(monkeypatch, group_cost):
     tokens, lengths = random_batch(LENGTHS, 20)
     h = torch.randn(len(LENGTHS), max(LENGTHS), 2 * 16)
     for direction in ("src2tgt", "tgt2src"):
-        for options in (dict(beam_size=1), dict(beam_size=4)):
-            reference, fast = _both(model, lambda: model.translate(tokens, lengths, direction, **options))
-            assert fast == reference, (direction, options)
+        for decoder, options in (("greedy", {}), ("beam", {"beam_size": 4})):
+            reference, fast = _both(model, lambda: decode(model, tokens, lengths, direction, decoder, **options))
+            assert fast == reference, (direction, decoder)
         with torch.inference_mode():
             reference, grouped = _both(model, lambda: model.layers(h, mask, direction))
             monkeypatch.setattr(reder.inference, "GROUP_COST", 10**9)
@@ -116,7 +119,7 @@ def test_int8_quantizes_the_trunk_linears_and_decodes():
         reference, fast = model.outputs(tokens, lengths, "src2tgt"), int8.outputs(tokens, lengths, "src2tgt")
     valid = padding_mask(reference.lengths.tolist())
     assert (fast.log_probs[valid] - reference.log_probs[valid]).abs().max() < 0.5  # int8 weights: close, not equal
-    assert len(int8.translate(tokens, lengths, "src2tgt")) == len(LENGTHS)
+    assert len(decode(int8, tokens, lengths, "src2tgt")) == len(LENGTHS)
 
 
 needs_onednn = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="needs a torch build with oneDNN")
@@ -147,9 +150,9 @@ def test_the_fast_path_runs_its_matmuls_on_prepacked_onednn_weights():
     model = _model()
     tokens, lengths = random_batch(LENGTHS, 20)
     for batch in ((tokens, lengths), (tokens[:1, : LENGTHS[0]], lengths[:1])):
-        reference, _ = _both(model, lambda: model.translate(*batch, "src2tgt"))
+        reference, _ = _both(model, lambda: decode(model, *batch, "src2tgt"))
         with profile(activities=[ProfilerActivity.CPU]) as prof:
-            assert model.translate(*batch, "src2tgt") == reference
+            assert decode(model, *batch, "src2tgt") == reference
         counts = {event.key: event.count for event in prof.key_averages()}
         linears = sum(isinstance(m, torch.nn.Linear) for m in model.ends.modules())  # both ends' layers run
         assert counts.get("mkldnn::_linear_pointwise") == linears + 1 and "aten::addmm" not in counts, counts

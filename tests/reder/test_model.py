@@ -2,6 +2,7 @@ import pytest
 import torch
 
 from reder import EOS_ID, DuplexLoss, LossConfig, ModelConfig, REDER
+from reder.decoding.run import decode
 from tests.reder.helpers import random_batch, tiny_config, tiny_model
 
 
@@ -14,12 +15,12 @@ def test_forward_shapes_and_log_probabilities():
     assert torch.allclose(log_probs.exp().sum(-1), torch.ones(2, 15), atol=1e-5)
 
 
-def test_translate_returns_lists_without_specials_in_both_directions():
+def test_decode_returns_lists_without_specials_in_both_directions():
     model = tiny_model().eval()
     tokens, lengths = random_batch([5, 3, 1], 12)
     for direction in ("src2tgt", "tgt2src"):
-        for beam_size in (1, 4):
-            hypotheses = model.translate(tokens, lengths, direction, beam_size=beam_size)
+        for decoder, options in (("greedy", {}), ("beam", {"beam_size": 4})):
+            hypotheses = decode(model, tokens, lengths, direction, decoder, **options)
             assert len(hypotheses) == 3
             assert all(isinstance(t, int) and 4 <= t < 11 or t == 1 for h in hypotheses for t in h)
             assert all(EOS_ID not in h for h in hypotheses)
@@ -37,8 +38,8 @@ def test_greedy_from_logits_equals_greedy_from_log_probs_at_every_batch_size():
         with torch.no_grad():
             output = model.outputs(tokens, lengths, direction)
         reference = [strip_special(h, model.cfg.blank_id) for h in ctc_greedy(output.log_probs, output.lengths, model.cfg.blank_id)]
-        assert model.translate(tokens, lengths, direction) == reference
-        assert [model.translate(tokens[i : i + 1, : int(lengths[i])], lengths[i : i + 1], direction)[0]
+        assert decode(model, tokens, lengths, direction) == reference
+        assert [decode(model, tokens[i : i + 1, : int(lengths[i])], lengths[i : i + 1], direction)[0]
                 for i in range(48)] == reference
         assert len({tuple(h) for h in reference}) > 10  # varied outputs, not one repeated hypothesis
 

@@ -10,8 +10,9 @@ import torch.nn.functional as F
 from reder.config import EOS_ID
 from reder.config import REVERSE
 from reder.rerank import pick, reconstruction_scores, self_rerank
-from reder.translate import translate_ids
-from tests.reder.helpers import random_batch
+from reder.decoding.ctc import nbest as ctc_nbest
+from reder.decoding.run import translate_ids
+from tests.reder.helpers import decoding_model, random_batch
 from tests.reder.test_checkpoint import _initialized
 
 
@@ -27,7 +28,7 @@ def _direct(model, source: list[int], candidate: list[int], direction: str) -> f
 def test_batched_reverse_scores_and_picks_equal_a_direct_per_candidate_computation(direction):
     model = _initialized(0)
     tokens, lengths = random_batch([7, 2, 5, 4], 12)
-    nbest = model.nbest(tokens, lengths, direction, beam_size=6)
+    nbest = ctc_nbest(model, tokens, lengths, direction, beam_size=6)
     batched = reconstruction_scores(model, tokens, lengths, direction, [[ids for ids, _ in e] for e in nbest])
     changed = 0
     for row, (entries, scores) in enumerate(zip(nbest, batched)):
@@ -48,20 +49,27 @@ def test_batched_reverse_scores_and_picks_equal_a_direct_per_candidate_computati
 def test_weight_zero_is_the_plain_beam_and_translate_ids_reranks():
     model = _initialized(0)
     sequences = [random_batch([n], 12)[0][0].tolist() for n in (6, 3, 5, 2, 4)]
-    plain = translate_ids(model, sequences, "src2tgt", beam_size=5, batch_size=2)
-    assert translate_ids(model, sequences, "src2tgt", beam_size=5, batch_size=2, rerank="self", rerank_weight=0.0) == plain
-    reranked = translate_ids(model, sequences, "src2tgt", beam_size=5, batch_size=2, rerank="self", rerank_weight=3.0)
+    plain = translate_ids(model, sequences, "src2tgt", "beam", batch_size=2, beam_size=5)
+    assert translate_ids(model, sequences, "src2tgt", "beam", batch_size=2, beam_size=5, rerank="self",
+                         rerank_weight=0.0) == plain
+    assert translate_ids(model, sequences, "src2tgt", "beam", batch_size=2, beam_size=5, rerank="none") == plain
+    reranked = translate_ids(model, sequences, "src2tgt", "beam", batch_size=2, beam_size=5, rerank="self", rerank_weight=3.0)
     manual = []
     for sequence in sequences:
         tokens, lengths = torch.tensor([sequence]), torch.tensor([len(sequence)])
-        manual += self_rerank(model, tokens, lengths, "src2tgt", model.nbest(tokens, lengths, "src2tgt", 5), 3.0)
+        manual += self_rerank(model, tokens, lengths, "src2tgt", ctc_nbest(model, tokens, lengths, "src2tgt", 5), 3.0)
     assert reranked == manual
-    with pytest.raises(ValueError, match="self reranking needs a CTC model and beam_size > 1"):
-        translate_ids(model, sequences, "src2tgt", beam_size=1, rerank="self")
-    with pytest.raises(ValueError, match="teacher reranking needs a teacher"):
-        translate_ids(model, sequences, "src2tgt", beam_size=3, rerank="teacher")
-    with pytest.raises(ValueError, match="weight >= 0"):
-        translate_ids(model, sequences, "src2tgt", beam_size=3, rerank="self", rerank_weight=-1.0)
+    # self reranking is the CTC beam's: greedy takes no reranker, nor does a DAG model's beam
+    with pytest.raises(ValueError, match=r"decoder 'greedy' of ctc: unknown options \['rerank'\]"):
+        translate_ids(model, sequences, "src2tgt", rerank="self")
+    with pytest.raises(ValueError, match=r"decoder 'beam' of dag: unknown options \['rerank'\]"):
+        translate_ids(decoding_model("dag"), sequences, "src2tgt", "beam", beam_size=3, rerank="self")
+    with pytest.raises(ValueError, match="rerank='teacher' needs a teacher"):
+        translate_ids(model, sequences, "src2tgt", "beam", beam_size=3, rerank="teacher")
+    with pytest.raises(ValueError, match=r"^decoder 'beam': rerank_weight must be >= 0, got -1\.0$"):
+        translate_ids(model, sequences, "src2tgt", "beam", beam_size=3, rerank="self", rerank_weight=-1.0)
+    with pytest.raises(ValueError, match=r"^decoder 'beam': rerank must be one of \['none', 'self', 'teacher'\], got 'reverse'$"):
+        translate_ids(model, sequences, "src2tgt", "beam", beam_size=3, rerank="reverse")
 
 
 def test_candidates_that_cannot_be_read_back_score_minus_infinity():

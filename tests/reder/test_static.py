@@ -4,7 +4,7 @@ import torch
 
 from reder.inference import run_inference
 from reder.static import LENGTHS, StaticTrunk, bucket, compiled, pad_to_bucket
-from reder.translate import translate_ids
+from reder.decoding.run import translate_ids
 from tests.reder.helpers import decoding_model, padding_mask, random_batch
 
 # Upsampled (r = 2) to 6, 18, 28 and 60 positions: the buckets 8, 24, 32 and 64, alone or together
@@ -25,16 +25,23 @@ def _sequences(lengths: list[int]) -> list[list[int]]:
     return [row[:length].tolist() for row, length in zip(tokens, lengths)]
 
 
+def _decode(model, sequences: list[list[int]], direction: str, beam: int, batch_size: int) -> list[list[int]]:
+    """CTC greedy (beam 1) or the CTC beam of size `beam`, in batches of `batch_size`."""
+    if beam == 1:
+        return translate_ids(model, sequences, direction, "greedy", batch_size)
+    return translate_ids(model, sequences, direction, "beam", batch_size, beam_size=beam)
+
+
 def _check_equal_tokens(model, sequences: list[list[int]], directions: tuple[str, ...] = ("src2tgt", "tgt2src"),
                         sizes: tuple[int, ...] = (1, 3, 4)) -> None:
     """The static trunk's tokens equal the eager trunk's, CTC greedy and beam, at each batch size of `sizes`:
     1 (each length its own bucket), 3 (a batch bucket of 4: one added sentence), 4 (all at once)."""
     static_trunk, model.static_trunk = model.static_trunk, None
     runs = [(direction, beam, size) for direction in directions for beam in (1, 3) for size in sizes]
-    eager = [translate_ids(model, sequences, direction, beam, size) for direction, beam, size in runs]
+    eager = [_decode(model, sequences, direction, beam, size) for direction, beam, size in runs]
     model.static_trunk = static_trunk
     for (direction, beam, size), expected in zip(runs, eager):
-        assert translate_ids(model, sequences, direction, beam, size) == expected, (direction, beam, size)
+        assert _decode(model, sequences, direction, beam, size) == expected, (direction, beam, size)
 
 
 def test_static_shapes_equal_the_eager_trunk():

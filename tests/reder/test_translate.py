@@ -1,5 +1,6 @@
 """reder.translate's command line: line splitting (output lines = input lines), and one-line errors with exit
-status 2 for bad options, bad input and broken model directories. In process, with stdin replaced."""
+status 2 for bad options (a decoding flag the chosen decoder does not take among them), bad input and broken model
+directories. In process, with stdin replaced. Also the blank penalty's decoders (reder.decoding.ctc)."""
 import io
 import json
 import shutil
@@ -12,7 +13,11 @@ from reder import TransformerConfig
 from reder.autoregressive import Transformer
 from reder.checkpoint import CONFIG_FILE, MODEL_FILE, SPM_FILE
 from reder.decode import ctc_beam_search, strip_special
-from reder.translate import greedy_by_penalty, main, reranked_by_penalty, split_lines, translate_ids, translate_lines
+from reder.decoding import CtcBeam, CtcGreedy, make_decoder
+from reder.decoding.ctc import greedy_by_penalty, reranked_by_penalty
+from reder.decoding.run import decode, encode_lines, translate_ids, translate_lines
+from reder.text import split_lines
+from reder.translate import main
 from tests.reder.helpers import decoding_model, random_batch, tiny_model
 
 SEPARATORS = ["\x0b", "\x0c", "\x1c", "\x1d", "\x1e", "\x85", "\u2028", "\u2029"]
@@ -58,7 +63,7 @@ def test_every_input_line_gives_one_output_line(model_dir, monkeypatch, capsys):
     from reder.checkpoint import load_model_dir
     model, _ = load_model_dir(model_dir)
     sp = sentencepiece.SentencePieceProcessor(model_file=str(model_dir / SPM_FILE))
-    assert out.split("\n")[:-1] == translate_lines(model, sp, model_lines, "src2tgt")
+    assert out.split("\n")[:-1] == translate_lines(model, sp, model_lines, "src2tgt", make_decoder(model))
 
 
 @pytest.mark.parametrize("stdin, message", [
@@ -104,8 +109,8 @@ def test_by_default_every_line_is_translated_and_each_mended_one_named_on_stderr
     sp = sentencepiece.SentencePieceProcessor(model_file=str(model_dir / SPM_FILE))
     limit = model.max_input_length() - 1
     mended = ["the cat"] * (len(lines) - 1) + ["the cat ", "a \ufffd dog"]
-    assert outputs[:-2] == translate_lines(model, sp, mended, "src2tgt")
-    assert outputs[-1] == translate_lines(model, sp, ["the bird"], "src2tgt")[0] and outputs[-2]  # the cut one too
+    assert outputs[:-2] == translate_lines(model, sp, mended, "src2tgt", CtcGreedy())
+    assert outputs[-1] == translate_lines(model, sp, ["the bird"], "src2tgt", CtcGreedy())[0] and outputs[-2]  # the cut one too
     warnings = err.splitlines()
     assert len(warnings) == len(lines) + 2 and all(w.startswith("warning: <stdin> line ") for w in warnings)
     assert f"line {len(lines) + 1}: not UTF-8 text (byte 0xff at byte 3 of the line)" in err
@@ -169,11 +174,84 @@ def test_language_codes_name_the_direction_in_the_cli_and_the_python_api(model_d
     assert model.languages == ("en", "de") and "REDER" in repr(model)
     assert model.translate(["the cat", "a dog ran"], src="en", tgt="de") == by_direction["src2tgt"].splitlines()
     assert model.translate("the cat", src="de", tgt="en") == by_direction["tgt2src"].splitlines()[0]
-    assert len(model.translate(["the cat", "a dog ran"], src="en", tgt="de", beam=3)) == 2
+    beam = model.translate(["the cat", "a dog ran"], src="en", tgt="de", beam=3)
+    assert len(beam) == 2 and model.translate(["the cat", "a dog ran"], src="en", tgt="de", beam=3, decoder="beam") == beam
+    code, out, _ = _run(monkeypatch, capsys, ["--checkpoint", str(model_dir), "--direction", "src2tgt", "--beam", "3"], text)
+    assert code == 0 and out.splitlines() == beam
     with pytest.raises(ValueError, match="translates en->de and de->en, not de->de"):
         model.translate("the cat", src="de", tgt="de")
-    with pytest.raises(ValueError, match="decoder 'viterbi': this model decodes with greedy"):  # a DAG decoder
+    with pytest.raises(ValueError, match="^decoder 'viterbi': a CTC REDER decodes with greedy, beam$"):  # a DAG decoder
         model.translate("the cat", src="en", tgt="de", decoder="viterbi")
+
+
+def _dag_model_dir(model_dir, tmp_path):
+    """A DAG REDER model directory (en<->de) beside the CTC one, with its SentencePiece model; untrained."""
+    from reder import DuplexLoss
+    from reder.checkpoint import save_model_dir
+
+    torch.manual_seed(0)
+    model = tiny_model(vocab_size=30, head="dag", graph_upsample_ratio=2.0, link_heads=2)
+    src, src_lengths = random_batch([5, 3], 30)
+    DuplexLoss(model)(src, src_lengths, src, src_lengths, step=0)  # data-initialises the ActNorms
+    return save_model_dir(tmp_path / "dag", model.eval(), model_dir / SPM_FILE, "en", "de")
+
+
+def test_the_cli_names_every_decoder_and_passes_the_flags_given_to_it(model_dir, monkeypatch, capsys, tmp_path):
+    """--decoder D with its flags decodes as the decoder built with those options (the DAG flag
+    --dag-length-penalty is the decoder's length_penalty); --decoder beam --beam N is --beam N."""
+    from reder.checkpoint import load_model_dir
+    from reder.decoding import DagBeam, DagLookahead, DagViterbi
+
+    lines = ["the cat sat", "a dog ran in the park", "the bird"]
+    text = "".join(line + "\n" for line in lines).encode()
+    dag_dir = _dag_model_dir(model_dir, tmp_path)
+    dag, _ = load_model_dir(dag_dir)
+    sp = sentencepiece.SentencePieceProcessor(model_file=str(model_dir / SPM_FILE))
+    for flags, decoder in [
+        (["--decoder", "viterbi", "--dag-length-penalty", "0.5", "--max-transition", "2"],
+         DagViterbi(length_penalty=0.5, max_transition=2)),
+        (["--decoder", "lookahead", "--no-repeat-ngram", "2"], DagLookahead(no_repeat_ngram=2)),
+        (["--beam", "3", "--dag-length-penalty", "0.5"], DagBeam(beam_size=3, length_penalty=0.5)),
+        (["--decoder", "beam", "--beam", "3", "--dag-length-penalty", "0.5"], DagBeam(beam_size=3, length_penalty=0.5)),
+    ]:
+        code, out, err = _run(monkeypatch, capsys, ["--checkpoint", str(dag_dir), "--direction", "tgt2src", *flags], text)
+        assert code == 0 and out.splitlines() == translate_lines(dag, sp, lines, "tgt2src", decoder), (flags, err)
+    ctc, _ = load_model_dir(model_dir)
+    code, out, err = _run(monkeypatch, capsys, ["--checkpoint", str(model_dir), "--direction", "src2tgt", "--beam", "3",
+                                                "--cutoff-top-n", "4", "--blank-penalty", "1.5"], text)
+    expected = translate_lines(ctc, sp, lines, "src2tgt", CtcBeam(beam_size=3, cutoff_top_n=4, blank_penalty=1.5))
+    assert code == 0 and out.splitlines() == expected, err
+
+
+def test_a_flag_the_chosen_decoder_does_not_take_is_a_one_line_error(model_dir, monkeypatch, capsys, tmp_path):
+    """Decoding flags are passed only when given, to the decoder chosen: one it does not take is an error (exit 2,
+    one line naming the decoder, the flag's option, what the decoder takes, and the model), not ignored."""
+    dag_dir, teacher_dir = _dag_model_dir(model_dir, tmp_path), _tiny_teacher_dir(model_dir, tmp_path)
+    ctc = ["--checkpoint", str(model_dir), "--direction", "src2tgt"]
+    dag = ["--checkpoint", str(dag_dir), "--direction", "src2tgt"]
+    teacher = ["--checkpoint", str(teacher_dir), "--direction", "src2tgt"]
+    for args, fragments in [
+        ([*ctc, "--cutoff-top-n", "5"], ("decoder 'greedy' of ctc: unknown options ['cutoff_top_n']; it takes [",
+                                          f"(ctc model {model_dir})")),
+        ([*ctc, "--iterations", "3"], ("decoder 'greedy' of ctc: unknown options ['iterations']; it takes [",)),
+        ([*ctc, "--beam", "2", "--max-transition", "2"], ("decoder 'beam' of ctc: unknown options ['max_transition']",)),
+        ([*dag, "--blank-penalty", "1"], ("decoder 'greedy' of dag: unknown options ['blank_penalty']; it takes [",
+                                          f"(dag model {dag_dir})")),
+        ([*dag, "--dag-length-penalty", "0.5"], ("decoder 'greedy' of dag: unknown options ['length_penalty']",)),
+        ([*dag, "--beam", "3", "--cutoff-prob", "0.9"], ("decoder 'beam' of dag: unknown options ['cutoff_prob']",)),
+        ([*dag, "--decoder", "viterbi", "--no-repeat-ngram", "2"], ("decoder 'viterbi' of dag: unknown options ['no_repeat_ngram']",)),
+        ([*teacher, "--blank-penalty", "1"], ("decoder 'greedy' of transformer: unknown options ['blank_penalty']; it takes [",
+                                              f"(transformer model {teacher_dir})")),
+        ([*dag, "--decoder", "lookahead", "--beam", "4"], ("decoder 'lookahead' with beam 4: a beam search is its own decoder",
+                                                            f"(dag model {dag_dir})")),
+        ([*ctc, "--decoder", "viterbi"], (f"error: decoder 'viterbi': a CTC REDER decodes with greedy, beam (ctc model {model_dir})\n",)),
+        ([*ctc, "--decoder", "mask_predict"], ("decoder 'mask_predict': a CTC REDER decodes with greedy, beam",)),
+        ([*teacher, "--decoder", "lookahead"], ("decoder 'lookahead': a Transformer", " decodes with greedy, beam (transformer model")),
+        ([*ctc, "--beam", "2", "--cutoff-prob", "1.5"], ("decoder 'beam': cutoff_prob must be in (0, 1], got 1.5",)),
+    ]:
+        code, out, err = _run(monkeypatch, capsys, args)
+        assert code == 2 and out == "" and err.startswith("error: ") and err.count("\n") == 1, (args, err)
+        assert all(fragment in err for fragment in fragments), (args, err)
 
 
 def test_a_teacher_translates_only_its_own_pair():
@@ -201,7 +279,6 @@ def cmlm_dir(tiny_model_dir, tmp_path):
 def test_a_cmlm_translates_with_mask_predict_and_refines_another_models_output(model_dir, cmlm_dir, monkeypatch, capsys):
     from reder.checkpoint import load_model_dir
     from reder.ctc import pad_batch
-    from reder.translate import encode_lines, translate_ids
 
     lines = ["the cat sat", "a dog ran in the park", "the bird"]
     stdin = "".join(line + "\n" for line in lines).encode()
@@ -212,7 +289,7 @@ def test_a_cmlm_translates_with_mask_predict_and_refines_another_models_output(m
                                                 "--iterations", "3", "--beam", "2"], stdin)
     assert code == 0, err
     encoded = encode_lines(sp, lines)
-    expected = [sp.decode(h) for h in translate_ids(cmlm, encoded, "src2tgt", 2, iterations=3)]
+    expected = [sp.decode(h) for h in translate_ids(cmlm, encoded, "src2tgt", "mask_predict", length_beam=2, iterations=3)]
     assert out.split("\n")[:-1] == expected
     greedy = translate_ids(reder_model, encoded, "src2tgt")
     refined = translate_ids(reder_model, encoded, "src2tgt", refiner=cmlm, refine_steps=2)
@@ -241,7 +318,6 @@ def test_the_api_refines_with_a_cmlm_translator(model_dir, cmlm_dir):
     """Translator.translate with a refiner gives what the CMLM's refine does by hand to REDER's greedy output."""
     import reder
     from reder.ctc import pad_batch
-    from reder.translate import encode_lines
 
     model, cmlm = reder.load(model_dir), reder.load(cmlm_dir)
     lines = ["a dog ran in the park", "the cat sat", "dogs and cats are friends", "the bird"]
@@ -251,7 +327,7 @@ def test_the_api_refines_with_a_cmlm_translator(model_dir, cmlm_dir):
     order = sorted(range(len(lines)), key=lambda i: len(encoded[i]))  # the API's one length-sorted batch
     tokens, lengths = pad_batch([encoded[i] for i in order])
     with torch.inference_mode():
-        greedy = model.model.translate(tokens, lengths, "src2tgt")
+        greedy = decode(model.model, tokens, lengths, "src2tgt")
         refined = cmlm.model.refine(tokens, lengths, greedy, 3)
     by_hand = [""] * len(lines)
     for index, hypothesis in zip(order, refined):
@@ -260,6 +336,8 @@ def test_the_api_refines_with_a_cmlm_translator(model_dir, cmlm_dir):
     assert model.translate(lines, "en", "de", refiner=cmlm, refine_steps=3) == by_hand
     assert by_hand != greedy_text  # refinement changes the output here: a translate that ignored it would fail
     assert isinstance(cmlm.translate("the cat", "en", "de", beam=3, iterations=2), str)
+    assert cmlm.translate(lines, "en", "de", beam=3, iterations=2) == cmlm.translate(lines, "en", "de", beam=3, iterations=2,
+                                                                                    decoder="mask_predict")
     with pytest.raises(ValueError, match="translates en->de, not de->en"):
         cmlm.translate("der hund", "de", "en")
 
@@ -296,48 +374,56 @@ def test_a_blank_penalty_decodes_greedily_the_argmax_of_the_shifted_log_probs_an
     for penalty in PENALTIES:
         expected = [_brute_greedy(log_probs[b], int(out_lengths[b]), blank, penalty) for b in range(len(sequences))]
         seen.add(str(expected))
-        assert model.translate(tokens, lengths, direction, blank_penalty=penalty) == expected, penalty
+        assert decode(model, tokens, lengths, direction, blank_penalty=penalty) == expected, penalty
         assert grid[penalty] == expected, penalty
         assert translate_ids(model, sequences, direction, blank_penalty=penalty, batch_size=2) == expected, penalty
         model.blank_penalty[direction] = penalty  # the model's own: what a model directory sets
-        assert model.translate(tokens, lengths, direction) == expected, penalty
+        assert decode(model, tokens, lengths, direction) == expected, penalty
         model.blank_penalty[direction] = 0.0
         shifted = log_probs.clone()
         shifted[..., blank] -= penalty
         beam = [strip_special(labels, blank) for labels, _ in ctc_beam_search(shifted.log_softmax(-1), out_lengths, blank, 4)]
-        assert model.translate(tokens, lengths, direction, beam_size=4, blank_penalty=penalty) == beam, penalty
+        assert decode(model, tokens, lengths, direction, "beam", beam_size=4, blank_penalty=penalty) == beam, penalty
     assert len(seen) >= 2  # the penalties change the output: the comparisons above can fail
-    with pytest.raises(ValueError, match="a blank penalty is for a CTC REDER model"):
-        translate_ids(Transformer(TransformerConfig(vocab_size=12, d_model=8, n_heads=2, ffn_dim=16, encoder_layers=1,
-                                                    decoder_layers=1)), sequences, direction, blank_penalty=1.0)
+    # a blank penalty is a CTC REDER's: a teacher's or a DAG model's decoders do not take it
+    teacher = Transformer(TransformerConfig(vocab_size=12, d_model=8, n_heads=2, ffn_dim=16, encoder_layers=1, decoder_layers=1))
+    for other, family in ((teacher.eval(), "transformer"), (decoding_model("dag"), "dag")):
+        with pytest.raises(ValueError, match=rf"^decoder 'greedy' of {family}: unknown options \['blank_penalty'\]"):
+            translate_ids(other, sequences, direction, blank_penalty=1.0)
+    with pytest.raises(ValueError, match="blank penalties need a CTC model; this model's head is 'dag'"):
+        greedy_by_penalty(decoding_model("dag"), sequences, direction, PENALTIES)
+    with pytest.raises(ValueError, match=r"^decoder 'greedy': blank_penalty must be a finite number or None, got inf$"):
+        decode(model, tokens, lengths, direction, blank_penalty=float("inf"))
 
 
 
 @pytest.mark.parametrize("direction", ["src2tgt", "tgt2src"])
 def test_one_nbest_per_penalty_serves_every_reranker_as_translate_ids_decodes_each(direction):
     """reranked_by_penalty (the evaluate stage's beam tuning) runs the model once per batch and the beam once per
-    batch and penalty, sharing its n-best between the plain beam, self-reranking and teacher reranking; each
-    output must be what translate_ids decodes for that penalty and reranker on its own (the reference)."""
+    batch, penalty and search, sharing its n-best between the plain beam, self-reranking and teacher reranking; each
+    output must be what translate_ids decodes for that penalty and reranker on its own (the reference). The
+    decoders' own blank penalty is not read: the grid's is."""
     model = tiny_model(dropout=0.0, attention_dropout=0.0).eval()
     teacher = Transformer(TransformerConfig(vocab_size=model.cfg.vocab_size, d_model=8, n_heads=2, ffn_dim=16,
                                             encoder_layers=1, decoder_layers=1)).eval()
     tokens, lengths = random_batch([6, 4, 5, 3, 7], model.cfg.vocab_size)
     sequences = [row[:n].tolist() for row, n in zip(tokens, lengths.tolist())]
-    rerankers = {"beam": {}, "self": {"rerank": "self", "rerank_weight": 0.7}, "teacher": {"rerank": "teacher", "teacher": teacher}}
+    rerankers = {"beam": {"beam_size": 4}, "self": {"beam_size": 4, "rerank": "self", "rerank_weight": 0.7},
+                 "teacher": {"beam_size": 4, "rerank": "teacher", "teacher": teacher}, "beam 2": {"beam_size": 2}}
+    decoders = {name: CtcBeam(cutoff_top_n=6, blank_penalty=50.0, **how) for name, how in rerankers.items()}
     counted = []
-    grid = reranked_by_penalty(model, sequences, direction, 4, PENALTIES, rerankers, batch_size=2, cutoff_top_n=6,
-                               on_batch=counted.append)
-    assert counted == [2, 2, 1] and list(grid) == list(PENALTIES)
+    grid = reranked_by_penalty(model, sequences, direction, PENALTIES, decoders, batch_size=2, on_batch=counted.append)
+    assert counted == [2, 2, 1] and list(grid) == list(PENALTIES) and all(list(grid[p]) == list(decoders) for p in grid)
     seen = set()
     for penalty in PENALTIES:
         for name, how in rerankers.items():
-            expected = translate_ids(model, sequences, direction, 4, 2, blank_penalty=penalty, cutoff_top_n=6, **how)
+            expected = translate_ids(model, sequences, direction, "beam", 2, blank_penalty=penalty, cutoff_top_n=6, **how)
             assert grid[penalty][name] == expected, (penalty, name)
             seen.add((name, str(expected)))
     assert len({output for name, output in seen if name == "beam"}) >= 2  # the penalties change the beam's output
     assert len({output for _, output in seen}) > len({output for name, output in seen if name == "beam"})  # so do the rerankers
-    with pytest.raises(ValueError, match="needs a CTC model"):
-        reranked_by_penalty(decoding_model("dag"), sequences, direction, 4, [0.0], {"beam": {}})
+    with pytest.raises(ValueError, match="an n-best needs a CTC model; this model's head is 'dag'"):
+        reranked_by_penalty(decoding_model("dag"), sequences, direction, [0.0], {"beam": CtcBeam(beam_size=4)})
 
 def test_the_model_directory_carries_the_blank_penalty_to_the_cli_and_the_python_api(model_dir, monkeypatch, capsys):
     """Issue 41: config.json's blank_penalty (per direction) is what reder.load, the CLI (and so the Serve app
@@ -352,8 +438,8 @@ def test_the_model_directory_carries_the_blank_penalty_to_the_cli_and_the_python
     model, _ = load_model_dir(model_dir)
     assert model.blank_penalty == {"src2tgt": 0.0, "tgt2src": 0.0}
     sp = sentencepiece.SentencePieceProcessor(model_file=str(model_dir / SPM_FILE))
-    penalised = {d: translate_lines(model, sp, lines, d, blank_penalty=p) for d, p in (("src2tgt", -4.0), ("tgt2src", 3.0))}
-    plain = {d: translate_lines(model, sp, lines, d) for d in ("src2tgt", "tgt2src")}
+    penalised = {d: translate_lines(model, sp, lines, d, CtcGreedy(blank_penalty=p)) for d, p in (("src2tgt", -4.0), ("tgt2src", 3.0))}
+    plain = {d: translate_lines(model, sp, lines, d, CtcGreedy()) for d in ("src2tgt", "tgt2src")}
     assert penalised != plain
     model.blank_penalty = {"src2tgt": -4.0, "tgt2src": 3.0}
     save_model_dir(model_dir, model, model_dir / SPM_FILE, "en", "de")
@@ -375,8 +461,8 @@ def test_the_model_directory_carries_the_blank_penalty_to_the_cli_and_the_python
 
 
 def test_python_m_reder_translate_runs_without_the_runpy_warning(model_dir):
-    """Issue 42: `import reder` no longer imports reder.translate (reder/__init__.py's lazy `load`), so running
-    it as __main__ no longer warns "'reder.translate' found in sys.modules after import of package 'reder'"."""
+    """Issue 42: `import reder` does not import reder.translate (reder.api, which it imports, no longer does), so
+    running it as __main__ does not warn "'reder.translate' found in sys.modules after import of package 'reder'"."""
     import subprocess
     import sys
     from pathlib import Path
@@ -420,7 +506,7 @@ def test_compile_option_gives_the_same_lines_and_refuses_int8_and_a_teacher(mode
     code, plain, err = _run(monkeypatch, capsys, arguments, lines)
     assert code == 0, err
     built = []
-    monkeypatch.setattr("reder.translate.compiled", lambda model: built.append(static.compiled(model, backend=None)) or built[-1])
+    monkeypatch.setattr("reder.api.compiled", lambda model: built.append(static.compiled(model, backend=None)) or built[-1])
     code, out, err = _run(monkeypatch, capsys, [*arguments, "--compile"], lines)
     assert code == 0 and out == plain and built and built[0].static_trunk is not None, err
     code, out, err = _run(monkeypatch, capsys, [*arguments, "--compile", "--int8"])
