@@ -714,6 +714,9 @@ def check_consistency(cfg: PipelineConfig) -> None:
     if cfg.model.vocab_size < 64:
         raise ConfigError(f"model.vocab_size: must be >= 64 for a joint SentencePiece model, "
                           f"got {cfg.model.vocab_size}")
+    if cfg.loss.nmla_start_step is not None and cfg.model.head != "ctc":
+        raise ConfigError(f"loss.nmla_start_step: NMLA is a loss over CTC's alignments, so it needs model.head=ctc, "
+                          f"got model.head {cfg.model.head!r}")
     reranks = "rerank" in DECODERS[(cfg.model.head, "beam")].__dataclass_fields__  # the head's beam takes a reranker
     if cfg.evaluate.rerank != "none" and (not reranks or cfg.evaluate.beam_size < 2):
         raise ConfigError(f"evaluate.rerank: reranks the CTC beam, so it needs model.head=ctc and "

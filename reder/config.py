@@ -148,17 +148,31 @@ class LossConfig:
     glance_start: float = 0.0
     glance_end: float = 0.0
     glance_steps: int = 0
+    # CTC: glance blank-aligned frames too (Gu & Kong 2021 glance every position of the alignment), not only the
+    # frames whose aligned token is a word piece. DAG: no effect (off-path vertices are never glanced).
+    glance_blanks: bool = False
+    # NMLA (Shao & Feng 2022, CTC only): from this step on the main term is the bag-of-n-grams loss over CTC's
+    # alignments (`nmla_<direction>`, n = nmla_ngram, 1 or 2), plus nmla_ctc_weight × CTC (0: CTC off, as the
+    # paper's fine-tuning); None: never (the default). FBA and CC are unchanged.
+    nmla_start_step: Optional[int] = None
+    nmla_ngram: int = 2
+    nmla_ctc_weight: float = 0.0
 
     def __post_init__(self) -> None:
-        require(self, lambda_fba=">= 0", lambda_cc=">= 0", aux_start_step=">= 0", glance_steps=">= 0")
+        require(self, lambda_fba=">= 0", lambda_cc=">= 0", aux_start_step=">= 0", glance_steps=">= 0",
+                nmla_ctc_weight=">= 0")
+        if not isinstance(self.glance_blanks, bool):
+            raise FieldError("glance_blanks", f"must be true or false, got {self.glance_blanks!r}")
+        if isinstance(self.nmla_ngram, bool) or self.nmla_ngram not in (1, 2):
+            raise FieldError("nmla_ngram", f"must be 1 or 2, got {self.nmla_ngram!r}")
         for key in ("glance_start", "glance_end"):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
                 raise FieldError(key, f"must be a share from 0 to 1, got {value!r}")
-        for key in ("fba_start_step", "cc_start_step"):
+        for key in ("fba_start_step", "cc_start_step", "nmla_start_step"):
             value = getattr(self, key)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-                raise FieldError(key, f"must be an int >= 0 or null (= aux_start_step), got {value!r}")
+                raise FieldError(key, f"must be an int >= 0 or null, got {value!r}")
         if not self.directions or set(self.directions) - set(DIRECTIONS) or len(set(self.directions)) < len(self.directions):
             raise FieldError("directions", f"must be one or both of {list(DIRECTIONS)}, each once, "
                                            f"got {list(self.directions)}")
@@ -168,6 +182,10 @@ class LossConfig:
         if step >= self.glance_steps:
             return float(self.glance_end)
         return self.glance_start + (self.glance_end - self.glance_start) * step / self.glance_steps
+
+    def nmla(self, step: int) -> bool:
+        """Whether the main term is NMLA's at training step `step`."""
+        return self.nmla_start_step is not None and step >= self.nmla_start_step
 
     def start_step(self, term: str) -> int:
         """The first step at which auxiliary loss `term` ("fba" or "cc") is on."""

@@ -15,7 +15,7 @@ from reder.heads import HeadOutput
 from reder.layers import LayerRng
 from reder.model import REDER
 from reder.objectives.outputs import COUNTERS, output_loss
-from reder.objectives.terms import forward_backward_agreement, glance_mask
+from reder.objectives.terms import ctc_ngram_loss, forward_backward_agreement, glance_mask
 from reder.reversible import Op, invert_ops, run_trunk
 
 
@@ -42,16 +42,22 @@ def duplex_loss(model: REDER, config: LossConfig, src_tokens: torch.Tensor, src_
         model.initialize(src_tokens, src_lengths, tgt_tokens, tgt_lengths)
     use_fba = step >= config.start_step("fba") and config.lambda_fba > 0
     use_cc = step >= config.start_step("cc") and config.lambda_cc > 0
-    zero, name = src_tokens.new_zeros((), dtype=torch.float32), model.head.name
+    nmla = config.nmla(step)
+    if nmla and model.cfg.head != "ctc":
+        raise ValueError(f"loss.nmla_start_step: NMLA is a loss over CTC's alignments; this model's head is "
+                         f"{model.cfg.head!r}")
+    zero = src_tokens.new_zeros((), dtype=torch.float32)
     terms: dict[str, torch.Tensor] = {}
     pairs = {"src2tgt": (src_tokens, src_lengths, tgt_tokens, tgt_lengths), "tgt2src": (tgt_tokens, tgt_lengths, src_tokens, src_lengths)}
     ratio = config.glance_ratio(step) if model.training else 0.0
     total = zero
     for direction in directions:
         x, x_lengths, y, y_lengths = pairs[direction]
-        main, fba, cc, counts, cc_counts = direction_loss(model, direction, x, x_lengths, y, y_lengths, use_fba, use_cc, ratio)
-        terms[f"{name}_{direction}"] = main
-        total = total + main
+        mains, fba, cc, counts, cc_counts = direction_loss(model, config, direction, x, x_lengths, y, y_lengths, use_fba,
+                                                           use_cc, ratio, nmla)
+        for name, (main, weight) in mains.items():
+            terms[f"{name}_{direction}"] = main
+            total = total + (main if weight == 1.0 else weight * main)
         if fba is not None:
             terms[f"fba_{direction}"] = fba
             total = total + config.lambda_fba * fba
@@ -67,33 +73,48 @@ def duplex_loss(model: REDER, config: LossConfig, src_tokens: torch.Tensor, src_
 
 
 def direction_loss(
-    model: REDER, direction: str, x: torch.Tensor, x_lengths: torch.Tensor, y: torch.Tensor, y_lengths: torch.Tensor,
-    use_fba: bool, use_cc: bool, glance_ratio: float = 0.0,
-) -> tuple[torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor], dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-    """One direction's (main, FBA or None, CC or None, the main term's counters, CC's counters)."""
+    model: REDER, config: LossConfig, direction: str, x: torch.Tensor, x_lengths: torch.Tensor, y: torch.Tensor,
+    y_lengths: torch.Tensor, use_fba: bool, use_cc: bool, glance_ratio: float = 0.0, nmla: bool = False,
+) -> tuple[dict[str, tuple[torch.Tensor, float]], Optional[torch.Tensor], Optional[torch.Tensor], dict[str, torch.Tensor],
+           dict[str, torch.Tensor]]:
+    """One direction's (main terms by name with their weights, FBA or None, CC or None, the main term's counters,
+    CC's counters). The main term is the head's loss (`ctc`, `dag`), or with `nmla` NMLA's bag of n-grams (`nmla`,
+    plus `ctc` at `config.nmla_ctc_weight` when > 0)."""
     reading, writing = ENDS[direction]
-    glance_input = glance(model, direction, x, x_lengths, y, y_lengths, glance_ratio) if glance_ratio > 0 else None
+    glance_input = glance(model, direction, x, x_lengths, y, y_lengths, glance_ratio,
+                          blanks=config.glance_blanks) if glance_ratio > 0 else None
     h0, mask, out_lengths = model.embed_input(x, x_lengths, reading, glance=glance_input)
     ops = model.ops(direction)
     states, rngs = run_trunk(h0, mask, ops, model.cfg.memory_efficient, keep_all=use_fba)
     output = model.project(states[-1], out_lengths, writing)  # log-probs (B, T', V), DAG: log E (B, T', T')
-    main, counts = output_loss(model.cfg, output, y, y_lengths)
+    if nmla:
+        mains = {"nmla": (ctc_ngram_loss(output.log_probs, output.lengths, y, y_lengths, model.cfg.blank_id,
+                                         config.nmla_ngram), 1.0)}
+        if config.nmla_ctc_weight > 0:
+            mains["ctc"] = (output_loss(model.cfg, output, y, y_lengths)[0], config.nmla_ctc_weight)
+        counts: dict[str, torch.Tensor] = {}
+    else:
+        main, counts = output_loss(model.cfg, output, y, y_lengths)
+        mains = {model.cfg.head: (main, 1.0)}
     output = output.detach()
     fba = agreement(model, [h0, *states], mask, output, y, y_lengths, ops, rngs, writing) if use_fba else None
     cc, cc_counts = cycle_consistency(model, output, x, x_lengths, REVERSE[direction]) if use_cc else (None, {})
-    return main, fba, cc, counts, cc_counts
+    return mains, fba, cc, counts, cc_counts
 
 
 def glance(model: REDER, direction: str, x: torch.Tensor, x_lengths: torch.Tensor, y: torch.Tensor,
-           y_lengths: torch.Tensor, ratio: float, generator: Optional[torch.Generator] = None) -> tuple[torch.Tensor, torch.Tensor]:
+           y_lengths: torch.Tensor, ratio: float, generator: Optional[torch.Generator] = None,
+           blanks: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Glancing's first pass (no gradient): y laid out on the output positions by the head (FBA's layout:
     CTC its best alignment, DAG its Viterbi path), and the positions whose aligned target token goes into
-    the second pass's input (`glance_mask`: among the aligned target tokens — not blanks, not off-path
-    vertices — of feasible samples). Returns (positions (B, T') bool, layout tokens (B, T'))."""
+    the second pass's input (`glance_mask`: among the aligned target tokens of feasible samples — not blanks
+    unless `blanks` (CTC), never off-path vertices). Returns (positions (B, T') bool, layout tokens (B, T'))."""
     with torch.no_grad():
         first = model.outputs(x, x_lengths, direction)
         layout, compared, feasible = model.head.fba_layout(first, y, y_lengths)
-        candidates = compared & feasible[:, None] & (layout != model.cfg.blank_id)
+        candidates = compared & feasible[:, None]
+        if not blanks:
+            candidates = candidates & (layout != model.cfg.blank_id)
         return glance_mask(layout, candidates, first.log_probs.argmax(dim=-1), ratio, generator), layout
 
 

@@ -1,7 +1,9 @@
 """The loss terms as equations on tensors (docs/DESIGN.md, "The model"): CTC, the DAG likelihood,
-forward–backward agreement, glancing's choice of positions and the CMLM's. The heads call `ctc_loss` and
-`dag_loss`; reder/objectives/duplex.py combines them into REDER's objective; reder/objectives/directional.py
-masks the CMLM's targets with `uniform_mask`."""
+forward–backward agreement, glancing's choice of positions, NMLA's bag of n-grams and the CMLM's.
+reder/objectives/outputs.py calls `ctc_loss`, `dag_loss` and `ctc_ngram_loss` for the heads;
+reder/objectives/duplex.py combines them into REDER's objective; reder/objectives/directional.py masks the CMLM's
+targets with `uniform_mask`."""
+import math
 from typing import Optional
 
 import torch
@@ -91,3 +93,64 @@ def uniform_mask(lengths: torch.Tensor, width: int) -> torch.Tensor:
     counts = (torch.rand(lengths.shape[0], device=lengths.device) * lengths).long() + 1  # uniform in 1..length
     counts = torch.minimum(counts, lengths)
     return ranks < counts[:, None]
+
+
+def expected_ngram_counts(log_probs: torch.Tensor, lengths: torch.Tensor, grams: torch.Tensor, blank: int,
+                          n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Under CTC's distribution over alignments (frames independent, log_probs (B, T, V), lengths (B,)), the expected
+    number of times each n-gram of `grams` (B, J, n) occurs in the collapsed output (repeats merged, blanks
+    dropped), (B, J), and the expected number of n-grams of the output, (B,); n is 1 or 2. In float64.
+
+    Unigram v: a new v starts at frame t when a_t = v and a_{t−1} ≠ v, so E = Σ_t p_t(v)(1 − p_{t−1}(v)).
+    Bigram (a, b): a output's consecutive tokens are the last frame s of a's run and the first frame t of b's,
+    every frame between blank: E = Σ_{s<t} p_s(a) W(s, t) p_t(b), W(s, t) = Π_{s<k<t} p_k(blank), exact for a ≠ b;
+    for a = b the pairs t = s + 1 are one merged a, not a bigram, and are taken off."""
+    valid = valid_mask(lengths, log_probs.shape[1])
+    probs = log_probs.double().exp() * valid[..., None]  # (B, T, V), zero past each length
+    not_blank = torch.ones(probs.shape[-1], dtype=probs.dtype, device=probs.device)
+    not_blank[blank] = 0.0
+    adjacent = probs[:, :-1] * probs[:, 1:]  # (B, T−1, V): the same token at s and s + 1
+    if n == 1:
+        new = probs - F.pad(adjacent, (0, 0, 1, 0))  # (B, T, V): p_t(v)(1 − p_{t−1}(v))
+        expected = new.sum(dim=1).gather(1, grams[..., 0])  # (B, J)
+        return expected, (new.sum(dim=1) * not_blank).sum(dim=-1)
+    if n != 2:
+        raise ValueError(f"n-grams of n = 1 or 2, got {n}")
+    cumulative = (log_probs[..., blank].double() * valid).cumsum(dim=1)  # (B, T): Σ_{k≤t} log p_k(blank)
+    before = F.pad(cumulative[:, :-1], (1, 0))  # Σ_{k≤t−1}
+    later = torch.ones(log_probs.shape[1], log_probs.shape[1], dtype=torch.bool, device=log_probs.device).triu(1)
+    weights = (before[:, None, :] - cumulative[:, :, None]).masked_fill(~later, -math.inf).exp()  # (B, T, T): W(s, t)
+    first = probs.gather(2, grams[..., 0][:, None, :].expand(-1, probs.shape[1], -1))  # (B, T, J): p_s(a)
+    second = probs.gather(2, grams[..., 1][:, None, :].expand(-1, probs.shape[1], -1))  # (B, T, J): p_t(b)
+    expected = (first * (weights @ second)).sum(dim=1)  # (B, J)
+    merged = (first[:, :-1] * first[:, 1:]).sum(dim=1)  # (B, J): Σ_s p_s(a) p_{s+1}(a)
+    expected = expected - torch.where(grams[..., 0] == grams[..., 1], merged, 0.0)
+    words = (1.0 - probs[..., blank]) * valid  # (B, T): some word piece at t
+    total = torch.einsum("bs,bst,bt->b", words, weights, words) - (adjacent * not_blank).sum(dim=(1, 2))
+    return expected, total
+
+
+def ctc_ngram_loss(log_probs: torch.Tensor, lengths: torch.Tensor, targets: torch.Tensor, target_lengths: torch.Tensor,
+                   blank: int, n: int = 2) -> torch.Tensor:
+    """NMLA's bag-of-n-grams loss (Shao & Feng 2022, "Non-monotonic latent alignments for CTC-based NAT"): the
+    n-gram F-measure between the output's expected n-gram counts C_θ (`expected_ngram_counts`, every alignment
+    counted) and the target's C_y, one minus it:
+
+        loss = 1 − 2 Σ_g min(C_θ(g), C_y(g)) / (T_θ + T_y),   T = the number of n-grams (T_θ expected),
+
+    mean over the samples whose target has an n-gram (targets (B, U) with EOS, which counts as a token). The
+    official code's bigram loss is this minus one (the same gradients), its unigram loss this one."""
+    batch, width = targets.shape
+    count = (target_lengths - n + 1).clamp(min=0)  # (B,): T_y
+    span = max(width - n + 1, 1)
+    grams = torch.stack([F.pad(targets, (0, n))[:, k : k + span] for k in range(n)], dim=-1)  # (B, J, n)
+    present = valid_mask(count, span)  # (B, J)
+    code = grams[..., 0] * log_probs.shape[-1] + (grams[..., 1] if n == 2 else 0)  # one id per n-gram
+    same = (code[:, :, None] == code[:, None, :]) & present[:, :, None] & present[:, None, :]  # (B, J, J)
+    reference = same.sum(dim=-1).double()  # (B, J): C_y of each position's n-gram
+    first = present & ~(same & torch.ones(span, span, dtype=torch.bool, device=targets.device).tril(-1)).any(dim=-1)
+    expected, total = expected_ngram_counts(log_probs, lengths, grams, blank, n)
+    match = (torch.minimum(expected, reference) * first).sum(dim=-1)  # (B,)
+    kept = count > 0  # a masked mean: indexing by the mask would sync for its shape
+    loss = (1.0 - 2.0 * match / (total + count).clamp(min=1e-9)) * kept
+    return (loss.sum() / kept.sum().clamp(min=1)).to(log_probs.dtype)
