@@ -1,0 +1,178 @@
+"""Which of the techniques that closed the NAT–AT gap elsewhere help REDER, each against the baseline at equal
+updates, on CPU before any GPU time is spent (a filter, not a ranking for the GPU: a ~14-BLEU CPU model tells
+which techniques do nothing or harm, not which wins at 35 BLEU).
+
+    python -m bench.quality teachers --out Q --steps N ...            # the KD corpus (or a GPU run's, see below)
+    python -m bench.ablation --from Q --out A [--techniques glance glance_blanks nmla ratio3] [--seeds 1 2]
+        [--steps 2000] [key=value ...]
+
+Every model is REDER on the KD pairs of the teachers phase (bench/quality.py, its `_reder_inputs`), `--steps`
+updates from the same initialisation and batches per seed (`train.seed`), the config's model and loss sections
+with the key=value overrides (e.g. `model.d_model=256 model.layers_per_end=2`) as the baseline, and each technique
+its own change of them (`TECHNIQUES`). Each is scored greedily on test 2016 and 2017 flickr both ways; its time per
+update is measured beside; sacreBLEU's paired bootstrap (as `duplex-compare`) compares it with the baseline of its
+seed on every test set and direction, and over the seeds the mean difference and its range. Where a technique's
+seeds disagree on the sign of a difference, or one's 95 % interval holds zero, a third seed runs (`--third-seed`,
+the baseline with it). Writes A/ablation.json and prints it; `--summary` prints the table of an existing one.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bench import MULTI30K, REPO_ROOT
+
+# technique → (model overrides, loss overrides); a value "steps:F" is F × --steps, an int
+TECHNIQUES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
+    "glance": ({}, {"glance_start": 0.5, "glance_end": 0.3, "glance_steps": "steps:1.0"}),
+    "glance_blanks": ({}, {"glance_start": 0.5, "glance_end": 0.3, "glance_steps": "steps:1.0", "glance_blanks": True}),
+    "nmla": ({}, {"nmla_start_step": "steps:0.8", "nmla_ngram": 2}),
+    "nmla_ctc": ({}, {"nmla_start_step": "steps:0.8", "nmla_ngram": 2, "nmla_ctc_weight": 0.5}),
+    "ratio3": ({"upsample_ratio": 3}, {}),
+    "ratio4": ({"upsample_ratio": 4}, {}),
+}
+
+
+def resolve(overrides: dict[str, Any], steps: int) -> dict[str, Any]:
+    """The overrides with every "steps:F" replaced by int(F × steps)."""
+    return {key: int(float(value.split(":", 1)[1]) * steps) if isinstance(value, str) and value.startswith("steps:")
+            else value for key, value in overrides.items()}
+
+
+def train_one(args: argparse.Namespace, cfg: Any, inputs: Any, examples: list, technique: str, seed: int,
+              device: str, hypotheses: dict) -> dict[str, Any]:
+    """One REDER of `technique` (or "baseline") at `seed`: its training (updates, seconds per update) and greedy
+    scores; its greedy hypotheses go into `hypotheses[(technique, seed)]`."""
+    from bench.quality import _evaluate, _harness, _train_config
+    from reder import DuplexLoss, REDER
+
+    model_overrides, loss_overrides = TECHNIQUES.get(technique, ({}, {}))
+    model_cfg = replace(cfg.model, memory_efficient=False, **resolve(model_overrides, args.steps))
+    loss_cfg = replace(cfg.loss, **resolve(loss_overrides, args.steps))
+    torch.manual_seed(seed)
+    model = REDER(model_cfg).to(device)
+    harness = _harness(args, model, DuplexLoss(model, loss_cfg), replace(_train_config(args, cfg.train), seed=seed),
+                       device)
+    trained = harness.fit_examples(examples)
+    kept: dict = {}
+    entry = _evaluate(model, inputs, kept, speed=False)
+    hypotheses[technique, seed] = kept["greedy"]
+    return {"technique": technique, "seed": seed, "model_overrides": resolve(model_overrides, args.steps),
+            "loss_overrides": resolve(loss_overrides, args.steps), "train": trained,
+            "seconds_per_update": round(trained["seconds"] / max(trained["steps"], 1), 4),
+            "greedy": {cell: score["bleu"] for cell, score in entry["greedy"].items()}}
+
+
+def unsettled(pairs: list[dict[str, dict[str, float]]]) -> bool:
+    """Whether a technique's paired comparisons (one per seed) leave a cell open: signs that disagree, no
+    difference at all (sacreBLEU's bootstrap gives equal outputs p ≈ 0.01), or a p-value that is not below 0.05."""
+    return any(len({p[cell]["delta"] > 0 for p in pairs}) > 1
+               or not all(p[cell]["delta"] != 0 and p[cell]["p_value"] < 0.05 for p in pairs) for cell in pairs[0])
+
+
+def over_seeds(pairs: list[dict[str, dict[str, float]]]) -> dict[str, dict[str, float]]:
+    """Per cell: the mean difference over the seeds, its smallest and largest, and how many seeds found it
+    significantly better or worse (p < 0.05)."""
+    return {cell: {"mean_delta": round(sum(p[cell]["delta"] for p in pairs) / len(pairs), 2),
+                   "min_delta": min(p[cell]["delta"] for p in pairs), "max_delta": max(p[cell]["delta"] for p in pairs),
+                   "better": sum(p[cell]["delta"] > 0 and p[cell]["p_value"] < 0.05 for p in pairs),
+                   "worse": sum(p[cell]["delta"] < 0 and p[cell]["p_value"] < 0.05 for p in pairs)}
+            for cell in pairs[0]}
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    from bench.quality import _header, _kd_examples, _paired_bootstrap, _reder_inputs
+    from pipeline.config import load_config
+
+    cfg = load_config(args.config, args.overrides)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    args.phase, args.beam, args.validate_every, args.time_cap_s = "ablation", 1, 0, float("inf")
+    inputs = _reder_inputs(args, cfg, device)
+    examples = _kd_examples(inputs)
+    report: dict[str, Any] = {**_header(args, device), "train_pairs": len(examples), "techniques": args.techniques,
+                              "seeds": list(args.seeds), "runs": [], "paired": {}, "over_seeds": {}}
+    hypotheses: dict = {}
+
+    def one(technique: str, seed: int) -> None:
+        if (technique, seed) not in hypotheses:
+            report["runs"].append(train_one(args, cfg, inputs, examples, technique, seed, device, hypotheses))
+            print(json.dumps(report["runs"][-1]), flush=True)
+
+    seeds: dict[str, list[int]] = {technique: list(args.seeds) for technique in args.techniques}
+    for seed in args.seeds:
+        for technique in ("baseline", *args.techniques):
+            one(technique, seed)
+    for technique in args.techniques:
+        pairs = [_paired_bootstrap(hypotheses["baseline", s], hypotheses[technique, s], inputs.data) for s in seeds[technique]]
+        if args.third_seed and unsettled(pairs):
+            one("baseline", args.third_seed)
+            one(technique, args.third_seed)
+            seeds[technique].append(args.third_seed)
+            pairs.append(_paired_bootstrap(hypotheses["baseline", args.third_seed], hypotheses[technique, args.third_seed],
+                                           inputs.data))
+        report["paired"][technique] = dict(zip(map(str, seeds[technique]), pairs))
+        report["over_seeds"][technique] = over_seeds(pairs)
+    return report
+
+
+def summary(report: dict[str, Any]) -> str:
+    """A Markdown table: per technique its mean ΔBLEU (range over seeds; seeds better / worse) in each cell and
+    its seconds per update against the baseline's."""
+    per_update: dict[str, list[float]] = {}
+    for entry in report["runs"]:
+        per_update.setdefault(entry["technique"], []).append(entry["seconds_per_update"])
+    base = sum(per_update["baseline"]) / len(per_update["baseline"])
+    cells = list(next(iter(report["over_seeds"].values()))) if report["over_seeds"] else []
+    lines = ["| technique | seeds | " + " | ".join(cells) + " | s/update (× baseline) |",
+             "|---|---|" + "---|" * len(cells) + "---|"]
+    for technique, by_cell in report["over_seeds"].items():
+        mean = sum(per_update[technique]) / len(per_update[technique])
+        row = [f"{c['mean_delta']:+.2f} [{c['min_delta']:+.2f}, {c['max_delta']:+.2f}] {c['better']}↑{c['worse']}↓"
+               for c in by_cell.values()]
+        lines.append(f"| {technique} | {len(report['paired'][technique])} | " + " | ".join(row)
+                     + f" | {mean:.3f} ({mean / base:.2f}×) |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data-dir", default=str(MULTI30K))
+    parser.add_argument("--from", dest="source", help="the teachers phase's output directory (spm.model, kd.parquet)")
+    parser.add_argument("--out", required=True, help="output directory (ablation.json)")
+    parser.add_argument("--config", default=str(REPO_ROOT / "configs" / "multi30k.yaml"))
+    parser.add_argument("--techniques", nargs="+", default=["glance", "glance_blanks", "nmla", "ratio3"],
+                        choices=list(TECHNIQUES))
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--third-seed", type=int, default=3, help="run where two seeds leave a cell open (0: never)")
+    parser.add_argument("--steps", type=int, default=2000, help="updates per model")
+    parser.add_argument("--max-tokens", type=int, default=4096)
+    parser.add_argument("--lr", type=float, default=7e-4)
+    parser.add_argument("--warmup", type=int, default=500)
+    parser.add_argument("--average-best", type=int, default=1)
+    parser.add_argument("--train-limit", type=int, default=0, help="the first N training pairs (0 = all)")
+    parser.add_argument("--summary", action="store_true", help="print the table of OUT/ablation.json and stop")
+    parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. model.d_model=256")
+    args = parser.parse_intermixed_args(argv)
+    out = Path(args.out)
+    if args.summary:
+        print(summary(json.loads((out / "ablation.json").read_text(encoding="utf-8"))))
+        return 0
+    if not args.source:
+        parser.error("--from: the teachers phase's output directory is needed")
+    out.mkdir(parents=True, exist_ok=True)
+    report = run(args)
+    tmp = out / ".ablation.json.tmp"
+    tmp.write_text(json.dumps(report, indent=2), encoding="utf-8")
+    tmp.replace(out / "ablation.json")
+    print(summary(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
