@@ -97,3 +97,61 @@ def dag_beam(log_edges: torch.Tensor, log_probs: torch.Tensor, graph_lengths: to
         score, string = max(pool, key=lambda item: item[0])  # max keeps the first of equals: the beam's
         out.append((string, score))
     return out
+
+
+@torch.no_grad()
+def dag_path_beam(log_edges: torch.Tensor, log_probs: torch.Tensor, graph_lengths: torch.Tensor, beam_size: int,
+                  top_transitions: int = 5, top_tokens: int = 2, length_penalty: float = 1.0,
+                  excluded: tuple[int, ...] = ()) -> list[tuple[list[int], float]]:
+    """DA-Transformer's beam search over paths and tokens together (not over strings): a hypothesis is a path
+    from vertex 0 with one token per vertex, scored Σ log E(a_{i−1}, a_i) + Σ log P(t_i | v_{a_i}); vertex 0 emits
+    BOS. Each step moves every live hypothesis one edge on, to the `top_transitions` most likely next vertices,
+    each emitting one of its `top_tokens` most likely tokens (not `excluded`: pad, the skip token), and keeps the
+    `beam_size` best; one reaching the last vertex finishes, ranked by score / m^length_penalty, m its vertices
+    (Viterbi's rule). Per graph the best finished hypothesis' tokens, consecutive repeats merged (as greedy
+    merges them; raw ids, BOS and EOS kept), and its score. K·k·t candidates a step, at most L_b steps: linear in
+    the graph, where `dag_beam`'s exact string scores cost a DP over the graph per candidate."""
+    batch, length, vocab = log_probs.shape
+    device, lengths = log_probs.device, graph_lengths.long()
+    banned = torch.zeros(vocab, dtype=torch.bool, device=device)
+    banned[[BOS_ID, *excluded]] = True
+    token_scores, token_ids = log_probs.masked_fill(banned, NEG_INF).topk(min(top_tokens, vocab), dim=-1)  # (B, L, t)
+    moves, tokens = min(top_transitions, length), token_ids.shape[-1]
+    vertex = torch.zeros(batch, beam_size, dtype=torch.long, device=device)
+    score = torch.full((batch, beam_size), NEG_INF, dtype=log_probs.dtype, device=device)
+    score[:, 0] = log_probs[:, 0, BOS_ID]
+    parents, emitted = [], [torch.full((batch, beam_size), BOS_ID, dtype=torch.long, device=device)]
+    best = torch.full((batch,), NEG_INF, dtype=log_probs.dtype, device=device)
+    best_at: list[tuple[int, int, int]] = [(-1, 0, 0)] * batch  # (step, parent slot, token) of each best
+    last = (lengths - 1)[:, None, None]
+    for step in range(1, length):
+        rows = log_edges.gather(1, vertex[..., None].expand(-1, -1, length))  # (B, K, L): edges out of each vertex
+        edge, nxt = rows.topk(moves, dim=-1)  # (B, K, k)
+        emit = token_scores.gather(1, nxt.view(batch, -1, 1).expand(-1, -1, tokens)).view(batch, beam_size, moves, tokens)
+        total = score[..., None, None] + edge[..., None] + emit  # (B, K, k, t)
+        ending = (nxt == last)[..., None].expand_as(total)
+        finished = torch.where(ending, total, NEG_INF).view(batch, -1).max(dim=1)  # paths of step + 1 vertices
+        normalised = finished.values / (step + 1) ** length_penalty
+        for b in (normalised > best).nonzero()[:, 0].tolist():
+            flat = int(finished.indices[b])
+            best_at[b] = (step, flat // (moves * tokens), int(token_ids[b, nxt.view(batch, -1)[b, flat // tokens],
+                                                                      flat % tokens]))
+        best = torch.maximum(best, normalised)
+        live = total.masked_fill(ending, NEG_INF).view(batch, -1)
+        score, index = live.topk(beam_size, dim=1)  # (B, K)
+        if not bool(torch.isfinite(score).any()):
+            break
+        parent, move, token = index // (moves * tokens), (index // tokens) % moves, index % tokens
+        vertex = nxt.gather(1, parent[..., None].expand(-1, -1, moves)).gather(2, move[..., None])[..., 0]
+        parents.append(parent)
+        emitted.append(token_ids.gather(1, vertex[..., None].expand(-1, -1, tokens)).gather(2, token[..., None])[..., 0])
+    out = []
+    for b, (step, slot, token) in enumerate(best_at):
+        ids = [token]
+        for back in range(step - 1, 0, -1):  # the parent slot at step `back` emitted at that step
+            ids.append(int(emitted[back][b, slot]))
+            slot = int(parents[back - 1][b, slot])
+        ids.append(BOS_ID)
+        merged = [t for i, t in enumerate(reversed(ids)) if i == 0 or t != ids[len(ids) - i]]
+        out.append((merged, float(best[b])))
+    return out

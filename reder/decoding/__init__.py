@@ -6,7 +6,7 @@ the Ray Serve app and the evaluate stage all name decoders from here.
 - base.py: `Decoder` (what a decoder is), `family_of(model)`, `Ct2Model`;
 - ctc.py: a CTC REDER's `greedy` and `beam` (reranked by the model itself or by a teacher), and the stages'
   one-model-run helpers `greedy_by_penalty`, `reranked_by_penalty`, `nbest`;
-- dag.py: a DAG REDER's `greedy`, `lookahead`, `viterbi`, `beam`;
+- dag.py: a DAG REDER's `greedy`, `lookahead`, `viterbi`, `beam`, `path_beam`;
 - autoregressive.py, ct2.py: the teacher's `greedy` and `beam`, ours and through CTranslate2;
 - cmlm.py: the CMLM's `mask_predict`;
 - run.py: `translate_ids` (length-sorted batches, length limits, refinement) and `translate_lines` (text).
@@ -21,11 +21,11 @@ from reder.decoding.base import Decoder, Model, family_of
 from reder.decoding.cmlm import MaskPredict
 from reder.decoding.ct2 import Ct2Beam, Ct2Greedy
 from reder.decoding.ctc import CtcBeam, CtcGreedy
-from reder.decoding.dag import DagBeam, DagGreedy, DagLookahead, DagViterbi
+from reder.decoding.dag import DagBeam, DagGreedy, DagLookahead, DagPathBeam, DagViterbi
 
 DECODERS: dict[tuple[str, str], type[Decoder]] = {
     (cls.family, cls.name): cls
-    for cls in (CtcGreedy, CtcBeam, DagGreedy, DagLookahead, DagViterbi, DagBeam, TeacherGreedy, TeacherBeam,
+    for cls in (CtcGreedy, CtcBeam, DagGreedy, DagLookahead, DagViterbi, DagBeam, DagPathBeam, TeacherGreedy, TeacherBeam,
                 Ct2Greedy, Ct2Beam, MaskPredict)
 }
 DEFAULT = {"cmlm": "mask_predict"}  # every other family's default is greedy

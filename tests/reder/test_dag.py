@@ -10,7 +10,7 @@ from reder.config import BOS_ID, EOS_ID
 from reder import dag
 from reder.dag import (DagLinks, dag_greedy, dag_log_likelihood, dag_viterbi, edge_mask, masked_log_softmax,
                        limit_transitions, masked_logsumexp, resolve_dp, target_emissions, viterbi_align)
-from reder.dag_beam import dag_beam, string_log_likelihood
+from reder.dag_beam import dag_beam, dag_path_beam, string_log_likelihood
 
 from reder.objectives.terms import dag_loss
 from tests.reder.helpers import MULTI30K, WordPairs, memorise
@@ -304,3 +304,55 @@ def test_dag_beam_never_scores_below_greedy_and_lookahead():
             assert all(score >= float(floor[b]) - 1e-9 for floor in floor_scores)
         wins += sum(score > max(float(floor[b]) for floor in floor_scores) + 1e-6 for b, (_, score) in enumerate(results))
     assert wins > 10  # the beam finds strings above both, not only theirs
+
+
+@pytest.mark.parametrize("length_penalty", [0.0, 1.0])
+def test_dag_path_beam_with_a_wide_beam_finds_the_best_path_and_tokens_by_brute_force(length_penalty):
+    """Every path from vertex 0 to the last with every choice of a usable token per vertex (BOS at vertex 0),
+    scored Σ log E + Σ log P(token | vertex) over m^length_penalty: an unbounded path beam returns the best one's
+    score and its tokens with consecutive repeats merged."""
+    torch.manual_seed(6)
+    lengths, vocab, excluded = torch.tensor([6, 5, 4, 2]), 6, (0, 5)
+    width = int(lengths.max())
+    log_edges = masked_log_softmax(torch.randn(4, width, width, dtype=torch.float64), edge_mask(lengths, width), -1)
+    log_probs = torch.randn(4, width, vocab, dtype=torch.float64).log_softmax(-1)
+    results = dag_path_beam(log_edges, log_probs, lengths, beam_size=10_000, top_transitions=width, top_tokens=vocab,
+                            length_penalty=length_penalty, excluded=excluded)
+    usable = [t for t in range(vocab) if t not in (*excluded, BOS_ID)]
+    for b, length in enumerate(lengths.tolist()):
+        best = None
+        for inner in range(length - 1):
+            for middle in itertools.combinations(range(1, length - 1), inner):
+                path = (0, *middle, length - 1)
+                edges = sum(float(log_edges[b, u, v]) for u, v in zip(path, path[1:]))
+                for tokens in itertools.product(usable, repeat=len(path) - 1):
+                    score = edges + float(log_probs[b, 0, BOS_ID]) + sum(float(log_probs[b, v, t]) for v, t in zip(path[1:], tokens))
+                    score /= len(path) ** length_penalty
+                    if best is None or score > best[0]:
+                        best = (score, [BOS_ID, *tokens])
+        merged = [t for i, t in enumerate(best[1]) if i == 0 or t != best[1][i - 1]]
+        assert results[b] == (merged, pytest.approx(best[0], abs=1e-9))
+
+
+def test_dag_path_beam_keeps_its_beam_and_candidates_and_a_narrow_beam_scores_no_higher():
+    torch.manual_seed(7)
+    lengths = torch.tensor([14, 9, 11])
+    log_edges = masked_log_softmax(torch.randn(3, 14, 14, dtype=torch.float64), edge_mask(lengths, 14), -1)
+    log_probs = torch.randn(3, 14, 9, dtype=torch.float64).log_softmax(-1)
+    wide = dag_path_beam(log_edges, log_probs, lengths, 64, 14, 9, excluded=(0, 8))
+    for beam_size, moves, tokens in ((1, 1, 1), (2, 3, 1), (4, 5, 2)):
+        narrow = dag_path_beam(log_edges, log_probs, lengths, beam_size, moves, tokens, excluded=(0, 8))
+        for (ids, score), (_, best) in zip(narrow, wide):
+            assert score <= best + 1e-12 and ids[0] == BOS_ID and not set(ids) & {0, 8}
+    # beam 1, one move, one token: at each vertex the single best edge out, the vertex's best token
+    greedy_like = dag_path_beam(log_edges, log_probs, lengths, 1, 1, 1, excluded=(0, 8))
+    for b, length in enumerate(lengths.tolist()):
+        vertex, ids, score, vertices = 0, [BOS_ID], float(log_probs[b, 0, BOS_ID]), 1
+        while vertex != length - 1:
+            edge, vertex = log_edges[b, vertex].max(dim=0)
+            token_scores = log_probs[b, int(vertex)].clone()
+            token_scores[[0, 8, BOS_ID]] = float("-inf")
+            best_token, token = token_scores.max(dim=0)
+            score, vertex, vertices = score + float(edge) + float(best_token), int(vertex), vertices + 1
+            ids += [] if int(token) == ids[-1] else [int(token)]
+        assert greedy_like[b] == (ids, pytest.approx(score / vertices, abs=1e-12))

@@ -30,6 +30,7 @@ OPTIONS = {
     ("dag", "lookahead"): ["max_transition", "no_repeat_ngram"],
     ("dag", "viterbi"): ["max_transition", "length_penalty"],
     ("dag", "beam"): ["max_transition", "beam_size", "length_penalty"],
+    ("dag", "path_beam"): ["max_transition", "beam_size", "top_transitions", "top_tokens", "length_penalty"],
     ("transformer", "greedy"): ["max_len_a", "max_len_b"],
     ("transformer", "beam"): ["beam_size", "length_penalty", "max_len_a", "max_len_b"],
     ("ct2", "greedy"): ["max_len_a", "max_len_b", "mirror"],
@@ -85,9 +86,9 @@ def test_the_registry_names_each_decoder_by_its_family_and_name():
     assert set(DECODERS) == set(OPTIONS)
     for (family, name), cls in DECODERS.items():
         assert issubclass(cls, Decoder) and (cls.family, cls.name) == (family, name)
-    assert decoder_names() == ("greedy", "beam", "lookahead", "viterbi", "mask_predict")
+    assert decoder_names() == ("greedy", "beam", "lookahead", "viterbi", "path_beam", "mask_predict")
     assert [decoder_names(f) for f in ("ctc", "dag", "transformer", "ct2", "cmlm")] == [
-        ("greedy", "beam"), ("greedy", "lookahead", "viterbi", "beam"), ("greedy", "beam"), ("greedy", "beam"),
+        ("greedy", "beam"), ("greedy", "lookahead", "viterbi", "beam", "path_beam"), ("greedy", "beam"), ("greedy", "beam"),
         ("mask_predict",)]
     assert decoder_names("crf") == ()
     assert [default_decoder(m) for m in (decoding_model(), decoding_model("dag"), tiny_transformer(), tiny_cmlm())] == [
@@ -118,7 +119,7 @@ def test_every_registered_decoder_builds_with_its_defaults_and_decodes_its_famil
 def test_make_decoder_refuses_an_unknown_name_listing_the_familys_decoders():
     for model, message in [
         (decoding_model(), "a CTC REDER decodes with greedy, beam"),
-        (decoding_model("dag"), "a DAG REDER decodes with greedy, lookahead, viterbi, beam"),
+        (decoding_model("dag"), "a DAG REDER decodes with greedy, lookahead, viterbi, beam, path_beam"),
         (tiny_transformer(), "a Transformer[a-z ]* decodes with greedy, beam"),  # a Transformer (teacher)
         (tiny_cmlm(), "a CMLM decodes with mask_predict"),
     ]:

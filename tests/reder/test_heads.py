@@ -40,7 +40,7 @@ def test_every_configurable_head_is_registered_with_its_capabilities():
         head = make_head(tiny_config(head=name, link_heads=2))
         assert type(head) is head_class(name) and head.name == name
         assert decoder_names(name)[0] == "greedy"  # every head has its decoders (reder/decoding/), greedy first
-    assert (decoder_names("ctc"), decoder_names("dag")) == (("greedy", "beam"), ("greedy", "lookahead", "viterbi", "beam"))
+    assert {"greedy", "beam"} <= set(decoder_names("ctc")) & set(decoder_names("dag"))  # both heads search a beam
     assert set(decoder_names("ctc")) | set(decoder_names("dag")) <= set(decoder_names())
     # only the CTC beam's n-best can be reranked (by the teacher or by the model's reverse direction)
     assert ("rerank" in DECODERS["ctc", "beam"].__dataclass_fields__, "rerank" in DECODERS["dag", "beam"].__dataclass_fields__) == (True, False)
@@ -265,7 +265,7 @@ def test_decode_with_every_dag_decoder_in_both_directions_and_clear_errors():
         for decoder in ("greedy", "lookahead", "viterbi"):
             hypotheses = decode(model, tokens, lengths, direction, decoder)
             assert len(hypotheses) == 3 and all(4 <= t < 11 or t == 1 for h in hypotheses for t in h)
-    with pytest.raises(ValueError, match="^decoder 'mask_predict': a DAG REDER decodes with greedy, lookahead, viterbi, beam$"):
+    with pytest.raises(ValueError, match=f"^decoder 'mask_predict': a DAG REDER decodes with {', '.join(decoder_names('dag'))}$"):
         decode(model, tokens, lengths, "src2tgt", "mask_predict")
     for direction in DIRECTIONS:  # beam search over strings: the beam's string, specials stripped
         output = model.outputs(tokens, lengths, direction)

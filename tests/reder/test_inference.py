@@ -40,7 +40,7 @@ def test_translations_equal_the_reference_path(head):
     model = _model(head)
     tokens, lengths = random_batch(LENGTHS, 20)
     runs = [(name, {"beam_size": 4} if name == "beam" else {}) for name in decoder_names(head)]
-    assert len(runs) == (2 if head == "ctc" else 4)
+    assert {"greedy", "beam"} <= {name for name, _ in runs}
     for direction in ("src2tgt", "tgt2src"):
         for decoder, options in runs:
             reference, fast = _both(model, lambda: decode(model, tokens, lengths, direction, decoder, **options))
