@@ -2,6 +2,7 @@
 (`translate_lines`), on one padded batch (`decode`); and `choose`, the one mapping from what a user says (a decoder
 name, a beam size, options) to a decoder, which the CLI, the Python API, the MLflow pyfunc and the Serve app share.
 """
+from dataclasses import fields
 from typing import Any, Iterable, Optional
 
 import sentencepiece
@@ -10,7 +11,7 @@ import torch
 from reder.cmlm import CMLM
 from reder.config import EOS_ID
 from reder.ctc import pad_batch
-from reder.decoding import decoder_names, default_decoder, make_decoder
+from reder.decoding import DECODERS, decoder_names, default_decoder, make_decoder
 from reder.decoding.base import Decoder, Model, family_of
 from reder.model import REDER
 from reder.text import normalise
@@ -18,8 +19,9 @@ from reder.text import normalise
 
 def choose(model: Model, decoder: Optional[str] = None, beam: int = 1, **options: Any) -> Decoder:
     """The decoder a user means by a name and a beam size: `beam` > 1 with no name (or greedy) is the family's
-    `beam` of that size; a CMLM's `beam` is mask-predict's length candidates; a named beam takes `beam` as its
-    size. `options`: the decoder's own (a ValueError names those it takes)."""
+    `beam` of that size; a CMLM's `beam` is mask-predict's length candidates; a decoder with a beam (`beam`,
+    a DAG's `path_beam`) takes `beam` as its size. `options`: the decoder's own (a ValueError names those it
+    takes)."""
     if not isinstance(beam, int) or isinstance(beam, bool) or beam < 1:
         raise ValueError(f"beam must be an int >= 1, got {beam!r}")
     family = family_of(model)
@@ -30,8 +32,8 @@ def choose(model: Model, decoder: Optional[str] = None, beam: int = 1, **options
         return make_decoder(model, "mask_predict", length_beam=beam, **options)
     if name == "greedy" and beam > 1:
         name = "beam"
-    if name == "beam":
-        return make_decoder(model, "beam", beam_size=beam, **options)
+    if "beam_size" in {f.name for f in fields(DECODERS[family, name])}:
+        return make_decoder(model, name, beam_size=beam, **options)
     if beam > 1:
         raise ValueError(f"decoder {name!r} with beam {beam}: a beam search is its own decoder (give beam > 1 with "
                          "decoder greedy or beam, or beam 1 with this one)")

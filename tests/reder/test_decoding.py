@@ -269,3 +269,10 @@ def test_decoder_names_are_what_the_clis_decoder_accepts(capsys, tmp_path):
         assert main(["--checkpoint", str(tmp_path / "missing"), "--direction", "src2tgt", "--decoder", name]) == 2
         err = capsys.readouterr().err
         assert err.startswith("error: ") and "invalid choice" not in err and err.count("\n") == 1, err
+
+
+def test_choose_gives_the_beam_to_every_decoder_with_a_beam_size():
+    dag = decoding_model("dag")
+    assert choose(dag, "path_beam", 3) == make_decoder(dag, "path_beam", beam_size=3)
+    assert choose(dag, "path_beam", 3, top_tokens=1) == make_decoder(dag, "path_beam", beam_size=3, top_tokens=1)
+    assert choose(dag, "beam", 2) == make_decoder(dag, "beam", beam_size=2)
