@@ -96,10 +96,12 @@ def measure(batch: int, steps: int, length: int, hand_written: bool, device: str
 
 
 def decode_times(lengths: list[int], batch: int, device: str, repeats: int) -> list[dict]:
-    """ms per sentence of each decoder on random graphs of each length."""
+    """ms per sentence of each decoder on random graphs of each length (the beams of size 4: exact strings and paths)."""
     import torch
 
-    from reder.decoding.dag import DagGreedy, DagLookahead, DagViterbi
+    from types import SimpleNamespace
+
+    from reder.decoding.dag import DagBeam, DagGreedy, DagLookahead, DagPathBeam, DagViterbi
     from reder.heads import HeadOutput
 
     rows = []
@@ -109,14 +111,16 @@ def decode_times(lengths: list[int], batch: int, device: str, repeats: int) -> l
         log_probs = torch.randn(batch, length, VOCAB, device=device).log_softmax(-1)
         row = {"graph_vertices": length, "batch": batch}
         output = HeadOutput(log_probs, graph_lengths, {"log_edges": log_edges})
-        for decoder in (DagGreedy(), DagLookahead(), DagViterbi()):
-            decoder.search(None, output)  # warm-up
+        model = SimpleNamespace(cfg=SimpleNamespace(blank_id=VOCAB - 1))  # what the beams read of a model
+        for decoder in (DagGreedy(), DagLookahead(), DagViterbi(), DagBeam(beam_size=4), DagPathBeam(beam_size=4)):
+            name = decoder.name + ("4" if "beam" in decoder.name else "")
+            decoder.search(model, output)  # warm-up
             times = []
             for _ in range(repeats):
                 start = time.perf_counter()
-                decoder.search(None, output)
+                decoder.search(model, output)
                 times.append(time.perf_counter() - start)
-            row[f"{decoder.name}_ms_per_sentence"] = round(1000 * statistics.median(times) / batch, 3)
+            row[f"{name}_ms_per_sentence"] = round(1000 * statistics.median(times) / batch, 3)
         rows.append(row)
     return rows
 

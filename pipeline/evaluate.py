@@ -3,7 +3,8 @@
 For each split in `evaluate.splits` (the ingested text, or a named test set of `evaluate.test_sets`: a pair of
 local files or a sacreBLEU test set in its cache; encoded with the run's SentencePiece model) and
 each direction: greedy CTC decoding and (beam_size > 1) CTC prefix beam search — for a DAG model (head "dag")
-its greedy, lookahead and Viterbi decoders instead; detokenized hypotheses are
+its greedy, lookahead and Viterbi decoders instead, and with beam_size > 1 its beam over strings (`beamK`) and its
+beam over paths (`path_beamK`); every system a decoder of reder/decoding/; detokenized hypotheses are
 written to `<split>.<direction>.<decoder>.txt` and scored against the original text with sacreBLEU's BLEU
 and chrF (signatures recorded). Round trip: x → ŷ → x̂ and y → x̂ → ŷ (greedy), scored against x and y.
 Speed (`evaluate.measure_speed`): per-sentence latency at batch 1 and sentences/s at batch `throughput_batch`,
@@ -246,11 +247,14 @@ def head_decoder(model: Any, evaluation: Any, name: str, **options: Any) -> Any:
 
 def beam_decoders(model: Any, evaluation: Any, teachers: dict[str, Any], direction: str) -> dict[str, Any]:
     """REDER's beam decoders of `direction` by system name with `evaluate.beam_size` > 1: its beam search (CTC:
-    prefix beam; DAG: over strings) and, for a CTC model, the beam reranked by `evaluate.rerank`."""
+    prefix beam; DAG: over strings, `beamK`, and over paths and tokens, `path_beamK`) and, for a CTC model, the
+    beam reranked by `evaluate.rerank`."""
     beam = evaluation.beam_size
     if beam < 2:
         return {}
     systems = {f"beam{beam}": head_decoder(model, evaluation, "beam", beam_size=beam)}
+    if model.cfg.head == "dag":
+        systems[f"path_beam{beam}"] = head_decoder(model, evaluation, "path_beam", beam_size=beam)
     if model.cfg.head == "ctc" and evaluation.rerank == "teacher":
         systems[f"beam{beam}_rerank"] = head_decoder(model, evaluation, "beam", beam_size=beam, rerank="teacher",
                                                      teacher=teachers[direction])

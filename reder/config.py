@@ -172,7 +172,8 @@ class LossConfig:
         for key in ("fba_start_step", "cc_start_step", "nmla_start_step"):
             value = getattr(self, key)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-                raise FieldError(key, f"must be an int >= 0 or null, got {value!r}")
+                unset = "" if key == "nmla_start_step" else " (= aux_start_step)"  # null: never / the shared step
+                raise FieldError(key, f"must be an int >= 0 or null{unset}, got {value!r}")
         if not self.directions or set(self.directions) - set(DIRECTIONS) or len(set(self.directions)) < len(self.directions):
             raise FieldError("directions", f"must be one or both of {list(DIRECTIONS)}, each once, "
                                            f"got {list(self.directions)}")

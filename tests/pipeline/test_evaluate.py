@@ -46,6 +46,7 @@ def _teacher_stage(tmp_path):
 
 # (seconds per sentence at batch 1, seconds of a call at a larger batch) of each decoder, for the fake clock
 COSTS = {"greedy": (0.002, 0.03), "lookahead": (0.004, 0.04), "viterbi": (0.005, 0.06), "beam5": (0.008, 0.12),
+         "path_beam5": (0.006, 0.08),
          "beam3": (0.004, 0.04), "beam3_rerank": (0.008, 0.12), "teacher_greedy": (0.01, 0.1), "teacher_beam2": (0.04, 0.24)}
 
 
@@ -61,7 +62,7 @@ def test_models_are_scored_and_timed_with_their_decoders_against_the_teacher_bas
     model_dir = save_model_dir(tmp_path / "model", model, tmp_path / "spm.model", "en", "de")
     out = tmp_path / "out"
     out.mkdir()
-    ours = ("greedy", "lookahead", "viterbi", "beam5") if head == "dag" else ("greedy", "beam3", "beam3_rerank")
+    ours = ("greedy", "lookahead", "viterbi", "beam5", "path_beam5") if head == "dag" else ("greedy", "beam3", "beam3_rerank")
     decoders = (*ours, "teacher_greedy", "teacher_beam2")
     clock = DecoderClock({name: COSTS[name] for name in decoders}).install(monkeypatch)
     headline = evaluate.evaluate_model(model_dir, corpus, cfg, out, None, str(_teacher_stage(tmp_path)))
