@@ -12,7 +12,7 @@ What is recorded, all on the CPU from fixed seeds, one thread:
 - the saved parameter names of each model (what a model directory holds);
 - every decoder's output (ids) of the trained models on a fixed batch: CTC greedy, beam, self- and
   teacher-reranked beam, under a blank penalty, by penalty (`greedy_by_penalty`, `reranked_by_penalty`); DAG
-  greedy, lookahead, Viterbi and beam with their options; the teacher's greedy and beam; mask-predict and CMLM
+  greedy, lookahead, Viterbi, beam and path beam with their options; the teacher's greedy and beam; mask-predict and CMLM
   refinement; CTranslate2 greedy and beam when it is installed;
 - `stages`: each stage directory's name (its config hash) and the SHA-256 of what it published: Parquet files,
   hypotheses, SentencePiece models, and each model's tensors by name (names in today's layout,
@@ -132,6 +132,8 @@ def decode_all(models: dict[str, torch.nn.Module], work: Path) -> dict[str, Any]
             run[f"dag_{name}_options_{d}"] = lambda d=d, name=name, options=options: translate_ids(
                 dag, sequences, d, name, max_transition=3, **options)
         run[f"dag_beam3_{d}"] = lambda d=d: translate_ids(dag, sequences, d, "beam", 5, beam_size=3)
+        run[f"dag_path_beam3_{d}"] = lambda d=d: translate_ids(dag, sequences, d, "path_beam", beam_size=3,
+                                                               top_tokens=3, length_penalty=0.8)
         run[f"dag_beam3_options_{d}"] = lambda d=d: translate_ids(dag, sequences, d, "beam", beam_size=3,
                                                                   max_transition=4, length_penalty=0.8)
         run[f"teacher_greedy_{d}"] = lambda d=d: translate_ids(teachers[d], sequences, d)

@@ -1,7 +1,7 @@
 """The autoregressive teacher's decoders (reder/autoregressive.py): `greedy` and `beam` (fairseq's beam search
 with a greedy row beside the beams, so it never scores below greedy); hypotheses of at most
-int(`max_len_a`·|x| + `max_len_b`) tokens with EOS, scored sum log-prob / len^`length_penalty` in the beam. The same searches through CTranslate2:
-reder/decoding/ct2.py."""
+int(`max_len_a`·|x| + `max_len_b`) tokens with EOS, scored sum log-prob / len^`length_penalty` in the beam.
+The same searches through CTranslate2: reder/decoding/ct2.py."""
 from dataclasses import dataclass
 
 import torch

@@ -5,6 +5,7 @@ A decoder's family says which models it decodes: `ctc` and `dag` (a REDER with t
 autoregressive teacher), `cmlm`, and `ct2` (a teacher converted to CTranslate2, `Ct2Model`). The same name may
 mean one method in each family (`greedy`, `beam`); reder/decoding/__init__.py holds the registry.
 """
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, ClassVar, Optional
@@ -46,16 +47,16 @@ def family_of(model: Model) -> str:
 
 
 @dataclass(frozen=True)
-class Decoder:
+class Decoder(ABC):
     """One decoding method with its options (the dataclass fields). Subclasses set `name` and `family`, check
     their options in `__post_init__` (ValueError naming the option), and fill in `decode`."""
 
     name: ClassVar[str]
     family: ClassVar[str]
 
+    @abstractmethod
     def decode(self, model: Model, tokens: torch.Tensor, lengths: torch.Tensor, direction: str) -> list[list[int]]:
         """A padded batch (B, T) of ids ending in EOS → one hypothesis per sentence (ids without specials)."""
-        raise NotImplementedError
 
     def decode_sequences(self, model: Model, sequences: list[list[int]], direction: str,
                          batch_size: int) -> list[list[int]]:

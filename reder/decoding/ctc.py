@@ -44,7 +44,8 @@ class CtcGreedy(Decoder):
     def decode(self, model: REDER, tokens: torch.Tensor, lengths: torch.Tensor, direction: str) -> list[list[int]]:
         # greedy is a per-frame argmax: the logits serve, without the log-softmax
         output = model.outputs(tokens, lengths, direction, False, model.decoding_penalty(direction, self.blank_penalty))
-        return [strip_special(h, model.cfg.blank_id) for h in ctc_greedy(output.log_probs, output.lengths, model.cfg.blank_id)]
+        blank = model.cfg.blank_id
+        return [strip_special(h, blank) for h in ctc_greedy(output.log_probs, output.lengths, blank)]
 
 
 @dataclass(frozen=True)
@@ -75,7 +76,8 @@ class CtcBeam(Decoder):
                                                   "(its max_positions)")]
 
     def decode(self, model: REDER, tokens: torch.Tensor, lengths: torch.Tensor, direction: str) -> list[list[int]]:
-        output = model.outputs(tokens, lengths, direction, blank_penalty=model.decoding_penalty(direction, self.blank_penalty))
+        penalty = model.decoding_penalty(direction, self.blank_penalty)
+        output = model.outputs(tokens, lengths, direction, blank_penalty=penalty)
         return self.pick(model, tokens, lengths, direction, nbest_of(model, output, self.beam_size, self.cutoff_top_n,
                                                                       self.cutoff_prob))
 

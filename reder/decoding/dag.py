@@ -6,6 +6,7 @@ probability, the top 5 tokens of each vertex as candidates; never below greedy o
 `top_tokens` tokens a vertex: linear in the graph where `beam` scores every candidate string exactly).
 `max_transition` bounds every decoder's jumps (0: no bound); `no_repeat_ngram` N blocks consecutive repeated
 n-grams up to N in greedy and lookahead."""
+from abc import abstractmethod
 from dataclasses import dataclass
 
 import torch
@@ -31,9 +32,9 @@ class DagDecoder(Decoder):
         output = model.outputs(tokens, lengths, direction)
         return [strip_special(h, model.cfg.blank_id) for h in self.search(model, output)]
 
+    @abstractmethod
     def search(self, model: REDER, output: HeadOutput) -> list[list[int]]:
         """Raw ids (BOS/EOS kept) of one hypothesis per graph."""
-        raise NotImplementedError
 
 
 @dataclass(frozen=True)
