@@ -8,7 +8,7 @@ mean one method in each family (`greedy`, `beam`); reder/decoding/__init__.py ho
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, ClassVar, Optional
+from typing import Any, ClassVar, Iterator, Optional
 
 import torch
 
@@ -46,6 +46,16 @@ def family_of(model: Model) -> str:
     raise TypeError(f"no decoder decodes a {type(model).__name__}")
 
 
+def length_batches(sequences: list[list[int]], batch_size: int,
+                   device: torch.device) -> Iterator[tuple[list[int], torch.Tensor, torch.Tensor]]:
+    """`sequences` in length-sorted batches of `batch_size`: each batch's indices into `sequences`, its padded
+    tokens (B, T) and lengths (B,) on `device` (what every decoding loop of this package walks)."""
+    order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
+    for start in range(0, len(order), batch_size):
+        chunk = order[start : start + batch_size]
+        yield (chunk, *pad_batch([sequences[i] for i in chunk], device))
+
+
 @dataclass(frozen=True)
 class Decoder(ABC):
     """One decoding method with its options (the dataclass fields). Subclasses set `name` and `family`, check
@@ -61,12 +71,8 @@ class Decoder(ABC):
     def decode_sequences(self, model: Model, sequences: list[list[int]], direction: str,
                          batch_size: int) -> list[list[int]]:
         """`decode` over length-sorted batches of `sequences` (each ending in EOS); outputs in input order."""
-        device = next(model.parameters()).device
-        order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
         outputs: list[list[int]] = [[] for _ in sequences]
-        for start in range(0, len(order), batch_size):
-            chunk = order[start : start + batch_size]
-            tokens, lengths = pad_batch([sequences[i] for i in chunk], device)
+        for chunk, tokens, lengths in length_batches(sequences, batch_size, next(model.parameters()).device):
             for index, hypothesis in zip(chunk, self.decode(model, tokens, lengths, direction)):
                 outputs[index] = hypothesis
         return outputs

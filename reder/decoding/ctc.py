@@ -14,9 +14,8 @@ from typing import Callable, Iterable, Optional
 import torch
 
 from reder.autoregressive import Transformer
-from reder.ctc import pad_batch
 from reder.decode import CUTOFF_PROB, CUTOFF_TOP_N, ctc_greedy, ctc_nbest, strip_special
-from reder.decoding.base import Decoder, check, optional_model
+from reder.decoding.base import Decoder, check, length_batches, optional_model
 from reder.heads import HeadOutput
 from reder.model import REDER
 from reder.rerank import RERANK_WEIGHT, RERANKERS, self_rerank
@@ -125,11 +124,8 @@ def greedy_by_penalty(model: REDER, sequences: list[list[int]], direction: str, 
         raise ValueError(f"blank penalties need a CTC model; this model's head is {model.cfg.head!r}")
     penalties = list(dict.fromkeys(float(p) for p in penalties))
     device, blank = next(model.parameters()).device, model.cfg.blank_id
-    order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
     outputs = {penalty: [[] for _ in sequences] for penalty in penalties}
-    for start in range(0, len(order), batch_size):
-        chunk = order[start : start + batch_size]
-        tokens, lengths = pad_batch([sequences[i] for i in chunk], device)
+    for chunk, tokens, lengths in length_batches(sequences, batch_size, device):
         output = model.outputs(tokens, lengths, direction, normalise=False)  # logits (B, T', V)
         for penalty in penalties:
             logits = model.penalise(output.log_probs, penalty, normalise=False)
@@ -151,11 +147,8 @@ def reranked_by_penalty(model: REDER, sequences: list[list[int]], direction: str
         raise ValueError(f"an n-best needs a CTC model; this model's head is {model.cfg.head!r}")
     penalties = list(dict.fromkeys(float(p) for p in penalties))
     device = next(model.parameters()).device
-    order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
     outputs = {penalty: {name: [[] for _ in sequences] for name in decoders} for penalty in penalties}
-    for start in range(0, len(order), batch_size):
-        chunk = order[start : start + batch_size]
-        tokens, lengths = pad_batch([sequences[i] for i in chunk], device)
+    for chunk, tokens, lengths in length_batches(sequences, batch_size, device):
         output = model.outputs(tokens, lengths, direction, normalise=False)  # logits (B, T', V)
         for penalty in penalties:
             penalised = HeadOutput(model.penalise(output.log_probs, penalty), output.lengths, output.extra)

@@ -10,9 +10,8 @@ import torch
 
 from reder.cmlm import CMLM
 from reder.config import EOS_ID
-from reder.ctc import pad_batch
 from reder.decoding import DECODERS, decoder_names, default_decoder, make_decoder
-from reder.decoding.base import Decoder, Model, family_of
+from reder.decoding.base import Decoder, Model, family_of, length_batches
 from reder.model import REDER
 from reder.text import normalise
 
@@ -96,12 +95,8 @@ def refine(refiner: CMLM, sequences: list[list[int]], hypotheses: list[list[int]
            batch_size: int) -> list[list[int]]:
     """Each hypothesis refined by `steps` mask-predict iterations of `refiner` given its source, in the same
     length-sorted batches of sources as the decoding."""
-    device = next(refiner.parameters()).device
-    order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
     outputs = list(hypotheses)
-    for start in range(0, len(order), batch_size):
-        chunk = order[start : start + batch_size]
-        tokens, lengths = pad_batch([sequences[i] for i in chunk], device)
+    for chunk, tokens, lengths in length_batches(sequences, batch_size, next(refiner.parameters()).device):
         for index, refined in zip(chunk, refiner.refine(tokens, lengths, [hypotheses[i] for i in chunk], steps)):
             outputs[index] = refined
     return outputs
