@@ -14,6 +14,10 @@ update is measured beside; sacreBLEU's paired bootstrap (as `duplex-compare`) co
 seed on every test set and direction, and over the seeds the mean difference and its range. Where a technique's
 seeds disagree on the sign of a difference, or one's 95 % interval holds zero, a third seed runs (`--third-seed`,
 the baseline with it). Writes A/ablation.json and prints it; `--summary` prints the table of an existing one.
+
+Each trained model's result and greedy outputs are kept in A/runs/<technique>-<seed>.json as soon as it is
+scored, so a stopped ablation (a 2-core CPU trains one model in tens of minutes) goes on where it stopped when
+run again with the same arguments; a kept run made with other arguments is an error that names its file.
 """
 from __future__ import annotations
 
@@ -86,6 +90,37 @@ def over_seeds(pairs: list[dict[str, dict[str, float]]]) -> dict[str, dict[str, 
             for cell in pairs[0]}
 
 
+def setup_of(args: argparse.Namespace) -> dict[str, Any]:
+    """What makes two runs of one (technique, seed) the same training: everything but the techniques and seeds."""
+    return {"from": str(Path(args.source).resolve()), "data_dir": str(Path(args.data_dir).resolve()),
+            "config": str(Path(args.config).resolve()), "steps": args.steps, "max_tokens": args.max_tokens,
+            "lr": args.lr, "warmup": args.warmup, "average_best": args.average_best, "train_limit": args.train_limit,
+            "overrides": list(args.overrides)}
+
+
+def kept_run(out: Path, technique: str, seed: int, setup: dict[str, Any]) -> dict[str, Any] | None:
+    """The kept result of (technique, seed) in `out`/runs, if any; an error if it was made with another setup."""
+    path = out / "runs" / f"{technique}-{seed}.json"
+    if not path.exists():
+        return None
+    kept = json.loads(path.read_text(encoding="utf-8"))
+    if kept["setup"] != setup:
+        changed = sorted(key for key in {*setup, *kept["setup"]} if setup.get(key) != kept["setup"].get(key))
+        raise SystemExit(f"{path}: made with other arguments ({', '.join(changed)} differ); "
+                         f"use another --out or remove the file")
+    return kept
+
+
+def keep_run(out: Path, technique: str, seed: int, setup: dict[str, Any], entry: dict[str, Any],
+             greedy: dict[str, list[str]]) -> None:
+    """Write one trained model's result and greedy outputs to `out`/runs (a temporary file, then renamed)."""
+    path = out / "runs" / f"{technique}-{seed}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps({"setup": setup, "entry": entry, "greedy": greedy}), encoding="utf-8")
+    tmp.replace(path)
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from bench.quality import _header, _kd_examples, _paired_bootstrap, _reder_inputs
     from pipeline.config import load_config
@@ -98,11 +133,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     report: dict[str, Any] = {**_header(args, device), "train_pairs": len(examples), "techniques": args.techniques,
                               "seeds": list(args.seeds), "runs": [], "paired": {}, "over_seeds": {}}
     hypotheses: dict = {}
+    out, setup = Path(args.out), setup_of(args)
 
     def one(technique: str, seed: int) -> None:
-        if (technique, seed) not in hypotheses:
-            report["runs"].append(train_one(args, cfg, inputs, examples, technique, seed, device, hypotheses))
-            print(json.dumps(report["runs"][-1]), flush=True)
+        if (technique, seed) in hypotheses:
+            return
+        kept = kept_run(out, technique, seed, setup)
+        if kept is not None:
+            report["runs"].append(kept["entry"])
+            hypotheses[technique, seed] = kept["greedy"]
+            print(f"kept: {technique} seed {seed}", flush=True)
+            return
+        report["runs"].append(train_one(args, cfg, inputs, examples, technique, seed, device, hypotheses))
+        keep_run(out, technique, seed, setup, report["runs"][-1], hypotheses[technique, seed])
+        print(json.dumps(report["runs"][-1]), flush=True)
 
     seeds: dict[str, list[int]] = {technique: list(args.seeds) for technique in args.techniques}
     for seed in args.seeds:

@@ -1,5 +1,7 @@
 import json
 
+import pytest
+
 from bench import ablation, quality
 from tests.bench.conftest import TINY
 
@@ -31,6 +33,17 @@ def test_the_ablation_trains_each_technique_beside_its_seeds_baseline_and_compar
     assert "| nmla | 3 |" in table and "| ratio3 | 3 |" in table
     assert ablation.main(["--out", str(tmp_path / "A"), "--summary"]) == 0
     assert "| nmla | 3 |" in capsys.readouterr().out
+    # run again: every model is kept from A/runs, none trained, the same comparisons
+    again = ["--from", str(tmp_path / "T"), "--out", str(tmp_path / "A"), "--techniques", "nmla", "ratio3",
+             "--seeds", "1", "2", "--third-seed", "3", *common]
+    assert ablation.main([*again, "--steps", "5"]) == 0
+    printed = capsys.readouterr().out
+    assert printed.count("kept: ") == 9 and '"technique"' not in printed
+    rerun = json.loads((tmp_path / "A" / "ablation.json").read_text(encoding="utf-8"))
+    assert rerun["paired"] == report["paired"] and rerun["runs"] == report["runs"]
+    # a kept run made with other arguments is refused, naming its file and what differs
+    with pytest.raises(SystemExit, match=r"runs/baseline-1\.json: made with other arguments \(steps differ\)"):
+        ablation.main([*again, "--steps", "6"])
 
 
 def test_a_third_seed_is_wanted_only_where_two_leave_a_cell_open():
