@@ -3,8 +3,8 @@ updates, on CPU before any GPU time is spent (a filter, not a ranking for the GP
 which techniques do nothing or harm, not which wins at 35 BLEU).
 
     python -m bench.quality teachers --out Q --steps N ...            # the KD corpus (or a GPU run's, see below)
-    python -m bench.ablation --from Q --out A [--techniques glance glance_blanks nmla ratio3] [--seeds 1 2]
-        [--steps 2000] [key=value ...]
+    python -m bench.ablation --from Q --out A [--techniques glance glance_blanks nmla nmla_ctc ratio3 ratio4 references]
+        [--seeds 1 2 3] [--third-seed 0] [--steps 2000] [key=value ...]
 
 Every model is REDER on the KD pairs of the teachers phase (bench/quality.py, its `_reder_inputs`), `--steps`
 updates from the same initialisation and batches per seed (`train.seed`), the config's model and loss sections
@@ -26,20 +26,30 @@ import json
 import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
 from bench import MULTI30K, REPO_ROOT
 
-# technique → (model overrides, loss overrides); a value "steps:F" is F × --steps, an int
-TECHNIQUES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
-    "glance": ({}, {"glance_start": 0.5, "glance_end": 0.3, "glance_steps": "steps:1.0"}),
-    "glance_blanks": ({}, {"glance_start": 0.5, "glance_end": 0.3, "glance_steps": "steps:1.0", "glance_blanks": True}),
-    "nmla": ({}, {"nmla_start_step": "steps:0.8", "nmla_ngram": 2}),
-    "nmla_ctc": ({}, {"nmla_start_step": "steps:0.8", "nmla_ngram": 2, "nmla_ctc_weight": 0.5}),
-    "ratio3": ({"upsample_ratio": 3}, {}),
-    "ratio4": ({"upsample_ratio": 4}, {}),
+class Technique(NamedTuple):
+    """A technique's change of the baseline: model and loss overrides (a value "steps:F" is F × --steps, an
+    int), and whether the references train beside the KD pairs (`distill.references`)."""
+
+    model: dict[str, Any] = {}
+    loss: dict[str, Any] = {}
+    references: bool = False
+
+
+TECHNIQUES: dict[str, Technique] = {
+    "glance": Technique(loss={"glance_start": 0.5, "glance_end": 0.3, "glance_steps": "steps:1.0"}),
+    "glance_blanks": Technique(loss={"glance_start": 0.5, "glance_end": 0.3, "glance_steps": "steps:1.0",
+                                     "glance_blanks": True}),
+    "nmla": Technique(loss={"nmla_start_step": "steps:0.8", "nmla_ngram": 2}),
+    "nmla_ctc": Technique(loss={"nmla_start_step": "steps:0.8", "nmla_ngram": 2, "nmla_ctc_weight": 0.5}),
+    "ratio3": Technique(model={"upsample_ratio": 3}),
+    "ratio4": Technique(model={"upsample_ratio": 4}),
+    "references": Technique(references=True),
 }
 
 
@@ -56,19 +66,22 @@ def train_one(args: argparse.Namespace, cfg: Any, inputs: Any, examples: list, t
     from bench.quality import _evaluate, _harness, _train_config
     from reder import DuplexLoss, REDER
 
-    model_overrides, loss_overrides = TECHNIQUES.get(technique, ({}, {}))
+    model_overrides, loss_overrides, references = TECHNIQUES.get(technique, Technique())
     model_cfg = replace(cfg.model, memory_efficient=False, **resolve(model_overrides, args.steps))
     loss_cfg = replace(cfg.loss, **resolve(loss_overrides, args.steps))
     torch.manual_seed(seed)
     model = REDER(model_cfg).to(device)
     harness = _harness(args, model, DuplexLoss(model, loss_cfg), replace(_train_config(args, cfg.train), seed=seed),
                        device)
+    if references:  # as the train stage reads the KD rows with distill.references: each, then its references
+        examples = [*examples, *((src, tgt, tgt, src) for src, tgt, _, _ in examples)]
     trained = harness.fit_examples(examples)
     kept: dict = {}
     entry = _evaluate(model, inputs, kept, speed=False)
     hypotheses[technique, seed] = kept["greedy"]
     return {"technique": technique, "seed": seed, "model_overrides": resolve(model_overrides, args.steps),
-            "loss_overrides": resolve(loss_overrides, args.steps), "train": trained,
+            "loss_overrides": resolve(loss_overrides, args.steps), "references": references,
+            "train_pairs": len(examples), "train": trained,
             "seconds_per_update": round(trained["seconds"] / max(trained["steps"], 1), 4),
             "greedy": {cell: score["bleu"] for cell, score in entry["greedy"].items()}}
 

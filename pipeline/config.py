@@ -311,6 +311,9 @@ class DistillConfig:
     (teacher(y), y). Valid and test are never distilled."""
 
     enabled: bool = True  # false: REDER trains on the references (no KD)
+    # true: REDER trains on the references beside the distilled pairs, each training pair twice (as distilled and
+    # as given; the train stage's data, not distill's output)
+    references: bool = False
     corpus: str = ""  # an already-distilled train Parquet dir (id, src_ids, kd_tgt_ids, tgt_ids, kd_src_ids)
     beam_size: int = 4
     length_penalty: float = 1.0
@@ -714,6 +717,9 @@ def check_consistency(cfg: PipelineConfig) -> None:
     if cfg.model.vocab_size < 64:
         raise ConfigError(f"model.vocab_size: must be >= 64 for a joint SentencePiece model, "
                           f"got {cfg.model.vocab_size}")
+    if cfg.distill.references and not cfg.distill.enabled:
+        raise ConfigError("distill.references: trains on the references beside the distilled pairs, so it needs "
+                          "distill.enabled=true (without distillation REDER trains on the references alone)")
     if cfg.loss.nmla_start_step is not None and cfg.model.head != "ctc":
         raise ConfigError(f"loss.nmla_start_step: NMLA is a loss over CTC's alignments, so it needs model.head=ctc, "
                           f"got model.head {cfg.model.head!r}")

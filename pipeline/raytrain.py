@@ -113,6 +113,7 @@ def make_trainer(cfg: PipelineConfig, name: str, storage: Path, train_data: Path
         "task": task, "model": asdict(section.model), "loss": asdict(cfg.loss),
         "train": asdict(train), "spm_proto": (spm_dir / spm.MODEL_FILE).read_bytes(),
         "train_data": str(Path(train_data).resolve()),  # workers chdir: an absolute path
+        "references": task["kind"] == "reder" and cfg.distill.enabled and cfg.distill.references,
         "valid": {"ids": str(data / "valid"), "text": str(corpus / "valid")},
         # REDER's validations tune the CTC blank penalty (evaluate.blank_penalties); the teachers' and CMLMs' have none
         "blank_penalties": list(cfg.evaluate.blank_penalties if task["kind"] == "reder" else NO_BLANK_PENALTY),

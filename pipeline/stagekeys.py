@@ -115,10 +115,17 @@ def decoding_key(cfg: PipelineConfig) -> dict[str, Any]:
     return {"blank_penalties": list(penalties)}
 
 
+def references_key(cfg: PipelineConfig) -> dict[str, Any]:
+    """Whether REDER trains on the references beside the distilled pairs (`distill.references`), named only
+    when it does, so the directories made before the option keep their names."""
+    return {"distill_references": True} if cfg.distill.enabled and cfg.distill.references else {}
+
+
 def train_stage_key(cfg: PipelineConfig) -> dict[str, Any]:
-    """REDER's model, loss and train sections, and the blank penalties it tunes."""
+    """REDER's model, loss and train sections, the blank penalties it tunes and whether it trains on the
+    references beside the distilled pairs."""
     return {"model": section_key("model", cfg.model), "loss": section_key("loss", cfg.loss),
-            "train": train_key(cfg.train), **decoding_key(cfg)}
+            "train": train_key(cfg.train), **decoding_key(cfg), **references_key(cfg)}
 
 
 def cmlm_key(cfg: PipelineConfig) -> dict[str, Any]:
@@ -150,4 +157,4 @@ def tune_key(cfg: PipelineConfig) -> dict[str, Any]:
     sections a trial trains with."""
     return {"tune": {k: v for k, v in asdict(cfg.tune).items() if k != "time_budget_s"},
             "model": section_key("model", cfg.model), "loss": section_key("loss", cfg.loss),
-            "train": section_key("train", cfg.train), **decoding_key(cfg)}
+            "train": section_key("train", cfg.train), **decoding_key(cfg), **references_key(cfg)}

@@ -42,6 +42,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
+import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import torch
@@ -132,7 +133,8 @@ def train_loop(config: dict[str, Any]) -> None:
         if mlflow is not None:
             mlflow.log({"resumed_from_step": harness.step}, harness.step)  # one point per restart of the worker group
     group = data_group()
-    examples, too_long = read_shard(Path(config["train_data"]), rank, world_size, model)
+    examples, too_long = read_shard(Path(config["train_data"]), rank, world_size, model,
+                                    references=config.get("references", False))
     harness.run_facts["too_long"] = int(all_reduce(too_long, "sum", group))
     if rank == 0 and harness.run_facts["too_long"]:
         log.warning("train: %d training examples left out: longer than the model reads (its max_positions)",
@@ -500,15 +502,23 @@ def data_group() -> Any:
     return dist.new_group(backend="gloo") if distributed() else None
 
 
-def read_shard(path: Path, rank: int, world_size: int, model: Optional[torch.nn.Module] = None) -> tuple[ExampleTable, int]:
+def read_shard(path: Path, rank: int, world_size: int, model: Optional[torch.nn.Module] = None,
+               references: bool = False) -> tuple[ExampleTable, int]:
     """Rank `rank`'s examples of the training split at `path` (`parquet.read_shard`): (src, tgt), or with KD
-    columns (src, tgt, kd_tgt, kd_src); with `model`, less those it cannot read (`length_limits`). Returns
-    them and how many were left out."""
+    columns (src, tgt, kd_tgt, kd_src); with `references` (KD only) each KD row is followed by the references
+    themselves as a row of their own, (src, tgt, tgt, src); with `model`, less those it cannot read
+    (`length_limits`). Returns them and how many were left out."""
     files = sorted(Path(path).glob("part-*.parquet"))
     if not files:
         raise StageError(f"train: no part-*.parquet files in {path}")
     columns = [c for c in EXAMPLE_COLUMNS if c in pq.read_schema(files[0]).names]
     table = parquet.read_shard(path, rank, world_size, columns)
+    if references:
+        if "kd_tgt_ids" not in columns:
+            raise StageError(f"train: distill.references needs distilled pairs, and {path} has no kd_tgt_ids column")
+        given = table.set_column(columns.index("kd_tgt_ids"), "kd_tgt_ids", table.column("tgt_ids")) \
+            .set_column(columns.index("kd_src_ids"), "kd_src_ids", table.column("src_ids"))
+        table = pa.concat_tables([table, given])
     keep = None
     for column, limit in (length_limits(model, columns) if model is not None else {}).items():
         fits = pc.less_equal(pc.list_value_length(table.column(column)), limit)

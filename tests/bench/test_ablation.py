@@ -10,12 +10,15 @@ def test_the_ablation_trains_each_technique_beside_its_seeds_baseline_and_compar
     common = ["--data-dir", str(multi30k_slice), "--max-tokens", "600", "--warmup", "1", *TINY]
     quality.main(["teachers", "--out", str(tmp_path / "T"), "--steps", "2", *common])
     assert ablation.main(["--from", str(tmp_path / "T"), "--out", str(tmp_path / "A"), "--steps", "5",
-                          "--techniques", "nmla", "ratio3", "--seeds", "1", "2", "--third-seed", "3", *common]) == 0
+                          "--techniques", "nmla", "ratio3", "references", "--seeds", "1", "2", "--third-seed", "3",
+                          *common]) == 0
     report = json.loads((tmp_path / "A" / "ablation.json").read_text(encoding="utf-8"))
     runs = {(entry["technique"], entry["seed"]): entry for entry in report["runs"]}
     assert {("baseline", 1), ("baseline", 2), ("nmla", 1), ("nmla", 2), ("ratio3", 1), ("ratio3", 2)} <= set(runs)
     assert runs["nmla", 1]["loss_overrides"] == {"nmla_start_step": 4, "nmla_ngram": 2}  # 0.8 × 5 updates
     assert runs["ratio3", 1]["model_overrides"] == {"upsample_ratio": 3}
+    assert runs["references", 1]["references"] and not runs["baseline", 1]["references"]
+    assert runs["references", 1]["train_pairs"] == 2 * runs["baseline", 1]["train_pairs"]  # the KD pairs, then the references
     for entry in runs.values():
         assert entry["train"]["steps"] == 5 and entry["seconds_per_update"] > 0
     # a tiny model's BLEU differences are noise: every technique's cells are open, so the third seed ran for each
@@ -34,11 +37,11 @@ def test_the_ablation_trains_each_technique_beside_its_seeds_baseline_and_compar
     assert ablation.main(["--out", str(tmp_path / "A"), "--summary"]) == 0
     assert "| nmla | 3 |" in capsys.readouterr().out
     # run again: every model is kept from A/runs, none trained, the same comparisons
-    again = ["--from", str(tmp_path / "T"), "--out", str(tmp_path / "A"), "--techniques", "nmla", "ratio3",
+    again = ["--from", str(tmp_path / "T"), "--out", str(tmp_path / "A"), "--techniques", "nmla", "ratio3", "references",
              "--seeds", "1", "2", "--third-seed", "3", *common]
     assert ablation.main([*again, "--steps", "5"]) == 0
     printed = capsys.readouterr().out
-    assert printed.count("kept: ") == 9 and '"technique"' not in printed
+    assert printed.count("kept: ") == 12 and '"technique"' not in printed
     rerun = json.loads((tmp_path / "A" / "ablation.json").read_text(encoding="utf-8"))
     assert rerun["paired"] == report["paired"] and rerun["runs"] == report["runs"]
     # a kept run made with other arguments is refused, naming its file and what differs

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from pipeline import distill, graph, stagekeys
-from pipeline.config import load_config
+from pipeline.config import ConfigError, load_config
 from pipeline.stage import StageError
 
 PIPELINE_DIR = Path(graph.__file__).resolve().parent
@@ -218,6 +218,19 @@ def test_time_budget_keys_name_the_train_stage_only_when_set():
     assert shared == plain
     assert "max_time" in stagekeys.train_key(load_config(None, ["train.max_time=60"]).train)
     assert "max_time" not in stagekeys.train_key(load_config(None, []).train)
+
+
+def test_training_on_the_references_beside_the_distilled_pairs_re_keys_the_train_stage_alone():
+    """distill.references is the train stage's data, not distill's output: it names the train stage (and what
+    follows) only when set, and it needs distillation."""
+    workdir = Path("/w")
+    plain = graph.output_dirs(load_config(None, []), workdir)
+    both = graph.output_dirs(load_config(None, ["distill.references=true"]), workdir)
+    assert both["distill"] == plain["distill"] and both["train"] != plain["train"]
+    assert stagekeys.train_stage_key(load_config(None, ["distill.references=true"]))["distill_references"] is True
+    assert "distill_references" not in stagekeys.train_stage_key(load_config(None, []))
+    with pytest.raises(ConfigError, match="distill.references: .* needs distill.enabled=true"):
+        load_config(None, ["distill.references=true", "distill.enabled=false"])
 
 
 def test_keys_added_later_record_the_value_they_were_added_with_which_is_today_s_default():

@@ -133,6 +133,21 @@ def test_one_worker_trains_without_a_process_group_and_a_group_under_ddp():
     assert raytrain.worker_count(load_config(SMOKE, ["train.num_workers=1"]).train) == 1  # what make_trainer asks
 
 
+def test_reders_workers_are_told_to_train_on_the_references_beside_the_kd_pairs_and_the_teachers_never(tmp_path):
+    """distill.references reaches REDER's workers (trainloop.read_shard adds the reference rows); a teacher pair
+    trains on the references already, and REDER without the option on the KD pairs alone."""
+    (tmp_path / "spm.model").write_bytes(b"spm")
+
+    def loop_config(overrides: list[str], task: dict | None = None) -> dict:
+        cfg = load_config(SMOKE, overrides)
+        return raytrain.make_trainer(cfg, "run", tmp_path, tmp_path / "train", tmp_path, tmp_path, tmp_path, None,
+                                     task=task).train_loop_config
+
+    assert loop_config(["distill.references=true"])["references"] is True
+    assert loop_config([])["references"] is False
+    assert loop_config(["distill.references=true"], {"kind": "teacher"})["references"] is False
+
+
 def test_a_groups_controller_unpickles_its_backend_without_importing_torch(tmp_path):
     """What a group's Ray Train controller (a process of its own) receives of the backend, unpickled in a fresh
     interpreter as the controller does: no torch import (Ray's `TorchConfig` cost the controller ~1.2 s of a

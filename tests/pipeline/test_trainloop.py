@@ -47,6 +47,13 @@ def test_a_worker_leaves_out_the_examples_its_model_cannot_read_and_counts_them(
     write_split(kd, tmp_path / "kd")
     examples, dropped = trainloop.read_shard(tmp_path / "kd", 0, 1, model)
     assert dropped == 1 and len(examples) == 4
+    # distill.references: each KD row, then the references as a row of their own (kd_tgt = tgt, kd_src = src)
+    both, dropped = trainloop.read_shard(tmp_path / "kd", 0, 1, model, references=True)
+    rows = both.rows(range(len(both)))
+    assert dropped == 2 and len(both) == 8 and rows[:4] == examples.rows(range(4))
+    assert rows[4:] == [(s, t, t, s) for s, t, _, _ in examples.rows(range(4))]
+    with pytest.raises(trainloop.StageError, match="distill.references needs distilled pairs"):
+        trainloop.read_shard(tmp_path / "plain", 0, 1, model, references=True)
     pair = trainloop.ModelPair({d: Transformer(TransformerConfig(vocab_size=20, d_model=8, n_heads=2, ffn_dim=16,
                                                                 encoder_layers=1, decoder_layers=1, max_positions=m))
                                for d, m in (("src2tgt", 12), ("tgt2src", 11))})
