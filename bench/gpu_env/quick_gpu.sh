@@ -6,7 +6,7 @@
 # ~505 s and its budget.max_time is 530), then the summary against the
 # issue's targets (bench/pipeline_summary.py). Everything it needs comes back under $OUT: pipeline.log,
 # summary.txt / summary.json, results.tar.gz (results.json, every manifest, the histories, reports and
-# training curves, mlflow.db).
+# training curves, mlflow.db), corpus.tar.gz (the finished data stages and the distilled corpus, for sweep_gpu.sh).
 #
 #   bash bench/gpu_env/quick_gpu.sh              on the GPU machine; carry bench/gpu_env/site.tar.xz and
 #                                                bench/gpu_env/data (bench/gpu_env/pack.sh; the Multi30k files)
@@ -28,14 +28,8 @@ if [ "${1:-}" = --rehearse ]; then
   shift
   python=${PYTHON:-$root/.venv/bin/python}
   limit=${QUICK_LIMIT_S:-600}
-  overrides+=(data.local_dir=$root/../shared/data/multi30k data.limit=1500 model.vocab_size=2000
-              model.d_model=64 model.ffn_dim=128 model.layers_per_end=1
-              teacher.model.d_model=64 teacher.model.ffn_dim=128 teacher.model.encoder_layers=1
-              teacher.model.decoder_layers=1 teacher.train.use_gpu=false teacher.train.cpus_per_worker=1
-              teacher.train.max_time=25 teacher.train.max_tokens=4096 teacher.train.validate_every=1000
-              train.use_gpu=false train.cpus_per_worker=1 train.max_time=25 train.max_tokens=4096
-              train.validate_every=1000 distill.use_gpu=false
-              budget.max_time=420 budget.reserve=200)
+  . "$here/rehearse.sh"
+  overrides+=("${rehearse_overrides[@]}" budget.max_time=420 budget.reserve=200)
 else
   python=python3
   bash bench/gpu_env/unpack.sh > /tmp/env.sh && . /tmp/env.sh || exit 1
@@ -54,6 +48,11 @@ code=$?
 wall=$(python3 -c "print(round($(date +%s.%N) - $pipeline_started, 1))")
 echo "pipeline: exit $code after $wall s" | tee -a "$out/pipeline.log"
 
+# The sweep's starting point (sweep_gpu.sh --corpus): the finished data stages and the distilled corpus, whose
+# token ids match that spm directory; ≤ 16 MiB comes back from the machine.
+( cd "$work" && finished=$(for d in ingest-* spm-* tokenize-* distill-*; do [ -f "$d/_SUCCESS" ] && echo "$d"; done) \
+  && [ -n "$finished" ] && tar czf "$out/corpus.tar.gz" $finished \
+  && echo "corpus.tar.gz: $(du -m "$out/corpus.tar.gz" | cut -f1) MiB of $(echo $finished)" | tee -a "$out/pipeline.log" ) 2>/dev/null
 ( cd "$work" && tar czf "$out/results.tar.gz" --ignore-failed-read mlflow.db last_run.json config.yaml */manifest.json \
     evaluate-*/results.json train-*/history.json train-*/report.json train-*/training.png teacher-*/report.json \
     teacher-*/*/history.json teacher-*/*/training.png distill-*/report.json ) 2>/dev/null
