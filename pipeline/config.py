@@ -226,7 +226,7 @@ class EvaluateConfig:
     # the nearest 0) lowering the blank's logit by c wherever the model decodes: in the train stage's
     # validations (so checkpoints are ranked by calibrated output) and for the published model (its config.json,
     # read by reder.translate, reder.load, the Serve app and the MLflow pyfunc; so in this stage too). [0]: off,
-    # the paper's decoding. The CTC blank is over-predicted by a thin, oscillating margin (docs/RESULTS.md, issue 41).
+    # the paper's decoding. The CTC blank is over-predicted by a thin, oscillating margin (docs/results/ctc_decoding.md).
     blank_penalties: tuple[float, ...] = BLANK_PENALTIES
     dag_max_transition: int = 0  # DAG decoders: the longest jump between vertices (0: no bound)
     dag_no_repeat_ngram: int = 0  # DAG greedy/lookahead: block consecutive repeated n-grams up to n (0: off)

@@ -94,7 +94,7 @@ def token_batches(src_lengths: Sequence[int] | np.ndarray, tgt_lengths: Sequence
     (EOS included, counted by `batch_size_tokens(..., count)`) ≤ max_tokens, batches shuffled; each batch an
     array of indices. A pair longer than max_tokens on its own gets a batch of one. Vectorised (numpy's
     Generator seeded with `seed`): an epoch of 2.9M pairs is bucketed in about 1 s, where the list-based version
-    it replaced took 9 s (docs/RESULTS.md, "The train stage's start at 100×")."""
+    it replaced took 9 s (docs/results/training.md, "The train stage's start at 100×")."""
     batch_size_tokens(0, 0, 0, count)  # an unknown convention fails here, not at the first full batch
     rng = np.random.default_rng(seed)
     src = np.asarray(src_lengths, dtype=np.int64) + 1  # with EOS

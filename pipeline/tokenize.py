@@ -167,7 +167,7 @@ def tokenize_on_ray(files: list[str], staging: Path, model_proto: bytes, upsampl
     previous = context.use_datasource_v2
     # Ray 2.60's default Parquet reader (datasource V2) spent ~6 s in its ListFiles step on this 2-core
     # machine and merged all files into one block whatever override_num_blocks said; the V1 reader
-    # honours override_num_blocks and made the stage ~1.6x faster (docs/RESULTS.md, "Tokenization").
+    # honours override_num_blocks and made the stage ~1.6x faster (docs/results/data.md, "Tokenization").
     # The choice is made when the read is created, so it is switched only around this call.
     context.use_datasource_v2 = False
     try:

@@ -17,7 +17,7 @@ On a CPU with oneDNN (torch's x86 builds), every linear layer of this path and t
 oneDNN matmuls on weights reordered once into its blocked layout (`linear`, `tied_logits`, `packed`), the
 FFN's GELU fused into its first one: at batch 1 (30-odd rows) torch's default float32 GEMM (MKL) repacks each
 weight on every call and reached about half the rate of the prepacked kernel on this project's AMD CPUs
-(docs/RESULTS.md, "Decoding at the floor"). The reordered copy is rebuilt when its weight changes (another
+(docs/results/decoding.md, "Decoding at the floor"). The reordered copy is rebuilt when its weight changes (another
 tensor or an in-place update).
 `REDER.layers` takes this path when the model is in eval mode, gradients are off and `REDER.fast_inference`
 is set (the default); `fast_inference = False` keeps the reference path, which the tests compare this one with

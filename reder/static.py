@@ -14,9 +14,10 @@ frozen into the graph (`torch._inductor.config.freezing`): each linear layer a o
 compile time, the FFN's GELU and some residual updates fused into their matmuls, LayerNorm and the attention's bias
 in generated C++. Its batch and length dimensions are dynamic: one graph per direction (two where a short input
 clips the relative distances' reach), compiled at its first call (seconds to a minute). A padded batch runs
-the eager packed trunk instead, which computes no padded position outside the attention (docs/RESULTS.md, "Decoding
-at the floor": bucketed static shapes pad and halved the CPU's batch-64 throughput). The frozen weights are those
-of the first call: a later change to them (training, `load_state_dict`) raises instead of decoding with stale ones.
+the eager packed trunk instead, which computes no padded position outside the attention (docs/results/decoding.md,
+"Decoding at the floor": bucketed static shapes pad and halved the CPU's batch-64 throughput). The frozen weights
+are those of the first call: a later change to them (training, `load_state_dict`) raises instead of decoding
+with stale ones.
 
 Padding changes no real position's arithmetic: a padded key is masked out of every real query's softmax, and every
 other op is per position; the tests compare tokens with the eager path (tests/reder/test_static.py). Options:

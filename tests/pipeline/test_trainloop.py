@@ -229,7 +229,7 @@ def test_stage_two_keeps_both_directions_greedy_output_at_the_reference_length_a
     validation BLEU never drops by more than 1.0 from one validation to the next and ends at >= 12, and CC falls.
     The decoding before issue 41 (blank_penalties=(0.0,) here) fails it: its src2tgt greedy output is 0.71,
     0.59 and 0.64 of the reference length at the validations with stage two on (the CTC blank over-predicted;
-    docs/RESULTS.md, issue 41)."""
+    docs/results/ctc_decoding.md, issue 41)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
     import sentencepiece

@@ -90,7 +90,7 @@ def test_the_limit_reaches_every_layer_from_the_pipeline_config():
 @pytest.mark.gpu
 def test_cuda_attention_runs_without_cudnns_kernel(monkeypatch):
     """On CUDA, `sdpa` keeps PyTorch from cuDNN's fused attention (an execution plan per new shape: on an H200 the
-    teachers' first 50 updates took 101 s with it, docs/RESULTS.md), and the result equals the default's."""
+    teachers' first 50 updates took 101 s with it, docs/results/pipeline_gpu.md), and the result equals the default's."""
     from reder import attention
 
     real, seen = attention.F.scaled_dot_product_attention, []
