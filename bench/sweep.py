@@ -9,7 +9,7 @@ with the machine's cores split between them (`--cores`, default all). Each build
 reads the training split `--data` (a stage's `train/` Parquet directory: distill's KD pairs or tokenize's
 references) as a worker reads its shard, trains `--warmup` updates, waits for the others, then trains `--seconds`
 through the pipeline's training core (pipeline/harness.py) at the config's `train.max_tokens`. Reports per N the
-updates/s of each process and their sum, and the tokens/s (the mean of the training core's windows, summed).
+updates/s of each process and their sum, and the tokens/s (the training core's count over the window, summed).
 
 `size`: from that measurement, the overrides that run `--trials` trials in a sweep of `--budget-s` seconds (the
 `run_pipeline.py tune` command alone: Ray's start and the data stages' reuse included through `--fixed-s`): the
@@ -53,17 +53,18 @@ def _trainer(index: int, args: dict[str, Any], threads: int, barrier: Any, resul
     torch.manual_seed(cfg.train.seed + index)
     model = REDER(cfg.model).to(device)
     examples, _ = read_shard(Path(args["data"]), 0, 1, model)
-    train = replace(cfg.train, seed=cfg.train.seed + index, max_steps=10**9, max_time=0.0, log_every=5,
+    # one report, at the timed window's end: its tokens/s are the whole window's (the training core's count)
+    train = replace(cfg.train, seed=cfg.train.seed + index, max_steps=10**9, max_time=0.0, log_every=10**9,
                     validate_every=10**9, average_best=1, keep_checkpoints=max(cfg.train.keep_checkpoints, 1))
     harness = Harness(model, DuplexLoss(model, cfg.loss), train, device)
     harness.fit_examples(examples, until=args["warmup"])
     barrier.wait()
     harness.history.clear()
     timed = harness.fit_examples(examples, time_cap_s=args["seconds"])
-    rates = [entry["tokens_per_s"] for entry in harness.history if "tokens_per_s" in entry]
+    last = harness.history[-1] if harness.history else {}
     results.put({"process": index, "updates": timed["steps"], "seconds": timed["seconds"],
                  "updates_per_s": round(timed["steps"] / max(timed["seconds"], 1e-9), 3),
-                 "tokens_per_s": round(sum(rates) / len(rates), 1) if rates else None,
+                 "tokens_per_s": round(last["tokens_per_s"], 1) if "tokens_per_s" in last else None,
                  "gpu_memory_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if device == "cuda" else None})
 
 

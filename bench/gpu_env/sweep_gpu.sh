@@ -40,6 +40,7 @@ if [ "${1:-}" = --rehearse ]; then
   . "$here/rehearse.sh"
   overrides+=("${rehearse_overrides[@]}")
   trials=${TRIALS:-2}
+  limit=${SWEEP_LIMIT_S:-360}
   packing_trials=${PACKING_TRIALS:-1 2}
   packing_s=${PACKING_S:-5}
   packing_args=(--warmup 2 --cores 2)
