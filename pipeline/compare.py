@@ -5,7 +5,7 @@ direction, on the two runs' hypotheses as MLflow keeps them.
 
 RUN_A (the baseline) and RUN_B are MLflow run ids of pipeline runs (their evaluate stage's run is read) or of
 evaluate runs. From each: results.json, the hypotheses `<set>.<direction>.<decoder>.txt` and the references of
-the translations tables (`translations/<set>.json`, issue 56: MLflow tables). Every set both runs scored on the same references
+the translations tables (`translations/<set>.json`, MLflow tables). Every set both runs scored on the same references
 is compared both ways with `sacrebleu.significance.PairedTest` — paired bootstrap resampling (`bs`, sacreBLEU's
 `--paired-bs`, 1000 resamples) or approximate randomisation (`ar`, `--paired-ar`, 10000 trials) — for BLEU and
 chrF, with sacreBLEU's defaults (signatures printed). A line per set, direction and metric: A's score, B's (with
@@ -72,7 +72,7 @@ def read_run(client: Any, run: Any, decoder: str, directory: Path) -> dict[str, 
         try:  # the set's MLflow table (mlflow.log_table writes pandas' "split" JSON): its source and reference columns
             table = pandas.read_json(io.StringIO(fetch(table_path).read_text(encoding="utf-8")), orient="split")
         except Exception as error:  # a run from before the tables: no references kept
-            raise CompareError(f"run {run_id} has no table {table_path} (evaluated before issue 56?): {error}") from error
+            raise CompareError(f"run {run_id} has no table {table_path} (evaluated before the pipeline kept its translations as tables?): {error}") from error
         sets[name] = {"references": {"src2tgt": table["reference"].tolist(), "tgt2src": table["source"].tolist()},
                       "hypotheses": {d: fetch(path).read_text(encoding="utf-8").splitlines() for d, path in hypotheses.items()}}
     return sets

@@ -147,7 +147,7 @@ class TrainConfig:
     # how long the driver waits for the requested resources to exist, and Ray Train for each placement of its group
     start_timeout_s: float = 60.0
     placement_strategy: str = "PACK"  # Ray placement of the workers: PACK, SPREAD (across nodes), STRICT_*
-    # Stopping by time and by plateau (issue 53). max_time: seconds of the training loop (updates and validations,
+    # Stopping by time and by plateau. max_time: seconds of the training loop (updates and validations,
     # summed over resumes; the worker group's start comes on top), 0 = no limit: fairseq's --stop-time-hours. The
     # run stops at max_steps or max_time, whichever comes first, and validates its last update. A run stopped by
     # time is not reproducible across cards: its manifest records the updates it reached, the card and the seed.
@@ -160,7 +160,7 @@ class TrainConfig:
     # > 0: warm up over this fraction of the planned run instead of warmup_steps; the run's progress is the larger
     # of step/max_steps and elapsed/max_time, so a time-budgeted run warms up and decays over its budget.
     warmup_fraction: float = 0.0
-    # torch.compile REDER's attention and feed-forward branches (issue 53; dropout then draws other masks)
+    # torch.compile REDER's attention and feed-forward branches (dropout then draws other masks)
     compile: bool = False
 
     def __post_init__(self) -> None:

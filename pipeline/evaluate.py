@@ -84,7 +84,7 @@ clock: Callable[[], float] = time.perf_counter
 
 
 def summary(output: Path, counts: dict[str, Any]) -> list[str]:
-    """BLEU, chrF and round-trip BLEU of the test split, then a line per other scored set (issue 56)."""
+    """BLEU, chrF and round-trip BLEU of the test split, then a line per other scored set."""
     results = json.loads((output / RESULTS_FILE).read_text(encoding="utf-8"))
     lines = [f"{results['split']} ({results['decoder']}):  BLEU src2tgt {results['bleu_src2tgt']:.2f}  "
              f"tgt2src {results['bleu_tgt2src']:.2f}   chrF {results['chrf_src2tgt']:.1f} / "

@@ -195,7 +195,7 @@ def release_orphaned_groups(job_id: str) -> int:
     actor dies, and `ray.kill` (of the controller, or of the trial actor that owns it) marks the actor dead
     before its process stops. A group the controller was creating right then is registered after the death
     and never flagged (bench/orphan_race.py: 12 of 30 kills of an actor creating groups in a loop; the CPU
-    a resumed sweep left held in CI, issue 55). So the actor table's DEAD answers too."""
+    a resumed sweep left held in CI). So the actor table's DEAD answers too."""
     import ray
     from ray._private.state import state
     from ray.util.placement_group import PlacementGroup, remove_placement_group

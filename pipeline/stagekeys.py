@@ -30,8 +30,8 @@ from reder import heads
 # only once a host is lost, and a run that stopped for a lost host must find its checkpoints with it set.
 NOT_HASHED = ("log_every", "max_failures", "storage_path", "fail_at_step", "start_timeout_s", "valid_max_sentences",
               "min_workers")
-# Keys added to a hashed section after outputs existed (issues 26, 44, 56 and the ingest's `bad_characters`), with
-# the value each was added with: hashed only away from it, the behaviour from before them.
+# Keys added to a hashed section after outputs existed (evaluate options, the DAG dp, named test sets, the ingest's
+# `bad_characters`, ...), with the value each was added with: hashed only away from it, the behaviour from before.
 ADDED_LATER: dict[str, dict[str, Any]] = {
     "data": {"bad_characters": "error"},
     "model": {"dag_dp": "auto"},
@@ -42,9 +42,9 @@ ADDED_LATER: dict[str, dict[str, Any]] = {
               "warmup_fraction": 0.0, "compile": False, "min_workers": 0},  # compile: inductor's dropout draws other masks
     "evaluate": {"rerank_weight": 1.0, "cutoff_top_n": 40, "cutoff_prob": 1.0, "dag_max_transition": 0,
                  "dag_no_repeat_ngram": 0, "dag_length_penalty": 1.0, "cmlm_iterations": (), "cmlm_length_beam": 5,
-                 "refine_steps": (), "test_sets": {}},  # test_sets: issue 56
+                 "refine_steps": (), "test_sets": {}},
 }
-# Named in the teacher and cmlm stages' keys since both directions train in one Ray Train run (issue 53: each
+# Named in the teacher and cmlm stages' keys since both directions train in one Ray Train run (each
 # update trains both models, which draws initialisation and dropout from one random stream): a new output, a new
 # directory.
 PAIR = {"training": "both directions in one run"}
@@ -106,7 +106,7 @@ def distill_key(cfg: PipelineConfig) -> dict[str, Any]:
 
 
 def decoding_key(cfg: PipelineConfig) -> dict[str, Any]:
-    """What the train stage (and a sweep's trials) decode validation with beyond the defaults of before issue 41:
+    """What the train stage (and a sweep's trials) decode validation with beyond the defaults from before the blank penalty existed:
     the grid of blank penalties it tunes (`evaluate.blank_penalties`), named unless it is [0], the behaviour
     from before it (so a run that asks for no penalty keeps its directory; the default grid trains anew)."""
     penalties = cfg.evaluate.blank_penalties
@@ -134,7 +134,7 @@ def cmlm_key(cfg: PipelineConfig) -> dict[str, Any]:
 
 
 def evaluate_key(cfg: PipelineConfig) -> dict[str, Any]:
-    """The evaluate section as it was hashed before issue 26, so finished evaluations keep their directories:
+    """The evaluate section as it was hashed before the reranking options, so finished evaluations keep their directories:
     `rerank` none/teacher as the old `rerank_with_teacher` bool (self as `rerank`), the ADDED_LATER keys
     only where they differ from the value they were added with; named test sets by their files' SHA-256; and
     where a CTC model's beam decoders get penalties of their own (a beam, a grid other than [0]), that they do:
@@ -147,7 +147,7 @@ def evaluate_key(cfg: PipelineConfig) -> dict[str, Any]:
     key["rerank_with_teacher"] = rerank == "teacher"
     if rerank == "self":
         key["rerank"] = rerank
-    if cfg.evaluate.beam_size > 1 and decoding_key(cfg):  # the beam decoders' own penalties, tuned on valid (issue 53)
+    if cfg.evaluate.beam_size > 1 and decoding_key(cfg):  # the beam decoders' own penalties, tuned on valid
         key["beam_blank_penalty"] = "valid"
     return {"evaluate": key}
 

@@ -65,10 +65,10 @@ def open_client(uri: str) -> Any:
 # MLflow 3's UI opens an experiment of this kind on its runs table (not on the GenAI traces view) — when its
 # "GenAI / Model training" toggle is off. MLflow 3.17 shows the toggle and then ignores this tag: its experiment
 # page opens on the GenAI overview unless the URL says `?workflowType=machine_learning` (seen in headless
-# Chromium, issue 42; bench/mlflow_ui.py). Kept for the versions that read it.
+# Chromium, bench/mlflow_ui.py). Kept for the versions that read it.
 EXPERIMENT_KIND = "mlflow.experimentKind"
 
-# The runs table's saved view "Test BLEU" (issue 42): MLflow 3.17's experiment page restores the view saved as the
+# The runs table's saved view "Test BLEU": MLflow 3.17's experiment page restores the view saved as the
 # experiment tag `mlflow.sharedViewState.<key>` when its URL says `?viewStateShareKey=<key>` (`runs_page`), and
 # lists it under "Views". Its state: the metric columns TEST_COLUMNS (the table's default columns — Source,
 # Models, Dataset — left out: four metric columns fit beside the run names) and the sort, by test BLEU src2tgt,
@@ -414,7 +414,7 @@ class Tracker:
         from mlflow.tracking import MlflowClient
 
         client = MlflowClient(self.uri)
-        sets = results.get("sets", {results["split"]: results})  # a results.json from before issue 56: one split
+        sets = results.get("sets", {results["split"]: results})  # a results.json from before the named test sets: one split
         for split in test_splits(results):
             for key in HEADLINE:
                 if key in sets[split]:

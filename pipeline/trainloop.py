@@ -8,7 +8,7 @@ whose models form a `ModelPair`) wrapped for DDP, and a `Harness` fed with token
 shard: its rows of the split's Parquet files (`parquet.shard_ranges`: disjoint, together the whole split), read
 once with pyarrow into flat token arrays (`harness.ExampleTable`) and re-bucketed every epoch. No Ray Data: the
 driver materialising the split in the object store and every worker turning its shard into Python lists every
-epoch took most of a run's start at scale (docs/OPERATIONS.md, "Training"; docs/results/training.md, issue 43). Its
+epoch took most of a run's start at scale (docs/OPERATIONS.md, "Training"; docs/results/training.md). Its
 reports go to `ray.train.report` (and rank 0's to MLflow); every validation (rank 0 decodes the validation split
 greedily and scores it with sacreBLEU; the other ranks report a NaN score; its Validator is built at the first
 validation) attaches a checkpoint directory. Ray keeps the best `keep_checkpoints` by `valid_bleu` plus the
@@ -544,7 +544,7 @@ def _epoch(examples: ExampleTable, train: TrainConfig, epoch: int, rank: int, gr
     """This worker's batches of one epoch, brought to the same count on every rank (DDP needs the same number of
     updates everywhere), agreed over process group `group`: the largest rank's. A rank with fewer batches
     trains its first ones again (as torch's DistributedSampler pads with repeats), so every example of every
-    shard is trained on in every epoch; cutting every rank to the smallest count (before issue 55) left part of
+    shard is trained on in every epoch; cutting every rank to the smallest count (as this loop once did) left part of
     the larger shards out of each epoch."""
     batches = epoch_batches(examples, train.max_tokens, train.seed, epoch, rank, train.batch_tokens)
     most = int(all_reduce(len(batches), "max", group))

@@ -196,7 +196,7 @@ def _release_all(job_id: str, timeout_s: float = 30.0, settle_s: float = 2.0) ->
     Train run was starting made its group after the fit returned) would hold its CPUs until the job ends.
     Done when nothing of the trials is left for `settle_s` in a row: a controller killed while it was creating
     its group has the group registered after the actor table says DEAD (bench/orphan_race.py), so one clean
-    reading is not the end (issue 55: a CPU held after a resumed sweep, in CI).
+    reading is not the end (seen in CI: a CPU held after a resumed sweep).
     After Ctrl-C or SIGTERM (`timeout_s` 0) nothing is waited for: the run is ending, and a wait for a trial's
     controller made its stop take 34 s where 10 are allowed (tests/faults)."""
     import ray
@@ -206,7 +206,7 @@ def _release_all(job_id: str, timeout_s: float = 30.0, settle_s: float = 2.0) ->
     clean_since = None
     while time.monotonic() < deadline:
         # A trial's actors first: a controller still alive when the groups were counted could make its group
-        # after (a CPU held after a resumed sweep, CI of stop 67: a Ray Train group of a dead creator, made after
+        # after (a CPU held after a resumed sweep, seen in CI: a Ray Train group of a dead creator, made after
         # the check had found none).
         live = _live_trial_actors(job_id)
         raytrain.release_orphaned_groups(job_id)
@@ -217,7 +217,7 @@ def _release_all(job_id: str, timeout_s: float = 30.0, settle_s: float = 2.0) ->
         elif time.monotonic() - clean_since >= settle_s:
             return
         time.sleep(0.5)
-    # Tune's own trial groups (the driver's) are removed as Tune cleans up; one left after the fit (issue 55: a
+    # Tune's own trial groups (the driver's) are removed as Tune cleans up; one left after the fit (seen in CI: a
     # CPU still held 10 s after a resumed sweep, twice in CI) is removed here too.
     for by_actors, what in ((True, "Ray Train"), (False, "Tune trial")):
         left = raytrain.job_groups(job_id, by_actors)

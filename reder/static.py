@@ -1,4 +1,4 @@
-"""Compiled decoding (issue 58, item 4): the inference trunk under torch.compile, an option.
+"""Compiled decoding: the inference trunk under torch.compile, an option.
 
 On a GPU a small batch's decode is ~25 kernel launches per layer, and their launch cost, not their arithmetic,
 sets its time. CUDA graphs replay a recorded sequence of kernels in one launch, but only at the shapes recorded.

@@ -8,7 +8,7 @@ a time and written as they pass (`pipeline.parquet.SplitWriter`); a repeat is fo
 digest of the pair (source length, source, target: no text can stand for another pair) in `SeenPairs`, which
 never holds the text: 16 bytes per distinct pair in memory up to IN_MEMORY of them, the older ones on disk behind
 a Bloom filter of 1.5 bytes per pair. Two different pairs share a digest with probability ~n²/2¹²⁹ (~10⁻²⁴ for 29M
-pairs): exact in practice. (8-byte digests, before issue 55, made it ~2·10⁻⁵, a pair then dropped unsaid.)
+pairs): exact in practice. (8-byte digests, as this filter once used, made it ~2·10⁻⁵, a pair then dropped unsaid.)
 """
 from __future__ import annotations
 
