@@ -8,7 +8,7 @@ whose models form a `ModelPair`) wrapped for DDP, and a `Harness` fed with token
 shard: its rows of the split's Parquet files (`parquet.shard_ranges`: disjoint, together the whole split), read
 once with pyarrow into flat token arrays (`harness.ExampleTable`) and re-bucketed every epoch. No Ray Data: the
 driver materialising the split in the object store and every worker turning its shard into Python lists every
-epoch took most of a run's start at scale (docs/OPERATIONS.md, "Training"; docs/results/training.md). Its
+epoch took most of a run's start at scale (docs/OPERATIONS.md, "Training on Ray"; docs/results/training.md). Its
 reports go to `ray.train.report` (and rank 0's to MLflow); every validation (rank 0 decodes the validation split
 greedily and scores it with sacreBLEU; the other ranks report a NaN score; its Validator is built at the first
 validation) attaches a checkpoint directory. Ray keeps the best `keep_checkpoints` by `valid_bleu` plus the

@@ -48,7 +48,7 @@ class ModelConfig:
     share_ends: bool = False  # tie the two ends' layers (embeddings and positions are always shared/own)
     label_smoothing: float = 0.1
     memory_efficient: bool = True  # rebuild activations in backward instead of storing them
-    head: str = "ctc"  # output head at both ends: "ctc" or "dag" (docs/OPERATIONS.md, "Output heads")
+    head: str = "ctc"  # output head at both ends: "ctc" or "dag" (docs/MODEL_NOTES.md, "Output heads")
     graph_upsample_ratio: float = 8.0  # λ (head="dag"): a graph has int(λ·(|x|+2)) vertices, |x| without BOS/EOS
     link_heads: int = 4  # heads of the DAG link scorer (head="dag")
     # The DAG loss's DP (head="dag"): torch (reder/dag.py), triton (reder/dag_triton.py, the optional extra; CUDA
