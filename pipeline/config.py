@@ -109,7 +109,7 @@ PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 @dataclass(frozen=True)
 class TrainConfig:
     """A training run (the training core, pipeline/harness.py, on Ray Train, pipeline/raytrain.py). Batches
-    are per worker, fairseq-style; the optimisation defaults are the paper recipe (docs/OPERATIONS.md,
+    are per worker, fairseq-style; the optimisation defaults are the paper recipe (docs/MODEL_NOTES.md,
     "Training"), the shipped configs size the run."""
 
     num_workers: int = 1  # Ray Train workers (DDP ranks)
