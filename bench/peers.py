@@ -371,7 +371,9 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
     torch.set_num_threads(args.threads)
     spm = spm_model(args)
     sequences = sources(args, spm)
-    with torch.inference_mode():
+    # no_grad, not inference_mode: weights made under inference mode have no version counter, and the fast path
+    # then checks them by a hash at every call (reder.inference.stamp); the decoders run in inference mode anyway
+    with torch.no_grad():
         if args.worker == "reder":
             return work_reder(args, sequences, args.vocab)
         if args.worker == "teacher":

@@ -18,7 +18,7 @@ oneDNN matmuls on weights reordered once into its blocked layout (`linear`, `tie
 FFN's GELU fused into its first one: at batch 1 (30-odd rows) torch's default float32 GEMM (MKL) repacks each
 weight on every call and reached about half the rate of the prepacked kernel on this project's AMD CPUs
 (docs/results/decoding.md, "Decoding at the floor"). The reordered copy is rebuilt when its weight changes (another
-tensor or an in-place update).
+tensor or an in-place update, of a weight made under inference mode too: `stamp`).
 `REDER.layers` takes this path when the model is in eval mode, gradients are off and `REDER.fast_inference`
 is set (the default); `fast_inference = False` keeps the reference path, which the tests compare this one with
 token by token (tests/reder/test_inference.py). `quantized(model)`: a copy with the trunk's linear layers
@@ -139,14 +139,20 @@ _packed: dict[int, tuple[weakref.ref, tuple[int, int], torch.Tensor]] = {}
 
 
 def stamp(tensor: torch.Tensor) -> tuple[int, int]:
-    """What changes when a tensor's values do: its storage address and version counter (an inference tensor, made
-    under inference mode, has none: its address only)."""
-    return tensor.data_ptr(), 0 if tensor.is_inference() else tensor._version
+    """What changes when a tensor's values do: its storage address and version counter. An inference tensor (made
+    under inference mode) has no version counter, and an in-place update of it (under inference mode) moves nothing
+    else: for it, the XOR of its bits stands in (one read of the tensor, as 64-bit words where it packs into them;
+    blind only to a change that leaves that XOR as it was: values moved about, two rows swapped)."""
+    if not tensor.is_inference():
+        return tensor.data_ptr(), tensor._version
+    flat = tensor.detach().reshape(-1)
+    words = flat.view(torch.int64) if flat.element_size() == 4 and flat.numel() % 2 == 0 else flat  # no upcast
+    return tensor.data_ptr(), torch.hash_tensor(words).item()
 
 
 def packed(weight: torch.Tensor) -> torch.Tensor:
     """`weight` (out, in) reordered for oneDNN's matmul, built on first use and again when the weight has changed
-    since (another storage, or an in-place update: its version counter)."""
+    since (another storage, or an in-place update: its `stamp`)."""
     key, current = id(weight), stamp(weight)
     entry = _packed.get(key)
     if entry is None or entry[0]() is not weight or entry[1] != current:

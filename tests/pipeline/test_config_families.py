@@ -16,7 +16,8 @@ from typing import Any, Literal, Union
 import pytest
 import yaml
 
-from pipeline.config import ConfigError, PipelineConfig, load_config
+from pipeline.config import ConfigError, PipelineConfig, _PlainLoader, load_config
+from reder import configio
 
 REFUSED = object()  # a construct the loader refuses whatever the field
 
@@ -142,32 +143,109 @@ def _default(key: str) -> Any:
     return value
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_every_node_in_every_field_loads_as_meant_or_names_file_line_and_key(tmp_path, kind):
-    """Loaded: the value the policy gives the node, of the field's type (a node whose meaning is not of the field's
-    type never loads). Refused: the message starts with the file and the line of the key (or, in a block
-    sequence, of the item) and names the key by its whole path."""
+# The nodes whose meaning is of a field's type but out of its range, per field: the field's own check refuses each
+# (the message matches the pattern). Every other node whose meaning is of the field's type must load.
+OUT_OF_RANGE: dict[str, tuple[str, set[str]]] = {
+    "workdir": ("must not be empty", {"quoted empty"}),
+    "data.limit": ("must be >= 0", {"plain '-7'"}),
+    "data.max_length_ratio": ("must be >= 1", {"plain '-7'", "plain '0'", "plain '1e-3'", "plain '-.5'"}),
+    "loss.fba_start_step": ("must be an int >= 0 or null", {"plain '-7'"}),
+    "loss.directions": ("must be one or both of", {"flow sequence of words", "empty sequence"}),
+    "teacher.model.vocab_size": (r"must be > 4|must equal model\.vocab_size", {
+        "plain '3'", "plain '-7'", "plain '0'", "plain '0x1F'", "plain '0o17'", "plain '1_000'"}),
+    "teacher.model.dropout": (r"must be in \[0, 1\)", {
+        "plain '3'", "plain '-7'", "plain '0x1F'", "plain '0o17'", "plain '1_000'", "plain '2.5'", "plain '-.5'",
+        "plain '6.'"}),
+    "teacher.train.adam_betas": (r"must be two values in \[0, 1\)", {"flow sequence", "empty sequence",
+                                                                        "block sequence"}),
+    "evaluate.test_sets": ("expected {src: FILE, tgt: FILE}", {"flow mapping", "block mapping"}),
+}
+
+
+def _check_family(tmp_path: Path, kind: str) -> None:
+    """Each node in the field of `kind` either loads to the value the policy gives it or is refused, as stated:
+    it must load where its meaning is of the field's type and in the field's range (OUT_OF_RANGE)."""
     key, hint = KINDS[kind]
     default = _default(key)
+    pattern, out_of_range = OUT_OF_RANGE.get(key, ("", set()))
+    names = {name for name, _, _ in NODES}
+    assert out_of_range <= names, out_of_range - names
     written = yaml.safe_dump(list(default) if isinstance(default, tuple) else default, default_flow_style=True)
-    loaded = 0
     for name, node, meaning in [*NODES, ("its default", written.strip().removesuffix("\n..."), default)]:
+        of_type = meaning is not REFUSED and _conforms(hint, _as_field(hint, meaning))
+        assert of_type or name not in out_of_range, f"{name} is not of {key}'s type: no range check refuses it"
         path, line = _write(tmp_path, key, node)
         try:
             cfg = load_config(path)
         except ConfigError as error:
             message = str(error)
+            assert not of_type or name in out_of_range, f"{key}: {name} ({node!r}) must load, but: {message}"
             at = re.match(rf"^{re.escape(str(path))}:(\d+): ", message)
             assert at and line <= int(at[1]) <= line + 2, (name, message)
             assert key in message, (name, message)
+            assert name not in out_of_range or re.search(pattern, message), (name, message)
             continue
         value = cfg
         for part in key.split("."):
             value = getattr(value, part)
-        assert meaning is not REFUSED, (name, value)
+        assert of_type and name not in out_of_range, f"{key}: {name} ({node!r}) must be refused, loaded {value!r}"
         assert _conforms(hint, value) and value == _as_field(hint, meaning), (name, node, value)
-        loaded += 1
-    assert loaded, f"no node loads into {key}: the family tests nothing but errors there"
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_node_in_every_field_loads_as_meant_or_names_file_line_and_key(tmp_path, kind):
+    """A node loads exactly when its meaning is of the field's type and in the field's range, to that value; any
+    other is refused: the message starts with the file and the line of the key (or, in a block sequence, of the
+    item), names the key by its whole path and, out of range, says the field's check."""
+    _check_family(tmp_path, kind)
+
+
+def _resolving(tag: str, regexp: str) -> dict:
+    """_PlainLoader's implicit resolvers with `tag` matched by `regexp` instead: a loader that reads otherwise."""
+    resolvers = {first: [(t, pattern) for t, pattern in entries if t != tag]
+                 for first, entries in _PlainLoader.yaml_implicit_resolvers.items()}
+    for first in "-+0123456789tTfFyYnNoO":
+        resolvers.setdefault(first, []).append((tag, re.compile(regexp)))
+    return resolvers
+
+
+def _refusing_ints(convert: Any, key: str) -> Any:
+    """`configio._convert` refusing every int in field `key` (its items too), naming the key as it would."""
+    def refuse(hint: Any, value: Any, path: str) -> Any:
+        if hint is int and type(value) is int and re.sub(r"\[\d+\]$", "", path) == key:
+            raise ConfigError(f"{path}: expected int, got int {value!r}")
+        return convert(hint, value, path)
+    return refuse
+
+
+def _taking_bools_as_ints(convert: Any) -> Any:
+    """`configio._convert` taking a bool where an int is asked."""
+    def take(hint: Any, value: Any, path: str) -> Any:
+        return value if hint is int and type(value) is bool else convert(hint, value, path)
+    return take
+
+
+@pytest.mark.parametrize("kind, broken", [
+    ("typing.Optional[int]", "refuses the field's ints"), ("tuple[int, ...]", "refuses the field's ints"),
+    ("<class 'int'>", "reads 0x1F and 0o17 as strings"), ("<class 'bool'>", "reads yes, no, on, off as strings"),
+    ("<class 'int'>", "takes true as an int"),
+])
+def test_the_family_fails_a_loader_that_refuses_a_valid_node_or_takes_an_invalid_one(tmp_path, monkeypatch, kind,
+                                                                                      broken):
+    """A loader that refuses a node of the field's type and range (each with a message naming file, line and key,
+    and the field's default still loading), or loads a node of another type, fails the family."""
+    if broken == "refuses the field's ints":
+        monkeypatch.setattr(configio, "_convert", _refusing_ints(configio._convert, KINDS[kind][0]))
+    elif broken == "takes true as an int":
+        monkeypatch.setattr(configio, "_convert", _taking_bools_as_ints(configio._convert))
+    elif broken.startswith("reads 0x1F"):
+        monkeypatch.setattr(_PlainLoader, "yaml_implicit_resolvers", _resolving(
+            "tag:yaml.org,2002:int", r"^[-+]?(?:0|[1-9][0-9_]*)$"))
+    else:
+        monkeypatch.setattr(_PlainLoader, "yaml_implicit_resolvers", _resolving(
+            "tag:yaml.org,2002:bool", r"^(?:true|True|TRUE|false|False|FALSE)$"))
+    with pytest.raises(AssertionError, match="must load|must be refused"):
+        _check_family(tmp_path, kind)
 
 
 @pytest.mark.parametrize("kind", KINDS)

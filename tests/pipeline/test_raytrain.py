@@ -107,23 +107,31 @@ def test_a_group_registered_after_its_creator_was_killed_is_released(ray_session
     """Issue 55's sweep flake: `ray.kill` marks an actor DEAD in the GCS before its process stops, and a placement
     group it was creating right then is registered after that, without the `creator_actor_dead` flag the GCS
     sets only on the groups it holds at the death. Killed mid-loop, a group maker leaves such a group in about
-    a third of the kills (bench/orphan_race.py); the release finds it by the actor table."""
+    a third of the kills (bench/orphan_race.py); the release finds it by the actor table, and its count is every
+    group the killed makers left, whenever each was registered."""
     import ray
 
     from bench.orphan_race import killed_maker_groups
 
     job = ray.get_runtime_context().get_job_id()
+    raytrain.release_orphaned_groups(job)  # what earlier tests' dead actors left is not this test's to count
+    makers = set()
     for _ in range(40):
         maker, left = killed_maker_groups(job)
+        makers.add(maker)
         unflagged = [g for g in left if not g.creator_actor_dead]
         if unflagged:
             break
         raytrain.release_orphaned_groups(job)
     assert unflagged, "40 kills of a group maker left no unflagged group: the race was not reproduced"
-    assert raytrain.release_orphaned_groups(job) == len(left)
+    # every maker's, not the last one's alone: an earlier maker's group registered after the release that followed
+    # its kill is still there, and is released (and counted) now
+    orphans = [g for g in raytrain.job_groups(job) if g.creator_actor_id.hex() in makers]
+    assert {g.placement_group_id for g in left} <= {g.placement_group_id for g in orphans}
+    assert raytrain.release_orphaned_groups(job) == len(orphans)
 
     def still_there() -> list:
-        return [g for g in raytrain.job_groups(job) if g.creator_actor_id.hex() == maker]
+        return [g for g in raytrain.job_groups(job) if g.creator_actor_id.hex() in makers]
 
     deadline = time.monotonic() + 10
     while still_there() and time.monotonic() < deadline:

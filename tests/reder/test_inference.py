@@ -179,3 +179,28 @@ def test_a_prepacked_weight_follows_its_weight():
     x = torch.randn(3, layer.in_features)
     with torch.no_grad():
         torch.testing.assert_close(reder.inference.linear(layer, x), layer.bias.expand(3, -1))
+
+
+@needs_onednn
+def test_a_prepacked_weight_made_under_inference_mode_follows_an_in_place_update():
+    """A model built under inference mode has weights without a version counter; updated in place under inference
+    mode after a decode packed them (load_state_dict, as a server reloading its weights; one weight scaled), the next
+    call uses the new values: the reference path's outputs, torch's linear."""
+    other = _model()
+    other.load_state_dict({k: v + 0.05 * torch.randn_like(v) if v.is_floating_point() else v
+                           for k, v in other.state_dict().items()})
+    tokens, lengths = random_batch(LENGTHS, 20)
+    with torch.inference_mode():
+        model = _model()
+        assert model.ends["src"][0].feed_forward.inner.weight.is_inference()
+        before = model.outputs(tokens, lengths, "src2tgt")  # builds the packed weights
+        model.load_state_dict(other.state_dict())  # in place: the same tensors, new values
+        reference, fast = _both(model, lambda: model.outputs(tokens, lengths, "src2tgt"))
+        layer, x = model.ends["src"][0].feed_forward.inner, torch.randn(3, 16)
+        reder.inference.linear(layer, x)  # packs the weight
+        layer.weight.mul_(2.0)
+        torch.testing.assert_close(reder.inference.linear(layer, x), torch.nn.functional.linear(x, layer.weight,
+                                                                                                 layer.bias))
+    valid = padding_mask(reference.lengths.tolist())  # the fast path leaves padded positions' logits at zero
+    assert not torch.allclose(before.log_probs[valid], fast.log_probs[valid])
+    torch.testing.assert_close(fast.log_probs[valid], reference.log_probs[valid], rtol=1e-5, atol=1e-5)
