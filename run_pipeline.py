@@ -10,8 +10,8 @@ The stages and what each needs are declared once in pipeline/graph.py; both comm
 teacher and distill stages run when something needs them: `distill.enabled` (sequence-level KD, the
 paper's setting) needs both unless `distill.corpus` names an already-distilled corpus; the evaluation's
 teacher baseline and reranking need the teachers. Otherwise they are reported as not needed. The cmlm stage
-(pipeline/cmlm.py) runs, and is listed, only when the evaluation asks for the CMLMs or --stages names it.
-`tune` sweeps the training stage over the config's `tune.space` with Ray Tune (pipeline/tune.py); see
+(pipeline/stages/cmlm.py) runs, and is listed, only when the evaluation asks for the CMLMs or --stages names it.
+`tune` sweeps the training stage over the config's `tune.space` with Ray Tune (pipeline/stages/tune.py); see
 `python run_pipeline.py tune --help`.
 `--dry-run` prints, per stage, whether a run would run it or reuse its directory (or not need it), and why: the
 deciding keys, or what differs from the nearest finished directory of the stage (pipeline/graph.py, `plan`).
@@ -32,9 +32,11 @@ from typing import Any, Callable
 
 from cluster import ClusterError
 from cluster.connect import check_shared_storage, cluster_overrides, connect
-from pipeline import evaluate, graph, raytrain, tune
+from pipeline import graph
+from pipeline.stages import evaluate, tune
+from pipeline.training import raytrain
 from pipeline.config import ConfigError, PipelineConfig, load_config, to_yaml
-from pipeline.runfiles import MODEL_DIR
+from pipeline.training.runfiles import MODEL_DIR
 from pipeline.signals import Terminated, forget, handle_sigterm, interruption
 from pipeline.stage import StageError, read_manifest, write_json, write_text
 from pipeline.tracking import Tracker, browse_hint, stage_datasets, tracking_uri

@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> dict:
     import sentencepiece
     import torch
 
-    from pipeline.evaluate import read_text_split
+    from pipeline.stages.evaluate import read_text_split
     from reder.checkpoint import SPM_FILE, load_model_dir
     from reder.decoding import make_decoder
     from reder.decoding.ctc import reranked_by_penalty

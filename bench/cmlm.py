@@ -8,16 +8,16 @@ output, against the AR teachers, at the same number of updates, on one device wi
         [--refine-steps 1 2 4] [--length-beam 5]
 
 - `train`: one CMLM per direction (the `cmlm` section of the config, e.g. `cmlm.model.d_model=256`; the
-  training core, pipeline/harness.py, with the `cmlm.train` section and the command line's budget: --steps
+  training core, pipeline/training/harness.py, with the `cmlm.train` section and the command line's budget: --steps
   updates of --max-tokens, as the teachers and REDER got) on the teachers phase's KD pairs (src2tgt learns
   x → teacher(x), tgt2src y → teacher(y), reder.objectives.directional.CmlmObjective), saved as model directories
   C/cmlm-<direction>; writes C/train.json.
 - `eval`: the teachers (greedy, beam 4), REDER's greedy output, REDER's greedy output refined by K mask-predict
   iterations of the CMLM of its direction (each --refine-steps K; without --reder, the teachers' greedy output
   refined instead: `ar_greedy_refine<K>`), and the CMLMs alone with mask-predict (each
-  --iterations T, --length-beam candidates), every one the evaluate stage's decoder (pipeline.evaluate.decoders_for)
+  --iterations T, --length-beam candidates), every one the evaluate stage's decoder (pipeline.stages.evaluate.decoders_for)
   scored with sacreBLEU BLEU / chrF on test_2016_flickr and test_2017_flickr both ways and timed in this one
-  process (pipeline.evaluate.measure_speed: latency at batch 1 over `evaluate.latency_sentences`, sentences/s
+  process (pipeline.stages.evaluate.measure_speed: latency at batch 1 over `evaluate.latency_sentences`, sentences/s
   at batch `evaluate.throughput_batch`, en→de); writes C/eval.json and the Markdown table C/table.md.
 """
 from __future__ import annotations
@@ -58,7 +58,7 @@ def train_phase(args: argparse.Namespace, cfg, device: str) -> dict:
 
 
 def eval_phase(args: argparse.Namespace, cfg, device: str) -> dict:
-    from pipeline.evaluate import decoders_for, measure_speed
+    from pipeline.stages.evaluate import decoders_for, measure_speed
     from reder.checkpoint import load_cmlm_dir, load_model_dir
     from reder.decoding.run import translate_ids
 

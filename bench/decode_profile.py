@@ -7,8 +7,8 @@ the share that is not GEMM (issue 58, item 1).
 The model and sentences are bench.peers' (untrained d512 REDER, 6 layers per end, r = 2, CTC, the first
 `--sentences` lines of Multi30k test 2016 English), decoded by `reder.translate.translate_ids` greedy. Paths:
 `reference` is the plain trunk (`REDER.fast_inference = False`: the eager layers as trained), `fast` the inference
-trunk (reder/inference.py), `fast_matmul` that trunk on torch's default GEMM instead of oneDNN's on prepacked
-weights (`reder.inference.ONEDNN = False`), `compiled` the `--compile` option's trunk (reder/static.py: a batch
+trunk (reder/runtime/onednn.py), `fast_matmul` that trunk on torch's default GEMM instead of oneDNN's on prepacked
+weights (`reder.runtime.onednn.ONEDNN = False`), `compiled` the `--compile` option's trunk (reder/runtime/compiled.py: a batch
 without padding through inductor with the weights frozen in, a padded one the fast trunk; compiled in the warm-up
 pass), `int8` the fast trunk with its linear layers dynamically quantized (CPU).
 
@@ -107,33 +107,33 @@ def profiled(decode: Callable[[list[list[int]], int], Any], sequences: list[list
 
 def decoder(model: Any, path: str) -> Callable[[list[list[int]], int], Any]:
     """Greedy `translate_ids` through `path`: reference (fast_inference off), fast, fast_matmul (the fast trunk on
-    torch's default GEMM instead of the prepacked oneDNN kernel), compiled (reder/static.py's trunk: unpadded
+    torch's default GEMM instead of the prepacked oneDNN kernel), compiled (reder/runtime/compiled.py's trunk: unpadded
     batches through inductor with the weights frozen in, compiled in the warm-up pass), int8 (a quantized copy)."""
-    import reder.inference
-    from reder.static import StaticTrunk
+    import reder.runtime.onednn
+    from reder.runtime.compiled import StaticTrunk
     from reder.decoding.run import translate_ids
 
-    chosen = reder.inference.quantized(model) if path == "int8" else model
-    onednn = reder.inference.ONEDNN
+    chosen = reder.runtime.onednn.quantized(model) if path == "int8" else model
+    onednn = reder.runtime.onednn.ONEDNN
     trunk = StaticTrunk(torch.device("cpu")) if path == "compiled" else None
 
     def decode(batch: list[list[int]], size: int) -> Any:
         chosen.fast_inference, chosen.static_trunk = path != "reference", trunk
-        reder.inference.ONEDNN = onednn and path != "fast_matmul"
+        reder.runtime.onednn.ONEDNN = onednn and path != "fast_matmul"
         try:
             return translate_ids(chosen, batch, "src2tgt", batch_size=size)
         finally:
-            reder.inference.ONEDNN, chosen.static_trunk = onednn, None
+            reder.runtime.onednn.ONEDNN, chosen.static_trunk = onednn, None
 
     return decode
 
 
 def gemm_replay(model: Any, length: int, rounds: int = 20) -> dict[str, float]:
-    """The matmuls of one batch-1 decode alone, back to back, through the fast path's kernels (reder.inference's
+    """The matmuls of one batch-1 decode alone, back to back, through the fast path's kernels (reder.runtime.onednn's
     `linear` and `tied_logits`) at T = r·`length` rows, ms per decode (median of 3 timings of `rounds`): "cold" on
     each layer's own weights in order, as a decode streams them from memory; "warm" on the first layer's weights
     only, repeated, as the floor's rate measurement does. Their gap is the weights' memory traffic, not overhead."""
-    from reder.inference import linear, tied_logits
+    from reder.runtime.onednn import linear, tied_logits
 
     layers = [(layer.attention.attention, layer.feed_forward) for layer, _ in model.ops("src2tgt")]
     calls = [module for attention, ffn in layers for module in (attention.qkv, attention.out, ffn.inner, ffn.outer)]

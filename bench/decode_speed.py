@@ -6,9 +6,9 @@ sentences, same machine, same process.
 Prints one JSON object. From the run's `last_run.json`: the train stage's model, the teacher stage's
 teachers and the ingested test split (src2tgt). Decoders: REDER greedy and CTC prefix beam `--beam`
 (with teacher reranking, `beam<K>_rerank`) — or a DAG model's greedy, lookahead and Viterbi — and the
-teacher's greedy and beam 4 (`pipeline.evaluate.decoders_for`). For each: latency per sentence at batch 1
+teacher's greedy and beam 4 (`pipeline.stages.evaluate.decoders_for`). For each: latency per sentence at batch 1
 (mean and p90 over `--sentences`, one at a time after a warm-up) and sentences/s at batch `--batch` over
-the same sentences (`pipeline.evaluate.measure_speed`), then every REDER decoder's speed-up over every
+the same sentences (`pipeline.stages.evaluate.measure_speed`), then every REDER decoder's speed-up over every
 teacher decoder at batch 1 and at batch `--batch`.
 """
 from __future__ import annotations
@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args(argv)
 
-    from pipeline import evaluate, teacher
+    from pipeline.stages import evaluate, teacher
     from pipeline.config import PipelineConfig, from_dict
     from reder.checkpoint import SPM_FILE, load_model_dir
     from reder.decoding.run import encode_lines

@@ -45,7 +45,7 @@ from bench import MULTI30K
 
 def _spm(lines: list[str], work: Path, vocab_size: int) -> Path:
     """The pipeline's joint SentencePiece model (special ids, blank last) trained on `lines`."""
-    from pipeline import spm
+    from pipeline.stages import spm
 
     (work / "spm.model").write_bytes(spm.train(lines, vocab_size, num_threads=os.cpu_count() or 1))
     return work / "spm.model"
@@ -71,7 +71,7 @@ def _train(dirs: dict[str, str], english: list[list[int]], german: list[list[int
     sentences as a real teacher does) with the pipeline's training core and recipe (lr 7e-4, 1,000 warm-up
     updates) and save it back; returns the last training loss per direction."""
     from pipeline.config import TrainConfig
-    from pipeline.harness import Harness
+    from pipeline.training.harness import Harness
     from reder.objectives.directional import TeacherObjective
     from reder.checkpoint import load_model_dir, save_model_dir
 
@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> dict:
     import sacrebleu
     import sentencepiece
 
-    from pipeline import distill, teacher, tokenize
+    from pipeline.stages import distill, teacher, tokenize
     from pipeline.config import DistillConfig
     from reder.checkpoint import SPM_FILE, load_teacher_dir
 

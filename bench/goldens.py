@@ -156,7 +156,7 @@ def ct2_outputs(teacher: Transformer, sequences: list[list[int]], work: Path) ->
         import ctranslate2  # noqa: F401
     except ImportError:
         return {}
-    from pipeline.spm import train as train_spm
+    from pipeline.stages.spm import train as train_spm
     from reder.ct2 import convert_model
     from reder.decoding.ct2 import ct2_model
     from reder.decoding.run import translate_ids

@@ -1,5 +1,5 @@
 """The int8 option's cost in output (issue 58, item 5): a small REDER trained here on CPU on Multi30k pairs, then
-decoded greedy both ways through the float32 inference path and through `reder.inference.quantized` (the trunk's
+decoded greedy both ways through the float32 inference path and through `reder.runtime.onednn.quantized` (the trunk's
 linear layers int8): BLEU of each against the references, the share of sentences whose tokens are identical, and
 the batch-1 / batch-N speed of both in the same process.
 
@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> dict:
     from reder import EOS_ID, DuplexLoss, LossConfig, ModelConfig, REDER
     from reder.ctc import pad_batch
     from reder.decoding.run import decode
-    from reder.inference import quantized
+    from reder.runtime.onednn import quantized
 
     english = (MULTI30K / "train.en").read_text(encoding="utf-8").splitlines()[: args.pairs]
     german = (MULTI30K / "train.de").read_text(encoding="utf-8").splitlines()[: args.pairs]

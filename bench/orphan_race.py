@@ -18,7 +18,7 @@ import time
 import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 
-from pipeline import raytrain
+from pipeline.training import raytrain
 
 
 @ray.remote(num_cpus=0)

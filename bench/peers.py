@@ -22,13 +22,13 @@ Inputs: the first `--sentences` lines of Multi30k test-2016 English. Per engine 
   - `sentences_per_s`: all sentences in one call at batch `--batch` (length-sorted batches): the median of
     `--repeats` calls, all of them in `sentences_per_s_repeats` and their spread (max − min) / median.
 Engines and decoders:
-  - `reder`: greedy (the inference trunk, reder/inference.py: packed batches, no padding outside the attention,
+  - `reder`: greedy (the inference trunk, reder/runtime/onednn.py: packed batches, no padding outside the attention,
     the attention in length groups), `greedy_one_group` (the same, the attention one padded batch: before issue 58's
-    item 3), on CPU `greedy_matmul` (the same on torch's default GEMM, `reder.inference.ONEDNN = False`: before
+    item 3), on CPU `greedy_matmul` (the same on torch's default GEMM, `reder.runtime.onednn.ONEDNN = False`: before
     stop 70), `greedy_reference` (the reference path, `fast_inference = False`: what greedy was before issue 58), on CPU
-    `greedy_int8` (the trunk's linear layers int8, `reder.inference.quantized`), and CTC prefix beam `--beam`
+    `greedy_int8` (the trunk's linear layers int8, `reder.runtime.onednn.quantized`), and CTC prefix beam `--beam`
     (REDER.translate under inference mode); with `--compile` also greedy with the trunk under `torch.compile`
-    (reder/static.py: on CUDA at bucketed static shapes under CUDA graphs, on a CPU a batch without padding through
+    (reder/runtime/compiled.py: on CUDA at bucketed static shapes under CUDA graphs, on a CPU a batch without padding through
     inductor with the weights frozen in, a padded one eagerly packed; `greedy_compiled`, and `compile_s`: compiling
     every graph the timed calls meet, before them);
   - `teacher`: our Transformer, greedy and beam 4 (its `greedy` and `beam` decoders);
@@ -71,7 +71,7 @@ import torch
 from bench import MULTI30K, REPO_ROOT, emit
 
 ENGINES = ("reder", "teacher", "ct2")
-ONE_GROUP = 10**9  # reder.inference.GROUP_COST that makes a batch's attention one padded group (before issue 58's item 3)
+ONE_GROUP = 10**9  # reder.runtime.onednn.GROUP_COST that makes a batch's attention one padded group (before issue 58's item 3)
 
 
 def _args(argv: list[str] | None) -> argparse.Namespace:
@@ -94,7 +94,7 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--layers", type=int, default=6, help="AR: encoder and decoder layers each; REDER: per end")
     parser.add_argument("--ar-tokens", type=int, default=16, help="untrained AR outputs: forced length")
     parser.add_argument("--compile", action="store_true",
-                        help="also time REDER greedy with its trunk under torch.compile (reder/static.py)")
+                        help="also time REDER greedy with its trunk under torch.compile (reder/runtime/compiled.py)")
     parser.add_argument("--repeats", type=int, default=5, help="calls at batch --batch per decoder (median, spread)")
     parser.add_argument("--latency-repeats", type=int, default=1, help="passes of batch-1 calls per decoder (median)")
     parser.add_argument("--out", help="also write the driver's JSON here")
@@ -106,7 +106,7 @@ def spm_model(args: argparse.Namespace) -> Path:
     """The joint SentencePiece model of `--vocab` pieces on Multi30k train, trained once into `--work`."""
     path = Path(args.work) / f"spm{args.vocab}.model"
     if not path.exists():
-        from pipeline.spm import train
+        from pipeline.stages.spm import train
 
         lines = [line for side in ("en", "de")
                  for line in (Path(args.data) / f"train.{side}").read_text(encoding="utf-8").splitlines()]
@@ -239,15 +239,15 @@ def gemm_kernels(device: str) -> tuple[str, ...]:
 
 
 def work_reder(args: argparse.Namespace, sequences: list[list[int]], vocab: int) -> dict[str, Any]:
-    import reder.inference
+    import reder.runtime.onednn
     from reder.decoding.run import choose, translate_ids
-    from reder.inference import quantized
+    from reder.runtime.onednn import quantized
 
     model = reder_model(args, vocab)
     int8 = quantized(model) if args.device == "cpu" else None
     before = measure_gemm(model.cfg, sequences, args)
     out: dict[str, Any] = {}
-    grouped, onednn = reder.inference.GROUP_COST, reder.inference.ONEDNN
+    grouped, onednn = reder.runtime.onednn.GROUP_COST, reder.runtime.onednn.ONEDNN
     runs = [("greedy", model, True, 1, grouped, onednn), ("greedy_one_group", model, True, 1, ONE_GROUP, onednn)] + (
         [("greedy_matmul", model, True, 1, grouped, False)] if onednn and args.device == "cpu" else []) + [
         ("greedy_reference", model, False, 1, grouped, onednn)] + (
@@ -257,13 +257,13 @@ def work_reder(args: argparse.Namespace, sequences: list[list[int]], vocab: int)
         def run(batch: list[list[int]], size: int, chosen: Any = chosen, fast: bool = fast, beam: int = beam,
                 group_cost: int = group_cost, kernel: bool = kernel) -> Any:
             chosen.fast_inference = fast
-            reder.inference.GROUP_COST, reder.inference.ONEDNN = group_cost, kernel
+            reder.runtime.onednn.GROUP_COST, reder.runtime.onednn.ONEDNN = group_cost, kernel
             return translate_ids(chosen, batch, "src2tgt", choose(chosen, beam=beam), size)
 
         out[name] = _time(run, sequences, args.batch, args.device, args.repeats, args.latency_repeats)
-    model.fast_inference, reder.inference.GROUP_COST, reder.inference.ONEDNN = True, grouped, onednn
-    if args.compile:  # the trunk under torch.compile (CUDA graphs at static bucketed shapes on CUDA): reder/static.py
-        from reder.static import compiled
+    model.fast_inference, reder.runtime.onednn.GROUP_COST, reder.runtime.onednn.ONEDNN = True, grouped, onednn
+    if args.compile:  # the trunk under torch.compile (CUDA graphs at static bucketed shapes on CUDA): reder/runtime/compiled.py
+        from reder.runtime.compiled import compiled
 
         started = time.perf_counter()
         compiled(model)
@@ -372,7 +372,7 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
     spm = spm_model(args)
     sequences = sources(args, spm)
     # no_grad, not inference_mode: weights made under inference mode have no version counter, and the fast path
-    # then checks them by a hash at every call (reder.inference.stamp); the decoders run in inference mode anyway
+    # then checks them by a hash at every call (reder.runtime.onednn.stamp); the decoders run in inference mode anyway
     with torch.no_grad():
         if args.worker == "reder":
             return work_reder(args, sequences, args.vocab)

@@ -7,13 +7,13 @@ auxiliary losses, the same number of updates each, on one GPU (or CPU, slowly), 
     python -m bench.quality speed --data-dir ../shared/data/multi30k --from OUT --out OUT2
 
 Two phases, so that each fits one 10-minute GPU call (the device machines have no Ray: the models train in
-this process through the pipeline's training core, pipeline/harness.py, with the `train` / `teacher.train`
+this process through the pipeline's training core, pipeline/training/harness.py, with the `train` / `teacher.train`
 section of the config and the budget of the command line; `configs/multi30k.yaml` is the same recipe through Ray):
 - `teachers`: a joint SentencePiece model (the pipeline's spm stage code), one AR Transformer per direction
   (`teacher` section of configs/multi30k.yaml) trained `--steps` updates, scored on test_2016_flickr and
   test_2017_flickr (sacreBLEU/chrF, greedy and beam 4) and timed (latency at batch 1 over
-  `evaluate.latency_sentences`, sentences/s at `evaluate.throughput_batch`, pipeline.evaluate.measure_speed); then the whole training split distilled both ways (beam 4,
-  pipeline.distill.decode and apply_fallbacks; not with `--no-distill`, for a baseline, or to give the reder
+  `evaluate.latency_sentences`, sentences/s at `evaluate.throughput_batch`, pipeline.stages.evaluate.measure_speed); then the whole training split distilled both ways (beam 4,
+  pipeline.stages.distill.decode and apply_fallbacks; not with `--no-distill`, for a baseline, or to give the reder
   phase's variants without KD their SentencePiece model and references only). Writes spm.model,
   kd.parquet, teacher-<direction>/ (model directories) and teachers.json into OUT.
 - `reder`: REDER (`model` section of configs/multi30k.yaml) trained `--steps` updates per variant and seed —
@@ -128,7 +128,7 @@ def _harness(args: argparse.Namespace, model, objective, train, device: str, sp=
              directions=("src2tgt", "tgt2src")):
     """The pipeline's training core for `model`; with --validate-every it scores greedy BLEU on the validation
     split in `directions` (their mean, as the pipeline's valid_bleu) and keeps the best --average-best."""
-    from pipeline.harness import Harness
+    from pipeline.training.harness import Harness
 
     def validate(scored) -> dict[str, float]:
         scores = _scores(_greedy(scored), sp, data, directions, splits=(VALID,))
@@ -158,8 +158,8 @@ def _header(args: argparse.Namespace, device: str) -> dict:
 def teachers_phase(args: argparse.Namespace, cfg, device: str) -> dict:
     import sentencepiece
 
-    from pipeline import distill, spm
-    from pipeline.evaluate import measure_speed
+    from pipeline.stages import distill, spm
+    from pipeline.stages.evaluate import measure_speed
     from reder.objectives.directional import TeacherObjective
     from reder import TransformerConfig
     from reder.autoregressive import Transformer
@@ -268,7 +268,7 @@ def _kd_examples(inputs: SimpleNamespace) -> list[tuple[list[int], ...]]:
 def _systems(models: dict, evaluation, teachers: dict) -> dict:
     """decoders_for a duplex model ({direction: the same model}), or for a simplex pair ({direction: its own
     model}): each decoder translates a direction with that direction's model."""
-    from pipeline.evaluate import decoders_for
+    from pipeline.stages.evaluate import decoders_for
 
     if models["src2tgt"] is models["tgt2src"]:
         return decoders_for(models["src2tgt"], evaluation, teachers)
@@ -280,7 +280,7 @@ def _evaluate(model, inputs: SimpleNamespace, hypotheses: dict | None = None, sp
     """A trained REDER (or a simplex pair, {direction: model}) scored with every decoder of the evaluate stage
     on both test sets both ways, its greedy round trip, and (unless `speed` is false) its speed, with the
     teachers' alongside when they were saved."""
-    from pipeline.evaluate import measure_speed
+    from pipeline.stages.evaluate import measure_speed
 
     entry = {}
     models = model if isinstance(model, dict) else {d: model for d in DIRECTIONS}
@@ -360,7 +360,7 @@ def speed_phase(args: argparse.Namespace, cfg, device: str) -> dict:
     `--no-speed` because several trainings shared the device): every decoder of its report (its `--beam`)
     and the teachers' greedy and beam 4 in the same process, written into --out's reder.json as each entry's
     `speed` (atomically; the report's `speed_measured` says when and where). Returns {key: speed}."""
-    from pipeline.evaluate import measure_speed
+    from pipeline.stages.evaluate import measure_speed
     from pipeline.stage import write_text
     from reder.checkpoint import load_model_dir
 

@@ -4,7 +4,7 @@
 
 After `run_pipeline.py --config C [key=value ...] workdir=W` has finished its train stage, this trains the same
 model (the `model`, `loss` and `train` sections of the same config and overrides) on the same training split
-(the stage's manifest names its inputs), in this process, on this machine's device, with pipeline/harness.py's
+(the stage's manifest names its inputs), in this process, on this machine's device, with pipeline/training/harness.py's
 Harness: the same updates, the same validation (trainloop.Validator with `evaluate.blank_penalties`, every
 `train.validate_every` updates) and the same checkpoint files written at each validation (trainloop's checkpoint
 writer, into its temporary directory, then removed) — what the stage's one worker does, without Ray Train's
@@ -27,11 +27,11 @@ from pathlib import Path
 
 import torch
 
-from pipeline import spm
+from pipeline.stages import spm
 from pipeline.config import load_config
-from pipeline.harness import Harness
+from pipeline.training.harness import Harness
 from pipeline.stage import MANIFEST, SUCCESS
-from pipeline.trainloop import Validator, _save, build_task, read_shard
+from pipeline.training.trainloop import Validator, _save, build_task, read_shard
 
 
 def _finished(workdir: Path, stage: str) -> Path:

@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     import sentencepiece
 
-    from pipeline.evaluate import read_text_split
+    from pipeline.stages.evaluate import read_text_split
     from pipeline.metrics import best_setting, corpus_scores
     from reder.checkpoint import SPM_FILE, load_model_dir
     from reder.ctc import pad_batch

@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from ray import serve
 
     from pipeline import serve as service
-    from pipeline.distill import ctranslate2_installed
+    from pipeline.stages.distill import ctranslate2_installed
 
     lines = (Path(model_args.data) / "test_2016_flickr.en").read_text(encoding="utf-8").splitlines()[: model_args.sentences]
     report: dict[str, Any] = {"benchmark": "serve_load", "threads": model_args.threads, "cores": os.cpu_count(),

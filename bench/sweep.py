@@ -8,7 +8,7 @@ N of `--trials` — as N Tune trials packed with `train.gpus_per_worker` 1/N wou
 with the machine's cores split between them (`--cores`, default all). Each builds the config's REDER and loss,
 reads the training split `--data` (a stage's `train/` Parquet directory: distill's KD pairs or tokenize's
 references) as a worker reads its shard, trains `--warmup` updates, waits for the others, then trains `--seconds`
-through the pipeline's training core (pipeline/harness.py) at the config's `train.max_tokens`. Reports per N the
+through the pipeline's training core (pipeline/training/harness.py) at the config's `train.max_tokens`. Reports per N the
 updates/s of each process and their sum, and the tokens/s (the training core's count over the window, summed).
 
 `size`: from that measurement, the overrides that run `--trials` trials in a sweep of `--budget-s` seconds (the
@@ -43,8 +43,8 @@ def _trainer(index: int, args: dict[str, Any], threads: int, barrier: Any, resul
     import torch
 
     from pipeline.config import load_config
-    from pipeline.harness import Harness
-    from pipeline.trainloop import read_shard
+    from pipeline.training.harness import Harness
+    from pipeline.training.trainloop import read_shard
     from reder import REDER, DuplexLoss
 
     torch.set_num_threads(threads)

@@ -49,7 +49,8 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    from pipeline import graph, spm, tokenize
+    from pipeline import graph
+    from pipeline.stages import spm, tokenize
     from pipeline.parquet import write_split
     from pipeline.config import load_config
 

@@ -37,7 +37,7 @@ def main() -> None:
     import torch
 
     from pipeline.config import TrainConfig
-    from pipeline.harness import Harness
+    from pipeline.training.harness import Harness
     from reder import DuplexLoss, LossConfig, ModelConfig, REDER
     from reder.ctc import pad_batch, viterbi_align
 

@@ -15,7 +15,7 @@ import time
 import pyarrow.parquet as pq
 import torch
 
-from pipeline.harness import passes, token_batches
+from pipeline.training.harness import passes, token_batches
 from reder import DuplexLoss, LossConfig, ModelConfig, REDER
 
 BASE = dict(vocab_size=8000, d_model=256, n_heads=4, ffn_dim=1024, layers_per_end=3, dropout=0.1, upsample_ratio=2,

@@ -140,7 +140,8 @@ def main() -> None:
     parser.add_argument("overrides", nargs="*", metavar="key=value")
     args = parser.parse_args()
 
-    from pipeline import graph, raytrain, runfiles
+    from pipeline import graph
+    from pipeline.training import raytrain, runfiles
     from pipeline.config import load_config
     from run_pipeline import connect_ray, disconnect_ray
 

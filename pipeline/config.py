@@ -30,7 +30,7 @@ from reder.rerank import RERANK_WEIGHT, RERANKERS
 
 @dataclass(frozen=True)
 class DataConfig:
-    """Where the parallel corpus comes from and how ingestion filters it (pipeline/ingest/)."""
+    """Where the parallel corpus comes from and how ingestion filters it (pipeline/stages/ingest/)."""
 
     source: Literal["sword", "multi30k", "iwslt14", "wmt16_enro", "wmt14_ende", "files", "tsv"] = "sword"
     src_lang: str = "en"
@@ -80,7 +80,7 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class SpmConfig:
-    """Joint SentencePiece model (pipeline/spm.py). Its size is `model.vocab_size` (see module doc)."""
+    """Joint SentencePiece model (pipeline/stages/spm.py). Its size is `model.vocab_size` (see module doc)."""
 
     model_type: Literal["bpe", "unigram"] = "bpe"
     character_coverage: float = 1.0
@@ -94,7 +94,7 @@ class SpmConfig:
 
 @dataclass(frozen=True)
 class TokenizeConfig:
-    """Tokenization on Ray Data (pipeline/tokenize.py). Neither field changes the output."""
+    """Tokenization on Ray Data (pipeline/stages/tokenize.py). Neither field changes the output."""
 
     workers: int = 0  # tokenizer actors; 0 = as many as the cluster has CPUs, minus one for reads
     batch_size: int = 1024  # rows per map_batches call
@@ -108,7 +108,7 @@ PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """A training run (the training core, pipeline/harness.py, on Ray Train, pipeline/raytrain.py). Batches
+    """A training run (the training core, pipeline/training/harness.py, on Ray Train, pipeline/training/raytrain.py). Batches
     are per worker, fairseq-style; the optimisation defaults are the paper recipe (docs/MODEL_NOTES.md,
     "Training"), the shipped configs size the run."""
 
@@ -197,7 +197,7 @@ NO_BLANK_PENALTY = (0.0,)
 
 @dataclass(frozen=True)
 class EvaluateConfig:
-    """Evaluation (pipeline/evaluate.py): decoders, splits and the speed measurements."""
+    """Evaluation (pipeline/stages/evaluate.py): decoders, splits and the speed measurements."""
 
     # What is decoded and scored: the ingested splits (train, valid, test) and the names of `test_sets`. Each is
     # scored both ways with every decoder; test and each named set get their own metrics (`<name>_bleu_src2tgt`,
@@ -275,7 +275,7 @@ def _check_test_set(key: str, name: str, spec: Any) -> None:
 
 @dataclass(frozen=True)
 class TeacherConfig:
-    """The autoregressive teachers, one per direction (pipeline/teacher.py): their shape and their Ray Train
+    """The autoregressive teachers, one per direction (pipeline/stages/teacher.py): their shape and their Ray Train
     run (the same TrainConfig as REDER's; batches, schedule and checkpoints work the same way). With both
     checkpoint paths set, those model directories are used instead of training."""
 
@@ -293,7 +293,7 @@ class TeacherConfig:
 
 @dataclass(frozen=True)
 class CmlmStageConfig:
-    """The CMLM baseline and refiner, one per direction (pipeline/cmlm.py): its shape and its Ray Train run (the
+    """The CMLM baseline and refiner, one per direction (pipeline/stages/cmlm.py): its shape and its Ray Train run (the
     same TrainConfig as REDER's and the teachers'), on REDER's training split (the KD pairs with distill.enabled).
     Trained when the evaluation asks for it (evaluate.cmlm_iterations, evaluate.refine_steps) or with --stages cmlm."""
 
@@ -306,7 +306,7 @@ DISTILL_ENGINES = ("auto", "torch", "ctranslate2")
 
 @dataclass(frozen=True)
 class DistillConfig:
-    """Sequence-level knowledge distillation (pipeline/distill.py): the teachers decode the training split
+    """Sequence-level knowledge distillation (pipeline/stages/distill.py): the teachers decode the training split
     in both directions with batched beam search; REDER's src2tgt trains on (x, teacher(x)), its tgt2src on
     (teacher(y), y). Valid and test are never distilled."""
 
@@ -342,7 +342,7 @@ SEARCH_KINDS = ("choice", "grid", "uniform", "loguniform")
 
 @dataclass(frozen=True)
 class TuneConfig:
-    """Ray Tune sweeps of training keys (pipeline/tune.py). `space` maps a dotted key of the model, loss
+    """Ray Tune sweeps of training keys (pipeline/stages/tune.py). `space` maps a dotted key of the model, loss
     or train sections to one of {choice: [..]}, {grid: [..]}, {uniform: [lo, hi]} or
     {loguniform: [lo, hi], zero: p} (p = the probability of sampling exactly 0)."""
 

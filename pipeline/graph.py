@@ -22,7 +22,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeline import cmlm, distill, evaluate, ingest, spm, stagekeys, teacher, tokenize, train, tune
+from pipeline import stagekeys
+from pipeline.stages import cmlm, distill, evaluate, ingest, spm, teacher, tokenize, train, tune
 from pipeline.config import PipelineConfig, TrainConfig
 from pipeline.stage import Stage, StageError, StageRun, is_done, read_manifest, require_done, run_stage, stage_dir
 

@@ -3,8 +3,8 @@ job's logs) a line on stderr at most every `LINE_EVERY_S` seconds, and one at th
 
     train: 30/30 steps (100%), 0.71 steps/s, elapsed 0:42, ETA 0:00; loss 5.1 (ctc_src2tgt 2.6, ...), ...
 
-The training runs (pipeline/raytrain.py), distillation (pipeline/distill.py) and evaluation
-(pipeline/evaluate.py) report through it; "a terminal" is stderr being one, as for tqdm's `disable=None`.
+The training runs (pipeline/training/raytrain.py), distillation (pipeline/stages/distill.py) and evaluation
+(pipeline/stages/evaluate.py) report through it; "a terminal" is stderr being one, as for tqdm's `disable=None`.
 """
 from __future__ import annotations
 

@@ -22,7 +22,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from pipeline import distill, evaluate, ingest, teacher
+from pipeline.stages import distill, evaluate, ingest, teacher
 from pipeline.config import NO_BLANK_PENALTY, PipelineConfig, TrainConfig
 from reder import heads
 

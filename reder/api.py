@@ -24,9 +24,9 @@ from reder.checkpoint import SPM_FILE, direction_of, load_model_dir, read_meta
 from reder.cmlm import CMLM
 from reder.decoding.ct2 import ct2_model
 from reder.decoding.run import choose, encode_lines, translate_ids, translate_lines
-from reder.inference import quantized
+from reder.runtime.onednn import quantized
 from reder.model import REDER
-from reder.static import compiled
+from reder.runtime.compiled import compiled
 from reder.text import line_problem
 
 MAX_CHARS = 2000  # per sentence a service takes (pipeline.serve, the MLflow pyfunc): sentences, not books
@@ -65,8 +65,8 @@ def check_device(device: str) -> None:
 def fast_model(model: REDER | Transformer | CMLM, device: str, int8: bool = False,
                compile: bool = False) -> REDER | Transformer | CMLM:
     """`model` with the decoding options asked for: `int8` (a REDER on CPU with its trunk's linear layers
-    dynamically quantized, reder.inference.quantized) or `compile` (a REDER's trunk at static shapes under
-    torch.compile, reder.static.compiled), not both; ValueError otherwise."""
+    dynamically quantized, reder.runtime.onednn.quantized) or `compile` (a REDER's trunk at static shapes under
+    torch.compile, reder.runtime.compiled.compiled), not both; ValueError otherwise."""
     if int8 and compile:
         raise ValueError("--int8 and --compile: choose one (the int8 trunk is not compiled)")
     if compile and not isinstance(model, REDER):
@@ -152,8 +152,8 @@ REGISTRY = "models:/"
 def load(directory: str | Path, device: str = "cpu", int8: bool = False, compile: bool = False) -> Translator:
     """The model directory `directory` ready to translate (see the module doc); or a model the pipeline registered
     in MLflow, by URI: `models:/reder-en-de@champion` (an alias), `models:/reder-en-de/3` (a version). `int8`: a
-    REDER on CPU with its trunk's linear layers dynamically quantized (reder.inference.quantized; faster, not
-    bit-equal). `compile`: a REDER's trunk under torch.compile (reder/static.py; the same tokens): CUDA graphs at
+    REDER on CPU with its trunk's linear layers dynamically quantized (reder.runtime.onednn.quantized; faster, not
+    bit-equal). `compile`: a REDER's trunk under torch.compile (reder/runtime/compiled.py; the same tokens): CUDA graphs at
     bucketed static shapes on CUDA, each bucket compiled at its first batch; on a CPU unpadded batches with the
     weights frozen in (a later change to them raises), one graph per direction compiled at its first batch."""
     if str(directory).startswith(REGISTRY):

@@ -11,7 +11,7 @@ the first token (fairseq's own table starts at padding_idx + 1; ours does not, s
 
 Vocabulary: CTranslate2 reads and writes token strings. We register the SentencePiece pieces of the model
 directory's `spm.model`: ids 0–3 are `<pad>`, `<unk>`, `<s>`, `</s>`, so CTranslate2's default unk/bos/eos
-names fit, and the last is the CTC blank `<blank>` (a control piece `pipeline.spm` appends). So the model
+names fit, and the last is the CTC blank `<blank>` (a control piece `pipeline.stages.spm` appends). So the model
 is usable with plain CTranslate2 on `sp.encode(text, out_type=str)`, and `translate_ids` maps ids to pieces
 and back through the same list: ids in, ids out, exactly ours.
 
@@ -65,7 +65,7 @@ VOCABULARY_FILE = "shared_vocabulary.json"  # CTranslate2's name for a vocabular
 
 def vocabulary(spm_model: Path, vocab_size: int) -> list[str]:
     """The token strings of ids 0 … vocab_size−1: the pieces of the run's SentencePiece model, whose last piece
-    is already the CTC blank (`pipeline.spm` appends it as a control piece)."""
+    is already the CTC blank (`pipeline.stages.spm` appends it as a control piece)."""
     import sentencepiece
 
     processor = sentencepiece.SentencePieceProcessor(model_file=str(spm_model))

@@ -9,7 +9,7 @@ from torch import nn
 from reder.config import DIRECTIONS, ENDS, PAD_ID, ModelConfig, check_direction
 from reder.ctc import valid_mask
 from reder.heads import HeadOutput, make_head
-from reder.inference import real_rows, run_inference, tied_logits
+from reder.runtime.onednn import real_rows, run_inference, tied_logits
 from reder.layers import ActNorm, DuplexLayer
 from reder.reversible import Op, run_trunk
 
@@ -43,8 +43,8 @@ class REDER(nn.Module):
         self.dropout = nn.Dropout(cfg.dropout)
         self.head = make_head(cfg)  # last: parameter order and initialisation are those of the model before heads
         self.blank_penalty: dict[str, float] = dict.fromkeys(DIRECTIONS, 0.0)
-        self.fast_inference = True  # eval without gradients: reder/inference.py's trunk (False: the reference path)
-        self.static_trunk: Optional[Callable[..., torch.Tensor]] = None  # reder/static.py's compiled trunk, an option
+        self.fast_inference = True  # eval without gradients: reder/runtime/onednn.py's trunk (False: the reference path)
+        self.static_trunk: Optional[Callable[..., torch.Tensor]] = None  # reder/runtime/compiled.py's compiled trunk, an option
 
     def ops(self, direction: str) -> list[Op]:
         """The trunk's steps for a direction: reading end regular 1..L/2, then writing end inverse L/2..1."""
@@ -54,8 +54,8 @@ class REDER(nn.Module):
 
     def layers(self, h: torch.Tensor, mask: torch.Tensor, direction: str) -> torch.Tensor:
         """The trunk alone on continuous states h (B, T, 2D); layers(layers(h, m, d), m, reverse d) == h. In eval
-        mode without gradients (and `fast_inference`), reder/inference.py's trunk, or the `static_trunk` when set
-        (reder/static.py: at bucketed shapes under torch.compile): padded positions come out zero."""
+        mode without gradients (and `fast_inference`), reder/runtime/onednn.py's trunk, or the `static_trunk` when set
+        (reder/runtime/compiled.py: at bucketed shapes under torch.compile): padded positions come out zero."""
         if self._fast_path():
             if self.static_trunk is not None:
                 return self.static_trunk(h, mask, self.ops(direction))
@@ -97,7 +97,7 @@ class REDER(nn.Module):
         normalise=False the log_probs field holds the logits themselves (for an argmax, which they share).
         `blank_penalty` c is subtracted from the blank's logit before normalising: P(blank) lowered by e^c
         relative to every other token, a proper distribution still (decoding only). `rows` (the inference path's
-        real positions in B·T, reder/inference.py): logits only there, zero logits at padded positions."""
+        real positions in B·T, reder/runtime/onednn.py): logits only there, zero logits at padded positions."""
         first, second = self.actnorm[end].inverse(h).chunk(2, dim=-1)
         states = (first + second) / 2  # (B, T, D)
         if rows is None and self._fast_path():  # nothing padded: every position, through the inference path's kernel

@@ -23,9 +23,9 @@ a Transformer model directory (the AR baseline): --direction must be the one it 
 mask-predict with --iterations T and --beam l length candidates. --refine-steps K --refine-model DIR refine any
 model's output with K mask-predict iterations of the CMLM in DIR (the same direction).
 
---int8 (a REDER model on CPU): the trunk's linear layers dynamically quantized to int8 (reder.inference.quantized),
+--int8 (a REDER model on CPU): the trunk's linear layers dynamically quantized to int8 (reder.runtime.onednn.quantized),
 faster on CPU, not the float32 model's arithmetic (its output may differ).
---compile (a REDER model): the trunk under torch.compile (reder/static.py), the same tokens. On CUDA at bucketed
+--compile (a REDER model): the trunk under torch.compile (reder/runtime/compiled.py), the same tokens. On CUDA at bucketed
 static shapes with CUDA graphs (mode "reduce-overhead"): no per-kernel launch cost; the first batch of each shape
 bucket compiles (seconds to minutes). On a CPU a batch without padding (--batch-size 1) runs through inductor with
 the weights frozen in (one graph per direction, lengths dynamic, compiled at its first batch), a padded batch the

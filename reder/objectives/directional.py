@@ -1,7 +1,7 @@
 """The teacher's (reder/autoregressive.py) and the CMLM's (reder/cmlm.py) losses, `teacher_loss` and `cmlm_loss`
 (the models give log-probabilities and know nothing of their loss), their one-direction objectives, and
 `PairObjective`, both directions' as one, each with REDER's `DuplexLoss` call signature so the one training
-harness (pipeline/harness.py) and DDP wrap them alike. The objectives read a batch in their direction and name
+harness (pipeline/training/harness.py) and DDP wrap them alike. The objectives read a batch in their direction and name
 the terms by it."""
 from typing import Optional
 

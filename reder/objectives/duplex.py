@@ -165,7 +165,7 @@ class DuplexLoss(nn.Module):
     `tgt2src_batch` (src, src_lengths, tgt, tgt_lengths) gives tgt2src its own pairs (sequence-level KD:
     src2tgt learns (x, teacher(x)), tgt2src learns (teacher(y), y)); both directions still go through one
     forward call, so DDP sees every parameter used in every update. `directions` default to the config's (a
-    simplex model trains one; DDP then needs find_unused_parameters, pipeline/trainloop.py)."""
+    simplex model trains one; DDP then needs find_unused_parameters, pipeline/training/trainloop.py)."""
 
     def __init__(self, model: REDER, config: Optional[LossConfig] = None) -> None:
         super().__init__()

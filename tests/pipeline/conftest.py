@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 from pathlib import Path
 
 import pytest
@@ -34,6 +35,33 @@ def ray_session():
     ray.shutdown()
 
 
+SMOKE = Path(__file__).resolve().parents[2] / "configs" / "smoke.yaml"
+DATA_STAGES = ("ingest", "spm", "tokenize")
+
+
+@pytest.fixture(scope="session")
+def smoke_data_stages(tmp_path_factory: pytest.TempPathFactory, ray_session) -> Path:
+    """The smoke config's data stages (ingest, spm, tokenize), run once for the session on its Ray instance: the
+    workdir that holds them. Read-only: tests take copies (`smoke_data`)."""
+    import run_pipeline
+
+    workdir = tmp_path_factory.mktemp("smoke-data")
+    assert run_pipeline.main(["--config", str(SMOKE), f"workdir={workdir}", "tracking.enabled=false",
+                              "--stages", ",".join(DATA_STAGES)]) == 0
+    return workdir
+
+
+@pytest.fixture
+def smoke_data(smoke_data_stages: Path, tmp_path: Path) -> Path:
+    """`tmp_path` with a copy of the smoke config's finished data stage directories. Stage directories are named by
+    the hash of what they were made from, so a run whose data, spm and model keys are the smoke config's reuses
+    them (skipped, finished earlier) and any other config makes its own: a test of training need not tokenize."""
+    for stage in sorted(smoke_data_stages.iterdir()):
+        if stage.name.split("-")[0] in DATA_STAGES and (stage / "_SUCCESS").is_file():
+            shutil.copytree(stage, tmp_path / stage.name)
+    return tmp_path
+
+
 def make_pairs(count: int, seed: int = 0) -> list[tuple[str, str]]:
     """Deterministic word-salad sentence pairs of varied length (a translation-shaped toy corpus)."""
     rng = random.Random(seed)
@@ -60,7 +88,7 @@ def write_files_corpus(directory: Path, sizes: dict[str, int] | None = None, see
 
 
 class DecoderClock:
-    """A fake clock for `pipeline.evaluate` that only the evaluated decoders move, by times the test chose:
+    """A fake clock for `pipeline.stages.evaluate` that only the evaluated decoders move, by times the test chose:
     `costs[decoder] = (single, batch)`, a call at batch size 1 costs `single` seconds per sentence, a call at a
     larger batch size `batch` seconds in all. Latencies, throughputs and speed-ups are then known numbers
     (`expected_speed`), not ones re-derived from the report under test."""
@@ -72,9 +100,9 @@ class DecoderClock:
         return self.now
 
     def install(self, monkeypatch: pytest.MonkeyPatch) -> "DecoderClock":
-        """Time `pipeline.evaluate` (and so bench.decode_speed) by this clock: every decoder that
+        """Time `pipeline.stages.evaluate` (and so bench.decode_speed) by this clock: every decoder that
         `evaluate.decoders_for` returns advances it by its cost before it decodes."""
-        from pipeline import evaluate
+        from pipeline.stages import evaluate
 
         real = evaluate.decoders_for
 

@@ -24,7 +24,7 @@ def install() -> None:
     """Wrap DuplexLoss.forward and TeacherDecoder.__init__ in this process (Ray calls it at worker start)."""
     import torch.distributed as dist
 
-    from pipeline import distill
+    from pipeline.stages import distill
     from reder import DuplexLoss
 
     seen: set[str] = set()

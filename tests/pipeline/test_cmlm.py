@@ -6,7 +6,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import sentencepiece
 
-from pipeline import cmlm, spm
+from pipeline.stages import cmlm, spm
 from pipeline.config import load_config
 from pipeline.stage import StageRun
 from reder import CMLM

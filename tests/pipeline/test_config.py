@@ -334,7 +334,7 @@ def test_the_issue_26_options_load_validate_and_keep_old_configs_meaning(tmp_pat
 def test_the_new_loss_keys_can_be_swept():
     cfg = load_config(None, ["tune.space={loss.fba_start_step: {choice: [0, 100]}, loss.cc_start_step: {grid: [50, null]}, "
                              "loss.directions: {choice: [[src2tgt], [tgt2src]]}, train.batch_tokens: {choice: [sum, max]}}"])
-    from pipeline.tune import trial_config
+    from pipeline.stages.tune import trial_config
 
     trial = trial_config(cfg, {"loss.fba_start_step": 100, "loss.cc_start_step": None, "loss.directions": ["tgt2src"],
                                "train.batch_tokens": "max"})

@@ -13,7 +13,8 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from pipeline import distill, graph, tokenize
+from pipeline import graph
+from pipeline.stages import distill, tokenize
 from pipeline.config import ConfigError, DistillConfig, load_config
 from pipeline.stage import StageError
 from reder import EOS_ID, TransformerConfig
@@ -168,7 +169,7 @@ def test_the_ctranslate2_engine_decodes_as_our_search(tmp_path):
     outputs exactly and our beam-4 outputs where the stopping rules agree (reder/ct2.py; tests/reder/test_ct2.py
     checks the differences), both directions, with the rows and ids kept."""
     pytest.importorskip("ctranslate2", reason="CTranslate2 is an optional extra: pip install -e .[ct2]")
-    from pipeline.spm import train as train_spm
+    from pipeline.stages.spm import train as train_spm
 
     bible = Path(__file__).resolve().parents[1] / "data" / "bible_en_es"
     letters = set("abcdefghijklmnopqrstuvwxyz ")  # few enough characters for 64 pieces

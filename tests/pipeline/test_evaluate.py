@@ -9,7 +9,7 @@ import pytest
 import torch
 import sentencepiece
 
-from pipeline import evaluate, spm, teacher
+from pipeline.stages import evaluate, spm, teacher
 from pipeline.config import load_config
 from pipeline.metrics import corpus_scores
 from pipeline.stage import write_json
@@ -234,7 +234,7 @@ def test_a_greedy_output_longer_than_the_model_reads_back_is_cut_for_the_round_t
 
 def _cmlm_stage(tmp_path):
     """A cmlm stage's output: cmlms.json naming two tiny random CMLMs (one per direction)."""
-    from pipeline import cmlm
+    from pipeline.stages import cmlm
     from reder import CMLM, CmlmConfig
 
     stage = tmp_path / "cmlm-stage"

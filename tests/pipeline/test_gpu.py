@@ -14,9 +14,9 @@ import torch
 
 import run_pipeline
 from cluster.connect import init_local
-from pipeline import distill, tokenize
+from pipeline.stages import distill, tokenize
 from pipeline.config import DistillConfig
-from pipeline.harness import Harness
+from pipeline.training.harness import Harness
 from reder import DuplexLoss, LossConfig
 from reder.checkpoint import load_teacher_dir
 from tests.pipeline import test_distill, test_harness

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import distill, graph, stagekeys
+from pipeline import graph, stagekeys
+from pipeline.stages import distill
 from pipeline.config import ConfigError, load_config
 from pipeline.stage import StageError
 
@@ -140,20 +141,27 @@ def _imports(path: Path) -> set[str]:
     """The pipeline modules a pipeline module imports (at any depth of its code)."""
     found = set()
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.ImportFrom) and node.module == "pipeline":
+        if isinstance(node, ast.ImportFrom) and node.module in ("pipeline", "pipeline.stages", "pipeline.training"):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("pipeline."):
-            found.add(node.module.split(".")[1])
+            found.add(_module(node.module))
         elif isinstance(node, ast.Import):
-            found.update(a.name.split(".")[1] for a in node.names if a.name.startswith("pipeline."))
+            found.update(_module(a.name) for a in node.names if a.name.startswith("pipeline."))
     return found
+
+
+def _module(dotted: str) -> str:
+    """The pipeline module a dotted name is in: `pipeline.stages.spm.X` → spm, `pipeline.graph` → graph."""
+    parts = dotted.split(".")
+    return parts[2] if parts[1] in ("stages", "training") and len(parts) > 2 else parts[1]
 
 
 def test_stage_modules_import_only_stages_that_run_before_them():
     order = list(graph.PIPELINE) + ["tune"]
     for name in order:
-        module = PIPELINE_DIR / f"{name}.py"
-        files = [module] if module.is_file() else sorted((PIPELINE_DIR / name).glob("*.py"))  # a stage package
+        module = PIPELINE_DIR / "stages" / f"{name}.py"
+        files = [module] if module.is_file() else sorted((PIPELINE_DIR / "stages" / name).glob("*.py"))  # a package
+        assert files, f"no stage module pipeline/stages/{name}"
         imported = set().union(*(_imports(path) for path in files))
         later = set(order[order.index(name) + 1:])
         assert not imported & later, f"pipeline.{name} imports later stage(s) {sorted(imported & later)}"

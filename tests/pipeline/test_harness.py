@@ -1,4 +1,4 @@
-"""pipeline.harness: resume and forks through the state, best-k averaging, accumulation, the schedule, the
+"""pipeline.training.harness: resume and forks through the state, best-k averaging, accumulation, the schedule, the
 batching, the tokens an objective trains on; checked against an uninterrupted run, recorded states, one big batch and fairseq's formula."""
 import contextlib
 import copy
@@ -12,9 +12,9 @@ import pyarrow as pa
 import pytest
 import torch
 
-from pipeline import harness
+from pipeline.training import harness
 from pipeline.config import TrainConfig
-from pipeline.harness import Harness
+from pipeline.training.harness import Harness
 from reder import DuplexLoss, LossConfig
 from reder.objectives.directional import CmlmObjective
 from tests.reder.helpers import tiny_model

@@ -15,9 +15,9 @@ import torch
 
 import reder.objectives.duplex
 import reder.objectives.outputs
-from pipeline import harness
+from pipeline.training import harness
 from pipeline.config import TrainConfig
-from pipeline.harness import Harness
+from pipeline.training.harness import Harness
 from reder import EOS_ID, DuplexLoss, LossConfig
 from reder.config import PAD_ID
 from reder.ctc import pad_batch, valid_mask

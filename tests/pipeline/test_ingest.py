@@ -10,10 +10,11 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline import graph, ingest, stagekeys
+from pipeline import graph, stagekeys
+from pipeline.stages import ingest
 from pipeline.config import DataConfig, load_config
-from pipeline.ingest import CorpusError, corpora
-from pipeline.ingest.readers import CHUNK, TextRules, read_parallel
+from pipeline.stages.ingest import CorpusError, corpora
+from pipeline.stages.ingest.readers import CHUNK, TextRules, read_parallel
 from tests.conftest import SHARED_DATA
 from tests.pipeline.conftest import make_pairs, write_files_corpus
 from tests.pipeline.sword_module import write_ztext_module
@@ -158,7 +159,7 @@ def test_rerun_skips_and_changed_input_or_config_gets_a_new_directory(tmp_path):
       "data.download=false", "data.cache_dir=/elsewhere", "data.test_split=test_2017_flickr"], "ingest-801f5e64e819"),
 ])
 def test_output_dir_hash_is_stable(overrides, expected):
-    """Values computed by the single-file pipeline/ingest.py (before the package split): a change here
+    """Values computed by the single-file pipeline/stages/ingest.py (before the package split): a change here
     renames every ingest directory and, through their keys, every directory downstream."""
     assert graph.output_dir(load_config(None, overrides), Path("/nonexistent/duplex-work"), "ingest") == \
         Path("/nonexistent/duplex-work") / expected

@@ -23,11 +23,12 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline import graph, ingest
+from pipeline import graph
+from pipeline.stages import ingest
 from pipeline.config import load_config
-from pipeline.ingest import CorpusError
-from pipeline.ingest import compression
-from pipeline.ingest.readers import TextFile, TextRules, checked, copy_capped, find_file, read_parallel
+from pipeline.stages.ingest import CorpusError
+from pipeline.stages.ingest import compression
+from pipeline.stages.ingest.readers import TextFile, TextRules, checked, copy_capped, find_file, read_parallel
 from reder import text
 from tests.pipeline.conftest import write_files_corpus
 from tests.pipeline.sword_module import write_ztext_module
@@ -380,7 +381,7 @@ def test_a_test_set_file_follows_the_training_data_policy(tmp_path, char):
     """`evaluate.test_sets` files are references: read as ingest reads a corpus file. A bad character is an error
     naming file, line and code point (str.splitlines split U+2028, FF, NEL... into two lines, misaligning the pairs
     scored after it, and kept a BOM in the first source sentence); a leading BOM is removed; compressed is read."""
-    from pipeline.evaluate import read_test_set
+    from pipeline.stages.evaluate import read_test_set
 
     src, tgt = tmp_path / "set.en", tmp_path / "set.de"
     src.write_bytes(f"\ufeffone\nt{char}wo\nthree\n".encode("utf-8"))

@@ -12,12 +12,13 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline import graph, ingest
+from pipeline import graph
+from pipeline.stages import ingest
 from pipeline.config import load_config
-from pipeline.ingest import CorpusError
-from pipeline.ingest import filters
-from pipeline.ingest.filters import BLOOM_BITS, BLOOM_HASHES, DIGEST, SeenPairs, _Bloom, pair_digest
-from pipeline.ingest.stage import _build
+from pipeline.stages.ingest import CorpusError
+from pipeline.stages.ingest import filters
+from pipeline.stages.ingest.filters import BLOOM_BITS, BLOOM_HASHES, DIGEST, SeenPairs, _Bloom, pair_digest
+from pipeline.stages.ingest.stage import _build
 from tests.conftest import SHARED_DATA
 from tests.pipeline.conftest import write_files_corpus
 
@@ -346,7 +347,7 @@ def test_every_file_ingest_reads_is_in_its_key(tmp_path, edited):
 def test_the_log_and_the_report_name_the_files_read(tmp_path, caplog):
     corpus = write_files_corpus(tmp_path / "corpus")
     (corpus / "notes.txt").write_text("not a corpus\n", encoding="utf-8")
-    with caplog.at_level("INFO", logger="pipeline.ingest.stage"):
+    with caplog.at_level("INFO", logger="pipeline.stages.ingest.stage"):
         out = graph.run(files_config(corpus), tmp_path / "work", "ingest")
     line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("ingest reads"))
     assert line == (f"ingest reads 6 files from {corpus}: train.en, train.de, valid.en, valid.de, test.en, test.de")

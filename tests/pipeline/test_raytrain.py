@@ -1,4 +1,4 @@
-"""pipeline.raytrain, the driver side: the resource check (on a local Ray), the run's storage, the progress bar over
+"""pipeline.training.raytrain, the driver side: the resource check (on a local Ray), the run's storage, the progress bar over
 rank 0's progress file, an elastic group's size and what a group that cannot be placed again says."""
 import dataclasses
 import json
@@ -8,7 +8,7 @@ from typing import Any, Callable
 
 import pytest
 
-from pipeline import raytrain, trainloop
+from pipeline.training import raytrain, trainloop
 from pipeline.config import TrainConfig
 from pipeline.stage import StageError
 
@@ -189,8 +189,8 @@ def test_the_progress_bar_follows_rank_0s_progress_file_and_off_a_terminal_write
     import time
 
     from pipeline import progress
-    from pipeline.raytrain import progress_bar
-    from pipeline.trainloop import write_progress
+    from pipeline.training.raytrain import progress_bar
+    from pipeline.training.trainloop import write_progress
 
     path, state = tmp_path / "run" / "progress.json", {}
     write_progress(path, state, {"step": 5, "train_total": 3.25, "train_ctc_src2tgt": 2.0, "tokens_per_s": 1234.4,

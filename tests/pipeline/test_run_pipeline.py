@@ -12,7 +12,8 @@ import psutil  # noqa: F401  (a requirement: the smoke run's MLflow system metri
 import pytest
 
 import run_pipeline
-from pipeline import evaluate, progress
+from pipeline import progress
+from pipeline.stages import evaluate
 from pipeline.config import ConfigError
 from pipeline.tracking import STAGE_TAG
 from tests.pipeline.conftest import DecoderClock, write_files_corpus

@@ -8,7 +8,8 @@ import pyarrow.parquet as pq
 import pytest
 import sentencepiece
 
-from pipeline import graph, parquet, spm
+from pipeline import graph, parquet
+from pipeline.stages import spm
 from pipeline.config import load_config
 from pipeline.stage import StageError
 from reder.config import BOS_ID, EOS_ID, PAD_ID, UNK_ID

@@ -4,7 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import graph, teacher
+from pipeline import graph
+from pipeline.stages import teacher
 from pipeline.config import ConfigError, load_config
 from pipeline.stage import StageRun
 from reder import TransformerConfig

@@ -6,7 +6,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline import graph, ingest, parquet, spm, tokenize
+from pipeline import graph, parquet
+from pipeline.stages import ingest, spm, tokenize
 from pipeline.config import load_config
 from pipeline.stage import StageError
 from reder.heads import CtcHead, DagHead, feasibility_rule

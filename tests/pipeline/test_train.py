@@ -6,9 +6,10 @@ from pathlib import Path
 import pytest
 
 import run_pipeline
-from pipeline import raytrain, train
+from pipeline.stages import train
+from pipeline.training import raytrain
 from pipeline.config import load_config
-from pipeline.harness import inverse_sqrt
+from pipeline.training.harness import inverse_sqrt
 from pipeline.stage import StageRun
 from pipeline.tracking import STAGE_TAG
 
@@ -16,9 +17,10 @@ SMOKE = Path(run_pipeline.__file__).resolve().parent / "configs" / "smoke.yaml"
 
 
 @pytest.mark.slow
-def test_an_interrupted_run_continues_from_its_checkpoint(tmp_path, capsys, ray_session):
+def test_an_interrupted_run_continues_from_its_checkpoint(smoke_data, capsys, ray_session):
     """A run that dies after the step-10 checkpoint (no restarts allowed) publishes nothing; started
     again it resumes at step 10 with the optimizer state and reaches max_steps, not 10 + max_steps."""
+    tmp_path = smoke_data  # with the smoke config's data stages finished (tests/pipeline/conftest.py)
     args = ["--config", str(SMOKE), f"workdir={tmp_path}", "train.num_workers=1", "train.max_steps=20",
             "loss.aux_start_step=15", "distill.enabled=false", "evaluate.teacher_baseline=false", "tracking.enabled=false"]
     failing = args + ["train.fail_at_step=12", "train.max_failures=0", "--stages", "ingest,spm,tokenize,train"]
@@ -53,12 +55,13 @@ def test_an_interrupted_run_continues_from_its_checkpoint(tmp_path, capsys, ray_
 
 
 @pytest.mark.slow
-def test_a_stage_budgeted_by_time_stops_on_time_publishes_its_best_and_a_restart_keeps_its_clock(tmp_path, ray_session):
+def test_a_stage_budgeted_by_time_stops_on_time_publishes_its_best_and_a_restart_keeps_its_clock(smoke_data, ray_session):
     """train.max_time=8 s and max_steps far away; the worker dies after update 3 (the fault drill) and Ray Train
     restarts it from the step-2 checkpoint. The schedule warms up over the first half of the budget by time
     spent: the restarted worker goes on from the checkpoint's clock, so its learning rate goes on rising from
     where it was (had the clock restarted, it would fall back to the start of the warm-up). The stage stops by
     time, publishes its averaged model, and its manifest and MLflow run say why, on which card, with which seed."""
+    tmp_path = smoke_data  # with the smoke config's data stages finished (tests/pipeline/conftest.py)
     from mlflow.tracking import MlflowClient
 
     args = ["--config", str(SMOKE), f"workdir={tmp_path}", "train.num_workers=1", "train.max_steps=100000",
@@ -86,12 +89,13 @@ def test_a_stage_budgeted_by_time_stops_on_time_publishes_its_best_and_a_restart
 
 
 @pytest.mark.slow
-def test_a_stage_share_of_the_run_budget_is_spent_by_its_worker_groups_start_too(tmp_path, ray_session):
+def test_a_stage_share_of_the_run_budget_is_spent_by_its_worker_groups_start_too(smoke_data, ray_session):
     """budget.max_time is wall-clock: the train stage's share (`graph.time_cap`, here about 2 s: the run's 1,000 s
     less a reserve of 998) counts from the stage's start, so Ray Train's start of the worker group (longer than
     2 s) spends it all and the worker trains one update (a run stops at one at least), validates it and stops
     with `time_cap`. Counted from the worker's first update instead, it would train 2 s of updates (a GPU run
     overran its budget so: 46 s of the REDER stage's 198 were its start and its end)."""
+    tmp_path = smoke_data  # with the smoke config's data stages finished (tests/pipeline/conftest.py)
     args = ["--config", str(SMOKE), f"workdir={tmp_path}", "train.num_workers=1", "train.max_steps=100000",
             "distill.enabled=false", "evaluate.teacher_baseline=false", "tracking.enabled=false"]
     assert run_pipeline.main(args + ["--stages", "ingest,spm,tokenize"]) == 0
@@ -120,7 +124,7 @@ def test_one_worker_trains_without_a_process_group_and_a_group_under_ddp():
     from ray.train.v2._internal.callbacks import DatasetsCallback
     from ray.train.v2._internal.callbacks.placement_group_callback import PlacementGroupCleanerCallback
 
-    from pipeline.process_group import ProcessGroupConfig
+    from pipeline.training.process_group import ProcessGroupConfig
 
     one, group = raytrain.trainer_class(True), raytrain.trainer_class(False)
     assert not issubclass(one, TorchTrainer) and not issubclass(group, TorchTrainer)
@@ -217,3 +221,15 @@ def test_force_trains_from_scratch_and_a_plain_run_resumes(tmp_path, monkeypatch
     with pytest.raises(_Fitting):
         train.build(run, tmp_path / "tmp")
     assert seen == {"train-abc": not force}
+
+
+def test_the_shared_data_stages_are_reused_by_a_training_test_s_config(smoke_data, capsys):
+    """`smoke_data` (tests/pipeline/conftest.py) holds the smoke config's data stages: the training tests' configs
+    (their overrides are train, loss, distill, evaluate and tracking keys) reuse them rather than tokenize again."""
+    argv = ["--config", str(SMOKE), f"workdir={smoke_data}", "train.num_workers=1", "train.max_steps=20",
+            "loss.aux_start_step=15", "distill.enabled=false", "evaluate.teacher_baseline=false", "--dry-run"]
+    assert run_pipeline.main(argv) == 0
+    out = capsys.readouterr().out
+    for stage in ("ingest", "spm", "tokenize"):
+        assert f"] {stage}: reuse -> {smoke_data}/{stage}-" in out, out
+    assert "] train: run" in out

@@ -1,4 +1,4 @@
-"""pipeline.trainloop, the worker side: the shard (what its model cannot read left out, every rank's whole shard in
+"""pipeline.training.trainloop, the worker side: the shard (what its model cannot read left out, every rank's whole shard in
 every epoch), checkpoints loaded with weights_only, validation (the blank penalty, stage two's output length, a
 pair by direction, built at the first validation), the teacher pair against two runs, MLflow logging."""
 import contextlib
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline import trainloop
+from pipeline.training import trainloop
 from pipeline.config import TrainConfig
 from reder import TransformerConfig
 from reder.autoregressive import Transformer
@@ -67,7 +67,7 @@ def test_every_rank_trains_on_its_whole_shard_in_every_epoch(monkeypatch):
     out of every epoch. Now every rank has the largest count, the smaller ones training their first batches again."""
     import pyarrow as pa
 
-    from pipeline.harness import ExampleTable, epoch_batches
+    from pipeline.training.harness import ExampleTable, epoch_batches
 
     def shard(length: int) -> ExampleTable:
         return ExampleTable(pa.table({"src_ids": [[4 + i] * length for i in range(40)], "tgt_ids": [[6] * length] * 40}))
@@ -173,7 +173,7 @@ def test_validation_picks_each_directions_best_blank_penalty_and_the_train_stage
 
     from pipeline.config import load_config
     from pipeline.metrics import corpus_scores
-    from pipeline.train import tune_blank_penalty
+    from pipeline.stages.train import tune_blank_penalty
     from reder.checkpoint import load_model_dir
     from reder.decoding.run import encode_lines, translate_ids
 
@@ -234,9 +234,9 @@ def test_stage_two_keeps_both_directions_greedy_output_at_the_reference_length_a
     import pyarrow.parquet as pq
     import sentencepiece
 
-    from pipeline import spm
+    from pipeline.stages import spm
     from pipeline.config import EvaluateConfig
-    from pipeline.harness import Harness
+    from pipeline.training.harness import Harness
     from reder import DuplexLoss, LossConfig, ModelConfig, REDER
 
     torch.set_num_threads(1)  # tiny matrices: a second thread only waits (20x slower on a loaded 2-core box)
@@ -289,7 +289,7 @@ def test_one_harness_training_both_teachers_equals_two_runs_of_one_each():
     norm over both models would clip each differently), its norm reported as grad_norm_<direction>."""
     import random
 
-    from pipeline.harness import Harness
+    from pipeline.training.harness import Harness
 
     rng = random.Random(0)
     examples = [([rng.randint(4, 39) for _ in range(rng.randint(2, 7))], [rng.randint(4, 39) for _ in range(rng.randint(2, 7))])

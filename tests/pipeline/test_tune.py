@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 import run_pipeline
-from pipeline import signals, tune
+from pipeline import signals
+from pipeline.stages import tune
 from pipeline.config import ConfigError, load_config
 from pipeline.tracking import STAGE_TAG, trial_name
 from tests.pipeline.test_raytrain import make_group, wait_for_cpus
@@ -61,12 +62,13 @@ def test_log_uniform_with_zero_samples_zero_at_its_rate_and_log_uniformly_otherw
 
 
 @pytest.mark.slow
-def test_three_trial_sweep_tracks_every_trial_and_writes_a_trainable_best_yaml(tmp_path, capsys, ray_session):
+def test_three_trial_sweep_tracks_every_trial_and_writes_a_trainable_best_yaml(smoke_data, capsys, ray_session):
     """One trial at a time, in grid order, with ASHA on a configured metric that separates the trials
     even on the tiny smoke data (validation BLEU there is noise around 0.3): the training CTC loss. The
     third trial (an lr that cannot learn in 20 steps) is worse than both others at the step-20 rung and
     is stopped there; the first always runs to the end. The first invocation runs out of its time budget
     (the stall watchdog) part-way: nothing is published, and --resume finishes the same sweep."""
+    tmp_path = smoke_data  # with the smoke config's data stages finished (tests/pipeline/conftest.py)
     import ray
 
     args = ["tune", "--config", str(SMOKE), f"workdir={tmp_path}", "distill.enabled=false", "tracking.enabled=true",
@@ -157,7 +159,8 @@ def test_without_chromium_the_compare_view_is_skipped_saying_why_and_under_ci_fa
 
 
 @pytest.mark.slow
-def test_a_failing_trial_does_not_stop_the_sweep(tmp_path, capsys, ray_session):
+def test_a_failing_trial_does_not_stop_the_sweep(smoke_data, capsys, ray_session):
+    tmp_path = smoke_data  # with the smoke config's data stages finished (tests/pipeline/conftest.py)
     args = ["tune", "--config", str(SMOKE), f"workdir={tmp_path}", "distill.enabled=false", "tracking.enabled=false",
             "train.num_workers=1",
             "train.max_steps=10", "train.validate_every=5", "train.max_failures=0", "tune.grace_period=5",
@@ -180,14 +183,14 @@ def test_after_a_sweep_a_trial_group_the_driver_still_holds_is_removed_and_said(
     full = ray.cluster_resources()["CPU"]
     make_group(1.0)  # made by the driver, as Tune makes a trial's
     assert ray.available_resources().get("CPU", 0) <= full - 1
-    with caplog.at_level("WARNING", logger="pipeline.tune"):
+    with caplog.at_level("WARNING", logger="pipeline.stages.tune"):
         tune._release_all(job, timeout_s=1.0)
     assert "removed 1 Tune trial placement group(s) still held 1 s after the sweep" in caplog.text
     wait_for_cpus(full)
     # an interrupted sweep (Ctrl-C, SIGTERM) does not wait: its stop has 10 s in all (tests/faults)
     make_group(1.0)
     started = time.monotonic()
-    with caplog.at_level("WARNING", logger="pipeline.tune"):
+    with caplog.at_level("WARNING", logger="pipeline.stages.tune"):
         tune._release_all(job, timeout_s=0.0)
     assert time.monotonic() - started < 1.0
     assert "removed 1 Tune trial placement group(s) still held when the sweep was interrupted" in caplog.text
@@ -233,7 +236,7 @@ def test_after_a_sweep_a_group_registered_after_a_clean_reading_is_still_release
     late = threading.Timer(1.0, make_group, (1.0,))
     late.start()
     try:
-        with caplog.at_level("WARNING", logger="pipeline.tune"):
+        with caplog.at_level("WARNING", logger="pipeline.stages.tune"):
             tune._release_all(job, timeout_s=4.0)
     finally:
         late.join()

@@ -28,7 +28,7 @@ VOCAB = 160
 def converted(tmp_path_factory) -> tuple[Transformer, list[list[int]], object, object]:
     """A teacher trained briefly on the Bible sample (so that it ends sentences at varied lengths), its model
     directory converted, a translator, and 60 source id sequences."""
-    from pipeline.spm import train as train_spm
+    from pipeline.stages.spm import train as train_spm
 
     root = tmp_path_factory.mktemp("ct2")
     english = (BIBLE / "train.en").read_text(encoding="utf-8").splitlines()

@@ -1,13 +1,13 @@
-"""reder/inference.py: the inference trunk against the reference path (`fast_inference = False`), token by token."""
+"""reder/runtime/onednn.py: the inference trunk against the reference path (`fast_inference = False`), token by token."""
 import itertools
 
 import pytest
 import torch
 
-import reder.inference
+import reder.runtime.onednn
 from reder.decoding import decoder_names
 from reder.decoding.run import decode
-from reder.inference import AttentionPlan, length_groups, quantized, run_inference
+from reder.runtime.onednn import AttentionPlan, length_groups, quantized, run_inference
 from tests.reder.helpers import decoding_model as _model
 from tests.reder.helpers import padding_mask, random_batch
 
@@ -58,7 +58,7 @@ def test_translations_equal_the_reference_path(head):
 def test_length_groups_equal_the_reference_path(monkeypatch, group_cost):
     """The attention in length groups (cost 0: one group per distinct length; the batch unsorted, so the groups
     permute the packed positions): the same states and tokens as the reference path, and as one padded group."""
-    monkeypatch.setattr(reder.inference, "GROUP_COST", group_cost)
+    monkeypatch.setattr(reder.runtime.onednn, "GROUP_COST", group_cost)
     model = _model()
     mask = padding_mask(LENGTHS)
     plan = AttentionPlan.build(mask, 2, 4)
@@ -72,9 +72,9 @@ def test_length_groups_equal_the_reference_path(monkeypatch, group_cost):
             assert fast == reference, (direction, decoder)
         with torch.inference_mode():
             reference, grouped = _both(model, lambda: model.layers(h, mask, direction))
-            monkeypatch.setattr(reder.inference, "GROUP_COST", 10**9)
+            monkeypatch.setattr(reder.runtime.onednn, "GROUP_COST", 10**9)
             one_group = model.layers(h, mask, direction)
-            monkeypatch.setattr(reder.inference, "GROUP_COST", group_cost)
+            monkeypatch.setattr(reder.runtime.onednn, "GROUP_COST", group_cost)
         torch.testing.assert_close(grouped[mask], reference[mask], rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(grouped, one_group, rtol=1e-6, atol=1e-6)
 
@@ -131,14 +131,14 @@ def test_the_onednn_kernels_equal_torchs_linear_and_projection():
     float32 rounding; with gradients on they are torch's own ops."""
     layer, x = torch.nn.Linear(48, 40), torch.randn(7, 48)
     with torch.no_grad():
-        assert reder.inference.onednn(x)
-        torch.testing.assert_close(reder.inference.linear(layer, x), layer(x), rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(reder.inference.linear(layer, x, gelu=True), torch.nn.functional.gelu(layer(x)),
+        assert reder.runtime.onednn.onednn(x)
+        torch.testing.assert_close(reder.runtime.onednn.linear(layer, x), layer(x), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(reder.runtime.onednn.linear(layer, x, gelu=True), torch.nn.functional.gelu(layer(x)),
                                    rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(reder.inference.tied_logits(x, layer.weight), x @ layer.weight.t(),
+        torch.testing.assert_close(reder.runtime.onednn.tied_logits(x, layer.weight), x @ layer.weight.t(),
                                    rtol=1e-5, atol=1e-5)
-    assert not reder.inference.onednn(x)  # gradients on: autograd's ops, never the prepacked kernel
-    assert reder.inference.linear(layer, x).requires_grad
+    assert not reder.runtime.onednn.onednn(x)  # gradients on: autograd's ops, never the prepacked kernel
+    assert reder.runtime.onednn.linear(layer, x).requires_grad
 
 
 @needs_onednn
@@ -178,7 +178,7 @@ def test_a_prepacked_weight_follows_its_weight():
     layer.weight.data = torch.zeros_like(layer.weight)  # another storage
     x = torch.randn(3, layer.in_features)
     with torch.no_grad():
-        torch.testing.assert_close(reder.inference.linear(layer, x), layer.bias.expand(3, -1))
+        torch.testing.assert_close(reder.runtime.onednn.linear(layer, x), layer.bias.expand(3, -1))
 
 
 @needs_onednn
@@ -197,9 +197,9 @@ def test_a_prepacked_weight_made_under_inference_mode_follows_an_in_place_update
         model.load_state_dict(other.state_dict())  # in place: the same tensors, new values
         reference, fast = _both(model, lambda: model.outputs(tokens, lengths, "src2tgt"))
         layer, x = model.ends["src"][0].feed_forward.inner, torch.randn(3, 16)
-        reder.inference.linear(layer, x)  # packs the weight
+        reder.runtime.onednn.linear(layer, x)  # packs the weight
         layer.weight.mul_(2.0)
-        torch.testing.assert_close(reder.inference.linear(layer, x), torch.nn.functional.linear(x, layer.weight,
+        torch.testing.assert_close(reder.runtime.onednn.linear(layer, x), torch.nn.functional.linear(x, layer.weight,
                                                                                                  layer.bias))
     valid = padding_mask(reference.lengths.tolist())  # the fast path leaves padded positions' logits at zero
     assert not torch.allclose(before.log_probs[valid], fast.log_probs[valid])

@@ -1,9 +1,9 @@
-"""reder/static.py: the trunk at bucketed static shapes under torch.compile, against the eager inference path."""
+"""reder/runtime/compiled.py: the trunk at bucketed static shapes under torch.compile, against the eager inference path."""
 import pytest
 import torch
 
-from reder.inference import run_inference
-from reder.static import LENGTHS, StaticTrunk, bucket, compiled, pad_to_bucket
+from reder.runtime.onednn import run_inference
+from reder.runtime.compiled import LENGTHS, StaticTrunk, bucket, compiled, pad_to_bucket
 from reder.decoding.run import translate_ids
 from tests.reder.helpers import decoding_model, padding_mask, random_batch
 

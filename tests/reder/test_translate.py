@@ -487,7 +487,7 @@ def _tiny_teacher_dir(model_dir, tmp_path):
 
 
 def test_int8_option_translates_every_line_and_refuses_a_teacher(model_dir, monkeypatch, capsys, tmp_path):
-    """--int8 (reder.inference.quantized): one output line per input line; a Transformer is refused in one line."""
+    """--int8 (reder.runtime.onednn.quantized): one output line per input line; a Transformer is refused in one line."""
     code, out, err = _run(monkeypatch, capsys, ["--checkpoint", str(model_dir), "--direction", "src2tgt", "--int8"],
                           b"the cat\na dog\n")
     assert code == 0 and len(out.splitlines()) == 2, err
@@ -497,9 +497,9 @@ def test_int8_option_translates_every_line_and_refuses_a_teacher(model_dir, monk
 
 
 def test_compile_option_gives_the_same_lines_and_refuses_int8_and_a_teacher(model_dir, monkeypatch, capsys, tmp_path):
-    """--compile (reder.static): the same output lines as without it (the static shapes run eagerly here: inductor's
+    """--compile (reder.runtime.compiled): the same output lines as without it (the static shapes run eagerly here: inductor's
     compile is tests/reder/test_static.py's slow test); with --int8, or for a Transformer, one error line."""
-    from reder import static
+    from reder.runtime import compiled as static
 
     lines = b"the cat\na dog\nthe cat and a dog\n"
     arguments = ["--checkpoint", str(model_dir), "--direction", "src2tgt"]

@@ -6,8 +6,8 @@ the best `train.average_best` checkpoints (by validation BLEU, the mean of both 
 `model/` directory, with `history.json`, `report.json` and `training.png`. A CTC model's blank penalty per
 direction (`evaluate.blank_penalties`, the grid every validation tuned checkpoints by) is tuned once more on
 the published weights, on the same validation sentences, and saved in the model directory's config.json. The
-Ray Train driver lives in pipeline/raytrain.py, its workers in pipeline/trainloop.py, the training loop itself in
-pipeline/harness.py (the same one trains the teachers, pipeline/teacher.py, and the tune stage's trials).
+Ray Train driver lives in pipeline/training/raytrain.py, its workers in pipeline/training/trainloop.py, the training loop itself in
+pipeline/training/harness.py (the same one trains the teachers, pipeline/stages/teacher.py, and the tune stage's trials).
 """
 from __future__ import annotations
 
@@ -19,14 +19,14 @@ from typing import Any
 
 import torch
 
-from pipeline import spm
+from pipeline.stages import spm
 from pipeline.config import NO_BLANK_PENALTY, PipelineConfig
-from pipeline.raytrain import (budget_record, check_resources, fit_and_average, make_trainer, run_report, run_storage,
+from pipeline.training.raytrain import (budget_record, check_resources, fit_and_average, make_trainer, run_report, run_storage,
                                storage_path)
-from pipeline.runfiles import HISTORY_FILE, MODEL_DIR
+from pipeline.training.runfiles import HISTORY_FILE, MODEL_DIR
 from pipeline.stage import StageRun, write_json
 from pipeline.tracking import plot_history
-from pipeline.trainloop import Validator
+from pipeline.training.trainloop import Validator
 from reder import REDER, ModelConfig
 from reder.checkpoint import save_model_dir
 

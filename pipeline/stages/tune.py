@@ -45,7 +45,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
-from pipeline import raytrain
+from pipeline.training import raytrain
 from pipeline.config import PipelineConfig, check_consistency, from_dict, to_yaml
 from pipeline.stage import StageError, StageRun, write_text
 from pipeline.tracking import SweepTracker

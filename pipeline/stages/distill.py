@@ -42,7 +42,7 @@ import pyarrow.parquet as pq
 import torch
 
 from cluster.connect import actor_pool_options, remote_args_allowed
-from pipeline import spm, teacher, tokenize
+from pipeline.stages import spm, teacher, tokenize
 from pipeline.config import DistillConfig, PipelineConfig
 from pipeline.metrics import corpus_bleu
 from pipeline.parquet import write_split

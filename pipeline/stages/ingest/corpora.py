@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import BinaryIO, Iterator
 
 from pipeline.config import DataConfig
-from pipeline.ingest.readers import (SPLITS, CorpusError, RawSplit, TextRules, copy_capped, find_file,
+from pipeline.stages.ingest.readers import (SPLITS, CorpusError, RawSplit, TextRules, copy_capped, find_file,
                                      read_parallel)
 
 log = logging.getLogger(__name__)

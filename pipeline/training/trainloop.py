@@ -1,6 +1,6 @@
-"""Ray Train runs of the training core (pipeline/harness.py), the worker side: `train_loop`, the function every
-worker of the group runs (pipeline/raytrain.py builds the trainer that starts it; the files the two hand each
-other are named in pipeline/runfiles.py). Ray is imported inside the functions that use it.
+"""Ray Train runs of the training core (pipeline/training/harness.py), the worker side: `train_loop`, the function every
+worker of the group runs (pipeline/training/raytrain.py builds the trainer that starts it; the files the two hand each
+other are named in pipeline/training/runfiles.py). Ray is imported inside the functions that use it.
 
 `train_loop`: the TrainConfig rebuilt from its dict, the task's model and objective (the joint objective of both
 directions, `DuplexLoss`, or a `PairObjective` over both directions' `TeacherObjective`s or `CmlmObjective`s,
@@ -16,7 +16,7 @@ latest; a run started again with the same config (same Ray storage path and run 
 restarted after a failure (`max_failures`), resumes from the latest checkpoint: same step, same position in the
 epoch.
 
-With sequence-level knowledge distillation the shard's rows carry the teachers' outputs (pipeline/distill.py):
+With sequence-level knowledge distillation the shard's rows carry the teachers' outputs (pipeline/stages/distill.py):
 every update trains src2tgt on (x, teacher(x)) and tgt2src on (teacher(y), y), both in one forward/backward
 (`DuplexLoss`'s tgt2src_batch).
 
@@ -49,10 +49,10 @@ import torch
 
 from pipeline import parquet
 from pipeline.config import NO_BLANK_PENALTY, TrainConfig, from_dict
-from pipeline.harness import (EXAMPLE_COLUMNS, RANK_TOKENS_PER_S, SCORE, EpochBatches, ExampleTable, Harness,
+from pipeline.training.harness import (EXAMPLE_COLUMNS, RANK_TOKENS_PER_S, SCORE, EpochBatches, ExampleTable, Harness,
                               all_reduce, distributed, epoch_batches)
 from pipeline.metrics import best_setting, corpus_bleu, shown
-from pipeline.runfiles import HISTORY_FILE, TRAIN_STATE_FILE, WORKERS_FILE
+from pipeline.training.runfiles import HISTORY_FILE, TRAIN_STATE_FILE, WORKERS_FILE
 from pipeline.stage import StageError, write_json
 from pipeline.tracking import validation_metric
 from reder import DIRECTIONS, EOS_ID, DuplexLoss, LossConfig, ModelConfig, REDER, TransformerConfig

@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.stage import StageRun
-from pipeline.teacher import model_dirs as _model_dirs
-from pipeline.teacher import train_pair
+from pipeline.stages.teacher import model_dirs as _model_dirs
+from pipeline.stages.teacher import train_pair
 from reder.cmlm import CMLM
 from reder.config import CmlmConfig
 

@@ -33,7 +33,8 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from cluster.connect import actor_pool_options, remote_args_allowed
-from pipeline import ingest, parquet, spm
+from pipeline import parquet
+from pipeline.stages import ingest, spm
 from pipeline.stage import StageError, StageRun, split_lines, write_json
 from reder import heads
 

@@ -1,4 +1,4 @@
-"""The training core, without Ray: the pipeline's Ray Train workers (pipeline/trainloop.py) and the GPU
+"""The training core, without Ray: the pipeline's Ray Train workers (pipeline/training/trainloop.py) and the GPU
 benchmarks (bench/quality.py, bench/distill.py; the device machines have no Ray) train through it.
 
 A `Harness` holds a model, its objective (the model itself or a wrapper such as `DuplexLoss`, maybe

@@ -10,7 +10,7 @@ and chrF (signatures recorded). Round trip: x → ŷ → x̂ and y → x̂ → �
 Speed (`evaluate.measure_speed`): per-sentence latency at batch 1 and sentences/s at batch `throughput_batch`,
 on the test split.
 
-The autoregressive teachers (pipeline/teacher.py) are the baseline: with `evaluate.teacher_baseline` each
+The autoregressive teachers (pipeline/stages/teacher.py) are the baseline: with `evaluate.teacher_baseline` each
 direction's teacher decodes the same splits greedily (`teacher_greedy`) and with beam search
 (`teacher_beamB`), scored and timed the same way, and `speed` gets REDER's speed-up over each teacher
 decoder (`speedup_<decoder>_vs_<teacher decoder>`, from latency at batch 1 and from sentences/s). The
@@ -20,7 +20,7 @@ log-prob, all candidates of a batch in one teacher pass), decoder `beamK_rerank`
 `evaluate.rerank_weight` · the model's own reverse-direction log P(x | ŷ) (reder.rerank.self_rerank),
 decoder `beamK_selfrerank`.
 
-The CMLMs (pipeline/cmlm.py, one per direction) give two more kinds of decoder: `cmlm_T<T>`, mask-predict with T
+The CMLMs (pipeline/stages/cmlm.py, one per direction) give two more kinds of decoder: `cmlm_T<T>`, mask-predict with T
 iterations for each T of `evaluate.cmlm_iterations` (`evaluate.cmlm_length_beam` length candidates), and
 `greedy_refine<K>`, REDER's greedy output refined by K mask-predict iterations of the CMLM of its direction, for
 each K of `evaluate.refine_steps`; they are scored and timed like the others.
@@ -58,12 +58,12 @@ from typing import Any, Callable
 import pyarrow.parquet as pq
 import torch
 
-from pipeline import cmlm, teacher
+from pipeline.stages import cmlm, teacher
 from pipeline.config import NO_BLANK_PENALTY, PipelineConfig
-from pipeline.ingest.readers import TextFile, TextRules
+from pipeline.stages.ingest.readers import TextFile, TextRules
 from pipeline.metrics import best_setting, corpus_bleu, corpus_scores, sentence_scores, test_splits
 from pipeline.progress import Progress
-from pipeline.runfiles import MODEL_DIR
+from pipeline.training.runfiles import MODEL_DIR
 from pipeline.stage import StageError, StageRun, write_json, write_text
 from reder import DIRECTIONS, EOS_ID
 from reder.checkpoint import SPM_FILE, load_cmlm_dir, load_model_dir

@@ -23,12 +23,12 @@ One module per job: `stage` (the build, and `input_fingerprint`, what pipeline/s
 `ingest_key` hashes of the inputs), `readers` (`files`, `tsv`, the text rule `checked` every reader applies, and the
 split names, RawSplit and CorpusError they share), `compression` (the one table of compressed-file suffixes and
 magic bytes), `filters`, `corpora` (named corpora and their
-downloads), `sword`. This package re-exports what other modules use as `pipeline.ingest.<name>`.
+downloads), `sword`. This package re-exports what other modules use as `pipeline.stages.ingest.<name>`.
 """
-from pipeline.ingest.corpora import NAMED, Archive, NamedCorpus, SplitSource
-from pipeline.ingest.readers import CorpusError
-from pipeline.ingest.stage import SPLITS, build, input_fingerprint, read_corpus, summary
-from pipeline.ingest.sword import clean_osis, read_sword
+from pipeline.stages.ingest.corpora import NAMED, Archive, NamedCorpus, SplitSource
+from pipeline.stages.ingest.readers import CorpusError
+from pipeline.stages.ingest.stage import SPLITS, build, input_fingerprint, read_corpus, summary
+from pipeline.stages.ingest.sword import clean_osis, read_sword
 
 __all__ = ["NAMED", "SPLITS", "Archive", "CorpusError", "NamedCorpus", "SplitSource", "clean_osis",
            "build", "input_fingerprint", "read_corpus", "read_sword", "summary"]

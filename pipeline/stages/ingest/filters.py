@@ -24,7 +24,7 @@ import numpy as np
 import pyarrow as pa
 
 from pipeline.config import DataConfig
-from pipeline.ingest.readers import Row
+from pipeline.stages.ingest.readers import Row
 from pipeline.parquet import SplitWriter
 
 SCHEMA = pa.schema([("id", pa.int64()), ("src", pa.string()), ("tgt", pa.string())])

@@ -225,7 +225,7 @@ def feed_forward(branch: FeedForwardBranch, x: torch.Tensor) -> torch.Tensor:
 @torch.no_grad()
 def run_inference(h: torch.Tensor, mask: torch.Tensor, ops: list[Op], pack: bool = True) -> torch.Tensor:
     """Apply `ops` to h (B, T, 2D) with mask (B, T); returns the last state (B, T, 2D), padded positions zero.
-    `pack` False: every position computed, the attention one padded batch, no host sync (reder/static.py's path
+    `pack` False: every position computed, the attention one padded batch, no host sync (reder/runtime/compiled.py's path
     under torch.compile); padded positions then hold what they compute, not zero."""
     if not ops:
         return h

@@ -1,9 +1,9 @@
 """Teacher stage: one autoregressive Transformer per direction (reder.autoregressive), trained on Ray Train.
 
-The teachers distill the training split for REDER (pipeline/distill.py, sequence-level KD as in the paper)
+The teachers distill the training split for REDER (pipeline/stages/distill.py, sequence-level KD as in the paper)
 and are the quality and latency baseline of the evaluate stage (and, optionally, rerank REDER's beam).
 Both directions are one Ray Train run of REDER's training core (`raytrain.make_trainer` with a teacher task,
-`train_pair`; pipeline/harness.py): one worker group start for both, every update training both teachers on the
+`train_pair`; pipeline/training/harness.py): one worker group start for both, every update training both teachers on the
 same batch (src2tgt reads it forwards, tgt2src backwards), each clipped on its own; token-bucketed batches,
 inverse-sqrt warm-up, label-smoothed cross-entropy, validation BLEU (greedy) and validation NLL per direction,
 checkpoints by the mean validation BLEU, resume, averaging of the best `teacher.train.average_best`. Sizes and
@@ -30,7 +30,9 @@ from typing import Any, Callable
 
 import torch
 
-from pipeline import raytrain, runfiles, spm, tracking, trainloop
+from pipeline import tracking
+from pipeline.stages import spm
+from pipeline.training import raytrain, runfiles, trainloop
 from pipeline.config import PipelineConfig
 from pipeline.stage import StageError, StageRun, write_json
 from pipeline.tracking import child_run, finish_child_run, plot_history

@@ -1,8 +1,8 @@
 """The names of the files a training run hands on, in one place for the code that writes them and the code that
 reads them: a checkpoint's (`trainloop._save` writes it; `trainloop.load_state_dir` and
 `raytrain.fit_and_average` read it), the Ray Train run directory's progress and placement files (rank 0 of
-pipeline/trainloop.py writes them, the driver, pipeline/raytrain.py, reads them), and a training stage's output
-(pipeline/train.py, pipeline/teacher.py). A checkpoint's state dict is named as a model directory's,
+pipeline/training/trainloop.py writes them, the driver, pipeline/training/raytrain.py, reads them), and a training stage's output
+(pipeline/stages/train.py, pipeline/stages/teacher.py). A checkpoint's state dict is named as a model directory's,
 `reder.checkpoint.MODEL_FILE`."""
 
 MODEL_DIR = "model"

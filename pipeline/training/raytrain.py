@@ -1,8 +1,8 @@
-"""Ray Train runs of the training core (pipeline/harness.py), the driver side: REDER for the train stage
-(pipeline/train.py), both directions' autoregressive teachers in one run for the teacher stage
-(pipeline/teacher.py), both CMLMs in one run for the cmlm stage (pipeline/cmlm.py), the trials of the tune stage
-(pipeline/tune.py). What every worker of the group runs is pipeline/trainloop.py; the files the two hand each
-other are named in pipeline/runfiles.py. Ray is imported inside the functions that use it.
+"""Ray Train runs of the training core (pipeline/training/harness.py), the driver side: REDER for the train stage
+(pipeline/stages/train.py), both directions' autoregressive teachers in one run for the teacher stage
+(pipeline/stages/teacher.py), both CMLMs in one run for the cmlm stage (pipeline/stages/cmlm.py), the trials of the tune stage
+(pipeline/stages/tune.py). What every worker of the group runs is pipeline/training/trainloop.py; the files the two hand each
+other are named in pipeline/training/runfiles.py. Ray is imported inside the functions that use it.
 
 In the order a stage calls them: `check_resources` fails fast, with the numbers, when the cluster cannot hold the
 worker group (instead of letting Ray Train wait forever); `storage_path` and `run_storage` place the run's
@@ -30,13 +30,13 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from pipeline import spm
+from pipeline.stages import spm
 from pipeline.config import NO_BLANK_PENALTY, PipelineConfig, TrainConfig
-from pipeline.harness import SCORE, select_best
+from pipeline.training.harness import SCORE, select_best
 from pipeline.progress import Progress
-from pipeline.runfiles import HISTORY_FILE, PROGRESS_FILE, WORKERS_FILE
+from pipeline.training.runfiles import HISTORY_FILE, PROGRESS_FILE, WORKERS_FILE
 from pipeline.stage import StageError
-from pipeline.trainloop import train_loop
+from pipeline.training.trainloop import train_loop
 from reder.checkpoint import MODEL_FILE, average_state_dicts, load_tensors, upgrade_state_dict
 
 log = logging.getLogger(__name__)
@@ -157,13 +157,13 @@ def trainer_class(one_worker: bool) -> type:
     - `PlacementGroupCleanerCallback`: a detached actor per run that polls the State API for the controller's
       death, to remove the worker group's placement group a killed controller leaves (~1 s of the start).
       `release_orphaned_groups` does that from the GCS table where it happens: a failed fit (`fit_and_average`)
-      and a Tune trial stopped by its scheduler (pipeline/tune.py); a driver that ends takes its job's groups
+      and a Tune trial stopped by its scheduler (pipeline/stages/tune.py); a driver that ends takes its job's groups
       with it."""
     from ray.train.v2._internal.callbacks import DatasetsCallback
     from ray.train.v2._internal.callbacks.placement_group_callback import PlacementGroupCleanerCallback
     from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 
-    from pipeline.process_group import ProcessGroupConfig
+    from pipeline.training.process_group import ProcessGroupConfig
 
     class Trainer(DataParallelTrainer):  # type: ignore[valid-type,misc]
         def __init__(self, *args: Any, **kwargs: Any) -> None:

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, Iterable, Iterator, Optional
 
 from pipeline.config import DataConfig
-from pipeline.ingest.compression import ERRORS, HEAD, READABLE, SUFFIXES, CompressionError, codec_of
+from pipeline.stages.ingest.compression import ERRORS, HEAD, READABLE, SUFFIXES, CompressionError, codec_of
 from pipeline.stage import StageError
 from reder import text
 

@@ -3,7 +3,7 @@
 On a GPU a small batch's decode is ~25 kernel launches per layer, and their launch cost, not their arithmetic,
 sets its time. CUDA graphs replay a recorded sequence of kernels in one launch, but only at the shapes recorded.
 On CUDA `StaticTrunk` pads a batch (B, T, 2D) up to the next bucket of `batch_buckets(B)` × LENGTHS (the extra
-sentences one real position each, the extra positions masked out as keys), runs reder/inference.py's trunk
+sentences one real position each, the extra positions masked out as keys), runs reder/runtime/onednn.py's trunk
 unpacked (`run_inference(..., pack=False)`: no host sync, no data-dependent shape) under `torch.compile` mode
 "reduce-overhead" (CUDA graphs), and slices the real batch back, its padded positions zero as the eager trunk leaves
 them: one graph per bucket and direction, compiled at its first call.
@@ -29,7 +29,7 @@ from typing import Callable, Optional
 import torch
 from torch import nn
 
-from reder.inference import Op, run_inference, stamp
+from reder.runtime.onednn import Op, run_inference, stamp
 
 LENGTHS = (8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)  # upsampled positions T': ≤ 1.5× apart
 MAX_BATCH_BUCKET = 1024  # batch buckets: the powers of two up to this, then multiples of it
@@ -65,7 +65,7 @@ def pad_to_bucket(h: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, to
 
 
 def stamps(parameters: list[nn.Parameter]) -> list[tuple[int, int]]:
-    """Each parameter's `reder.inference.stamp`: what changes when a weight does."""
+    """Each parameter's `reder.runtime.onednn.stamp`: what changes when a weight does."""
     return [stamp(p) for p in parameters]
 
 
@@ -119,7 +119,7 @@ class StaticTrunk:
         trunk, parameters, compiled_with = self.frozen[key]
         if stamps(parameters) != compiled_with:
             raise RuntimeError("the model's weights changed after its trunk was compiled with them frozen in: "
-                               "compile it again (reder.static.compiled) or decode eagerly (model.static_trunk = None)")
+                               "compile it again (reder.runtime.compiled.compiled) or decode eagerly (model.static_trunk = None)")
         for dim in (0, 1):
             torch._dynamo.maybe_mark_dynamic(h, dim)
             torch._dynamo.maybe_mark_dynamic(mask, dim)

@@ -18,7 +18,7 @@ from collections import Counter
 from typing import Any, Optional
 
 from pipeline.config import DataConfig
-from pipeline.ingest.readers import MB, CorpusError, RawSplit, TextRules, checked, too_big
+from pipeline.stages.ingest.readers import MB, CorpusError, RawSplit, TextRules, checked, too_big
 
 log = logging.getLogger(__name__)
 
