@@ -39,7 +39,8 @@ from pipeline.config import ConfigError, PipelineConfig, load_config, to_yaml
 from pipeline.training.runfiles import MODEL_DIR
 from pipeline.signals import Terminated, forget, handle_sigterm, interruption
 from pipeline.stage import StageError, read_manifest, write_json, write_text
-from pipeline.tracking import Tracker, browse_hint, stage_datasets, tracking_uri
+from pipeline.tracking.runs import Tracker, stage_datasets
+from pipeline.tracking.store import browse_hint, tracking_uri
 
 REPO_ROOT = Path(__file__).resolve().parent
 DEFAULT_CONFIG = REPO_ROOT / "configs" / "default.yaml"

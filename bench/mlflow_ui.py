@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Iterator
 
 from bench import free_port
-from pipeline.tracking import TEST_COLUMNS, runs_page
+from pipeline.tracking.views import TEST_COLUMNS, runs_page
 
 RUNS_VIEW = "workflowType=machine_learning"
 WINDOWS = {"pipeline": "1500,1500"}  # the others 1500x900

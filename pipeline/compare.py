@@ -23,7 +23,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from pipeline.tracking import STAGE_TAG
+from pipeline.tracking.store import STAGE_TAG
 from reder import DIRECTIONS
 
 SIGNIFICANCE = 0.05

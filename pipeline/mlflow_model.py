@@ -1,6 +1,6 @@
 """The published model as an MLflow pyfunc that translates, both directions behind one model.
 
-MLflow "models from code": `tracking.log_translator` logs this file as the model's code, the model directory
+MLflow "models from code": `tracking.registry.log_translator` logs this file as the model's code, the model directory
 as its artifact `model` and the `reder` package beside it (code_paths), so the logged model needs nothing
 of this repository to load — `mlflow.pyfunc.load_model("models:/reder-en-de/1")` or `mlflow models serve
 -m models:/reder-en-de/1 --env-manager local`. Loading runs this file, which declares the model with
@@ -37,7 +37,7 @@ def _bad(message: str) -> MlflowException:
 
 
 class DuplexTranslator(PythonModel):
-    _skip_type_hint_validation = True  # the signature is given when it is logged (tracking.log_translator)
+    _skip_type_hint_validation = True  # the signature is given when it is logged (tracking.registry.log_translator)
 
     def load_context(self, context):
         self.translator = load(context.artifacts["model"])

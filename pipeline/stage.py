@@ -145,7 +145,7 @@ def read_manifest(path: Path) -> dict[str, Any]:
 
 def split_digest(directory: Path, split: str, length: int = 12) -> str:
     """A short digest of the files of a finished output's `split/` (from the SHA-256s its manifest recorded; no file
-    is read): a dataset's fingerprint (the MLflow runs' datasets, pipeline/tracking.py)."""
+    is read): a dataset's fingerprint (the MLflow runs' datasets, pipeline/tracking/runs.py)."""
     files = read_manifest(directory).get("files") or {}
     return digest({name: entry["sha256"] for name, entry in files.items() if name.startswith(f"{split}/")}, length)
 

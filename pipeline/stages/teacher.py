@@ -30,12 +30,12 @@ from typing import Any, Callable
 
 import torch
 
-from pipeline import tracking
 from pipeline.stages import spm
 from pipeline.training import raytrain, runfiles, trainloop
 from pipeline.config import PipelineConfig
 from pipeline.stage import StageError, StageRun, write_json
-from pipeline.tracking import child_run, finish_child_run, plot_history
+from pipeline.tracking.plots import plot_history
+from pipeline.tracking.store import STAGE_TAG, child_run, finish_child_run, run_name
 from reder import DIRECTIONS, TransformerConfig
 from reder.autoregressive import Transformer
 from reder.checkpoint import SPM_FILE, load_teacher_dir, save_model_dir
@@ -114,7 +114,7 @@ def train_pair(run: StageRun, train_data: Path, data: Path, tmp: Path, kind: str
     raytrain.run_storage(storage, name, run.force)  # with --force, no resume of a finished run
     target = tracker.worker_target() if tracker is not None else None
     # A failure or interruption leaves the children open: the tracker closes them with the stage's run.
-    children = {d: child_run(target, tracking.run_name(cfg.tracking, f"{name}-{d}"), {tracking.STAGE_TAG: f"{kind} {d}"})
+    children = {d: child_run(target, run_name(cfg.tracking, f"{name}-{d}"), {STAGE_TAG: f"{kind} {d}"})
                 for d in DIRECTIONS}
     worker_target = {**target, "runs": {d: child["run_id"] for d, child in children.items()}} if target else None
     spm_dir = run.inputs["spm"]

@@ -25,7 +25,7 @@ from pipeline.training.raytrain import (budget_record, check_resources, fit_and_
                                storage_path)
 from pipeline.training.runfiles import HISTORY_FILE, MODEL_DIR
 from pipeline.stage import StageRun, write_json
-from pipeline.tracking import plot_history
+from pipeline.tracking.plots import plot_history
 from pipeline.training.trainloop import Validator
 from reder import REDER, ModelConfig
 from reder.checkpoint import save_model_dir

@@ -48,7 +48,7 @@ from typing import Any, Iterator
 from pipeline.training import raytrain
 from pipeline.config import PipelineConfig, check_consistency, from_dict, to_yaml
 from pipeline.stage import StageError, StageRun, write_text
-from pipeline.tracking import SweepTracker
+from pipeline.tracking.sweeps import SweepTracker
 
 log = logging.getLogger(__name__)
 

@@ -54,7 +54,7 @@ from pipeline.training.harness import (EXAMPLE_COLUMNS, RANK_TOKENS_PER_S, SCORE
 from pipeline.metrics import best_setting, corpus_bleu, shown
 from pipeline.training.runfiles import HISTORY_FILE, TRAIN_STATE_FILE, WORKERS_FILE
 from pipeline.stage import StageError, write_json
-from pipeline.tracking import validation_metric
+from pipeline.tracking.store import validation_metric
 from reder import DIRECTIONS, EOS_ID, DuplexLoss, LossConfig, ModelConfig, REDER, TransformerConfig
 from reder.autoregressive import Transformer
 from reder.cmlm import CMLM

@@ -22,7 +22,7 @@ from tests.checkpoints import registered_under
 from tests.conftest import free_port
 import run_pipeline
 from pipeline.config import load_config
-from pipeline.tracking import STAGE_TAG
+from pipeline.tracking.store import STAGE_TAG
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 YAMLS = [REPO_ROOT / "cluster.yaml", REPO_ROOT / "cluster" / "onprem.yaml"]
@@ -366,7 +366,7 @@ def test_mlflow_with_auth_refuses_anonymous_clients_and_tracks_for_the_admin(tmp
     from mlflow.tracking import MlflowClient
 
     from pipeline.config import TrackingConfig
-    from pipeline.tracking import Tracker
+    from pipeline.tracking.runs import Tracker
 
     port = free_port()
     secret = "s3cret-for-this-test-only"

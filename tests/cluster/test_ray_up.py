@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.tracking import STAGE_TAG
+from pipeline.tracking.store import STAGE_TAG
 from tests.checkpoints import registered_checkpoints
 from tests.cluster.hosts import OPERATOR_IP, REPO_ROOT, Hosts, answers, remove_leftovers, unavailable
 

@@ -34,7 +34,7 @@ import pytest
 
 import run_pipeline
 from pipeline.stage import HOLD_ENV, SUCCESS
-from pipeline.tracking import STAGE_TAG
+from pipeline.tracking.store import STAGE_TAG
 from tests.checkpoints import registered_under, resumed
 from tests.conftest import SESSION_RAY_TMPDIR
 

@@ -15,7 +15,7 @@ import run_pipeline
 from pipeline import progress
 from pipeline.stages import evaluate
 from pipeline.config import ConfigError
-from pipeline.tracking import STAGE_TAG
+from pipeline.tracking.store import STAGE_TAG
 from tests.pipeline.conftest import DecoderClock, write_files_corpus
 
 SMOKE = Path(run_pipeline.__file__).resolve().parent / "configs" / "smoke.yaml"

@@ -9,7 +9,9 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from pipeline.config import TrackingConfig
-from pipeline.tracking import SweepTracker, config_params, flatten, history_panels, numeric, plot_history
+from pipeline.tracking.plots import history_panels, plot_history
+from pipeline.tracking.store import config_params, flatten, numeric
+from pipeline.tracking.sweeps import SweepTracker
 
 
 def test_flatten_numeric_and_config_params():
@@ -98,7 +100,8 @@ def test_runs_left_running_by_a_killed_process_are_closed_killed_by_the_next_inv
     import os
     import subprocess
 
-    from pipeline.tracking import OWNER_HOST, OWNER_PID, Tracker, ensure_experiment, owner_tags
+    from pipeline.tracking.runs import Tracker
+    from pipeline.tracking.store import OWNER_HOST, OWNER_PID, ensure_experiment, owner_tags
 
     client = MlflowClient(f"sqlite:///{tmp_path.resolve()}/mlflow.db")
     experiment = ensure_experiment(client, "duplex", tmp_path)
@@ -133,7 +136,7 @@ def test_runs_starting_together_on_a_new_sqlite_store_share_one_experiment(tmp_p
 
     go, store = tmp_path / "go", f"sqlite:///{tmp_path.resolve()}/store/mlflow.db"
     script = ("import sys, time\nfrom pathlib import Path\n"
-              "from pipeline.tracking import ensure_experiment, open_client\n"
+              "from pipeline.tracking.store import ensure_experiment, open_client\n"
               f"Path({str(tmp_path)!r}, 'ready-' + sys.argv[1]).write_text('')\n"
               f"while not Path({str(go)!r}).exists():\n    time.sleep(0.005)\n"
               f"print(ensure_experiment(open_client({store!r}), 'duplex', Path({str(tmp_path)!r})))\n")
@@ -170,7 +173,8 @@ def test_stage_runs_carry_their_config_and_the_experiment_opens_on_its_runs(tmp_
     """Issue 24: a stage's run has the config values its directory hash covers as params; the experiment is
     tagged as model development, so MLflow 3's UI opens it on the runs table, not the GenAI traces view."""
     from pipeline.stage import run_stage
-    from pipeline.tracking import EXPERIMENT_KIND, Tracker
+    from pipeline.tracking.runs import Tracker
+    from pipeline.tracking.store import EXPERIMENT_KIND
 
     tracker = Tracker(TrackingConfig(enabled=True), tmp_path, {"spm": {"model_type": "bpe"}})
     tracker.begin_stage("spm")
@@ -182,7 +186,7 @@ def test_stage_runs_carry_their_config_and_the_experiment_opens_on_its_runs(tmp_
     tracker.log_tables(tables)  # issue 56: an MLflow table the UI sorts
     # issue 56: what a training stage read, as MLflow datasets: the distilled train split and the raw valid split
     from pipeline.config import load_config
-    from pipeline.tracking import stage_datasets
+    from pipeline.tracking.runs import stage_datasets
 
     def corpus(name: str) -> Path:
         def build(tmp: Path) -> dict:
@@ -238,7 +242,8 @@ def test_the_experiment_carries_the_runs_table_view_test_bleu_as_the_installed_u
 
     import mlflow.server
 
-    from pipeline.tracking import RUNS_VIEW_KEY, TEST_COLUMNS, browse_hint, ensure_experiment, runs_page
+    from pipeline.tracking.store import browse_hint, ensure_experiment
+    from pipeline.tracking.views import RUNS_VIEW_KEY, TEST_COLUMNS, runs_page
 
     bundle = "".join(path.read_text(errors="replace") for path in
                      (Path(mlflow.server.__file__).parent / "js" / "build" / "static" / "js").glob("*.js"))
@@ -286,7 +291,7 @@ def test_the_trained_model_is_registered_as_a_pyfunc_that_translates_both_ways(t
 
     import reder
     from pipeline.stage import run_stage
-    from pipeline.tracking import Tracker
+    from pipeline.tracking.runs import Tracker
 
     tracker = Tracker(TrackingConfig(run_prefix="tiny"), tmp_path, {"data": {"src_lang": "en", "tgt_lang": "de"}},
                       target="train-0123456789ab")
@@ -357,7 +362,7 @@ def test_the_trained_model_is_registered_as_a_pyfunc_that_translates_both_ways(t
 
 
 def test_the_alias_rule_counts_both_directions_and_compares_only_scores_on_the_same_references():
-    from pipeline.tracking import beats
+    from pipeline.tracking.registry import beats
 
     def tags(forward: float, backward: float, references: str = "r") -> dict[str, str]:
         return {"test_bleu_src2tgt": str(forward), "test_bleu_tgt2src": str(backward), "test_references_sha256": references}
@@ -384,7 +389,7 @@ def test_mlflow_models_serve_translates_both_ways_from_one_endpoint(tiny_model_d
     import mlflow
 
     import reder
-    from pipeline.tracking import log_translator
+    from pipeline.tracking.registry import log_translator
     from tests.conftest import free_port
 
     uri = f"sqlite:///{tmp_path.resolve()}/mlflow.db"

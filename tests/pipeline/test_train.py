@@ -11,7 +11,7 @@ from pipeline.training import raytrain
 from pipeline.config import load_config
 from pipeline.training.harness import inverse_sqrt
 from pipeline.stage import StageRun
-from pipeline.tracking import STAGE_TAG
+from pipeline.tracking.store import STAGE_TAG
 
 SMOKE = Path(run_pipeline.__file__).resolve().parent / "configs" / "smoke.yaml"
 

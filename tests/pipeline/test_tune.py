@@ -12,7 +12,8 @@ import run_pipeline
 from pipeline import signals
 from pipeline.stages import tune
 from pipeline.config import ConfigError, load_config
-from pipeline.tracking import STAGE_TAG, trial_name
+from pipeline.tracking.store import STAGE_TAG
+from pipeline.tracking.sweeps import trial_name
 from tests.pipeline.test_raytrain import make_group, wait_for_cpus
 
 SMOKE = Path(run_pipeline.__file__).resolve().parent / "configs" / "smoke.yaml"
@@ -297,7 +298,7 @@ def test_repeats_of_a_point_train_with_their_own_seeds():
 
 
 def test_trial_runs_are_named_by_their_values():
-    from pipeline.tracking import trial_name
+    from pipeline.tracking.sweeps import trial_name
 
     assert trial_name({"train.lr": 0.002, "loss.lambda_fba": 0.1}) == "λfba=0.1 lr=0.002"
     assert trial_name({"loss.lambda_cc": 0.123456789, "model.upsample_ratio": 3}) == "λcc=0.1235 upsample=3"

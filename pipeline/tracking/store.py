@@ -1,0 +1,212 @@
+"""The MLflow store and its runs: where it is, the experiment, runs opened and closed (orphans of a killed process
+included), their names, tags and params."""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+from pipeline.config import TrackingConfig
+from pipeline.metrics import shown
+from pipeline.tracking.views import runs_page, runs_view
+
+log = logging.getLogger(__name__)
+
+HEADLINE = ("bleu_src2tgt", "bleu_tgt2src", "chrf_src2tgt", "chrf_tgt2src", "roundtrip_bleu_src", "roundtrip_bleu_tgt")
+TRIAL_METRICS = ("valid_bleu", "bleu_src2tgt", "bleu_tgt2src")  # a sweep's trial runs: their best validation
+
+
+def validation_metric(key: str) -> str:
+    """The MLflow name of a training report's key: validation BLEU (`bleu_src2tgt`) gets the `valid_` prefix
+    (`valid_bleu_src2tgt`), so that no metric name means validation in one run and test in another (the
+    evaluate stage's and the parent run's are `test_...`)."""
+    return f"valid_{key}" if key.startswith("bleu_") else key
+
+
+def tracking_uri(cfg: TrackingConfig, workdir: Path) -> str:
+    return cfg.uri or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path(workdir).resolve()}/mlflow.db"
+
+
+def open_client(uri: str) -> Any:
+    """An MlflowClient for `uri`. Creating the first client of a new sqlite store creates its schema (MLflow
+    opens the store eagerly): under a lock beside the database, so runs starting at once on a new store do
+    not race in MLflow's migrations (an alembic error was seen)."""
+    from mlflow.tracking import MlflowClient
+
+    logging.getLogger("mlflow").setLevel(logging.WARNING)  # its INFO lines: schema migrations, example checks
+    with _store_lock(uri):
+        return MlflowClient(uri)
+
+
+# MLflow 3's UI opens an experiment of this kind on its runs table (not on the GenAI traces view) — when its
+# "GenAI / Model training" toggle is off. MLflow 3.17 shows the toggle and then ignores this tag: its experiment
+# page opens on the GenAI overview unless the URL says `?workflowType=machine_learning` (seen in headless
+# Chromium, bench/mlflow_ui.py). Kept for the versions that read it.
+EXPERIMENT_KIND = "mlflow.experimentKind"
+def browse_hint(uri: str, experiment: str) -> str:
+    """How to see experiment `experiment` of store `uri` in the MLflow UI, for the end of a run's summary: for a
+    sqlite store the `mlflow ui` command and its runs page in the saved view "Test BLEU" (`runs_page`), for a
+    server its runs page; "" when the store has no such experiment or is another kind."""
+    if not uri.startswith(("sqlite:///", "http://", "https://")) or (
+            uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).is_file()):  # opening it would create it
+        return ""
+    try:
+        experiment_id = getattr(open_client(uri).get_experiment_by_name(experiment), "experiment_id", None)
+    except Exception as error:  # a hint: a server gone since the run is no reason to fail a finished run
+        log.warning("no MLflow link: %s", error)
+        return ""
+    if experiment_id is None:
+        return ""
+    if uri.startswith("sqlite:///"):
+        return f"mlflow ui --backend-store-uri {uri}   then http://127.0.0.1:5000/{runs_page(experiment_id)}"
+    return f"{uri.rstrip('/')}/{runs_page(experiment_id)}"
+
+
+def ensure_experiment(client: Any, name: str, workdir: Path) -> str:
+    """The id of experiment `name`, created if missing (under the store's lock: two runs starting at once
+    create it once) and tagged with the saved view "Test BLEU" if it lacks it (an experiment made before it
+    was; a view changed by hand is left alone). With the embedded sqlite store its artifacts go to
+    <workdir>/mlartifacts; a server keeps its own artifact store (`--artifacts-destination`)."""
+    local = client.tracking_uri.startswith("sqlite:///")
+    view = runs_view(int(time.time() * 1000))
+    with _store_lock(client.tracking_uri):
+        experiment = client.get_experiment_by_name(name)
+        if experiment is None:
+            return client.create_experiment(name, artifact_location=(Path(workdir).resolve() / "mlartifacts").as_uri()
+                                            if local else None, tags={EXPERIMENT_KIND: "custom_model_development", **view})
+        for key, value in view.items():
+            if key not in experiment.tags:
+                client.set_experiment_tag(experiment.experiment_id, key, value)
+        return experiment.experiment_id
+
+
+@contextlib.contextmanager
+def _store_lock(uri: str) -> Iterator[None]:
+    """An exclusive lock on `<database>.lock` for a sqlite store URI (nothing for a server)."""
+    if not uri.startswith("sqlite:///"):
+        yield
+        return
+    database = Path(uri[len("sqlite:///"):])
+    database.parent.mkdir(parents=True, exist_ok=True)
+    with open(f"{database}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def child_run(target: dict[str, str] | None, name: str, tags: dict[str, str] | None = None) -> dict[str, str] | None:
+    """A run nested under `target`'s run (same store) for one part of a stage — a teacher direction, a
+    sweep's trial — as a worker target ({"uri", "run_id"}); None when tracking is off."""
+    if target is None:
+        return None
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(target["uri"])
+    parent = client.get_run(target["run_id"])
+    run = client.create_run(parent.info.experiment_id, run_name=name,
+                            tags={"mlflow.parentRunId": target["run_id"], **(tags or {})})
+    return {"uri": target["uri"], "run_id": run.info.run_id}
+
+
+def finish_child_run(target: dict[str, str] | None, counts: dict[str, Any]) -> None:
+    """Log `counts` as metrics (their words, such as `stopped_by` and `device`, as tags) on a child run and close it."""
+    if target is None:
+        return
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(target["uri"])
+    for key, value in numeric(counts).items():
+        client.log_metric(target["run_id"], key, value)
+    for key, value in words(counts).items():
+        client.set_tag(target["run_id"], key, value)
+    client.set_terminated(target["run_id"], status="FINISHED")
+
+
+def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+    """{"a": {"b": 1}} -> {"a.b": 1}; lists and scalars stay leaves."""
+    if not isinstance(value, dict):
+        return {prefix: value}
+    flat: dict[str, Any] = {}
+    for key, item in value.items():
+        flat.update(flatten(item, f"{prefix}.{key}" if prefix else str(key)))
+    return flat
+
+
+def config_params(config: dict[str, Any]) -> dict[str, str]:
+    """A nested config as MLflow params: dotted keys, values as text cut to MLflow's 500 characters."""
+    return {key: str(value)[:500] for key, value in flatten(config).items()}
+
+
+def numeric(values: dict[str, Any]) -> dict[str, float]:
+    """The finite numbers of a (flattened) dict, as floats: what MLflow can take as metrics (BLEU and chrF at two
+    decimals, `pipeline.metrics.shown`)."""
+    out = {}
+    for key, value in flatten(values).items():
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value == value and abs(value) != float("inf"):
+            out[key] = shown(key, float(value))
+    return out
+
+
+def words(values: dict[str, Any]) -> dict[str, str]:
+    """The text values of a (flattened) dict: what a run records as tags (a training stage's `stopped_by`, its
+    `device`), MLflow metrics being numbers."""
+    return {key: value[:5000] for key, value in flatten(values).items() if isinstance(value, str)}
+
+
+
+OWNER_HOST, OWNER_PID = "duplex.host", "duplex.pid"  # tags of the process that opened a parent run
+
+
+def owner_tags() -> dict[str, str]:
+    """Tags naming this process, so a later invocation can tell that a RUNNING run's process is gone."""
+    return {OWNER_HOST: socket.gethostname(), OWNER_PID: str(os.getpid())}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: alive
+        return True
+    return True
+
+
+def close_orphans(client: Any, experiment_id: str) -> list[str]:
+    """Mark KILLED the parent runs left RUNNING by a process of this host that no longer exists (a SIGKILL,
+    a lost machine), with every run still RUNNING under them; returns their ids. Runs of live processes
+    and of other hosts are left alone."""
+    host = socket.gethostname()
+    closed = []
+    for run in client.search_runs([experiment_id], f"attributes.status = 'RUNNING' and tags.`{OWNER_HOST}` = '{host}'"):
+        pid = run.data.tags.get(OWNER_PID, "")
+        if pid.isdigit() and not _alive(int(pid)):
+            closed += close_tree(client, experiment_id, run.info.run_id, "KILLED",
+                                 f"process {pid} on {host} ended without closing this run (killed)")
+    return closed
+
+
+def close_tree(client: Any, experiment_id: str, run_id: str, status: str, error: str) -> list[str]:
+    """End `run_id` and every run still RUNNING under it (children, grandchildren) with `status`, each
+    tagged `error`; returns their ids."""
+    closed, pending = [], [run_id]
+    while pending:
+        current = pending.pop()
+        pending += [child.info.run_id for child in client.search_runs(
+            [experiment_id], f"attributes.status = 'RUNNING' and tags.mlflow.parentRunId = '{current}'")]
+        client.set_tag(current, "error", error[:5000])
+        client.set_terminated(current, status)
+        closed.append(current)
+    return closed
+
+
+STAGE_TAG = "duplex.stage"  # what a run is: "pipeline" (an invocation), a stage's name, "tune", "trial"
+
+
+def run_name(cfg: TrackingConfig, *parts: str) -> str:
+    """`<run_prefix>-<parts...>`, e.g. `smoke-train-6e5c497f3bce`, `smoke-pipeline-1a2b3c4d5e6f`."""
+    return "-".join(part for part in (cfg.run_prefix, *parts) if part)
