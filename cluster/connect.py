@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import sys
+import threading
 import uuid
 import warnings
 from pathlib import Path
@@ -152,6 +153,7 @@ def connect(address: str = "", num_cpus: int = 0, object_store_memory_mb: int = 
 # Where a local instance's processes find its State API (Ray's own variable; the `ray job` CLI reads it too).
 API_SERVER_ENV = "RAY_API_SERVER_ADDRESS"
 DASHBOARD_PORT = 8265  # Ray's default: the one a user knows, when it is free
+DASHBOARD_TRIES = 3  # starts of a local instance whose dashboard port another process took first
 
 
 def init_local(kwargs: dict[str, Any]) -> Any:
@@ -162,19 +164,144 @@ def init_local(kwargs: dict[str, Any]) -> Any:
     process of the instance that asks the State API with no address (as Ray Train V2's PlacementGroupCleaner did,
     every second, before `raytrain.trainer_class` left it out) finds its cluster by listing the machine's raylets,
     and with a second Ray on the machine (another user's, a `ray start` cluster, the cluster test beside the suite)
-    it gets "Found multiple active Ray instances"."""
+    it gets "Found multiple active Ray instances".
+
+    Ray binds a port it is given once, with no retry ("Failed to find a valid port for dashboard after 0 retries";
+    only its own default, 8265, gets 50): two runs starting at the same moment both find 8265 free and one loses
+    it. A start that lost its port is ended (`_DashboardWatch`, `_end_new_children`) and made again on another free
+    one, up to DASHBOARD_TRIES starts in all (one for a port the caller chose); then one line naming the ports."""
+    chosen = kwargs.get("dashboard_port")
+    port = chosen or free_port(DASHBOARD_PORT)
+    lost: list[int] = []
+    while True:
+        try:
+            return _init_on_port(kwargs, port)
+        except _LostPort:
+            lost.append(port)
+        if len(lost) == (1 if chosen else DASHBOARD_TRIES):
+            break
+        port = free_port()
+        log.info("ray: another process took dashboard port %s as this instance started; trying %s", lost[-1], port)
+    if chosen:
+        raise ClusterError(f"Ray's dashboard could not bind 127.0.0.1:{chosen}: another process has it; choose another "
+                           f"dashboard_port")
+    raise ClusterError(f"Ray's dashboard lost its port to another process {len(lost)} times ({lost}, each free on "
+                       f"127.0.0.1 when chosen: Ray instances starting at the same moment); start the run again")
+
+
+class _LostPort(Exception):
+    """`ray.init` failed because another process bound the dashboard's port first."""
+
+
+class _HoldDashboardFailure(logging.Filter):
+    """Holds back the two error lines Ray logs when its dashboard fails to start: dropped when the start is made
+    again on another port, logged after all when the failure is another (its exception carries the dashboard's log)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.held: list[logging.LogRecord] = []
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if str(record.msg).startswith(("Failed to start the dashboard", "Error should be written to 'dashboard.log'")):
+            self.held.append(record)
+            return False
+        return True
+
+
+def _init_on_port(kwargs: dict[str, Any], port: int) -> Any:
+    """One `ray.init` with the dashboard on `port`; `_LostPort` (the failed start's processes ended) when another
+    process bound `port` first, between our check and the dashboard's bind."""
+    import psutil
     import ray
 
-    port = kwargs.get("dashboard_port") or free_port(DASHBOARD_PORT)
     before = os.environ.get(API_SERVER_ENV)
     os.environ[API_SERVER_ENV] = f"http://127.0.0.1:{port}"
+    services = logging.getLogger("ray._private.services")
+    hold = _HoldDashboardFailure()
+    services.addFilter(hold)
+    children = set(psutil.Process().children(recursive=True))
+    watch = _DashboardWatch(port, children)
+    watch.start()
     try:
         return ray.init(**{**kwargs, "include_dashboard": True, "dashboard_port": port})
+    except Exception as error:
+        services.removeFilter(hold)
+        # Ray's two wordings: its own check before the dashboard starts (ray/_private/services.py,
+        # start_api_server), the dashboard's bind (the last lines of its log, which the exception carries).
+        if not (watch.lost or any(lost in str(error) for lost in (f"127.0.0.1:{port} because it's already occupied",
+                                                                  _lost_line(port)))):
+            for record in hold.held:
+                services.handle(record)
+            raise
+        _end_new_children(children)
+        raise _LostPort(port) from None
     finally:
+        watch.done.set()
+        watch.join()
+        services.removeFilter(hold)
         if before is None:
             os.environ.pop(API_SERVER_ENV, None)
         else:
             os.environ[API_SERVER_ENV] = before
+
+
+def _lost_line(port: int) -> str:
+    """How Ray's dashboard says another process has its port (its log; "Failed to find a valid port for dashboard
+    after 0 retries: [Errno 98] error while attempting to bind on address ('127.0.0.1', PORT): ...")."""
+    return f"('127.0.0.1', {port}): address already in use"
+
+
+class _DashboardWatch(threading.Thread):
+    """Ends the dashboard `ray.init` starts on `port` as soon as its log says another process has the port. Such
+    a dashboard stays alive (its module processes keep it from exiting) and `ray.init` waits for it until its
+    startup timeout, 60 s; ended, it is seen dead and `ray.init` raises at once."""
+
+    def __init__(self, port: int, before: set[Any]) -> None:
+        super().__init__(name="dashboard-watch", daemon=True)
+        self.port, self.before = port, before
+        self.done, self.lost = threading.Event(), False
+
+    def run(self) -> None:
+        import psutil
+
+        dashboard, log_file = None, None
+        while not self.done.wait(0.2):
+            try:
+                if dashboard is None:
+                    for child in set(psutil.Process().children()) - self.before:
+                        command = child.cmdline()
+                        if f"--port={self.port}" in command and any(a.endswith("dashboard.py") for a in command):
+                            log_dir = next(a.split("=", 1)[1] for a in command if a.startswith("--log-dir="))
+                            dashboard, log_file = child, Path(log_dir) / "dashboard.log"
+                    continue
+                with open(log_file, "rb") as lines:
+                    lines.seek(max(0, os.fstat(lines.fileno()).st_size - 16384))
+                    if _lost_line(self.port) not in lines.read().decode(errors="replace"):
+                        continue
+                self.lost = True
+                for process in [*dashboard.children(recursive=True), dashboard]:
+                    with contextlib.suppress(psutil.Error):
+                        process.kill()
+                return
+            except (psutil.Error, OSError, StopIteration):
+                continue
+
+
+def _end_new_children(before: set[Any]) -> None:
+    """End this process's descendants that are not in `before`: what a failed `ray.init` left running (its GCS
+    server and monitor; Ray keeps no handle on a node that failed to start, and they would live as long as this
+    process, beside the instance started next)."""
+    import psutil
+
+    left = [child for child in psutil.Process().children(recursive=True) if child not in before]
+    for child in left:
+        with contextlib.suppress(psutil.Error):
+            child.terminate()
+    _, alive = psutil.wait_procs(left, timeout=5)
+    for child in alive:
+        with contextlib.suppress(psutil.Error):
+            child.kill()
+    psutil.wait_procs(alive, timeout=5)
 
 
 def free_port(preferred: int = 0) -> int:
