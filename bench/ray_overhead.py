@@ -27,10 +27,10 @@ from pathlib import Path
 
 import torch
 
-from pipeline.stages import spm
 from pipeline.config import load_config
-from pipeline.training.harness import Harness
 from pipeline.stage import MANIFEST, SUCCESS
+from pipeline.stages import spm
+from pipeline.training.harness import Harness
 from pipeline.training.trainloop import Validator, _save, build_task, read_shard
 
 

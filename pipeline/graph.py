@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from pipeline import stagekeys
-from pipeline.stages import cmlm, distill, evaluate, ingest, spm, teacher, tokenize, train, tune
 from pipeline.config import PipelineConfig, TrainConfig
 from pipeline.stage import Stage, StageError, StageRun, is_done, read_manifest, require_done, run_stage, stage_dir
+from pipeline.stages import cmlm, distill, evaluate, ingest, spm, teacher, tokenize, train, tune
 
 # Stages a pipeline run lists only when it needs them (added after outputs existed; a run without them reads
 # as it did before them).

@@ -22,8 +22,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from pipeline.stages import distill, evaluate, ingest, teacher
 from pipeline.config import NO_BLANK_PENALTY, PipelineConfig, TrainConfig
+from pipeline.stages import distill, evaluate, ingest, teacher
 from reder import heads
 
 # Keys of a train section that change neither the data order nor the optimisation: not hashed. min_workers does

@@ -42,12 +42,12 @@ import pyarrow.parquet as pq
 import torch
 
 from cluster.connect import actor_pool_options, remote_args_allowed
-from pipeline.stages import spm, teacher, tokenize
 from pipeline.config import DistillConfig, PipelineConfig
 from pipeline.metrics import corpus_bleu
 from pipeline.parquet import write_split
 from pipeline.progress import Progress
 from pipeline.stage import StageError, StageRun, write_json
+from pipeline.stages import spm, teacher, tokenize
 from reder import EOS_ID, heads
 from reder.autoregressive import Transformer
 from reder.checkpoint import load_teacher_dir

@@ -58,13 +58,13 @@ from typing import Any, Callable
 import pyarrow.parquet as pq
 import torch
 
-from pipeline.stages import cmlm, teacher
 from pipeline.config import NO_BLANK_PENALTY, PipelineConfig
-from pipeline.stages.ingest.readers import TextFile, TextRules
 from pipeline.metrics import best_setting, corpus_bleu, corpus_scores, sentence_scores, test_splits
 from pipeline.progress import Progress
-from pipeline.training.runfiles import MODEL_DIR
 from pipeline.stage import StageError, StageRun, write_json, write_text
+from pipeline.stages import cmlm, teacher
+from pipeline.stages.ingest.readers import TextFile, TextRules
+from pipeline.training.runfiles import MODEL_DIR
 from reder import DIRECTIONS, EOS_ID
 from reder.checkpoint import SPM_FILE, load_cmlm_dir, load_model_dir
 from reder.decoding import make_decoder

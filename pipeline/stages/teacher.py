@@ -30,12 +30,12 @@ from typing import Any, Callable
 
 import torch
 
-from pipeline.stages import spm
-from pipeline.training import raytrain, runfiles, trainloop
 from pipeline.config import PipelineConfig
 from pipeline.stage import StageError, StageRun, write_json
+from pipeline.stages import spm
 from pipeline.tracking.plots import plot_history
 from pipeline.tracking.store import STAGE_TAG, child_run, finish_child_run, run_name
+from pipeline.training import raytrain, runfiles, trainloop
 from reder import DIRECTIONS, TransformerConfig
 from reder.autoregressive import Transformer
 from reder.checkpoint import SPM_FILE, load_teacher_dir, save_model_dir
@@ -118,7 +118,7 @@ def train_pair(run: StageRun, train_data: Path, data: Path, tmp: Path, kind: str
                 for d in DIRECTIONS}
     worker_target = {**target, "runs": {d: child["run_id"] for d, child in children.items()}} if target else None
     spm_dir = run.inputs["spm"]
-    trainer = raytrain.make_trainer(cfg, name, storage, train_data, data, run.inputs["ingest"], spm_dir, worker_target,
+    trainer = raytrain.make_trainer(cfg, name, storage, train_data, data, run.inputs["ingest"], spm_dir / spm.MODEL_FILE, worker_target,
                                     task={"kind": kind}, time_cap_s=run.time_cap_s)
     pair = trainloop.ModelPair({d: make_model() for d in DIRECTIONS})
     fitted = raytrain.fit_and_average(trainer, storage / name, section.train.average_best, pair, f"{kind}.train")

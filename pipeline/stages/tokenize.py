@@ -34,8 +34,8 @@ import pyarrow.parquet as pq
 
 from cluster.connect import actor_pool_options, remote_args_allowed
 from pipeline import parquet
-from pipeline.stages import ingest, spm
 from pipeline.stage import StageError, StageRun, split_lines, write_json
+from pipeline.stages import ingest, spm
 from reder import heads
 
 log = logging.getLogger(__name__)

@@ -19,13 +19,13 @@ from typing import Any
 
 import torch
 
-from pipeline.stages import spm
 from pipeline.config import NO_BLANK_PENALTY, PipelineConfig
+from pipeline.stages import spm
 from pipeline.training.raytrain import (budget_record, check_resources, fit_and_average, make_trainer, run_report, run_storage,
                                storage_path)
-from pipeline.training.runfiles import HISTORY_FILE, MODEL_DIR
 from pipeline.stage import StageRun, write_json
 from pipeline.tracking.plots import plot_history
+from pipeline.training.runfiles import HISTORY_FILE, MODEL_DIR
 from pipeline.training.trainloop import Validator
 from reder import REDER, ModelConfig
 from reder.checkpoint import save_model_dir
@@ -49,7 +49,7 @@ def _build(cfg: PipelineConfig, workdir: Path, name: str, train_data: Path, data
     check_resources(cfg.train, cfg.train.start_timeout_s)
     storage = storage_path(cfg.train, workdir)
     run_storage(storage, name, force)  # with --force, no resume of the finished run
-    trainer = make_trainer(cfg, name, storage, train_data, data, corpus, spm_dir,
+    trainer = make_trainer(cfg, name, storage, train_data, data, corpus, spm_dir / spm.MODEL_FILE,
                            tracker.worker_target() if tracker is not None else None, time_cap_s=time_cap_s)
     model = REDER(ModelConfig.from_dict(asdict(cfg.model)))
     fitted = fit_and_average(trainer, storage / name, cfg.train.average_best, model)

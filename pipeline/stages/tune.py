@@ -45,10 +45,11 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
-from pipeline.training import raytrain
 from pipeline.config import PipelineConfig, check_consistency, from_dict, to_yaml
 from pipeline.stage import StageError, StageRun, write_text
+from pipeline.stages import spm
 from pipeline.tracking.sweeps import SweepTracker
+from pipeline.training import raytrain
 
 log = logging.getLogger(__name__)
 
@@ -153,7 +154,7 @@ def _trial(params: dict[str, Any], *, base: dict, keys: list[str], inputs: dict[
     cfg = trial_config(from_dict(PipelineConfig, base), values)
     target = tracker.trial_run(trial_id, values) if tracker is not None else None
     trainer = raytrain.make_trainer(cfg, f"trial-{trial_id}", Path(storage), Path(inputs["train_data"]),
-                                 Path(inputs["tokenize"]), Path(inputs["ingest"]), Path(inputs["spm"]),
+                                 Path(inputs["tokenize"]), Path(inputs["ingest"]), Path(inputs["spm"]) / spm.MODEL_FILE,
                                  target, (TuneReportCallback(),))
     try:
         result = trainer.fit()

@@ -30,12 +30,11 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from pipeline.stages import spm
 from pipeline.config import NO_BLANK_PENALTY, PipelineConfig, TrainConfig
-from pipeline.training.harness import SCORE, select_best
 from pipeline.progress import Progress
-from pipeline.training.runfiles import HISTORY_FILE, PROGRESS_FILE, WORKERS_FILE
 from pipeline.stage import StageError
+from pipeline.training.harness import SCORE, select_best
+from pipeline.training.runfiles import HISTORY_FILE, PROGRESS_FILE, WORKERS_FILE
 from pipeline.training.trainloop import train_loop
 from reder.checkpoint import MODEL_FILE, average_state_dicts, load_tensors, upgrade_state_dict
 
@@ -94,10 +93,11 @@ def run_storage(storage: Path, name: str, force: bool) -> Path:
 
 
 def make_trainer(cfg: PipelineConfig, name: str, storage: Path, train_data: Path, data: Path, corpus: Path,
-                 spm_dir: Path, mlflow_target: dict[str, str] | None, callbacks: tuple = (),
+                 spm_model: Path, mlflow_target: dict[str, str] | None, callbacks: tuple = (),
                  task: dict[str, str] | None = None, time_cap_s: float = math.inf) -> Any:
     """The Ray Train trainer of one training run (run `name` under `storage`; a run with the same pair
-    resumes from its latest checkpoint) on the `train_data` split, validated on `data`/valid.
+    resumes from its latest checkpoint) on the `train_data` split, validated on `data`/valid, its text read with the
+    SentencePiece model `spm_model` (the spm stage's file).
     `mlflow_target` receives rank 0's per-step metrics (with "runs", direction → run id, a pair's metrics
     named for a direction go to that direction's run). `task` is REDER's (default) or {"kind": "teacher" |
     "cmlm"}: both directions' teachers or CMLMs in one run (`build_task`), with the config section of that
@@ -111,7 +111,7 @@ def make_trainer(cfg: PipelineConfig, name: str, storage: Path, train_data: Path
     train = section.train
     loop_config = {
         "task": task, "model": asdict(section.model), "loss": asdict(cfg.loss),
-        "train": asdict(train), "spm_proto": (spm_dir / spm.MODEL_FILE).read_bytes(),
+        "train": asdict(train), "spm_proto": Path(spm_model).read_bytes(),
         "train_data": str(Path(train_data).resolve()),  # workers chdir: an absolute path
         "references": task["kind"] == "reder" and cfg.distill.enabled and cfg.distill.references,
         "valid": {"ids": str(data / "valid"), "text": str(corpus / "valid")},

@@ -52,9 +52,9 @@ from pipeline.config import NO_BLANK_PENALTY, TrainConfig, from_dict
 from pipeline.training.harness import (EXAMPLE_COLUMNS, RANK_TOKENS_PER_S, SCORE, EpochBatches, ExampleTable, Harness,
                               all_reduce, distributed, epoch_batches)
 from pipeline.metrics import best_setting, corpus_bleu, shown
-from pipeline.training.runfiles import HISTORY_FILE, TRAIN_STATE_FILE, WORKERS_FILE
 from pipeline.stage import StageError, write_json
 from pipeline.tracking.store import validation_metric
+from pipeline.training.runfiles import HISTORY_FILE, TRAIN_STATE_FILE, WORKERS_FILE
 from reder import DIRECTIONS, EOS_ID, DuplexLoss, LossConfig, ModelConfig, REDER, TransformerConfig
 from reder.autoregressive import Transformer
 from reder.cmlm import CMLM

@@ -6,9 +6,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import sentencepiece
 
-from pipeline.stages import cmlm, spm
 from pipeline.config import load_config
 from pipeline.stage import StageRun
+from pipeline.stages import cmlm, spm
 from reder import CMLM
 from reder.checkpoint import load_cmlm_dir
 from reder.decoding.run import encode_lines, translate_ids

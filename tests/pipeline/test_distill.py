@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from pipeline import graph
-from pipeline.stages import distill, tokenize
 from pipeline.config import ConfigError, DistillConfig, load_config
 from pipeline.stage import StageError
+from pipeline.stages import distill, tokenize
 from reder import EOS_ID, TransformerConfig
 from reder.autoregressive import Transformer
 from reder.checkpoint import load_teacher_dir, save_model_dir

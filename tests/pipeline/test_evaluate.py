@@ -9,10 +9,10 @@ import pytest
 import torch
 import sentencepiece
 
-from pipeline.stages import evaluate, spm, teacher
 from pipeline.config import load_config
 from pipeline.metrics import corpus_scores
 from pipeline.stage import write_json
+from pipeline.stages import evaluate, spm, teacher
 from reder import REDER, ModelConfig, TransformerConfig
 from reder.autoregressive import Transformer
 from reder.checkpoint import load_teacher_dir, save_model_dir

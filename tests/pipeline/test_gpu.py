@@ -14,8 +14,8 @@ import torch
 
 import run_pipeline
 from cluster.connect import init_local
-from pipeline.stages import distill, tokenize
 from pipeline.config import DistillConfig
+from pipeline.stages import distill, tokenize
 from pipeline.training.harness import Harness
 from reder import DuplexLoss, LossConfig
 from reder.checkpoint import load_teacher_dir

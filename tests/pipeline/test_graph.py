@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from pipeline import graph, stagekeys
-from pipeline.stages import distill
 from pipeline.config import ConfigError, load_config
 from pipeline.stage import StageError
+from pipeline.stages import distill
 
 PIPELINE_DIR = Path(graph.__file__).resolve().parent
 # A corpus path that exists nowhere: the ingest key then holds no file fingerprint, so these names are the

@@ -12,8 +12,8 @@ import pyarrow as pa
 import pytest
 import torch
 
-from pipeline.training import harness
 from pipeline.config import TrainConfig
+from pipeline.training import harness
 from pipeline.training.harness import Harness
 from reder import DuplexLoss, LossConfig
 from reder.objectives.directional import CmlmObjective

@@ -15,8 +15,8 @@ import torch
 
 import reder.objectives.duplex
 import reder.objectives.outputs
-from pipeline.training import harness
 from pipeline.config import TrainConfig
+from pipeline.training import harness
 from pipeline.training.harness import Harness
 from reder import EOS_ID, DuplexLoss, LossConfig
 from reder.config import PAD_ID

@@ -11,8 +11,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline import graph, stagekeys
-from pipeline.stages import ingest
 from pipeline.config import DataConfig, load_config
+from pipeline.stages import ingest
 from pipeline.stages.ingest import CorpusError, corpora
 from pipeline.stages.ingest.readers import CHUNK, TextRules, read_parallel
 from tests.conftest import SHARED_DATA

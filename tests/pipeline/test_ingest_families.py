@@ -24,8 +24,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline import graph
-from pipeline.stages import ingest
 from pipeline.config import load_config
+from pipeline.stages import ingest
 from pipeline.stages.ingest import CorpusError
 from pipeline.stages.ingest import compression
 from pipeline.stages.ingest.readers import TextFile, TextRules, checked, copy_capped, find_file, read_parallel

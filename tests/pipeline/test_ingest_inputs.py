@@ -13,8 +13,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline import graph
-from pipeline.stages import ingest
 from pipeline.config import load_config
+from pipeline.stages import ingest
 from pipeline.stages.ingest import CorpusError
 from pipeline.stages.ingest import filters
 from pipeline.stages.ingest.filters import BLOOM_BITS, BLOOM_HASHES, DIGEST, SeenPairs, _Bloom, pair_digest

@@ -8,9 +8,9 @@ from typing import Any, Callable
 
 import pytest
 
-from pipeline.training import raytrain, trainloop
 from pipeline.config import TrainConfig
 from pipeline.stage import StageError
+from pipeline.training import raytrain, trainloop
 
 
 def test_an_unsatisfiable_request_fails_fast_with_the_numbers(ray_session):

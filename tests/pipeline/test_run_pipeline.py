@@ -13,8 +13,8 @@ import pytest
 
 import run_pipeline
 from pipeline import progress
-from pipeline.stages import evaluate
 from pipeline.config import ConfigError
+from pipeline.stages import evaluate
 from pipeline.tracking.store import STAGE_TAG
 from tests.pipeline.conftest import DecoderClock, write_files_corpus
 

@@ -9,9 +9,9 @@ import pytest
 import sentencepiece
 
 from pipeline import graph, parquet
-from pipeline.stages import spm
 from pipeline.config import load_config
 from pipeline.stage import StageError
+from pipeline.stages import spm
 from reder.config import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from tests.pipeline.conftest import make_pairs, write_files_corpus
 

@@ -5,9 +5,9 @@ from pathlib import Path
 import pytest
 
 from pipeline import graph
-from pipeline.stages import teacher
 from pipeline.config import ConfigError, load_config
 from pipeline.stage import StageRun
+from pipeline.stages import teacher
 from reder import TransformerConfig
 from reder.autoregressive import Transformer
 from reder.checkpoint import save_model_dir

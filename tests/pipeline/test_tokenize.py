@@ -7,9 +7,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline import graph, parquet
-from pipeline.stages import ingest, spm, tokenize
 from pipeline.config import load_config
 from pipeline.stage import StageError
+from pipeline.stages import ingest, spm, tokenize
 from reder.heads import CtcHead, DagHead, feasibility_rule
 from tests.pipeline.conftest import make_pairs
 from tests.pipeline.test_spm import reference_normalise

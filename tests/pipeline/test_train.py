@@ -6,12 +6,12 @@ from pathlib import Path
 import pytest
 
 import run_pipeline
-from pipeline.stages import train
-from pipeline.training import raytrain
 from pipeline.config import load_config
-from pipeline.training.harness import inverse_sqrt
 from pipeline.stage import StageRun
+from pipeline.stages import train
 from pipeline.tracking.store import STAGE_TAG
+from pipeline.training import raytrain
+from pipeline.training.harness import inverse_sqrt
 
 SMOKE = Path(run_pipeline.__file__).resolve().parent / "configs" / "smoke.yaml"
 
@@ -144,7 +144,7 @@ def test_reders_workers_are_told_to_train_on_the_references_beside_the_kd_pairs_
 
     def loop_config(overrides: list[str], task: dict | None = None) -> dict:
         cfg = load_config(SMOKE, overrides)
-        return raytrain.make_trainer(cfg, "run", tmp_path, tmp_path / "train", tmp_path, tmp_path, tmp_path, None,
+        return raytrain.make_trainer(cfg, "run", tmp_path, tmp_path / "train", tmp_path, tmp_path, tmp_path / "spm.model", None,
                                      task=task).train_loop_config
 
     assert loop_config(["distill.references=true"])["references"] is True

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline.training import trainloop
 from pipeline.config import TrainConfig
+from pipeline.training import trainloop
 from reder import TransformerConfig
 from reder.autoregressive import Transformer
 from reder.objectives.directional import TeacherObjective

@@ -10,8 +10,8 @@ import pytest
 
 import run_pipeline
 from pipeline import signals
-from pipeline.stages import tune
 from pipeline.config import ConfigError, load_config
+from pipeline.stages import tune
 from pipeline.tracking.store import STAGE_TAG
 from pipeline.tracking.sweeps import trial_name
 from tests.pipeline.test_raytrain import make_group, wait_for_cpus

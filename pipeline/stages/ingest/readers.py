@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any, BinaryIO, Iterable, Iterator, Optional
 
 from pipeline.config import DataConfig
-from pipeline.stages.ingest.compression import ERRORS, HEAD, READABLE, SUFFIXES, CompressionError, codec_of
 from pipeline.stage import StageError
+from pipeline.stages.ingest.compression import ERRORS, HEAD, READABLE, SUFFIXES, CompressionError, codec_of
 from reder import text
 
 SPLITS = ("train", "valid", "test")

@@ -18,12 +18,12 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.config import DataConfig
+from pipeline.parquet import SplitWriter
+from pipeline.stage import StageRun, drill_hold, split_lines, write_json
 from pipeline.stages.ingest.corpora import local_pairs, read_named
 from pipeline.stages.ingest.filters import SCHEMA, filter_split
 from pipeline.stages.ingest.readers import SPLITS, CorpusError, RawSplit, local_files, read_local
 from pipeline.stages.ingest.sword import read_sword
-from pipeline.parquet import SplitWriter
-from pipeline.stage import StageRun, drill_hold, split_lines, write_json
 
 log = logging.getLogger(__name__)
 
