@@ -5,8 +5,8 @@
 # (default 550 s, so that the environment's ~40 s and the summary fit in the call's 600; the recipe plans
 # ~505 s and its budget.max_time is 530), then the summary against the
 # issue's targets (bench/pipeline_summary.py). Everything it needs comes back under $OUT: pipeline.log,
-# summary.txt / summary.json, results.tar.gz (results.json, every manifest, the histories, reports and
-# training curves, mlflow.db), corpus.tar.gz (the finished data stages and the distilled corpus, for sweep_gpu.sh).
+# summary.txt / summary.json, results.tar.gz (results.json, the hypotheses and translations tables, every
+# manifest, the histories, reports and training curves, mlflow.db), corpus.tar.gz (the finished data stages and the distilled corpus, for sweep_gpu.sh).
 #
 #   bash bench/gpu_env/quick_gpu.sh              on the GPU machine; carry bench/gpu_env/site.tar.xz and
 #                                                bench/gpu_env/data (bench/gpu_env/pack.sh; the Multi30k files)
@@ -34,7 +34,9 @@ else
   python=python3
   bash bench/gpu_env/unpack.sh > /tmp/env.sh && . /tmp/env.sh || exit 1
   export PYTHONPATH=$root:${PYTHONPATH:-} RAY_AUTH_MODE=disabled
-  overrides+=(data.local_dir=$root/bench/gpu_env/data/multi30k)
+  data=$root/bench/gpu_env/data/multi30k
+  overrides+=(data.local_dir=$data
+              "evaluate.test_sets={test_2017_flickr: {src: $data/test_2017_flickr.en, tgt: $data/test_2017_flickr.de}}")
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/pipeline.log"
 fi
 overrides+=("$@")  # the command line's own KEY=VALUE overrides come last (a shorter window's budget, say)
@@ -54,7 +56,7 @@ echo "pipeline: exit $code after $wall s" | tee -a "$out/pipeline.log"
   && [ -n "$finished" ] && tar czf "$out/corpus.tar.gz" $finished \
   && echo "corpus.tar.gz: $(du -m "$out/corpus.tar.gz" | cut -f1) MiB of $(echo $finished)" | tee -a "$out/pipeline.log" ) 2>/dev/null
 ( cd "$work" && tar czf "$out/results.tar.gz" --ignore-failed-read mlflow.db last_run.json config.yaml */manifest.json \
-    evaluate-*/results.json train-*/history.json train-*/report.json train-*/training.png teacher-*/report.json \
+    evaluate-*/results.json evaluate-*/*.txt evaluate-*/translations train-*/history.json train-*/report.json train-*/training.png teacher-*/report.json \
     teacher-*/*/history.json teacher-*/*/training.png distill-*/report.json ) 2>/dev/null
 if [ -d "$work" ]; then  # a run stopped at its limit too: the stages it finished
   timeout 30 "$python" -m bench.pipeline_summary --workdir "$work" --wall "$wall" --out "$out/summary.json" \

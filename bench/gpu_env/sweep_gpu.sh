@@ -49,7 +49,9 @@ else
   python=python3
   bash bench/gpu_env/unpack.sh > /tmp/env.sh && . /tmp/env.sh || exit 1
   export PYTHONPATH=$root:${PYTHONPATH:-} RAY_AUTH_MODE=disabled
-  overrides+=(data.local_dir=$root/bench/gpu_env/data/multi30k)
+  data=$root/bench/gpu_env/data/multi30k
+  overrides+=(data.local_dir=$data
+              "evaluate.test_sets={test_2017_flickr: {src: $data/test_2017_flickr.en, tgt: $data/test_2017_flickr.de}}")
   packing_args=()
   extra_fixed=0
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/sweep.log"
