@@ -33,14 +33,14 @@ from typing import Any, Callable
 from cluster import ClusterError
 from cluster.connect import check_shared_storage, cluster_overrides, connect
 from pipeline import graph
-from pipeline.stages import evaluate, tune
-from pipeline.training import raytrain
 from pipeline.config import ConfigError, PipelineConfig, load_config, to_yaml
-from pipeline.training.runfiles import MODEL_DIR
 from pipeline.signals import Terminated, forget, handle_sigterm, interruption
-from pipeline.stage import StageError, read_manifest, write_json, write_text
+from pipeline.stage import StageError, environment_errors, read_manifest, write_json, write_text
+from pipeline.stages import evaluate, tune
 from pipeline.tracking.runs import Tracker, stage_datasets
 from pipeline.tracking.store import browse_hint, tracking_uri
+from pipeline.training import raytrain
+from pipeline.training.runfiles import MODEL_DIR
 
 REPO_ROOT = Path(__file__).resolve().parent
 DEFAULT_CONFIG = REPO_ROOT / "configs" / "default.yaml"
@@ -130,7 +130,8 @@ def run(cfg: PipelineConfig, stages: list[str], force: bool = False, started: fl
     command's start, else now) starts the run's budget (`budget.max_time`), shared by its training stages."""
     deadline = (time.time() if started is None else started) + cfg.budget.max_time
     workdir = Path(cfg.workdir).resolve()
-    workdir.mkdir(parents=True, exist_ok=True)
+    with environment_errors(workdir, "the run could not create its workdir"):
+        workdir.mkdir(parents=True, exist_ok=True)
     steps = {step.name: step for step in graph.plan(cfg, workdir, stages, force)}
     dirs = graph.output_dirs(cfg, workdir)
     if cfg.ray.address:  # on a cluster: connect and check the shared storage before anything runs
@@ -179,12 +180,17 @@ def run(cfg: PipelineConfig, stages: list[str], force: bool = False, started: fl
     except BaseException as error:
         cause = interruption(error)
         reason = cause or error
-        tracker.close(failed=True, error=f"{type(reason).__name__}: {reason}", killed=cause is not None)
+        try:
+            tracker.close(failed=True, error=f"{type(reason).__name__}: {reason}", killed=cause is not None)
+        except Exception as close_error:  # the store on the same full disk: the run's own error is the one to report
+            logging.getLogger(__name__).warning("MLflow: the runs could not be closed %s (%s)",
+                                                "KILLED" if cause else "FAILED", close_error)
         raise
     tracker.close()
-    write_json(workdir / "last_run.json", {"config": cfg.to_dict(), "stages": summary,
-                                           "mlflow_run_id": tracker.run_id})
-    write_text(workdir / "config.yaml", to_yaml(cfg))
+    with environment_errors(workdir, "the run could not write its record"):
+        write_json(workdir / "last_run.json", {"config": cfg.to_dict(), "stages": summary,
+                                               "mlflow_run_id": tracker.run_id})
+        write_text(workdir / "config.yaml", to_yaml(cfg))
     return summary
 
 
@@ -245,7 +251,9 @@ def print_plan(cfg: PipelineConfig, stages: list[str], force: bool) -> None:
 def guarded(work: Callable[[], tuple[Any, Any]], how_to_continue: str = CONTINUE
             ) -> tuple[int, tuple[Any, Any]]:
     """Run a command's `work` -> (0, its result); a user-facing error is one `error:` line and exit code 2,
-    Ctrl-C or SIGTERM exit 130 or 143 (`interrupted`), each -> (code, (None, None))."""
+    Ctrl-C or SIGTERM exit 130 or 143 (`interrupted`), each -> (code, (None, None)). User-facing: bad input or
+    config, a stage that cannot run, the cluster, and the machine's failures (`stage.EnvironmentFailure`, a
+    StageError: `work` wraps its stages in `stage.environment_errors`)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     forget()
     handle_sigterm()
@@ -285,7 +293,8 @@ def tune_main(argv: list[str]) -> int:
 
     def work() -> tuple[PipelineConfig, Path]:
         cfg = load_run_config(args.config, overrides)
-        return cfg, sweep(cfg, force=args.force, resume=args.resume)
+        with environment_errors(Path(cfg.workdir).resolve(), "the sweep failed on it"):  # a full disk, ... (stage.py)
+            return cfg, sweep(cfg, force=args.force, resume=args.resume)
 
     code, (cfg, out) = guarded(work, "finished stages are kept, the sweep published nothing and kept its state: "
                                      "the same command with --resume continues it")
@@ -310,10 +319,11 @@ def main(argv: list[str] | None = None) -> int:
     def work() -> tuple[PipelineConfig, dict[str, dict] | None]:
         cfg = load_run_config(args.config, overrides)
         stages = select_stages(args.stages) if args.stages else graph.pipeline_stages(cfg)
-        if args.dry_run:
-            print_plan(cfg, stages, args.force)
-            return cfg, None
-        return cfg, run(cfg, stages, force=args.force, started=started)
+        with environment_errors(Path(cfg.workdir).resolve(), "the run failed on it"):  # a full disk, ... (stage.py)
+            if args.dry_run:
+                print_plan(cfg, stages, args.force)
+                return cfg, None
+            return cfg, run(cfg, stages, force=args.force, started=started)
 
     code, (cfg, summary) = guarded(work)
     if code or summary is None:

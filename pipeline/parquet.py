@@ -6,6 +6,7 @@ empty split still gets one (empty) file, which carries the schema. This module i
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pyarrow as pa
@@ -20,7 +21,17 @@ def write_split(table: pa.Table, out_dir: Path) -> None:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True)
     for index, start in enumerate(range(0, max(table.num_rows, 1), ROWS_PER_FILE)):
-        pq.write_table(table.slice(start, ROWS_PER_FILE), out_dir / f"part-{index:05d}.parquet")
+        write_file(table.slice(start, ROWS_PER_FILE), out_dir / f"part-{index:05d}.parquet")
+
+
+def write_file(table: pa.Table, path: Path) -> None:
+    """`pq.write_table`, whose OSError (a full disk, ...) names no file: re-raised naming `path`."""
+    try:
+        pq.write_table(table, path)
+    except OSError as error:
+        if error.filename is not None or not error.errno:
+            raise
+        raise OSError(error.errno, os.strerror(error.errno), str(path)) from error
 
 
 class SplitWriter:
@@ -56,7 +67,7 @@ class SplitWriter:
         self.pending, self.rows = [], 0
 
     def _file(self, table: pa.Table) -> None:
-        pq.write_table(table, self.out_dir / f"part-{self.files:05d}.parquet")
+        write_file(table, self.out_dir / f"part-{self.files:05d}.parquet")
         self.files += 1
 
     def __enter__(self) -> SplitWriter:

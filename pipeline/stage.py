@@ -8,10 +8,14 @@ changes every directory downstream). The stage builds into `<workdir>/.<stage>-<
 `_SUCCESS` is never trusted: the next run deletes it and redoes the work. The manifest records every
 file's size and SHA-256; a stage that consumes the output checks them first (`verify`), so a corrupted,
 truncated or swapped file is an error naming it, not a crash deep inside a later stage. A lock file
-serialises two runs of the same stage on the same workdir.
+serialises two runs of the same stage on the same workdir. An OSError of the machine while a stage runs (a full
+disk, a read-only, unwritable or vanished path, too many open files, an I/O error: `ENVIRONMENT`) is an
+`EnvironmentFailure`: one line naming the path, what failed, the errno and what to do, with nothing half-published.
 """
 from __future__ import annotations
 
+import contextlib
+import errno
 import fcntl
 import hashlib
 import json
@@ -22,7 +26,7 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 if TYPE_CHECKING:
     from pipeline.config import PipelineConfig
@@ -45,6 +49,106 @@ def drill_hold(name: str) -> None:
 
 class StageError(RuntimeError):
     """A stage cannot run (missing input, bad data); the message says what to do."""
+
+
+class EnvironmentFailure(StageError):
+    """The machine failed a read or write of the run (`ENVIRONMENT`); the message names the path, what failed, the
+    errno and what to do (`environment_failure`)."""
+
+
+# The errno values that are the machine's failures, not the pipeline's: `environment_failure` says what to do.
+ENVIRONMENT = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO, errno.EMFILE,
+                         errno.ENFILE, errno.ENAMETOOLONG, errno.ENOENT})
+SIZE_WALK_LIMIT = 100_000  # files and directories counted for "the workdir holds ..." before giving up (a hint)
+
+
+def environment_failure(error: BaseException, workdir: Path, what: str, where: Path | None = None
+                        ) -> EnvironmentFailure | None:
+    """The EnvironmentFailure for `error` if it is an OSError of the machine (`ENVIRONMENT`; or the `cause` of an
+    error Ray wrapped it in), else None: `<path>: <what> (<errno name>: <strerror>); <what to do>`. The path is
+    the error's own, else `where` (pyarrow names none). A missing path is the machine's only in or above `workdir`
+    (something removed it during the run); elsewhere it is an input's, which its reader names (or a bug)."""
+    for _ in range(8):  # a RayTaskError is an instance of its cause's class but holds no errno of its own
+        if isinstance(error, OSError) and error.errno in ENVIRONMENT:
+            break
+        error = getattr(error, "cause", None)
+        if not isinstance(error, BaseException):
+            return None
+    else:
+        return None
+    named = error.filename if isinstance(error.filename, (str, bytes, os.PathLike)) else where
+    if named is None:
+        return None
+    path, workdir = Path(os.path.abspath(os.fsdecode(named))), Path(os.path.abspath(workdir))
+    inside = path.is_relative_to(workdir) or workdir.is_relative_to(path)  # in the workdir, or where it goes
+    code = error.errno
+    if code == errno.ENOENT and not inside:
+        return None
+    return EnvironmentFailure(f"{path}: {what} ({errno.errorcode[code]}: {os.strerror(code)}); "
+                              f"{_what_to_do(code, path, workdir, inside)}, then run the same command again")
+
+
+def _what_to_do(code: int, path: Path, workdir: Path, inside: bool) -> str:
+    if code == errno.ENOSPC:
+        return f"free space on its filesystem ({_room(path, workdir)}) or point workdir= at a larger filesystem"
+    if code == errno.EDQUOT:
+        return f"free space within your disk quota (quota -s; {_room(path, workdir)}) or point workdir= elsewhere"
+    if code in (errno.EROFS, errno.EACCES, errno.EPERM):
+        how = "read-only" if code == errno.EROFS else "not writable (or readable) for this user"
+        if inside:
+            return f"the workdir is {how}: point workdir= at a directory you can write"
+        return f"it is {how}: fix its permissions, or point the setting that names it elsewhere"
+    if code == errno.EMFILE:
+        return "this process has too many files open: raise its limit (ulimit -n 65536)"
+    if code == errno.ENFILE:
+        return "the system has too many files open: stop other programs or raise fs.file-max (sysctl)"
+    if code == errno.ENAMETOOLONG:
+        return "the path is too long for the filesystem: point workdir= at a shorter path"
+    if code == errno.EIO:
+        return "the disk failed the operation: check it (dmesg, SMART) or point workdir= at another disk"
+    return "something removed it during the run (a person, a cleaner of /tmp, another run's --force)"
+
+
+def _room(path: Path, workdir: Path) -> str:
+    """How much is free where `path` is, and how much the workdir holds (unless counting it would take long)."""
+    parts = []
+    with contextlib.suppress(OSError, StopIteration):
+        parts.append(f"{_size(shutil.disk_usage(next(p for p in (path, *path.parents) if p.exists())).free)} free")
+    held, count = 0, 0
+    for root, dirs, files in os.walk(workdir):
+        count += len(dirs) + len(files)
+        if count > SIZE_WALK_LIMIT:
+            break
+        for name in files:
+            with contextlib.suppress(OSError):
+                held += os.lstat(os.path.join(root, name)).st_blocks * 512
+    else:
+        if held:
+            parts.append(f"the workdir {workdir} holds {_size(held)}: finished stages it no longer needs can go")
+    return "; ".join(parts) or "its usage unknown"
+
+
+def _size(count: float) -> str:
+    for unit in ("bytes", "KB", "MB", "GB", "TB"):
+        if count < 1000 or unit == "TB":
+            return f"{count:.0f} {unit}" if unit == "bytes" else f"{count:.1f} {unit}"
+        count /= 1000
+    return ""
+
+
+@contextlib.contextmanager
+def environment_errors(workdir: Path, what: str, where: Path | None = None) -> Iterator[None]:
+    """Inside, an OSError of the machine (`environment_failure`) becomes an EnvironmentFailure: `what` failed at
+    its path (else `where`); any other error passes unchanged."""
+    try:
+        yield
+    except StageError:
+        raise
+    except Exception as error:
+        failure = environment_failure(error, workdir, what, where)
+        if failure is None:
+            raise
+        raise failure from error
 
 
 @dataclass(frozen=True)
@@ -189,29 +293,42 @@ def run_stage(name: str, out: Path, build: Callable[[Path], dict[str, Any]], *, 
     `config` and `inputs` go into manifest.json with the counts `build` returns and the timings.
     """
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    lock_path = out.parent / f".{out.name}.lock"
-    with open(lock_path, "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # a second run of the same stage waits here, then skips
-        if is_done(out) and not force:
-            log.info("%s: done already, skipping (%s)", name, out)
-            return out
-        tmp = out.parent / f".{out.name}.tmp"
-        _remove(tmp)  # left by an interrupted run
-        tmp.mkdir()
-        started = time.time()
-        try:
-            counts = build(tmp)
-            manifest = {"stage": name, "config": config, "inputs": inputs, "counts": counts,
-                        "started": started, "seconds": round(time.time() - started, 3),
-                        "output": str(out), "files": fingerprint(tmp)}
-            _write_text(tmp / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True, default=str))
-            _remove(out)  # unfinished leftovers, or a finished output being redone under --force
-            os.replace(tmp, out)
-            _write_text(out / SUCCESS, "")
-        except BaseException:
-            _remove(tmp)
+    step = "create its lock file"  # what failed, for an EnvironmentFailure
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with open(out.parent / f".{out.name}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # a second run of the same stage waits here, then skips
+            if is_done(out) and not force:
+                log.info("%s: done already, skipping (%s)", name, out)
+                return out
+            tmp = out.parent / f".{out.name}.tmp"
+            step = "create its temporary directory"
+            _remove(tmp)  # left by an interrupted run
+            tmp.mkdir()
+            started = time.time()
+            try:
+                step = "build its output"
+                counts = build(tmp)
+                step = "write its manifest"
+                manifest = {"stage": name, "config": config, "inputs": inputs, "counts": counts,
+                            "started": started, "seconds": round(time.time() - started, 3),
+                            "output": str(out), "files": fingerprint(tmp)}
+                _write_text(tmp / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True, default=str))
+                step = "publish its output (rename into place)"
+                if out.is_dir() and not out.is_symlink():
+                    (out / SUCCESS).unlink(missing_ok=True)  # first: an output removed only in part is not trusted
+                _remove(out)  # unfinished leftovers, or a finished output being redone under --force
+                os.replace(tmp, out)
+                step = f"mark its output finished ({SUCCESS})"
+                _write_text(out / SUCCESS, "")
+            except BaseException:
+                _discard(tmp, *([out] if out.exists() and not is_done(out) else []))  # published, not marked
+                raise
+    except OSError as error:
+        failure = environment_failure(error, out.parent, f"stage {name} could not {step}", out)
+        if failure is None:
             raise
+        raise failure from error
     log.info("%s: finished in %.1f s (%s)", name, time.time() - started, out)
     return out
 
@@ -228,8 +345,23 @@ def write_text(path: Path, text: str) -> None:
 
 def _write_text(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    except BaseException as error:
+        _discard(tmp)  # a half-written file (a full disk) is not left behind
+        if isinstance(error, OSError) and error.filename is None and error.errno:  # a failed write names no file
+            raise OSError(error.errno, os.strerror(error.errno), str(tmp)) from error
+        raise
+
+
+def _discard(*paths: Path) -> None:
+    """Remove what a failed write leaves, as far as the machine lets: the failure being raised is the one to report."""
+    for path in paths:
+        try:
+            _remove(path)
+        except OSError as error:
+            log.warning("could not remove %s (%s); it is not trusted, and a later run replaces it", path, error)
 
 
 def _remove(path: Path) -> None:
