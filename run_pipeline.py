@@ -293,7 +293,8 @@ def tune_main(argv: list[str]) -> int:
 
     def work() -> tuple[PipelineConfig, Path]:
         cfg = load_run_config(args.config, overrides)
-        with environment_errors(Path(cfg.workdir).resolve(), "the sweep failed on it"):  # a full disk, ... (stage.py)
+        workdir = Path(cfg.workdir).resolve()
+        with environment_errors(workdir, "the sweep failed on it", store=tracking_uri(cfg.tracking, workdir)):
             return cfg, sweep(cfg, force=args.force, resume=args.resume)
 
     code, (cfg, out) = guarded(work, "finished stages are kept, the sweep published nothing and kept its state: "
@@ -319,7 +320,8 @@ def main(argv: list[str] | None = None) -> int:
     def work() -> tuple[PipelineConfig, dict[str, dict] | None]:
         cfg = load_run_config(args.config, overrides)
         stages = select_stages(args.stages) if args.stages else graph.pipeline_stages(cfg)
-        with environment_errors(Path(cfg.workdir).resolve(), "the run failed on it"):  # a full disk, ... (stage.py)
+        workdir = Path(cfg.workdir).resolve()
+        with environment_errors(workdir, "the run failed on it", store=tracking_uri(cfg.tracking, workdir)):
             if args.dry_run:
                 print_plan(cfg, stages, args.force)
                 return cfg, None

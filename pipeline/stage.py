@@ -62,12 +62,19 @@ ENVIRONMENT = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, 
 SIZE_WALK_LIMIT = 100_000  # files and directories counted for "the workdir holds ..." before giving up (a hint)
 
 
-def environment_failure(error: BaseException, workdir: Path, what: str, where: Path | None = None
+def environment_failure(error: BaseException, workdir: Path, what: str, where: Path | None = None, store: str = ""
                         ) -> EnvironmentFailure | None:
     """The EnvironmentFailure for `error` if it is an OSError of the machine (`ENVIRONMENT`; or the `cause` of an
     error Ray wrapped it in), else None: `<path>: <what> (<errno name>: <strerror>); <what to do>`. The path is
     the error's own, else `where` (pyarrow names none). A missing path is the machine's only in or above `workdir`
     (something removed it during the run); elsewhere it is an input's, which its reader names (or a bug)."""
+    refused = _store_failure(error, store) if store else None
+    if refused is not None:  # the MLflow store's sqlite said it (through SQLAlchemy and MLflow): no OSError reaches here
+        code, named = refused
+        path, workdir = Path(os.path.abspath(named)), Path(os.path.abspath(workdir))
+        return EnvironmentFailure(f"{path}: {what}: the MLflow store could not be written ({errno.errorcode[code]}: "
+                                  f"{os.strerror(code)}); {_what_to_do(code, path, workdir, True)}, then run the "
+                                  f"same command again")
     for _ in range(8):  # a RayTaskError is an instance of its cause's class but holds no errno of its own
         if isinstance(error, OSError) and error.errno in ENVIRONMENT:
             break
@@ -86,6 +93,23 @@ def environment_failure(error: BaseException, workdir: Path, what: str, where: P
         return None
     return EnvironmentFailure(f"{path}: {what} ({errno.errorcode[code]}: {os.strerror(code)}); "
                               f"{_what_to_do(code, path, workdir, inside)}, then run the same command again")
+
+
+# What sqlite says when its file cannot be written, as MLflow passes it on (an MlflowException or SQLAlchemy's
+# OperationalError, never an OSError): the errno it stands for.
+STORE_WORDS = {"database or disk is full": errno.ENOSPC, "attempt to write a readonly database": errno.EROFS}
+
+
+def _store_failure(error: BaseException, store: str) -> tuple[int, str] | None:
+    """(errno, the store's file) when `error` (or what it was raised from) is sqlite refusing to write the MLflow
+    store at tracking URI `store`: its file for a sqlite URI, else the URI."""
+    seen = 0
+    while error is not None and seen < 8:
+        for words, code in STORE_WORDS.items():
+            if words in str(error):
+                return code, store.removeprefix("sqlite:///") if store.startswith("sqlite:///") else store
+        error, seen = error.__cause__ or error.__context__, seen + 1
+    return None
 
 
 def _what_to_do(code: int, path: Path, workdir: Path, inside: bool) -> str:
@@ -137,15 +161,16 @@ def _size(count: float) -> str:
 
 
 @contextlib.contextmanager
-def environment_errors(workdir: Path, what: str, where: Path | None = None) -> Iterator[None]:
+def environment_errors(workdir: Path, what: str, where: Path | None = None, store: str = "") -> Iterator[None]:
     """Inside, an OSError of the machine (`environment_failure`) becomes an EnvironmentFailure: `what` failed at
-    its path (else `where`); any other error passes unchanged."""
+    its path (else `where`); so does sqlite refusing to write the MLflow store at tracking URI `store`; any other
+    error passes unchanged."""
     try:
         yield
     except StageError:
         raise
     except Exception as error:
-        failure = environment_failure(error, workdir, what, where)
+        failure = environment_failure(error, workdir, what, where, store)
         if failure is None:
             raise
         raise failure from error

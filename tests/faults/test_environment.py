@@ -210,3 +210,30 @@ def test_a_real_read_only_workdir_is_one_line(tmp_path, capsys):
                           rf"command again")
     finally:
         workdir.chmod(0o755)
+
+
+@pytest.mark.parametrize("words", sorted(stage.STORE_WORDS))
+@pytest.mark.parametrize("method", ["begin_stage", "end_stage"])
+def test_an_mlflow_store_that_cannot_be_written_is_one_line_naming_its_file(tmp_path, capsys, monkeypatch, words,
+                                                                            method):
+    """sqlite's "database or disk is full" and "attempt to write a readonly database" reach the run as MLflow's
+    (or SQLAlchemy's) exceptions, not as OSErrors: the line names the store's file and says what to do, as for a
+    stage's own writes."""
+    from mlflow.exceptions import MlflowException
+
+    from pipeline.tracking.runs import Tracker
+
+    def refuse(*args, **kwargs):
+        try:
+            raise RuntimeError(f"(sqlite3.OperationalError) {words}")  # SQLAlchemy's, as MLflow chains it
+        except RuntimeError as error:
+            raise MlflowException(f"(sqlite3.OperationalError) {words}") from error
+
+    monkeypatch.setattr(Tracker, method, refuse)
+    assert run_pipeline.main(_arguments(tmp_path, "ingest", tracked=True)) == 2
+    code = stage.STORE_WORDS[words]
+    store = (tmp_path / "work" / "mlflow.db").resolve()
+    pattern = (rf"error: {re.escape(str(store))}: the run failed on it: the MLflow store could not be written "
+               rf"\({errno.errorcode[code]}: {re.escape(os.strerror(code))}\); {HINTS[code]}, then run the same "
+               rf"command again")
+    _check_failed_run(tmp_path / "work", capsys.readouterr().err, pattern)
