@@ -74,7 +74,7 @@ def actor_pool_options() -> dict[str, int]:
     """Extra `map_batches` options of our Ray Data actor pools (tokenize, distill): on a one-node cluster (the
     default local instance) no actor restarts (`max_restarts=0`). Ray Data restarts its actors forever by default,
     and Ray's core then prints an error-level line at the first pool, "has constructor arguments in the object
-    store and max_restarts > 0 ... the actor restart will fail" (ray issue 53727), which a user cannot act on. On
+    store and max_restarts > 0 ... the actor restart will fail" (ray-project/ray#53727), which a user cannot act on. On
     one node a restart only follows a crash of the actor itself; without it the stage fails, leaves nothing
     behind and runs again. A multi-node cluster keeps Ray's restarts (a lost node's actors come back elsewhere)."""
     import ray
