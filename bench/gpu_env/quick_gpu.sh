@@ -24,20 +24,14 @@ work=${QUICK_WORKDIR:-/tmp/m30kq}
 limit=${QUICK_LIMIT_S:-550}
 started=$(date +%s.%N)
 overrides=(workdir=$work)
+. "$here/where.sh"
 if [ "${1:-}" = --rehearse ]; then
   shift
-  python=${PYTHON:-$root/.venv/bin/python}
   limit=${QUICK_LIMIT_S:-600}
-  . "$here/rehearse.sh"
-  overrides+=("${rehearse_overrides[@]}" budget.max_time=420 budget.reserve=200)
+  rehearsal
+  overrides+=(budget.max_time=420 budget.reserve=200)
 else
-  python=python3
-  bash bench/gpu_env/unpack.sh > /tmp/env.sh && . /tmp/env.sh || exit 1
-  export PYTHONPATH=$root:${PYTHONPATH:-} RAY_AUTH_MODE=disabled
-  data=$root/bench/gpu_env/data/multi30k
-  overrides+=(data.local_dir=$data
-              "evaluate.test_sets={test_2017_flickr: {src: $data/test_2017_flickr.en, tgt: $data/test_2017_flickr.de}}")
-  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/pipeline.log"
+  machine "$out/pipeline.log" || exit 1
 fi
 overrides+=("$@")  # the command line's own KEY=VALUE overrides come last (a shorter window's budget, say)
 export PYTHONUNBUFFERED=1

@@ -13,7 +13,7 @@
 #                                quick_gpu.sh run's corpus.tar.gz: its finished ingest, spm, tokenize and distill
 #                                stage directories)
 #   bash bench/gpu_env/sweep_gpu.sh --rehearse [KEY=VALUE ...]   here, on the CPU, at a tiny budget (the
-#                                rehearsal's models of rehearse.sh, 2 trials); CORPUS= a rehearsed quick_gpu.sh
+#                                rehearsal's models of where.sh, 2 trials); CORPUS= a rehearsed quick_gpu.sh
 #                                run's corpus.tar.gz
 # Environment: OUT (the device tool's; a temporary directory when unset), CORPUS (the corpus tarball),
 # SWEEP_LIMIT_S (the whole script's, default 570), PACKING_TRIALS ("1 2 4 8"), PACKING_S (20 s each),
@@ -34,11 +34,10 @@ corpus=${CORPUS:-$here/data/corpus.tar.gz}
 space=${SPACE:-"{model.upsample_ratio: {choice: [2, 3, 4]}, loss.glance_end: {choice: [0.0, 0.3, 0.5]}, loss.glance_blanks: {choice: [false, true]}, train.lr: {loguniform: [0.0004, 0.0015]}}"}
 started=$(date +%s.%N)
 overrides=(workdir=$work)
+. "$here/where.sh"
 if [ "${1:-}" = --rehearse ]; then
   shift
-  python=${PYTHON:-$root/.venv/bin/python}
-  . "$here/rehearse.sh"
-  overrides+=("${rehearse_overrides[@]}")
+  rehearsal
   trials=${TRIALS:-2}
   limit=${SWEEP_LIMIT_S:-360}
   packing_trials=${PACKING_TRIALS:-1 2}
@@ -46,15 +45,9 @@ if [ "${1:-}" = --rehearse ]; then
   packing_args=(--warmup 2 --cores 2)
   extra_fixed=60  # Ray's start on a 2-core CPU
 else
-  python=python3
-  bash bench/gpu_env/unpack.sh > /tmp/env.sh && . /tmp/env.sh || exit 1
-  export PYTHONPATH=$root:${PYTHONPATH:-} RAY_AUTH_MODE=disabled
-  data=$root/bench/gpu_env/data/multi30k
-  overrides+=(data.local_dir=$data
-              "evaluate.test_sets={test_2017_flickr: {src: $data/test_2017_flickr.en, tgt: $data/test_2017_flickr.de}}")
+  machine "$out/sweep.log" || exit 1
   packing_args=()
   extra_fixed=0
-  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/sweep.log"
 fi
 export PYTHONUNBUFFERED=1
 elapsed() { python3 -c "print(round($(date +%s.%N) - $started, 1))"; }
