@@ -71,10 +71,7 @@ def environment_failure(error: BaseException, workdir: Path, what: str, where: P
     refused = _store_failure(error, store) if store else None
     if refused is not None:  # the MLflow store's sqlite said it (through SQLAlchemy and MLflow): no OSError reaches here
         code, named = refused
-        path, workdir = Path(os.path.abspath(named)), Path(os.path.abspath(workdir))
-        return EnvironmentFailure(f"{path}: {what}: the MLflow store could not be written ({errno.errorcode[code]}: "
-                                  f"{os.strerror(code)}); {_what_to_do(code, path, workdir, True)}, then run the "
-                                  f"same command again")
+        return _failure(code, Path(named), workdir, f"{what}: the MLflow store could not be written", True)
     for _ in range(8):  # a RayTaskError is an instance of its cause's class but holds no errno of its own
         if isinstance(error, OSError) and error.errno in ENVIRONMENT:
             break
@@ -86,11 +83,16 @@ def environment_failure(error: BaseException, workdir: Path, what: str, where: P
     named = error.filename if isinstance(error.filename, (str, bytes, os.PathLike)) else where
     if named is None:
         return None
-    path, workdir = Path(os.path.abspath(os.fsdecode(named))), Path(os.path.abspath(workdir))
-    inside = path.is_relative_to(workdir) or workdir.is_relative_to(path)  # in the workdir, or where it goes
-    code = error.errno
-    if code == errno.ENOENT and not inside:
+    path, root = Path(os.path.abspath(os.fsdecode(named))), Path(os.path.abspath(workdir))
+    inside = path.is_relative_to(root) or root.is_relative_to(path)  # in the workdir, or where it goes
+    if error.errno == errno.ENOENT and not inside:
         return None
+    return _failure(error.errno, path, workdir, what, inside)
+
+
+def _failure(code: int, path: Path, workdir: Path, what: str, inside: bool) -> EnvironmentFailure:
+    """`<path>: <what> (<errno name>: <strerror>); <what to do>, then run the same command again`."""
+    path, workdir = Path(os.path.abspath(path)), Path(os.path.abspath(workdir))
     return EnvironmentFailure(f"{path}: {what} ({errno.errorcode[code]}: {os.strerror(code)}); "
                               f"{_what_to_do(code, path, workdir, inside)}, then run the same command again")
 
