@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from cluster.connect import free_port  # noqa: F401  (the tests' free loopback port: the dashboard's)
+from cluster.connect import TRAIN_ENV, free_port  # noqa: F401  (free_port: the tests' free loopback port, the dashboard's)
 
 # Every Ray instance the suite starts (ray.init, ray.cluster_utils, pipeline subprocesses, the launcher of the
 # cluster tests) keeps its files in a directory of this session's own, never in Ray's machine-wide /tmp/ray:
@@ -25,10 +25,9 @@ RAY_TMPDIR = os.environ.get(SESSION_RAY_TMPDIR) or tempfile.mkdtemp(prefix="dpx-
 os.environ["RAY_TMPDIR"] = os.environ[SESSION_RAY_TMPDIR] = RAY_TMPDIR
 os.environ.pop("RAY_ADDRESS", None)
 
-# Ray Train's controller polls its workers every 2 s by default, which puts 5-6 s of idle waiting into every
-# fit (a trivial 1-worker fit: 15 s -> 9 s on 2 cores). Tests run dozens of tiny fits; pipeline runs started
-# as subprocesses inherit this, and Ray Train passes it on to its controller actors.
-os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")
+# Ray Train's poll of its workers as a pipeline run sets it (cluster.connect.TRAIN_ENV), for the tests that fit
+# on the session's Ray instance without going through connect().
+os.environ.update({key: os.environ.get(key, value) for key, value in TRAIN_ENV.items()})
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 

@@ -106,7 +106,7 @@ def test_a_local_run_starts_its_own_ray_instead_of_joining_one_running_here(monk
     import ray
 
     calls = []
-    for key in (*connect.QUIET_ENV, *connect.LOCAL_ENV):  # restored after the test
+    for key in (*connect.QUIET_ENV, *connect.LOCAL_ENV, *connect.TRAIN_ENV):  # restored after the test
         monkeypatch.setenv(key, "")
         monkeypatch.delenv(key)
     monkeypatch.delenv(connect.API_SERVER_ENV, raising=False)
@@ -125,6 +125,10 @@ def test_a_local_run_starts_its_own_ray_instead_of_joining_one_running_here(monk
     assert calls[1]["address"] == "10.0.0.5:6379"
     # Ray's INFO lines stay in its log files: the local instance inherits the setting, a cluster's workers get it
     assert os.environ["RAY_DATA_LOG_LEVEL"] == "WARNING" == calls[1]["runtime_env"]["env_vars"]["RAY_DATA_LOG_LEVEL"]
+    # Ray Train's controller polls its workers every 0.2 s, not 2 s: what Ray Train hands its controller
+    from ray.train.v2._internal.constants import get_env_vars_to_propagate
+
+    assert get_env_vars_to_propagate()["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] == "0.2"
 
 
 def test_the_dashboard_gets_its_usual_port_when_free_and_another_free_one_otherwise():
