@@ -14,7 +14,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Iterator
 
-from cluster import ClusterError
+from cluster import ClusterError, probe
 
 log = logging.getLogger(__name__)
 
@@ -126,14 +126,21 @@ def connect(address: str = "", num_cpus: int = 0, object_store_memory_mb: int = 
     quiet = {key: os.environ.get(key, value) for key, value in QUIET_ENV.items()}
     logging.getLogger("ray.data").setLevel(quiet["RAY_DATA_LOG_LEVEL"])  # this process's, if Ray Data is loaded
     if address:
+        # Ray's client retries an address that refuses or never answers for minutes: asked first, briefly
+        problem = probe.ray_gcs(address)
+        detail = f": it {problem}" if problem else ""
         try:
-            ray.init(address=address, runtime_env=cluster_runtime_env(quiet))
+            if problem is None:
+                ray.init(address=address, runtime_env=cluster_runtime_env(quiet))
         except ConnectionError as error:
+            detail = f" ({str(error).strip().splitlines()[0][:200]})"
+        if detail:
             where = cluster_file_path()
             hint = (f"; {where} (written by `python -m cluster.head start`) still names it: if that cluster is "
-                    f"gone (`ray down`), run `python -m cluster.head stop` or delete the file" if where.is_file() else "")
-            raise ClusterError(f"no Ray cluster answers at ray.address={address} "
-                               f"({str(error).strip().splitlines()[0][:200]}){hint}") from None
+                    f"gone (`ray down`), run `python -m cluster.head stop` or delete the file" if where.is_file() else
+                    "; start the cluster (`ray up cluster.yaml`, or `ray start --head` on that host) or leave "
+                    "ray.address empty to run on a local instance")
+            raise ClusterError(f"no Ray cluster answers at ray.address={address}{detail}{hint}") from None
     else:
         # The local instance's processes inherit this environment.
         for key, value in quiet.items():

@@ -11,8 +11,10 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
+from cluster import probe
 from pipeline.config import TrackingConfig
 from pipeline.metrics import shown
+from pipeline.stage import StageError
 from pipeline.tracking.views import runs_page, runs_view
 
 log = logging.getLogger(__name__)
@@ -38,6 +40,12 @@ def open_client(uri: str) -> Any:
     not race in MLflow's migrations (an alembic error was seen)."""
     from mlflow.tracking import MlflowClient
 
+    problem = probe.mlflow_server(uri)  # MLflow's client retries a server that refuses for ~4 minutes
+    if problem is not None:
+        raise StageError(f"tracking: the MLflow tracking server at {uri} {problem}; start it (`mlflow server "
+                         f"--host <host> --port <port>`, or `python -m cluster.head start` on a cluster's head) or "
+                         f"point tracking.uri (else $MLFLOW_TRACKING_URI) at one that answers: empty is a sqlite store "
+                         f"in the workdir; tracking.enabled=false runs without MLflow")
     logging.getLogger("mlflow").setLevel(logging.WARNING)  # its INFO lines: schema migrations, example checks
     with _store_lock(uri):
         return MlflowClient(uri)

@@ -251,3 +251,12 @@ def test_a_group_that_lost_a_host_keeps_its_batch_and_one_that_cannot_be_placed_
         f"resources")
     assert raytrain.placement_failure(ControllerError(RuntimeError("other")), train, "train", tmp_path) is None
     assert raytrain.placement_failure(RuntimeError("a worker's"), train, "train", tmp_path) is None
+
+
+def test_the_session_ray_instance_s_gcs_passes_the_address_probe(ray_session):
+    """cluster.probe.ray_gcs asks a Ray address before ray.init does (tests/faults/test_services.py: the addresses
+    that fail): Ray's own GCS answers it."""
+    from cluster import probe
+
+    address = ray_session.get_runtime_context().gcs_address
+    assert probe.ray_gcs(address) is None, address
