@@ -241,7 +241,8 @@ def test_two_node_cluster_spreads_training_and_a_node_lost_for_good_stops_it_the
         command = [sys.executable, "run_pipeline.py", "--config", "configs/smoke.yaml", "tracking.enabled=true",
                    "train.placement_strategy=SPREAD", f"train.max_steps={steps}", "train.cpus_per_worker=1",
                    f"train.max_failures={max_failures}", f"train.start_timeout_s={timeout_s}",
-                   "distill.enabled=false", "evaluate.teacher_baseline=false"]
+                   "distill.enabled=false", "evaluate.teacher_baseline=false", "train.valid_max_sentences=10",
+                   "evaluate.max_sentences=10"]  # validation and evaluate on 10 sentences: the drill is about placement
         log = tmp_path / "driver.log"
         with open(log, "wb") as out:
             driver = subprocess.Popen(command, cwd=REPO_ROOT, stdout=out, stderr=subprocess.STDOUT, env=dict(os.environ))

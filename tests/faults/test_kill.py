@@ -43,7 +43,10 @@ SMOKE = REPO / "configs" / "smoke.yaml"
 TINY = ["tracking.enabled=true", "teacher.train.max_steps=4", "teacher.train.validate_every=2",
         "train.max_steps=20", "train.validate_every=5", "train.num_workers=1", "train.keep_checkpoints=2",
         "train.average_best=1", "evaluate.max_sentences=10", "evaluate.latency_sentences=2",
-        "evaluate.throughput_batch=4"]
+        "evaluate.throughput_batch=4",
+        # validations and evaluate's penalty tuning on 10 sentences, not the smoke config's 50, and no teacher rows in
+        # evaluate (teachers of 4 updates decode to their length limit): what is stopped is the same, in less time
+        "train.valid_max_sentences=10", "teacher.train.valid_max_sentences=10", "evaluate.teacher_baseline=false"]
 MARK = "DUPLEX_FAULT_RUN"  # in the environment of the run and of every process it starts (Ray's too)
 HELD = ("ingest", "spm")
 AGENT = re.compile(r"ray::(DashboardAgent|RuntimeEnvAgent)")

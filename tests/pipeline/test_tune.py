@@ -75,7 +75,7 @@ def test_three_trial_sweep_tracks_every_trial_and_writes_a_trainable_best_yaml(s
     args = ["tune", "--config", str(SMOKE), f"workdir={tmp_path}", "distill.enabled=false", "tracking.enabled=true",
             "train.num_workers=1",
             "tune.space={train.lr: {grid: [0.001, 0.002, 0.000001]}}", "tune.max_concurrent=1",
-            "tune.grace_period=20", "tune.metric=train_ctc_src2tgt", "tune.mode=min"]
+            "tune.grace_period=20", "tune.metric=train_ctc_src2tgt", "tune.mode=min", "train.valid_max_sentences=10"]
     assert run_pipeline.main(args + ["tune.time_budget_s=15"]) == 2
     err = capsys.readouterr().err
     assert "tune.time_budget_s=15 ran out with " in err and "add --resume to continue it" in err, err
