@@ -41,6 +41,7 @@ import urllib.request
 from pathlib import Path
 from typing import Callable
 
+from cluster import ClusterError, probe
 from cluster.connect import CLUSTER_FILE_ENV, cluster_file_path
 
 
@@ -130,7 +131,8 @@ def start_mlflow(backend_store_uri: str, artifacts_destination: str, host: str, 
     deadline = time.time() + timeout_s
     while time.time() < deadline:
         if process.poll() is not None:
-            raise RuntimeError(f"mlflow server exited with code {process.returncode}; see {log_path}")
+            raise ClusterError(f"mlflow server exited with code {process.returncode} ({_last_line(log_path)}); "
+                               f"see {log_path}")
         try:
             with urllib.request.urlopen(f"{base}/health", timeout=2) as response:  # needs no login
                 if response.status == 200:
@@ -139,7 +141,7 @@ def start_mlflow(backend_store_uri: str, artifacts_destination: str, host: str, 
             time.sleep(0.5)
     else:
         process.terminate()
-        raise RuntimeError(f"mlflow server did not answer {base}/health within {timeout_s:.0f} s; see {log_path}")
+        raise ClusterError(f"mlflow server did not answer {base}/health within {timeout_s:.0f} s; see {log_path}")
     # Named as workers name it: /health is exempt from MLflow's Host check, the API is not (a login
     # failure, 401, means the name passed).
     request = urllib.request.Request(f"{base}/api/2.0/mlflow/experiments/search?max_results=1",
@@ -149,9 +151,18 @@ def start_mlflow(backend_store_uri: str, artifacts_destination: str, host: str, 
     except urllib.error.HTTPError as error:
         if error.code != 401:
             process.terminate()
-            raise RuntimeError(f"mlflow server refused a request for {advertise}:{port} (HTTP {error.code}: "
+            raise ClusterError(f"mlflow server refused a request for {advertise}:{port} (HTTP {error.code}: "
                                f"{error.read()[:200].decode(errors='replace')}); see {log_path}") from None
     return process
+
+
+def _last_line(log_path: Path) -> str:
+    """The last non-empty line of the server's log (where it says why it stopped), at most 300 characters."""
+    try:
+        lines = [line for line in log_path.read_text(encoding="utf-8", errors="replace").splitlines() if line.strip()]
+    except OSError:
+        return "no log"
+    return lines[-1].strip()[:300] if lines else "an empty log"
 
 
 def node_address() -> str:
@@ -185,6 +196,10 @@ def start(args: argparse.Namespace) -> int:
               "anyone who reaches this node can use it — bind the private address instead (docs/cluster.md)",
               file=sys.stderr)
     password = admin_password(args.admin_password_file) if args.auth else ""
+    taken = probe.port_taken(host, args.port)  # before, not from the server's log after it died
+    if taken is not None:
+        raise ClusterError(f"the MLflow server's address {host}:{args.port} {taken}: stop that process, or give "
+                           f"--port another port")
     auth_config = write_auth_config(shared / "mlflow" / "auth") if args.auth else None
     process = start_mlflow(backend, artifacts, host, args.port, shared / "mlflow" / f"server-{address}.log",
                            auth_config=auth_config, password=password, advertise=address, workers=args.workers)
@@ -374,7 +389,11 @@ def main(argv: list[str] | None = None) -> int:
     listing.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for them")
     listing.add_argument("--ray-address", default="", help="default: the cluster file's, else the one on this node")
     args = parser.parse_args(argv)
-    return {"start": start, "stop": stop, "watch": watch, "nodes": nodes}[args.command](args)
+    try:
+        return {"start": start, "stop": stop, "watch": watch, "nodes": nodes}[args.command](args)
+    except ClusterError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -9,11 +9,15 @@ retrying after 5 minutes), and MLflow's HTTP client retries a refusing tracking 
 - `mlflow_server(uri)`: an MLflow tracking server answers `GET <uri>/health` with 200 (unauthenticated, also
   behind MLflow's basic-auth app); a proxy that does not pass /health on is accepted when the REST API answers.
 
-Each returns None when the service answers, else the problem as a phrase ("refuses connections (nothing
+- `port_taken(host, port)`: whether a server of ours (the head's MLflow server) could bind the port, asked before
+  it starts rather than learnt from its log after it died.
+
+Each returns None when all is well, else the problem as a phrase ("refuses connections (nothing
 listens there)"); the callers turn it into their one-line error.
 """
 from __future__ import annotations
 
+import errno
 import socket
 import urllib.error
 import urllib.parse
@@ -94,3 +98,17 @@ def mlflow_server(uri: str, timeout_s: float = PROBE_S) -> str | None:
     if api in (200, 401, 403):  # it is MLflow's API (403/401: credentials, which MLflow's client sends)
         return None
     return f"answers HTTP {status} at /health and {api} at its REST API, not as an MLflow tracking server does"
+
+
+def port_taken(host: str, port: int) -> str | None:
+    """The problem when another process holds `host:port` (bound as servers bind: SO_REUSEADDR, so a port in
+    TIME_WAIT is free), else None."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as error:
+            if error.errno == errno.EADDRINUSE:
+                return f"is in use by another process (`ss -ltnp 'sport = :{port}'` names it)"
+    return None  # bound, or refused for another reason (an address not on this machine): the server says so

@@ -321,6 +321,7 @@ def test_head_binds_the_advertised_private_address_and_warns_on_every_interface(
     monkeypatch.setenv(connect.CLUSTER_FILE_ENV, str(tmp_path / "cluster.json"))
     monkeypatch.setattr(head, "node_address", lambda: "10.0.0.5")
     monkeypatch.setattr(head, "gcs_address", lambda address: "")  # no Ray to follow: no watcher
+    monkeypatch.setattr(head.probe, "port_taken", lambda host, port: None)  # the server is faked: so is its port
     bound = []
     monkeypatch.setattr(head, "start_mlflow", lambda *args, **kwargs: bound.append(args[2]) or FakeServer())
     assert head.main(["start", "--shared", str(tmp_path / "shared")]) == 0
@@ -338,6 +339,7 @@ def test_head_auth_takes_the_admin_password_from_a_file_or_the_environment_only(
     monkeypatch.delenv(head.ADMIN_PASSWORD_ENV, raising=False)
     monkeypatch.setattr(head.importlib.util, "find_spec", lambda name: object())
     monkeypatch.setattr(head, "gcs_address", lambda address: "")
+    monkeypatch.setattr(head.probe, "port_taken", lambda host, port: None)  # the server is faked: so is its port
     started = []
     monkeypatch.setattr(head, "start_mlflow", lambda *args, **kwargs: started.append(kwargs) or FakeServer())
     shared = tmp_path / "shared"

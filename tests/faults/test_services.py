@@ -184,3 +184,24 @@ def test_open_client_refuses_before_mlflow_s_retries(monkeypatch):
     with refusing() as port, pytest.raises(StageError, match=r"refuses connections"):
         store.open_client(f"http://127.0.0.1:{port}")
     assert os.environ.get("MLFLOW_TRACKING_URI") is None
+
+
+def test_the_head_s_mlflow_port_taken_is_one_line_before_any_server_starts(tmp_path, monkeypatch, capsys):
+    """`python -m cluster.head start --port P` with P held by another process: exit 2 and one line naming the
+    address and what to do, before the server is launched (it used to die in its log, 17 s later, and the head
+    said "mlflow server exited with code 0" in a traceback); a port that is free passes the same check."""
+    from cluster import head
+
+    monkeypatch.setenv(connect.CLUSTER_FILE_ENV, str(tmp_path / "cluster.json"))
+    monkeypatch.setattr(head, "start_mlflow", lambda *a, **k: pytest.fail("the server was launched"))
+    with silent() as port:  # a listening socket: what another server holds
+        code = head.main(["start", "--shared", str(tmp_path / "shared"), "--host", "127.0.0.1", "--advertise",
+                          "127.0.0.1", "--port", str(port), "--ray-address", "127.0.0.1:1"])
+        assert probe.port_taken("127.0.0.1", port) is not None
+    assert code == 2
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert line == (f"error: the MLflow server's address 127.0.0.1:{port} is in use by another process "
+                    f"(`ss -ltnp 'sport = :{port}'` names it): stop that process, or give --port another port"), line
+    assert not (tmp_path / "cluster.json").exists()
+    with refusing() as port:
+        assert probe.port_taken("127.0.0.1", port) is None
