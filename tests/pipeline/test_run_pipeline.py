@@ -1,12 +1,16 @@
+import contextlib
 import gzip
 import importlib.util
 import json
 import math
+import os
 import re
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 import psutil  # noqa: F401  (a requirement: the smoke run's MLflow system metrics are sampled by it)
 import pytest
@@ -17,12 +21,10 @@ from pipeline.config import ConfigError
 from pipeline.stages import evaluate
 from pipeline.tracking.store import STAGE_TAG
 from tests.pipeline.conftest import DecoderClock, write_files_corpus
+from tests.pipeline.test_raytrain import wait_for_cpus
 
 SMOKE = Path(run_pipeline.__file__).resolve().parent / "configs" / "smoke.yaml"
 SMOKE_CORPUS = SMOKE.parents[1] / "tests" / "data" / "bible_en_es"  # its data.local_dir: <split>.en, <split>.es
-
-
-SMOKE_RUN: dict[str, Path] = {}  # the smoke run's workdir, for the browser test after it
 
 
 def sacrebleu_cli(reference: Path, hypotheses: Path) -> dict[str, dict]:
@@ -177,32 +179,93 @@ def test_a_training_stage_the_cluster_cannot_hold_fails_before_the_first_ray_sta
     assert list(tmp_path.glob("spm-*")) and not list(tmp_path.glob("tokenize-*"))  # checked before the first Ray stage
 
 
-@pytest.mark.slow
-def test_smoke_config_end_to_end_with_tracking_then_skips(tmp_path, capfd, ray_session, monkeypatch):
-    """All seven stages through Ray (AR teachers on Ray Train, KD on Ray Data with the default engine, REDER with
-    2 training workers and gloo DDP on the distilled pairs), tracked in MLflow; every score in results.json is
-    sacreBLEU's command line on the hypothesis files, every speed-up the one the (fake) clock's times give; then
-    the translate CLI reproduces the evaluate stage's hypotheses (REDER's and the teacher's), a second run skips
-    everything, a GPU request on this CPU-only cluster fails fast, and an incompatible teacher checkpoint is a
-    clear error."""
-    workdir = tmp_path / "work"
+@dataclass(frozen=True)
+class SmokeRun:
+    """The smoke config's run, made once for this module (`smoke_run`): its workdir, arguments, the terminal's
+    two streams as the file descriptors got them, last_run.json and the fake clock its evaluate stage timed by."""
+
+    workdir: Path
+    args: list[str]
+    out: str
+    err: str
+    last: dict
+    clock: DecoderClock
+
+    def stage_dir(self, stage: str) -> Path:
+        return Path(self.last["stages"][stage]["output"])
+
+    def results(self) -> dict:
+        return json.loads((self.stage_dir("evaluate") / "results.json").read_text())
+
+    def hypotheses(self, name: str = "test.src2tgt.greedy") -> list[str]:
+        return (self.stage_dir("evaluate") / f"{name}.txt").read_text(encoding="utf-8").splitlines()
+
+
+@contextlib.contextmanager
+def terminal_captured(directory: Path) -> Iterator[dict[str, Path]]:
+    """What a terminal would show while inside, as files: file descriptors 1 and 2 (Ray's C++ core writes to
+    them) and sys.stdout / sys.stderr (pytest's capture has them elsewhere), both appending to the same two
+    files; restored after."""
+    files = {"out": directory / "stdout.txt", "err": directory / "stderr.txt"}
+    sys.stdout.flush(), sys.stderr.flush()
+    saved = {fd: os.dup(fd) for fd in (1, 2)}
+    with contextlib.ExitStack() as stack:
+        texts = {}
+        for fd, name in ((1, "out"), (2, "err")):
+            raw = stack.enter_context(open(files[name], "ab"))  # O_APPEND: both writers add at the end
+            os.dup2(raw.fileno(), fd)
+            texts[name] = stack.enter_context(open(files[name], "a", encoding="utf-8", buffering=1))
+        try:
+            with contextlib.redirect_stdout(texts["out"]), contextlib.redirect_stderr(texts["err"]):
+                yield files
+        finally:
+            for fd, copy in saved.items():
+                os.dup2(copy, fd)
+                os.close(copy)
+
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory: pytest.TempPathFactory, ray_session) -> SmokeRun:
+    """All seven stages of the smoke config through Ray (AR teachers on Ray Train, KD on Ray Data with the default
+    engine, REDER with 2 training workers and gloo DDP on the distilled pairs), tracked in MLflow, evaluate's
+    decoders timed by a fake clock; run once, read by the tests below."""
+    base = tmp_path_factory.mktemp("smoke-run")
+    workdir = base / "work"
     args = ["--config", str(SMOKE), f"workdir={workdir}", "evaluate.measure_speed=true"]
     # evaluate's timings by a fake clock: (seconds per sentence at batch 1, seconds of a larger batch's call)
     clock = DecoderClock({"greedy": (0.002, 0.05), "beam4": (0.005, 0.1), "greedy_unpenalised": (0.002, 0.05),
-                          "teacher_greedy": (0.01, 0.25), "teacher_beam4": (0.04, 0.5)}).install(monkeypatch)
-    monkeypatch.setattr(progress, "LINE_EVERY_S", 0.0)  # a progress line per report: the run is under a minute a stage
-    assert run_pipeline.main(args) == 0
-    out, err = capfd.readouterr()
+                          "teacher_greedy": (0.01, 0.25), "teacher_beam4": (0.04, 0.5)})
+    # As on a fresh instance: every CPU free (an earlier test's actors and groups go asynchronously), and Ray Data's
+    # once-per-process "no available CPUs" warning able to fire again (an earlier test may have spent it)
+    from ray.util.debug import reset_log_once
+
+    wait_for_cpus(ray_session.cluster_resources()["CPU"], timeout_s=60.0)
+    reset_log_once("cpu_warning")
+    with pytest.MonkeyPatch.context() as patch, terminal_captured(base) as files:
+        clock.install(patch)
+        patch.delenv("MLFLOW_TRACKING_URI", raising=False)  # an earlier test's store (module fixtures come first)
+        patch.setattr(progress, "LINE_EVERY_S", 0.0)  # a progress line per report: the run is under a minute a stage
+        code = run_pipeline.main(args)
+    out, err = (files[name].read_text(encoding="utf-8", errors="replace") for name in ("out", "err"))
+    assert code == 0, err[-5000:]
+    last = json.loads((workdir / "last_run.json").read_text())
+    return SmokeRun(workdir, args, out, err, last, clock)
+
+
+@pytest.mark.slow
+def test_the_smoke_run_runs_every_stage_and_its_terminal_says_what_is_true(smoke_run):
+    """Every stage ran, on what it should (the teachers' 20 steps, REDER's 30 on the distilled pairs); the terminal
+    has a progress line per stage, the summary's `mlflow ui` command, and none of the lines nobody could act on."""
+    out, err, last, workdir = smoke_run.out, smoke_run.err, smoke_run.last, smoke_run.workdir
     assert "[7/7] evaluate: running" in out and "vocab_size 256 (blank id 255)" in out
-    # Issue 56: the two Ray lines nobody could act on are gone (capfd: Ray's C++ core writes to the descriptor)
+    # Issue 56: the two Ray lines nobody could act on are gone (Ray's C++ core writes to the descriptor)
     assert "has constructor arguments in the object store" not in err
     assert "does not have any available CPUs" not in err
     assert "Skip logging GPU metrics" not in err  # MLflow's system metrics monitor, quiet
     # Issue 42: the summary says how to see the runs: `mlflow ui` on the store, the runs table in the view "Test BLEU"
     assert re.search(rf"browse: mlflow ui --backend-store-uri sqlite:///{re.escape(str(workdir.resolve()))}/mlflow.db   "
                      r"then http://127\.0\.0\.1:5000/#/experiments/\d+/runs\?viewStateShareKey=duplex-test-bleu&", out)
-    last = json.loads((workdir / "last_run.json").read_text())
-    # Issue 42: progress lines off a terminal (stderr is pytest's capture here, not a terminal, as a log file is)
+    # Issue 42: progress lines off a terminal (stderr is a file here, as a log file is)
     rows = last["stages"]["distill"]["counts"]["rows"]
     terms = "".join(rf"(?=[^)]*\b{term} [\d.]+)" for term in ("ctc_src2tgt", "ctc_tgt2src", "fba_src2tgt", "cc_tgt2src"))
     lines = [line for line in re.split(r"[\r\n]", err) if line.startswith(("train", "teacher", "distill", "evaluate"))]
@@ -224,13 +287,17 @@ def test_smoke_config_end_to_end_with_tracking_then_skips(tmp_path, capfd, ray_s
     for direction in ("src2tgt", "tgt2src"):
         assert 0 <= distill_counts[f"fallback_{direction}"] <= distill_counts["rows"]
         assert distill_counts[f"length_ratio_{direction}"] > 0 and f"teacher_bleu_{direction}" in distill_counts
-    train_manifest = json.loads((Path(last["stages"]["train"]["output"]) / "manifest.json").read_text())
+    train_manifest = json.loads((smoke_run.stage_dir("train") / "manifest.json").read_text())
     assert train_manifest["inputs"]["data"] == last["stages"]["distill"]["output"]  # trained on the KD pairs
     assert last["stages"]["tokenize"]["counts"]["train"]["kept"] > 350
     assert last["stages"]["train"]["counts"]["steps"] == 30
 
-    evaluate_dir = Path(last["stages"]["evaluate"]["output"])
-    results = json.loads((evaluate_dir / "results.json").read_text())
+
+@pytest.mark.slow
+def test_every_score_of_the_smoke_run_is_sacrebleus_and_every_speedup_the_clocks(smoke_run, tmp_path):
+    """Every score in results.json is sacreBLEU's command line on the hypothesis files; every speed-up the one the
+    (fake) clock's times give."""
+    results, last = smoke_run.results(), smoke_run.last
     for key in ("bleu_src2tgt", "bleu_tgt2src", "chrf_src2tgt", "chrf_tgt2src", "roundtrip_bleu_src",
                 "roundtrip_bleu_tgt"):
         assert math.isfinite(results[key]), key
@@ -239,23 +306,32 @@ def test_smoke_config_end_to_end_with_tracking_then_skips(tmp_path, capfd, ray_s
     assert results["mlflow_run_id"] == last["mlflow_run_id"]
     # Issue 41: with a blank penalty tuned to other than 0 (on 30 updates' validation: either can happen), the
     # unpenalised greedy output is scored and timed beside
-    penalised = any(results["blank_penalty"].values())
-    decoders = ("greedy", "beam4", *(("greedy_unpenalised",) if penalised else ()), "teacher_greedy", "teacher_beam4")
+    decoders = smoke_decoders(results)
     assert set(results["scores"]) == {f"{split}.{d}.{decoder}" for split in ("test", "valid")
                                       for d in ("src2tgt", "tgt2src") for decoder in decoders}
-    assert f"evaluate: {4 * len(decoders)}/{4 * len(decoders)} decodes (100%)" in err
-    expected = clock.expected_speed(50, 16, decoders)
+    assert f"evaluate: {4 * len(decoders)}/{4 * len(decoders)} decodes (100%)" in smoke_run.err
+    expected = smoke_run.clock.expected_speed(50, 16, decoders)
     assert {name: results["speed"][name] for name in expected} == expected
     assert results["speed"]["speedup_greedy_vs_teacher_beam4_batch1"] == 20.0
     assert results["speed"]["speedup_beam4_vs_teacher_greedy_batch16"] == 2.5
-    assert_results_are_sacrebleu_clis(results, evaluate_dir, 50, tmp_path / "references")
-    hypotheses = (evaluate_dir / "test.src2tgt.greedy.txt").read_text(encoding="utf-8").splitlines()
-    assert len(hypotheses) == 50
+    assert_results_are_sacrebleu_clis(results, smoke_run.stage_dir("evaluate"), 50, tmp_path / "references")
+    assert len(smoke_run.hypotheses()) == 50
 
+
+def smoke_decoders(results: dict) -> tuple[str, ...]:
+    penalised = any(results["blank_penalty"].values())
+    return ("greedy", "beam4", *(("greedy_unpenalised",) if penalised else ()), "teacher_greedy", "teacher_beam4")
+
+
+@pytest.mark.slow
+def test_the_smoke_run_s_mlflow_runs_hold_its_params_metrics_artifacts_and_datasets(smoke_run):
+    """The pipeline run and a nested run per stage (and per teacher), named by their directories, FINISHED, with
+    the config as params, test and validation metrics by name, per-step training metrics, the artifacts, the
+    translations tables, the datasets each training run read and the system metrics."""
     import mlflow
-    import pandas as pd
     from mlflow.tracking import MlflowClient
 
+    last, workdir, results = smoke_run.last, smoke_run.workdir, smoke_run.results()
     uri = f"sqlite:///{workdir}/mlflow.db"
     mlflow.set_tracking_uri(uri)
     client = MlflowClient(uri)
@@ -301,7 +377,7 @@ def test_smoke_config_end_to_end_with_tracking_then_skips(tmp_path, capfd, ray_s
     # issue 56: a translations table per scored set, an MLflow table (sortable in the UI)
     assert artifacts("evaluate", "translations") == {"translations/test.json", "translations/valid.json"}
     table = mlflow.load_table("translations/test.json", run_ids=[by_name["evaluate"].info.run_id])
-    assert len(table) == 50 and table["hypothesis_src2tgt"].tolist() == hypotheses
+    assert len(table) == 50 and table["hypothesis_src2tgt"].tolist() == smoke_run.hypotheses()
     train_run = by_name["train"].info.run_id
     per_step = client.get_metric_history(train_run, "train_total")
     assert [m.step for m in per_step] == [5, 10, 15, 20, 25, 30]  # logged by rank 0 every log_every steps
@@ -310,6 +386,7 @@ def test_smoke_config_end_to_end_with_tracking_then_skips(tmp_path, capfd, ray_s
     for name in ("train_fba_src2tgt", "train_cc_tgt2src"):  # on from update 21 (aux_start_step 20): windows 25, 30
         assert [m.step for m in client.get_metric_history(train_run, name)] == [25, 30], name
     assert [m.step for m in client.get_metric_history(train_run, "valid_bleu_src2tgt")] == [10, 20, 30]
+
     # issue 56: what each training run read, as MLflow datasets: REDER the distilled pairs, the teachers the raw ones
     def datasets(stage: str) -> dict[str, str]:
         return {i.dataset.name: {t.key: t.value for t in i.tags}["mlflow.data.context"]
@@ -321,54 +398,83 @@ def test_smoke_config_end_to_end_with_tracking_then_skips(tmp_path, capfd, ray_s
         assert "system/node_0/cpu_utilization_percentage" in by_name[stage].data.metrics, stage
     assert not [name for name in by_name["train"].data.metrics if name.startswith("bleu_")]
 
-    # The published model is registered as a pyfunc that translates both ways, as the CLI does.
+
+@pytest.mark.slow
+def test_the_registered_pyfunc_and_the_translate_cli_give_evaluate_s_translations(smoke_run):
+    """The published model is registered as a pyfunc that translates both ways (the first evaluated version takes
+    the alias @champion); it and `python -m reder.translate` reproduce the evaluate stage's hypotheses, REDER's
+    and the teacher's; duplex-compare reads the run back from MLflow."""
+    import mlflow
+    import pandas as pd
+    from mlflow.tracking import MlflowClient
+
+    last, workdir = smoke_run.last, smoke_run.workdir
+    uri = f"sqlite:///{workdir}/mlflow.db"
+    mlflow.set_tracking_uri(uri)
+    client = MlflowClient(uri)
+    by_name = by_stage(mlflow.search_runs(experiment_names=["duplex"], output_format="list"))
+    hypotheses = smoke_run.hypotheses()
     assert by_name["train"].data.tags["model_uri"] == "models:/reder-en-es/1"
     # issue 56: the first evaluated version takes the alias @champion
     assert str(client.get_model_version_by_alias("reder-en-es", "champion").version) == "1"
-    assert "registry: models:/reder-en-es@champion moved to version 1: mean test BLEU" in out
+    assert "registry: models:/reder-en-es@champion moved to version 1: mean test BLEU" in smoke_run.out
     translator = mlflow.pyfunc.load_model("models:/reder-en-es/1")
-    test_src, test_tgt = evaluate.read_text_split(Path(last["stages"]["ingest"]["output"]), "test", 50)
+    test_src, test_tgt = evaluate.read_text_split(smoke_run.stage_dir("ingest"), "test", 50)
     rows = [{"text": text, "src": "en", "tgt": "es"} for text in test_src[:5]] + [{"text": test_tgt[0], "src": "es", "tgt": "en"}]
     served = translator.predict(pd.DataFrame(rows))
     assert served[:5] == hypotheses[:5]
-    assert served[5] == (evaluate_dir / "test.tgt2src.greedy.txt").read_text(encoding="utf-8").splitlines()[0]
+    assert served[5] == smoke_run.hypotheses("test.tgt2src.greedy")[0]
     with pytest.raises(mlflow.exceptions.MlflowException, match="row 0: this model translates en->es and es->en, not en->fr"):
         translator.predict(pd.DataFrame([{"text": "Hello.", "src": "en", "tgt": "fr"}]))
 
-    model_dir = Path(last["stages"]["train"]["output"]) / "model"
-    translated = subprocess.run([sys.executable, "-m", "reder.translate", "--checkpoint", str(model_dir),
-                                 "--direction", "src2tgt"], input="".join(s + "\n" for s in test_src),
-                                capture_output=True, text=True, check=True, cwd=Path(run_pipeline.__file__).parent)
+    translated = subprocess.run([sys.executable, "-m", "reder.translate", "--checkpoint",
+                                 str(smoke_run.stage_dir("train") / "model"), "--direction", "src2tgt"],
+                                input="".join(s + "\n" for s in test_src), capture_output=True, text=True, check=True,
+                                cwd=Path(run_pipeline.__file__).parent)
     assert translated.stdout.splitlines() == hypotheses
-    teacher_dir = Path(last["stages"]["teacher"]["output"]) / "tgt2src" / "model"
+    teacher_dir = smoke_run.stage_dir("teacher") / "tgt2src" / "model"
     translated = subprocess.run([sys.executable, "-m", "reder.translate", "--checkpoint", str(teacher_dir),
                                  "--direction", "tgt2src", "--beam", "4"], input="".join(s + "\n" for s in test_tgt),
                                 capture_output=True, text=True, check=True, cwd=Path(run_pipeline.__file__).parent)
-    assert translated.stdout.splitlines() == (evaluate_dir / "test.tgt2src.teacher_beam4.txt").read_text(
-        encoding="utf-8").splitlines()
+    assert translated.stdout.splitlines() == smoke_run.hypotheses("test.tgt2src.teacher_beam4")
 
-    # issue 56: duplex-compare reads this run's hypotheses and tables back from MLflow (a run against itself: no
-    # difference on any line)
+
+@pytest.mark.slow
+def test_duplex_compare_reads_the_smoke_run_back_from_mlflow(smoke_run, capsys):
+    """duplex-compare on the run's hypotheses and tables from MLflow (a run against itself: no difference on any
+    line)."""
     from pipeline import compare
 
-    capfd.readouterr()
-    assert compare.main([last["mlflow_run_id"], last["mlflow_run_id"], "--tracking-uri", uri, "--samples", "50",
-                         "--sets", "test"]) == 0
-    assert capfd.readouterr().out.count("no significant difference") == 4
+    uri = f"sqlite:///{smoke_run.workdir}/mlflow.db"
+    run_id = smoke_run.last["mlflow_run_id"]
+    assert compare.main([run_id, run_id, "--tracking-uri", uri, "--samples", "50", "--sets", "test"]) == 0
+    assert capsys.readouterr().out.count("no significant difference") == 4
 
-    SMOKE_RUN["workdir"] = workdir  # its MLflow store, for the browser test
-    # bench/ray_overhead.py: the same training budget through the harness alone, against this train stage.
-    overhead = subprocess.run([sys.executable, "-m", "bench.ray_overhead", "--workdir", str(workdir), "--config",
-                               str(SMOKE), f"workdir={workdir}"], capture_output=True, text=True, check=True,
-                              cwd=Path(run_pipeline.__file__).parent)
+
+@pytest.mark.slow
+def test_ray_overhead_bench_times_the_smoke_run_s_train_stage_against_the_harness(smoke_run):
+    """bench/ray_overhead.py: the same training budget through the harness alone, against this train stage."""
+    train_manifest = json.loads((smoke_run.stage_dir("train") / "manifest.json").read_text())
+    overhead = subprocess.run([sys.executable, "-m", "bench.ray_overhead", "--workdir", str(smoke_run.workdir),
+                               "--config", str(SMOKE), f"workdir={smoke_run.workdir}"], capture_output=True, text=True,
+                              check=True, cwd=Path(run_pipeline.__file__).parent)
     measured = json.loads(overhead.stdout)
     assert measured["steps"] == measured["stage_steps"] == 30 and measured["stage_workers"] == 2
     assert measured["stage_seconds"] == train_manifest["seconds"] and measured["harness_seconds"] > 0
     assert measured["overhead"] == round(measured["stage_seconds"] / measured["harness_seconds"] - 1, 4)
     assert [entry["step"] for entry in measured["harness_valid_bleu"]] == [10, 20, 30]
 
+
+@pytest.mark.slow
+def test_the_smoke_run_again_skips_everything_and_bad_requests_on_it_fail_fast(smoke_run, capfd, tmp_path):
+    """A second run skips every stage and opens no MLflow run; a GPU request on this CPU-only cluster fails fast;
+    an incompatible teacher checkpoint (a REDER model directory, then a missing one) is a clear error."""
+    import mlflow
+
+    args = smoke_run.args
     assert run_pipeline.main(args) == 0  # second run: everything finished already
     assert capfd.readouterr().out.count("skipped (finished earlier)") == 14  # progress lines + summary
+    mlflow.set_tracking_uri(f"sqlite:///{smoke_run.workdir}/mlflow.db")
     assert len(mlflow.search_runs(experiment_names=["duplex"], output_format="list")) == 10  # no run opened
 
     started = time.monotonic()
@@ -376,8 +482,8 @@ def test_smoke_config_end_to_end_with_tracking_then_skips(tmp_path, capfd, ray_s
     assert "GPU: need 2, cluster has 0" in capfd.readouterr().err
     assert time.monotonic() - started < 30
 
-    # A teacher checkpoint that is not a teacher for this run: a REDER model directory, then a missing one.
-    reder_dir = str(model_dir)
+    reder_dir = str(smoke_run.stage_dir("train") / "model")
+    teacher_dir = smoke_run.stage_dir("teacher") / "tgt2src" / "model"
     wrong = args + [f"teacher.src2tgt_checkpoint={reder_dir}", f"teacher.tgt2src_checkpoint={reder_dir}",
                     "--stages", "teacher"]
     assert run_pipeline.main(wrong) == 2
@@ -390,7 +496,7 @@ def test_smoke_config_end_to_end_with_tracking_then_skips(tmp_path, capfd, ray_s
 
 
 @pytest.mark.slow
-def test_the_mlflow_ui_in_headless_chromium_shows_the_runs_the_plot_and_the_model(tmp_path, request):
+def test_the_mlflow_ui_in_headless_chromium_shows_the_runs_the_plot_and_the_model(request):
     """Issue 42, item 4: `mlflow ui` on the smoke run's store, read by headless Chromium (bench/mlflow_ui.py): the
     experiment's runs table in the saved view "Test BLEU" that the pipeline tags the experiment with (the "Model
     training" pages, sorted by test BLEU, so nested runs are listed flat) names the pipeline run and every stage
@@ -398,18 +504,14 @@ def test_the_mlflow_ui_in_headless_chromium_shows_the_runs_the_plot_and_the_mode
     run's page lists its stage runs and shows both test BLEUs with their values; the train run's page shows
     training.png as an image; the registered model's page lists version 1 with the alias champion. Issue 56: the
     runs that trained, with their Dataset column (the teachers' raw pairs, REDER's distilled ones); the train run's
-    System metrics tab; the evaluate run's translations table. Run alone, it makes the smoke run first."""
+    System metrics tab; the evaluate run's translations table."""
     from bench import mlflow_ui
 
     if mlflow_ui.chromium() is None:
         reason = "chromium is not installed (Debian: apt-get install -y chromium; .ci/run installs it where apt can)"
         print(f"skipped: {reason}")
         pytest.skip(reason)
-    workdir = SMOKE_RUN.get("workdir")
-    if workdir is None:
-        request.getfixturevalue("ray_session")
-        workdir = tmp_path / "work"
-        assert run_pipeline.main(["--config", str(SMOKE), f"workdir={workdir}"]) == 0
+    workdir = request.getfixturevalue("smoke_run").workdir  # after the skip: without Chromium, no run
     import mlflow
 
     store = f"sqlite:///{workdir}/mlflow.db"
