@@ -8,7 +8,6 @@ retrying after 5 minutes), and MLflow's HTTP client retries a refusing tracking 
   SETTINGS frame at once; so the probe sends the preface and waits for that frame.
 - `mlflow_server(uri)`: an MLflow tracking server answers `GET <uri>/health` with 200 (unauthenticated, also
   behind MLflow's basic-auth app); a proxy that does not pass /health on is accepted when the REST API answers.
-
 - `port_taken(host, port)`: whether a server of ours (the head's MLflow server) could bind the port, asked before
   it starts rather than learnt from its log after it died.
 
@@ -34,7 +33,7 @@ def _connection_problem(error: BaseException, timeout_s: float) -> str:
         return "refuses connections (nothing listens there)"
     if isinstance(error, socket.gaierror):
         return f"does not resolve ({error.strerror})"
-    if isinstance(error, (TimeoutError, socket.timeout)):
+    if isinstance(error, TimeoutError):  # socket.timeout is TimeoutError
         return f"does not answer within {timeout_s:g} s"
     if isinstance(error, OSError):
         return f"cannot be reached ({error.strerror or error})"
