@@ -30,17 +30,37 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from cluster import ClusterError
-from cluster.connect import check_shared_storage, cluster_overrides, connect
-from pipeline import graph
-from pipeline.config import ConfigError, PipelineConfig, load_config, to_yaml
-from pipeline.signals import Terminated, forget, handle_sigterm, interruption
-from pipeline.stage import StageError, environment_errors, read_manifest, write_json, write_text
-from pipeline.stages import evaluate, tune
-from pipeline.tracking.runs import Tracker, stage_datasets
-from pipeline.tracking.store import browse_hint, tracking_uri
-from pipeline.training import raytrain
-from pipeline.training.runfiles import MODEL_DIR
+OWN_PACKAGES = ("cluster", "pipeline", "reder", "bench", "run_pipeline")
+
+
+def dependency_failure(error: ImportError) -> str | None:
+    """The one line for a package the run needs that is missing or fails to import (not our own modules: that is a
+    bug, its traceback stays), else None."""
+    name = (error.name or "").split(".")[0]
+    if not name or name in OWN_PACKAGES:
+        return None
+    how = "is not installed" if isinstance(error, ModuleNotFoundError) else "fails to import"
+    return (f"the Python package {name!r} {how} in the environment of {sys.executable} ({error}); install the "
+            f"requirements there: {sys.executable} -m pip install -r {Path(__file__).resolve().with_name('requirements.txt')}")
+
+
+try:
+    from cluster import ClusterError
+    from cluster.connect import check_shared_storage, cluster_overrides, connect
+    from pipeline import graph
+    from pipeline.config import ConfigError, PipelineConfig, load_config, to_yaml
+    from pipeline.signals import Terminated, forget, handle_sigterm, interruption
+    from pipeline.stage import StageError, environment_errors, read_manifest, write_json, write_text
+    from pipeline.stages import evaluate, tune
+    from pipeline.tracking.runs import Tracker, stage_datasets
+    from pipeline.tracking.store import browse_hint, tracking_uri
+    from pipeline.training import raytrain
+    from pipeline.training.runfiles import MODEL_DIR
+except ImportError as missing:  # as a command: one line, exit 2 (imported, the error stays the importer's)
+    if __name__ != "__main__" or dependency_failure(missing) is None:
+        raise
+    print(f"error: {dependency_failure(missing)}", file=sys.stderr)
+    sys.exit(2)
 
 REPO_ROOT = Path(__file__).resolve().parent
 DEFAULT_CONFIG = REPO_ROOT / "configs" / "default.yaml"
@@ -267,10 +287,11 @@ def guarded(work: Callable[[], tuple[Any, Any]], how_to_continue: str = CONTINUE
         # KeyboardInterrupt, when Ctrl-C came while distill imported CTranslate2).
         if interruption(error):
             return interrupted(error, how_to_continue), (None, None)
-        if not isinstance(error, (ConfigError, StageError, ClusterError)):
+        missing = dependency_failure(error) if isinstance(error, ImportError) else None  # one imported when needed
+        if missing is None and not isinstance(error, (ConfigError, StageError, ClusterError)):
             raise
         disconnect_ray()
-        print(f"error: {error}", file=sys.stderr)
+        print(f"error: {missing or error}", file=sys.stderr)
         return 2, (None, None)
 
 
