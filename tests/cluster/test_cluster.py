@@ -263,7 +263,8 @@ def test_two_node_cluster_spreads_training_and_a_node_lost_for_good_stops_it_the
         output = log.read_text()
         assert "on a Ray cluster (cluster file)" in output and "cluster: 2 nodes see the workdir" in output
         assert code == 2, output[-6000:]
-        # Ray's node death detection (~15 s here), then max_failures + 1 placements of start_timeout_s each
+        # Ray's node death detection (~2 s here: the removed raylet's connection closes), then max_failures + 1
+        # placements of start_timeout_s each (11.6 s in all, measured)
         assert stopped_after_s <= 60 + (max_failures + 1) * timeout_s, (stopped_after_s, output[-3000:])
         last = output.strip().splitlines()[-1]
         assert re.fullmatch(rf"error: train: Ray Train could not place its 2 worker\(s\) within train\.start_timeout_s="

@@ -1,4 +1,4 @@
-"""Issue 23's fault suite, part one: the pipeline killed inside every stage and run again; then each kind of
+"""The fault drill: the pipeline killed inside every stage and run again; then each kind of
 artifact corrupted under the stage that consumes it.
 
 One tiny tracked run (the smoke config, a few steps) is started as `python run_pipeline.py` again and again;
@@ -11,32 +11,25 @@ SIGTERM and Ctrl-C end the run within STOP_S with exit 143 / 130 and one `error:
 temporary output; no stage directory without `_SUCCESS` exists; no process of that run is left (Ray's node
 agents, which outlive a SIGKILL by up to a minute, are checked at the end); the next start runs the stopped
 stage again. At the end: the run completes, the Ray Train stages resumed from their checkpoints, and no
-MLflow run is left RUNNING — each stopped start's runs are KILLED with the reason in their `error` tag. A
-sweep (`run_pipeline.py tune`, one trial) on the finished run's data is then stopped by SIGTERM while it trains,
-within STOP_S, and `--resume` completes it. The finished run then serves the corruption checks (see the
-test's second part).
+MLflow run is left RUNNING — each stopped start's runs are KILLED with the reason in their `error` tag. The
+finished run then serves the corruption checks (see the test's second part). A sweep stopped while it trains is
+tests/pipeline/test_tune.py's.
 """
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
 import signal
-import subprocess
-import sys
-import tempfile
 import time
-import uuid
 from pathlib import Path
 
 import pytest
 
 import run_pipeline
-from pipeline.stage import HOLD_ENV, SUCCESS
+from pipeline.stage import SUCCESS
 from pipeline.tracking.store import STAGE_TAG
 from tests.checkpoints import registered_under, resumed
-from tests.conftest import SESSION_RAY_TMPDIR
+from tests.starts import Start
 
 REPO = Path(run_pipeline.__file__).resolve().parent
 SMOKE = REPO / "configs" / "smoke.yaml"
@@ -47,9 +40,7 @@ TINY = ["tracking.enabled=true", "teacher.train.max_steps=4", "teacher.train.val
         # validations and evaluate's penalty tuning on 10 sentences, not the smoke config's 50, and no teacher rows in
         # evaluate (teachers of 4 updates decode to their length limit): what is stopped is the same, in less time
         "train.valid_max_sentences=10", "teacher.train.valid_max_sentences=10", "evaluate.teacher_baseline=false"]
-MARK = "DUPLEX_FAULT_RUN"  # in the environment of the run and of every process it starts (Ray's too)
 HELD = ("ingest", "spm")
-AGENT = re.compile(r"ray::(DashboardAgent|RuntimeEnvAgent)")
 STAGE_DIR = re.compile(r"^[a-z]+-[0-9a-f]{12}$")
 
 
@@ -60,7 +51,7 @@ def _files(workdir: Path, pattern: str) -> list[Path]:
 # When each start is stopped: the stage's temporary directory exists (its build began), and then (`ready`,
 # given the workdir)... a Ray Train stage once it has a registered checkpoint (the train stage's second stop:
 # one saved after it resumed). SIGINT is Ctrl-C: sent to the run's process group. Each kind of signal reaches
-# a Ray Data stage and a Ray Train fit (issue 55: Ctrl-C reached only distill, tokenize only SIGKILL).
+# a Ray Data stage and a Ray Train fit.
 KILLS = [
     # ingest and spm last a fraction of a second on this corpus: each is held at its own point inside its build
     # (HOLD_ENV, stage.drill_hold) until the signal: ingest with its train split written, spm with its sample drawn
@@ -73,110 +64,19 @@ KILLS = [
     ("train", signal.SIGINT, lambda w: any(map(resumed, registered_under(w / "ray_results", "train-*")))),
     ("evaluate", signal.SIGTERM, lambda w: True),
 ]
-# The sweep's stop and --resume need one trial, not the smoke config's three (each a Ray Train start): the three
-# of them made the sweep 323 of the suite's 857 s (2-core box, 2026-11-27).
-ONE_TRIAL = ("tune.space={loss.lambda_fba: {grid: [0.1]}}",)
-STOP_S = 10  # what an interrupted run may take to end (issue 40: SIGTERM in train once took over a minute)
-EXIT = {signal.SIGTERM: (143, "SIGTERM"), signal.SIGINT: (130, "Ctrl-C")}
-
-
 # After a SIGKILL Ray's two node agents see their raylet die and try to tell the (dead) GCS, which Ray gives
 # 60 s (`publish_error_to_driver`'s fixed timeout, whatever RAY_gcs_rpc_server_reconnect_timeout_s says):
 # the last SIGKILL comes two starts before the final one, so that their minute passes while those run.
 AGENTS_LINGER_S = 60
 
 
-def _processes_of(mark: str) -> list[str]:
-    """`pid cmdline` of every process whose environment carries MARK=mark."""
-    found = []
-    needle = f"{MARK}={mark}".encode()
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            if needle in (proc / "environ").read_bytes().split(b"\0"):
-                command = (proc / "cmdline").read_bytes().replace(b"\0", b" ")[:100].decode(errors="replace")
-                found.append(f"{proc.name} {command}")
-        except OSError:  # gone, or not ours
-            continue
-    return found
-
-
-class Start:
-    """One `python run_pipeline.py` of the tiny run, its output in files beside the workdir."""
-
-    def __init__(self, workdir: Path, number: int, hold: str = "", command: tuple[str, ...] = (),
-                 tmpdir: Path | None = None, extra: tuple[str, ...] = ()) -> None:
-        self.mark = uuid.uuid4().hex
-        self.stdout, self.stderr = (workdir.parent / f"start{number}.{kind}" for kind in ("out", "err"))
-        # A SIGKILLed driver's Ray processes try to reach its GCS, gone too, for the reconnect timeout (60 s by
-        # default): 5 s here (the node agents' last report has its own minute: AGENTS_LINGER_S).
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", MARK: self.mark, "RAY_gcs_rpc_server_reconnect_timeout_s": "5"}
-        env.pop("RAY_ADDRESS", None)
-        env.pop(HOLD_ENV, None)
-        if hold:
-            env[HOLD_ENV] = hold
-        if tmpdir is not None:  # as on a user's machine: no RAY_TMPDIR (the suite sets one), the system temp here
-            env.pop("RAY_TMPDIR", None)
-            env.pop(SESSION_RAY_TMPDIR, None)
-            env["TMPDIR"] = str(tmpdir)
-        with open(self.stdout, "w") as out, open(self.stderr, "w") as err:
-            self.proc = subprocess.Popen([sys.executable, "run_pipeline.py", *command, "--config", str(SMOKE),
-                                          f"workdir={workdir}", *TINY, *extra], cwd=REPO, env=env, stdout=out, stderr=err,
-                                         start_new_session=True)  # its own process group, as from a shell
-
-    def stop(self, sig: signal.Signals, where: str, how_to_continue: str) -> float:
-        """Send `sig` (SIGINT: Ctrl-C, to the whole process group as a terminal does) and check the exit: an
-        interruption ends within STOP_S with its exit code and one `error:` line, a SIGKILL at once."""
-        signalled = time.monotonic()
-        if sig == signal.SIGINT:
-            os.killpg(self.proc.pid, sig)
-        else:
-            self.proc.send_signal(sig)
-        said = None  # when the `error:` line came: the stage's cleanup and Ray's shutdown are before it
-        while self.proc.poll() is None and time.monotonic() - signalled < 120:
-            if said is None and "\nerror: " in self.stderr.read_text(encoding="utf-8", errors="replace"):
-                said = time.monotonic() - signalled
-            time.sleep(0.05)
-        code = self.proc.wait(timeout=1)
-        took = time.monotonic() - signalled
-        if sig == signal.SIGKILL:
-            assert code == -signal.SIGKILL, (where, code)
-            return took
-        expected, name = EXIT[sig]
-        assert code == expected, f"{where}: exit {code}\n{self.text()[-3000:]}"
-        split = "no error line before the exit" if said is None else f"{said:.1f} s to its error line"
-        assert took <= STOP_S, f"{where}: the run took {took:.1f} s to stop ({split})\n{self.text()[-3000:]}"
-        last = self.stderr.read_text(encoding="utf-8").strip().splitlines()[-1]
-        assert last.startswith(f"error: interrupted by {name}; {how_to_continue}"), (where, last)
-        return took
-
-    def text(self) -> str:
-        return self.stdout.read_text(encoding="utf-8") + self.stderr.read_text(encoding="utf-8")
-
-    def wait_for(self, condition, what: str, timeout_s: float = 300) -> None:
-        deadline = time.monotonic() + timeout_s
-        while not condition():
-            if self.proc.poll() is not None:
-                pytest.fail(f"the run ended (exit {self.proc.returncode}) before {what}:\n{self.text()[-3000:]}")
-            if time.monotonic() > deadline:
-                self.proc.kill()
-                pytest.fail(f"no {what} after {timeout_s} s:\n{self.text()[-3000:]}")
-            time.sleep(0.05)
-
-    def processes_left(self, timeout_s: float, agents: bool = True) -> list[str]:
-        """This start's processes still alive after waiting up to `timeout_s` for them to end; `agents=False`
-        leaves out Ray's two node agents, which outlive a SIGKILLed driver by up to AGENTS_LINGER_S."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            left = [p for p in _processes_of(self.mark) if agents or not AGENT.search(p)]
-            if not left or time.monotonic() > deadline:
-                return left
-            time.sleep(0.5)
+def tiny_start(workdir: Path, number: int, hold: str = "") -> Start:
+    """One start of the tiny run, its output beside the workdir."""
+    return Start(["--config", str(SMOKE), f"workdir={workdir}", *TINY], workdir.parent / f"start{number}", hold=hold)
 
 
 @pytest.mark.slow
-def test_killed_inside_every_stage_then_run_again_and_corrupted_artifacts_are_refused(tmp_path, capsys, request):
+def test_killed_inside_every_stage_then_run_again_and_corrupted_artifacts_are_refused(tmp_path, capsys):
     import mlflow
 
     workdir = tmp_path / "work"
@@ -185,7 +85,7 @@ def test_killed_inside_every_stage_then_run_again_and_corrupted_artifacts_are_re
     phases: list[str] = []  # where the suite's time goes (shown with -rA): start to signal, signal to exit, the rest
     for number, (stage, sig, ready) in enumerate(KILLS):
         began = time.monotonic()
-        start = Start(workdir, number, hold=stage if stage in HELD else "")
+        start = tiny_start(workdir, number, hold=stage if stage in HELD else "")
         start.wait_for(lambda: f"] {stage}: running" in start.stdout.read_text(encoding="utf-8")
                        and _files(workdir, f".{stage}-*.tmp") and ready(workdir), f"stage {stage} under way")
         where = f"stopped in {stage} with {sig.name}"
@@ -203,7 +103,7 @@ def test_killed_inside_every_stage_then_run_again_and_corrupted_artifacts_are_re
                       f"{time.monotonic() - began - took[where] - (reached - began):4.1f} s after")
 
     began = time.monotonic()
-    final = Start(workdir, len(KILLS))
+    final = tiny_start(workdir, len(KILLS))
     assert final.proc.wait(timeout=600) == 0, final.text()[-5000:]
     phases.append(f"the last start: {time.monotonic() - began:5.1f} s")
     began = time.monotonic()
@@ -232,39 +132,10 @@ def test_killed_inside_every_stage_then_run_again_and_corrupted_artifacts_are_re
     assert sum(" ended without closing this run (killed)" in e for e in errors) == count[signal.SIGKILL]
     killed_teacher = [r.data.tags[STAGE_TAG] for r in runs if r.data.tags[STAGE_TAG].startswith("teacher ")
                       and r.info.status == "KILLED"]
-    # both directions were under way when SIGTERM came (one run trains both: issue 53), closed with their stage
+    # both directions were under way when SIGTERM came (one run trains both), closed with their stage
     assert sorted(killed_teacher) == ["teacher src2tgt", "teacher tgt2src"]
 
-    # A sweep on the finished run's data, stopped by SIGTERM while its one trial trains, then resumed.
-    # Started as a user starts it, without the suite's RAY_TMPDIR: Ray's files go to the user's own
-    # <temp>/duplex-<uid> (mode 700), not the machine-wide /tmp/ray (issue 55). A short path: Ray's socket names
-    # must fit 107 bytes.
-    own_tmp = Path(tempfile.mkdtemp(prefix="dpx-", dir="/tmp"))
-    request.addfinalizer(lambda: shutil.rmtree(own_tmp, ignore_errors=True))
     began = time.monotonic()
-    sweep = Start(workdir, len(KILLS) + 1, command=("tune",), tmpdir=own_tmp, extra=ONE_TRIAL)
-    sweep.wait_for(lambda: registered_under(workdir / "ray_results", "tune-*/**"), "a trial's checkpoint")
-    took["stopped in tune with SIGTERM"] = sweep.stop(
-        signal.SIGTERM, "stopped in tune with SIGTERM", "finished stages are kept, the sweep published nothing and "
-        "kept its state: the same command with --resume continues it")
-    assert not _files(workdir, "tune-*/" + SUCCESS) and not _files(workdir, ".*.tmp")
-    assert not sweep.processes_left(30, agents=False)
-    private = own_tmp / f"duplex-{os.getuid()}"
-    assert (private.stat().st_mode & 0o777) == 0o700 and list((private / "ray").glob("session_*/logs"))
-    runs = mlflow.search_runs(experiment_names=["duplex"], output_format="list")
-    assert not [r.info.run_name for r in runs if r.info.status == "RUNNING"]
-    assert [r.info.status for r in runs if r.data.tags[STAGE_TAG] == "tune"] == ["KILLED"]
-    phases.append(f"the sweep started and stopped: {time.monotonic() - began:5.1f} s")
-    began = time.monotonic()
-    resumed = Start(workdir, len(KILLS) + 2, command=("tune", "--resume"), extra=ONE_TRIAL)
-    assert resumed.proc.wait(timeout=600) == 0, resumed.text()[-5000:]
-    phases.append(f"the sweep resumed to its end: {time.monotonic() - began:5.1f} s")
-    began = time.monotonic()
-    assert len(_files(workdir, "tune-*/" + SUCCESS)) == 1
-    runs = mlflow.search_runs(experiment_names=["duplex"], output_format="list")
-    assert not [r.info.run_name for r in runs if r.info.status == "RUNNING"]
-    assert [r.info.status for r in runs if r.data.tags[STAGE_TAG] == "tune"] == ["FINISHED"]  # reopened
-
     # Part two on the finished run: each kind of artifact corrupted, then the stage that consumes it run
     # (in this process: the inputs are checked before Ray starts). One error line naming the file and the
     # fix; nothing published; with the file back, the consumer completes.

@@ -3,6 +3,9 @@ import csv
 import math
 import os
 import random
+import shutil
+import signal
+import tempfile
 import time
 from pathlib import Path
 
@@ -14,7 +17,9 @@ from pipeline.config import ConfigError, load_config
 from pipeline.stages import tune
 from pipeline.tracking.store import STAGE_TAG
 from pipeline.tracking.sweeps import trial_name
+from tests.checkpoints import registered_under
 from tests.pipeline.test_raytrain import make_group, wait_for_cpus
+from tests.starts import Start
 
 SMOKE = Path(run_pipeline.__file__).resolve().parent / "configs" / "smoke.yaml"
 
@@ -63,12 +68,14 @@ def test_log_uniform_with_zero_samples_zero_at_its_rate_and_log_uniformly_otherw
 
 
 @pytest.mark.slow
-def test_three_trial_sweep_tracks_every_trial_and_writes_a_trainable_best_yaml(smoke_data, capsys, ray_session):
+def test_three_trial_sweep_tracks_every_trial_and_writes_a_trainable_best_yaml(smoke_data, capsys, ray_session,
+                                                                              request):
     """One trial at a time, in grid order, with ASHA on a configured metric that separates the trials
     even on the tiny smoke data (validation BLEU there is noise around 0.3): the training CTC loss. The
     third trial (an lr that cannot learn in 20 steps) is worse than both others at the step-20 rung and
     is stopped there; the first always runs to the end. The first invocation runs out of its time budget
-    (the stall watchdog) part-way: nothing is published, and --resume finishes the same sweep."""
+    (the stall watchdog) part-way: nothing is published. --resume, started from a shell as a user starts it,
+    is stopped by SIGTERM while a trial trains; --resume again finishes the same sweep."""
     tmp_path = smoke_data  # with the smoke config's data stages finished (tests/pipeline/conftest.py)
     import ray
 
@@ -76,13 +83,19 @@ def test_three_trial_sweep_tracks_every_trial_and_writes_a_trainable_best_yaml(s
             "train.num_workers=1",
             "tune.space={train.lr: {grid: [0.001, 0.002, 0.000001]}}", "tune.max_concurrent=1",
             "tune.grace_period=20", "tune.metric=train_ctc_src2tgt", "tune.mode=min", "train.valid_max_sentences=10"]
+    began = time.monotonic()
     assert run_pipeline.main(args + ["tune.time_budget_s=15"]) == 2
+    phases = [f"the sweep out of its time budget: {time.monotonic() - began:5.1f} s"]  # shown with -rA
     err = capsys.readouterr().err
     assert "tune.time_budget_s=15 ran out with " in err and "add --resume to continue it" in err, err
     assert not list(tmp_path.glob("tune-*"))  # nothing published: no _SUCCESS, trials.csv or best.yaml
     assert run_pipeline.main(args) == 2  # the unfinished sweep is not silently started over
     assert "add --resume to continue it, or --force to start it over" in capsys.readouterr().err
+    began = time.monotonic()
+    _resume_then_stop_it_with_sigterm_while_it_trains(args, tmp_path, request, phases)
+    began = time.monotonic()
     assert run_pipeline.main(args + ["--resume"]) == 0
+    phases.append(f"resumed to its end: {time.monotonic() - began:5.1f} s")
     out = capsys.readouterr().out
     assert "tune: 3 trials (" in out and "failed" not in out.split("tune: 3 trials")[1].split(")")[0]
     # every trial's CPUs back: a removed group's CPUs come back within moments
@@ -122,7 +135,39 @@ def test_three_trial_sweep_tracks_every_trial_and_writes_a_trainable_best_yaml(s
 
     assert run_pipeline.main(args) == 0  # finished: not swept again
     assert next(tmp_path.glob("tune-*")) == tune_dir
+    began = time.monotonic()
     _compare_view_in_chromium(f"sqlite:///{tmp_path}/mlflow.db", runs)
+    phases.append(f"the compare view in Chromium: {time.monotonic() - began:5.1f} s")
+    print("\n".join(phases))
+
+
+def _resume_then_stop_it_with_sigterm_while_it_trains(args: list[str], workdir: Path, request,
+                                                      phases: list[str]) -> None:
+    """`run_pipeline.py <args> --resume` as a subprocess with a Ray of its own, as a user starts it: without the
+    suite's RAY_TMPDIR its Ray files go to the user's own <temp>/duplex-<uid> (mode 700), not the machine-wide
+    /tmp/ray (a short temporary directory: Ray's socket names must fit 107 bytes). SIGTERM once a trial has
+    registered a new checkpoint: the sweep ends within STOP_S with exit 143 and one line saying --resume
+    continues it, publishes nothing, leaves no process, and its MLflow run is KILLED."""
+    import mlflow
+
+    own_tmp = Path(tempfile.mkdtemp(prefix="dpx-", dir="/tmp"))
+    request.addfinalizer(lambda: shutil.rmtree(own_tmp, ignore_errors=True))
+    before = set(registered_under(workdir / "ray_results", "tune-*/**"))
+    began = time.monotonic()
+    sweep = Start([*args, "--resume"], own_tmp / "sweep", tmpdir=own_tmp)
+    sweep.wait_for(lambda: set(registered_under(workdir / "ray_results", "tune-*/**")) - before,
+                   "a trial's new checkpoint")
+    phases.append(f"resumed from a shell, to a new checkpoint: {time.monotonic() - began:5.1f} s")
+    sweep.stop(signal.SIGTERM, "stopped in tune with SIGTERM", "finished stages are kept, the sweep published "
+               "nothing and kept its state: the same command with --resume continues it")
+    assert not list(workdir.glob("tune-*/_SUCCESS")) and not list(workdir.glob(".*.tmp"))
+    assert not sweep.processes_left(30, agents=False)
+    private = own_tmp / f"duplex-{os.getuid()}"
+    assert (private.stat().st_mode & 0o777) == 0o700 and list((private / "ray").glob("session_*/logs"))
+    mlflow.set_tracking_uri(f"sqlite:///{workdir}/mlflow.db")
+    runs = mlflow.search_runs(experiment_names=["duplex"], output_format="list")
+    assert not [r.info.run_name for r in runs if r.info.status == "RUNNING"]
+    assert [r.info.status for r in runs if r.data.tags[STAGE_TAG] == "tune"] == ["KILLED"]
 
 
 def _compare_view_in_chromium(store: str, runs: list) -> None:
