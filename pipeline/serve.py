@@ -2,6 +2,7 @@
 
     serve run pipeline.serve:app model_dir=runs/<workdir>/train-<hash>/model [engine=torch|ct2]
         [max_batch_size=64] [batch_wait_timeout_s=0.01] [num_replicas=1] [device=cpu] [threads=1]
+        [max_queued_requests=256]
 
 `model_dir` may be a registered model's URI instead, `model_dir=models:/reder-en-de@champion` (the alias that the
 pipeline moves to a better version, tracking.alias) or `models:/reder-en-de/3`, with MLFLOW_TRACKING_URI set
@@ -31,6 +32,13 @@ search); `engine=ct2` serves a teacher model directory through CTranslate2 (`red
 optional extra), the AR baseline served the same way. Dynamic batching (`serve.batch`): concurrent
 requests are gathered up to `max_batch_size` requests or `batch_wait_timeout_s`, then each (direction, beam,
 decoder) group is translated in one call.
+
+Under more load than it can take the service refuses rather than queue without end: a replica holds 2 ×
+`max_batch_size` requests at once (one batch translating, one gathering), and at most `max_queued_requests` more
+(default 4 × max_batch_size; -1: no limit) wait in Ray Serve's queue for one; past that a request is answered at
+once with 503 and `Retry-After: 1` (Serve's backpressure, `max_queued_requests`), which a client retries later.
+A replica that dies (a crash, the OOM killer) is started again by Serve; the requests it held fail (500/503) and
+are the client's to retry. `bench/serve_load.py --checks soak,kill,storm` measures all three.
 """
 from __future__ import annotations
 
@@ -39,6 +47,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ray import serve
+from ray.serve.config import BackpressureConfig
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
@@ -195,16 +204,21 @@ class TranslationService:
 
 def app(args: dict[str, str]) -> serve.Application:
     """The application builder `serve run pipeline.serve:app model_dir=DIR [key=value ...]` calls (module doc)."""
-    known = {"model_dir", "engine", "device", "threads", "max_batch_size", "batch_wait_timeout_s", "num_replicas"}
+    known = {"model_dir", "engine", "device", "threads", "max_batch_size", "batch_wait_timeout_s", "num_replicas",
+             "max_queued_requests"}
     unknown = sorted(set(args) - known)
     if unknown or "model_dir" not in args:
         raise ValueError(f"pipeline.serve:app takes model_dir=DIR and optionally {sorted(known - {'model_dir'})}"
                          + (f"; unknown: {unknown}" if unknown else "; model_dir is missing"))
     threads, max_batch_size = int(args.get("threads", 1)), int(args.get("max_batch_size", 64))
+    max_queued = int(args.get("max_queued_requests", 4 * max_batch_size))
+    if max_queued == 0 or max_queued < -1:
+        raise ValueError(f"max_queued_requests: must be a positive count or -1 (no limit), got {max_queued}")
     # a replica takes as many requests at once as one batch holds, plus one batch waiting (Serve's default, 5,
-    # would cap every batch at 5 requests)
+    # would cap every batch at 5 requests); past the bounded queue, a 503 with Retry-After (module doc)
     options = {"num_replicas": int(args.get("num_replicas", 1)), "ray_actor_options": {"num_cpus": threads},
-               "max_ongoing_requests": 2 * max_batch_size}
+               "max_ongoing_requests": 2 * max_batch_size, "max_queued_requests": max_queued,
+               "backpressure_config": BackpressureConfig(status_code=503, retry_after_s=1)}
     if args.get("device", "cpu").startswith("cuda"):
         options["ray_actor_options"]["num_gpus"] = 1
     return TranslationService.options(**options).bind(

@@ -188,3 +188,45 @@ def test_the_endpoint_serves_both_directions_and_refuses_bad_requests(tiny_model
             (200, {"translation": translator.translate("the cat", "en", "de")})  # still up
     finally:
         serve.shutdown()
+
+
+@pytest.mark.slow
+def test_a_storm_is_refused_with_503_at_once_and_a_killed_replica_is_restarted_without_a_wrong_answer(
+        tiny_model_dir, ray_session):
+    """bench/serve_load.py's checks, small: 40 requests at once against a replica that holds 4 (max_batch_size 2,
+    gathering for 0.3 s) and queues 2 more are answered or refused with 503 and Retry-After, nothing else, and
+    every answer right; then the replica SIGKILLed under two retrying clients is started again by Serve, no
+    request lost, given up or answered wrongly; a short soak samples the new replica's memory."""
+    from ray import serve
+
+    from bench import serve_load
+
+    lines = ["the cat sat on the mat", "a dog ran in the park", "the bird sang a song", "dogs and cats are friends"]
+    expected = dict(zip(lines, load(tiny_model_dir).translate(lines, "en", "de")))
+    port = free_port()
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    try:
+        serve.run(service.app({"model_dir": str(tiny_model_dir), "max_batch_size": "2", "batch_wait_timeout_s": "0.3",
+                               "max_queued_requests": "2"}), name="bounded", route_prefix="/")
+        url = f"http://127.0.0.1:{port}/"
+        storm = serve_load.storm(url, lines, expected, 40)
+        assert storm["failed_otherwise"] == 0 and storm["wrong"] == 0, storm
+        assert storm["answered"] >= 4 and storm["refused_503"] >= 20, storm  # 6 held at most; the rest refused
+        assert storm["answered"] + storm["refused_503"] == 40, storm
+        assert storm["refused_with_retry_after"] == storm["refused_503"], storm
+        assert storm["refused_latency"]["p99_ms"] < storm["answered_latency"]["p99_ms"], storm  # refused at once
+        assert "max_queued_requests=2" in storm["refusal_text"], storm["refusal_text"]
+
+        killed = serve_load.kill_replica(url, "bounded", lines, expected, 2, 9.0)
+        assert killed["restarted_as"] not in (None, killed["killed_pid"]), killed
+        assert killed["given_up"] == killed["lost"] == killed["wrong"] == 0, killed
+        assert killed["seconds_from_kill_to_first_answer"] is not None, killed
+
+        soak = serve_load.soak(url, "bounded", lines, expected, 2, 3.0, sample_s=0.5)
+        assert soak["given_up"] == soak["lost"] == soak["wrong"] == 0 and soak["failed_attempts"] == {}, soak
+        assert soak["replica_pid_unchanged"] and len(soak["rss_samples"]) >= 4, soak
+        print(json.dumps({"storm": storm, "kill": killed, "soak": soak}))  # shown with -rA
+    finally:
+        serve.shutdown()
+    with pytest.raises(ValueError, match=r"max_queued_requests: must be a positive count or -1"):
+        service.app({"model_dir": str(tiny_model_dir), "max_queued_requests": "0"})
