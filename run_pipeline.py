@@ -53,7 +53,7 @@ try:
     from pipeline.stage import StageError, environment_errors, read_manifest, write_json, write_text
     from pipeline.stages import evaluate, tune
     from pipeline.tracking.runs import Tracker, stage_datasets
-    from pipeline.tracking.store import browse_hint, tracking_uri
+    from pipeline.tracking.store import TrackingLost, browse_hint, server_lost, tracking_uri
     from pipeline.training import raytrain
     from pipeline.training.runfiles import MODEL_DIR
 except ImportError as missing:  # as a command: one line, exit 2 (imported, the error stays the importer's)
@@ -160,6 +160,7 @@ def run(cfg: PipelineConfig, stages: list[str], force: bool = False, started: fl
     checked = bool(cfg.ray.address) and check_training_resources(cfg, to_run)  # a cluster: before anything runs
     summary: dict[str, dict] = {}
     tracker = Tracker(cfg.tracking, workdir, cfg.to_dict(), to_yaml(cfg), target=dirs[stages[-1]].name)
+    name = "tracking"  # the stage under way, for an error's line
     try:
         for index, name in enumerate(stages, start=1):
             if steps[name].action == "not needed":
@@ -198,6 +199,10 @@ def run(cfg: PipelineConfig, stages: list[str], force: bool = False, started: fl
                 if promoted and status == "ran":
                     print(f"      registry: {promoted}", flush=True)
     except BaseException as error:
+        lost = error if isinstance(error, TrackingLost) else server_lost(error, name)
+        if lost is not None:  # nothing more is asked of that server: the next run closes its runs
+            tracker.abandon()
+            raise lost from error
         cause = interruption(error)
         reason = cause or error
         try:

@@ -66,6 +66,14 @@ QUIET_ENV = {"RAY_DATA_LOG_LEVEL": "WARNING"}
 # on 2 cores: 27.1 s -> 17.5 s, bench/train_start.py). Set in this process, Ray Train passes it on to its
 # controller and workers (ray.train.v2's get_env_vars_to_propagate), on a local instance or a cluster alike.
 TRAIN_ENV = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.2"}
+# MLflow's client retries a tracking server that stopped answering 7 times with a backoff factor of 2 and waits
+# 120 s for each answer: a server that died mid-run held the training workers for hours (each failed log a
+# worker failure, each restart another round of retries). Bounded here, for this process and every worker (local:
+# they inherit it; a cluster: the runtime env): a refused connection is given up after ~3-5 s (2 retries, 1 s
+# and 2 s apart, MLflow's jitter up to 1 s each), a server that accepts but never answers after 3 × 20 s (an
+# answer may take a while: a model's upload). A value the user exported wins.
+TRACKING_ENV = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+                "MLFLOW_HTTP_REQUEST_TIMEOUT": "20"}
 LOCAL_ENV = {"RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0",
              # What Ray Data says about its progress bars (off in a log file) to its log file (the YAML says where).
              "RAY_DATA_LOGGING_CONFIG": str(Path(__file__).resolve().with_name("ray_data_logging.yaml"))}
@@ -112,7 +120,7 @@ def connect(address: str = "", num_cpus: int = 0, object_store_memory_mb: int = 
 
     if ray.is_initialized():
         return
-    for key, value in TRAIN_ENV.items():  # a value the user exported wins
+    for key, value in {**TRAIN_ENV, **TRACKING_ENV}.items():  # a value the user exported wins
         os.environ.setdefault(key, value)
     if not address:  # before Ray Data reads them (at import: reconfigured below if it was imported already)
         for key, value in LOCAL_ENV.items():
@@ -123,7 +131,7 @@ def connect(address: str = "", num_cpus: int = 0, object_store_memory_mb: int = 
         configure_logging()
     import ray.data
 
-    quiet = {key: os.environ.get(key, value) for key, value in QUIET_ENV.items()}
+    quiet = {key: os.environ.get(key, value) for key, value in {**QUIET_ENV, **TRACKING_ENV}.items()}
     logging.getLogger("ray.data").setLevel(quiet["RAY_DATA_LOG_LEVEL"])  # this process's, if Ray Data is loaded
     if address:
         # Ray's client retries an address that refuses or never answers for minutes: asked first, briefly

@@ -185,6 +185,18 @@ class Tracker:
         log.info("%s", message)
         return message
 
+    def abandon(self) -> None:
+        """Forget the open runs without a word to the store, whose server is gone (`TrackingLost`): the next run
+        closes them (`close_orphans`). MLflow's exit hook would otherwise end them, retrying the dead server."""
+        if self.run_id is None:
+            return
+        from mlflow.environment_variables import MLFLOW_RUN_ID
+        from mlflow.tracking import fluent
+
+        fluent._active_run_stack.get().clear()  # private: MLflow's fluent API has no way to drop a run unended
+        MLFLOW_RUN_ID.unset()
+        self.run_id = self.stage_run_id = None
+
     def close(self, failed: bool = False, error: str = "", killed: bool = False) -> None:
         """End the open runs; a failure marks them FAILED (`killed`, an interruption: KILLED) with the error
         text as the `error` tag."""

@@ -6,6 +6,7 @@ import contextlib
 import fcntl
 import logging
 import os
+import re
 import socket
 import time
 from pathlib import Path
@@ -32,6 +33,36 @@ def validation_metric(key: str) -> str:
 
 def tracking_uri(cfg: TrackingConfig, workdir: Path) -> str:
     return cfg.uri or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path(workdir).resolve()}/mlflow.db"
+
+
+# MLflow's client gives up on a server that stopped answering with "API request to <url> failed with exception
+# ... Max retries exceeded ... (Caused by NewConnectionError(... Connection refused))" (or a read timeout): after
+# MLFLOW_HTTP_REQUEST_MAX_RETRIES tries (cluster.connect.TRACKING_ENV bounds them: seconds, not minutes).
+_LOST = re.compile(r"API request to (https?://[^/\s]+)\S* failed with exception .*?Max retries exceeded", re.S)
+
+
+class TrackingLost(StageError):
+    """The MLflow tracking server stopped answering during the run: nothing more is asked of it (its open runs are
+    closed by the next run, `close_orphans`)."""
+
+
+def server_lost(error: BaseException | str, where: str) -> TrackingLost | None:
+    """A TrackingLost naming the server, why and what to do, when `error` (or its text: a worker's, forwarded by Ray
+    Train) says MLflow's client gave up on its server; None for any other error."""
+    texts, seen = [], error
+    while isinstance(seen, BaseException):
+        texts.append(str(seen))
+        seen = seen.__cause__ or seen.__context__
+    text = "\n".join(texts) if texts else str(error)
+    found = _LOST.search(text)
+    if found is None:
+        return None
+    why = ("refused the connection" if "Connection refused" in text else
+           f"did not answer within MLFLOW_HTTP_REQUEST_TIMEOUT={os.environ.get('MLFLOW_HTTP_REQUEST_TIMEOUT', '?')} s"
+           if "timed out" in text.lower() else "cut the connection")
+    return TrackingLost(f"{where}: the MLflow tracking server at {found.group(1)} stopped answering (it {why}); finished "
+                        f"stages are kept and a training stage goes on from its last checkpoint: start the server again "
+                        f"and run the same command (the runs left open are closed then), or add tracking.enabled=false")
 
 
 def open_client(uri: str) -> Any:

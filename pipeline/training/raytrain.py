@@ -33,6 +33,7 @@ import torch
 from pipeline.config import NO_BLANK_PENALTY, PipelineConfig, TrainConfig
 from pipeline.progress import Progress
 from pipeline.stage import StageError
+from pipeline.tracking.store import server_lost
 from pipeline.training.harness import SCORE, select_best
 from pipeline.training.runfiles import HISTORY_FILE, PROGRESS_FILE, WORKERS_FILE
 from pipeline.training.trainloop import train_loop
@@ -253,8 +254,9 @@ def fit_and_average(trainer: Any, run_path: Path, average_best: int, model: torc
         import ray
 
         release_orphaned_groups(ray.get_runtime_context().get_job_id())  # a controller that died: its group
-        raise StageError(placement_failure(error, config["train"], keys, run_path)
-                         or f"train: Ray Train failed: {first_failure(error)}") from error
+        raise (server_lost(failed_with(error)[1], what) or StageError(
+            placement_failure(error, config["train"], keys, run_path)
+            or f"train: Ray Train failed: {first_failure(error)}")) from error
     scored = [(m[SCORE], m["step"], c) for c, m in result.best_checkpoints if SCORE in m]
     if not scored:
         raise StageError(f"train: the run under {run_path} produced no validated checkpoint")
@@ -365,9 +367,10 @@ def placement_failure(error: BaseException, train: dict[str, Any], keys: str, ru
             f"{run_path}: run the same command again once the cluster has the resources{rest}")
 
 
-def first_failure(error: BaseException) -> str:
-    """One line for a failed fit: the lowest rank's own exception, without the tracebacks Ray wraps it in
-    (`WorkerGroupError.worker_failures`, a `RayTaskError`'s `cause`), else the controller's or the error's."""
+def failed_with(error: BaseException) -> tuple[str, BaseException]:
+    """("rank R: " or "", the exception) of a failed fit: the lowest rank's own exception, without the wrappers
+    Ray puts around it (`WorkerGroupError.worker_failures`, a `RayTaskError`'s `cause`), else the controller's
+    or the error's."""
     failures = getattr(error, "worker_failures", None) or {}
     where = ""
     if failures:
@@ -375,7 +378,12 @@ def first_failure(error: BaseException) -> str:
         error, where = failures[rank], f"rank {rank}: "
     else:
         error = getattr(error, "controller_failure", None) or error
-    error = getattr(error, "cause", None) or error
+    return where, getattr(error, "cause", None) or error
+
+
+def first_failure(error: BaseException) -> str:
+    """One line for a failed fit (`failed_with`), without the tracebacks Ray wraps it in."""
+    where, error = failed_with(error)
     lines = [line for line in str(error).strip().splitlines() if line.strip()]
     return f"{where}{type(error).__name__}: {lines[0][:500] if lines else ''}"
 

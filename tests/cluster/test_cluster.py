@@ -106,7 +106,7 @@ def test_a_local_run_starts_its_own_ray_instead_of_joining_one_running_here(monk
     import ray
 
     calls = []
-    for key in (*connect.QUIET_ENV, *connect.LOCAL_ENV, *connect.TRAIN_ENV):  # restored after the test
+    for key in (*connect.QUIET_ENV, *connect.LOCAL_ENV, *connect.TRAIN_ENV, *connect.TRACKING_ENV):  # restored after
         monkeypatch.setenv(key, "")
         monkeypatch.delenv(key)
     monkeypatch.delenv(connect.API_SERVER_ENV, raising=False)
@@ -129,6 +129,10 @@ def test_a_local_run_starts_its_own_ray_instead_of_joining_one_running_here(monk
     from ray.train.v2._internal.constants import get_env_vars_to_propagate
 
     assert get_env_vars_to_propagate()["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] == "0.2"
+    # MLflow's client gives a tracking server that stopped answering seconds, not minutes: here, in the local
+    # instance's processes (inherited) and in a cluster's workers (the runtime env)
+    for key, value in connect.TRACKING_ENV.items():
+        assert os.environ[key] == value == calls[1]["runtime_env"]["env_vars"][key]
 
 
 def test_the_dashboard_gets_its_usual_port_when_free_and_another_free_one_otherwise():

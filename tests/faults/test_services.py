@@ -205,3 +205,33 @@ def test_the_head_s_mlflow_port_taken_is_one_line_before_any_server_starts(tmp_p
     assert not (tmp_path / "cluster.json").exists()
     with refusing() as port:
         assert probe.port_taken("127.0.0.1", port) is None
+
+
+@pytest.mark.parametrize("kind, why", [("refusing", "refused the connection"),
+                                       ("silent", "did not answer within MLFLOW_HTTP_REQUEST_TIMEOUT=1 s")])
+def test_a_tracking_server_that_stops_answering_mid_run_is_given_up_within_seconds_and_named(kind, why, monkeypatch):
+    """A server that died (refusing) or hangs (silent) after the run began: MLflow's own client, bounded by
+    cluster.connect.TRACKING_ENV (the timeout cut to 1 s here), gives up within seconds, and its error — raised
+    in the driver, or a worker's forwarded by Ray Train as text — becomes one TrackingLost line naming the
+    server, why and what to do; any other error is not taken for it."""
+    from mlflow.tracking import MlflowClient
+
+    for key, value in connect.TRACKING_ENV.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "1")
+    with ENDPOINTS[kind][0]() as port:
+        uri = f"http://127.0.0.1:{port}"
+        began = time.monotonic()
+        with pytest.raises(Exception) as raised:
+            MlflowClient(uri).log_metric("0" * 32, "loss", 1.0)
+        took = time.monotonic() - began
+    assert took < (6.0 if kind == "refusing" else 3 * 1 + 6.0), took  # 2 retries 1 s and 2 s apart, jitter ≤ 1 s
+    expected = (rf"^train: the MLflow tracking server at {re.escape(uri)} stopped answering \(it {re.escape(why)}\); "
+                r"finished stages are kept and a training stage goes on from its last checkpoint: start the server "
+                r"again and run the same command \(the runs left open are closed then\), or add tracking.enabled=false$")
+    for error in (raised.value, f"rank 0: RuntimeError: MLflow logging failed: {raised.value}"):  # driver, worker
+        lost = store.server_lost(error, "train")
+        assert isinstance(lost, store.TrackingLost) and isinstance(lost, StageError)
+        assert re.match(expected, str(lost)), str(lost)
+    assert store.server_lost(RuntimeError("CUDA out of memory"), "train") is None
+    assert store.server_lost(ValueError(f"API request to {uri}/api failed: 404 RESOURCE_DOES_NOT_EXIST"), "x") is None

@@ -220,7 +220,7 @@ def test_a_storm_is_refused_with_503_at_once_and_a_killed_replica_is_restarted_w
         killed = serve_load.kill_replica(url, "bounded", lines, expected, 2, 9.0)
         assert killed["restarted_as"] not in (None, killed["killed_pid"]), killed
         assert killed["given_up"] == killed["lost"] == killed["wrong"] == 0, killed
-        assert killed["seconds_from_kill_to_first_answer"] is not None, killed
+        assert 0 < killed["longest_seconds_without_an_answer_after_the_kill"] < 9.0, killed
 
         soak = serve_load.soak(url, "bounded", lines, expected, 2, 3.0, sample_s=0.5)
         assert soak["given_up"] == soak["lost"] == soak["wrong"] == 0 and soak["failed_attempts"] == {}, soak
