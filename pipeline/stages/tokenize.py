@@ -134,6 +134,9 @@ def plan_workers(requested: int, cpus: float) -> tuple[int, float, float]:
     return actors, min(1.0, budget / actors), io_cpus
 
 
+CPU_WARNING = "cpu_warning"  # the log_once key of Ray Data's "no available CPUs ... will hang" warning
+
+
 def free_cpus(settle_s: float = 15.0, none_free_s: float = 120.0) -> float:
     """CPUs free in the cluster now. A Ray Data actor pool or a Train worker group from a previous
     execution is torn down asynchronously, so wait (up to `settle_s`) for the free count to climb back to
@@ -188,10 +191,19 @@ def tokenize_on_ray(files: list[str], staging: Path, model_proto: bytes, upsampl
     # Ray Data warns that "the Ray cluster currently does not have any available CPUs. The Dataset job will hang"
     # when ray.available_resources() shows none as the write starts; the read's metadata tasks have just ended
     # then and the cluster's resource view lags them (a false alarm in every default run): wait until it shows
-    # the CPUs free again (a few hundred ms), so that the warning is left for a real hang.
-    free_cpus(settle_s=5.0, none_free_s=5.0)
-    # a staged file is what the driver holds at once when it writes the splits (`in_id_order`)
-    dataset.write_parquet(str(staging), max_rows_per_file=ROWS_PER_BLOCK, ray_remote_args={"num_cpus": io_cpus})
+    # the CPUs free again (a few hundred ms). The Parquet sampling tasks that write_parquet itself runs before
+    # that check can still leave it lagging (seen in a smoke run): with every CPU seen free just now, the warning
+    # is held back for this write alone (Ray's log_once key marked, then unmarked), and stays for a real hang.
+    from ray.util.debug import log_once, reset_log_once
+
+    held_back = free_cpus(settle_s=5.0, none_free_s=5.0) >= ray.cluster_resources().get("CPU", 0.0) \
+        and log_once(CPU_WARNING)
+    try:
+        # a staged file is what the driver holds at once when it writes the splits (`in_id_order`)
+        dataset.write_parquet(str(staging), max_rows_per_file=ROWS_PER_BLOCK, ray_remote_args={"num_cpus": io_cpus})
+    finally:
+        if held_back:
+            reset_log_once(CPU_WARNING)
     return actors
 
 
