@@ -57,9 +57,10 @@ try:
     from pipeline.training import raytrain
     from pipeline.training.runfiles import MODEL_DIR
 except ImportError as missing:  # as a command: one line, exit 2 (imported, the error stays the importer's)
-    if __name__ != "__main__" or dependency_failure(missing) is None:
+    line = dependency_failure(missing) if __name__ == "__main__" else None
+    if line is None:
         raise
-    print(f"error: {dependency_failure(missing)}", file=sys.stderr)
+    print(f"error: {line}", file=sys.stderr)
     sys.exit(2)
 
 REPO_ROOT = Path(__file__).resolve().parent

