@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -61,8 +62,10 @@ def resolve(overrides: dict[str, Any], steps: int) -> dict[str, Any]:
 
 def train_one(args: argparse.Namespace, cfg: Any, inputs: Any, examples: list, technique: str, seed: int,
               device: str, hypotheses: dict) -> dict[str, Any]:
-    """One REDER of `technique` (or "baseline") at `seed`: its training (updates, seconds per update) and greedy
-    scores; its greedy hypotheses go into `hypotheses[(technique, seed)]`."""
+    """One REDER of `technique` (or "baseline") at `seed`: its training (updates; wall and CPU seconds per update)
+    and greedy scores; its greedy hypotheses go into `hypotheses[(technique, seed)]`. The wall time counts every
+    pause of the process (a CI run beside it, SIGSTOP); the CPU time (this process's threads) does not, and is
+    what the summary compares."""
     from bench.quality import _evaluate, _harness, _train_config
     from reder import DuplexLoss, REDER
 
@@ -75,7 +78,9 @@ def train_one(args: argparse.Namespace, cfg: Any, inputs: Any, examples: list, t
                        device)
     if references:  # as the train stage reads the KD rows with distill.references: each, then its references
         examples = [*examples, *((src, tgt, tgt, src) for src, tgt, _, _ in examples)]
+    cpu_started = time.process_time()
     trained = harness.fit_examples(examples)
+    cpu_seconds = time.process_time() - cpu_started
     kept: dict = {}
     entry = _evaluate(model, inputs, kept, speed=False)
     hypotheses[technique, seed] = kept["greedy"]
@@ -83,6 +88,7 @@ def train_one(args: argparse.Namespace, cfg: Any, inputs: Any, examples: list, t
             "loss_overrides": resolve(loss_overrides, args.steps), "references": references,
             "train_pairs": len(examples), "train": trained,
             "seconds_per_update": round(trained["seconds"] / max(trained["steps"], 1), 4),
+            "cpu_seconds_per_update": round(cpu_seconds / max(trained["steps"], 1), 4),
             "greedy": {cell: score["bleu"] for cell, score in entry["greedy"].items()}}
 
 
@@ -180,20 +186,22 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def summary(report: dict[str, Any]) -> str:
     """A Markdown table: per technique its mean ΔBLEU (range over seeds; seeds better / worse) in each cell and
-    its seconds per update against the baseline's."""
+    its CPU seconds per update against the baseline's (the runs that measured it: older kept runs have wall time
+    only, which pauses inflate)."""
     per_update: dict[str, list[float]] = {}
     for entry in report["runs"]:
-        per_update.setdefault(entry["technique"], []).append(entry["seconds_per_update"])
-    base = sum(per_update["baseline"]) / len(per_update["baseline"])
+        if "cpu_seconds_per_update" in entry:
+            per_update.setdefault(entry["technique"], []).append(entry["cpu_seconds_per_update"])
+    mean = {technique: sum(values) / len(values) for technique, values in per_update.items()}
     cells = list(next(iter(report["over_seeds"].values()))) if report["over_seeds"] else []
-    lines = ["| technique | seeds | " + " | ".join(cells) + " | s/update (× baseline) |",
+    lines = ["| technique | seeds | " + " | ".join(cells) + " | CPU s/update (× baseline) |",
              "|---|---|" + "---|" * len(cells) + "---|"]
     for technique, by_cell in report["over_seeds"].items():
-        mean = sum(per_update[technique]) / len(per_update[technique])
         row = [f"{c['mean_delta']:+.2f} [{c['min_delta']:+.2f}, {c['max_delta']:+.2f}] {c['better']}↑{c['worse']}↓"
                for c in by_cell.values()]
-        lines.append(f"| {technique} | {len(report['paired'][technique])} | " + " | ".join(row)
-                     + f" | {mean:.3f} ({mean / base:.2f}×) |")
+        cost = (f"{mean[technique]:.3f} ({mean[technique] / mean['baseline']:.2f}×)"
+                if technique in mean and "baseline" in mean else "—")
+        lines.append(f"| {technique} | {len(report['paired'][technique])} | " + " | ".join(row) + f" | {cost} |")
     return "\n".join(lines)
 
 

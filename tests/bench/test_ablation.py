@@ -20,7 +20,7 @@ def test_the_ablation_trains_each_technique_beside_its_seeds_baseline_and_compar
     assert runs["references", 1]["references"] and not runs["baseline", 1]["references"]
     assert runs["references", 1]["train_pairs"] == 2 * runs["baseline", 1]["train_pairs"]  # the KD pairs, then the references
     for entry in runs.values():
-        assert entry["train"]["steps"] == 5 and entry["seconds_per_update"] > 0
+        assert entry["train"]["steps"] == 5 and entry["seconds_per_update"] > 0 and entry["cpu_seconds_per_update"] > 0
     # a tiny model's BLEU differences are noise: every technique's cells are open, so the third seed ran for each
     for technique in ("nmla", "ratio3"):
         assert list(report["paired"][technique]) == ["1", "2", "3"] and (technique, 3) in runs
@@ -34,6 +34,13 @@ def test_the_ablation_trains_each_technique_beside_its_seeds_baseline_and_compar
     assert ("baseline", 3) in runs and sum(1 for key in runs if key == ("baseline", 3)) == 1
     table = capsys.readouterr().out
     assert "| nmla | 3 |" in table and "| ratio3 | 3 |" in table
+    cost = sum(runs["nmla", s]["cpu_seconds_per_update"] for s in (1, 2, 3)) / 3
+    base = sum(runs["baseline", s]["cpu_seconds_per_update"] for s in (1, 2, 3)) / 3
+    assert f"| {cost:.3f} ({cost / base:.2f}×) |" in next(line for line in table.splitlines() if line.startswith("| nmla |"))
+    # runs kept before the CPU time was measured (wall time only, which pauses inflate) are left out of the cost
+    older = {**report, "runs": [{k: v for k, v in entry.items() if k != "cpu_seconds_per_update" or entry["technique"] != "nmla"}
+                                for entry in report["runs"]]}
+    assert next(line for line in ablation.summary(older).splitlines() if line.startswith("| nmla |")).endswith("| — |")
     assert ablation.main(["--out", str(tmp_path / "A"), "--summary"]) == 0
     assert "| nmla | 3 |" in capsys.readouterr().out
     # run again: every model is kept from A/runs, none trained, the same comparisons
