@@ -1,6 +1,6 @@
 """Time and largest process of the data stages at scale (issue 55): `run_pipeline.py --stages ingest,spm,tokenize`.
 
-    python -m bench.data_scale [--data-dir ../shared/data/multi30k] [--scales 100] [--repo .] [--tmp /tmp]
+    python -m bench.data_scale [--data-dir ../shared/data/multi30k] [--scales 100] [--repo .] [--tmp /tmp] [--out F]
 
 For each scale N, Multi30k en-de with train repeated N times (a copy counter keeps lines unique:
 bench/ingest_scale.py's `write_corpus`) is run through
@@ -12,7 +12,9 @@ in the checkout `--repo` (so another commit's code can be measured with the same
 The largest process is the largest peak RSS (VmHWM) of any process of the run's tree, the driver and Ray's
 processes alike, read from /proc every 0.2 s (`largest_process_mb`; the four largest, each with the largest
 private (RssAnon) and shared-memory (RssShmem: Ray's object store) parts seen), and, as a check,
-GNU time's %M (the largest of the processes it reaped). Wall seconds of the whole command, each stage's
+GNU time's %M (the largest of the processes it reaped). All processes together: the largest sum of their PSS
+(/proc/<pid>/smaps_rollup, a page shared by k processes counted 1/k in each) over the polls
+(`all_processes_pss_mb`, with when and each process's share then). Wall seconds of the whole command, each stage's
 seconds, directory and a digest of its files but report.json (from its manifest.json: equal digests, equal
 outputs) and the load average before and after go with it. Prints one JSON object; the generated files are
 removed.
@@ -32,7 +34,7 @@ import threading
 import time
 from pathlib import Path
 
-from bench import MULTI30K, REPO_ROOT
+from bench import MULTI30K, REPO_ROOT, emit
 from bench.ingest_scale import write_corpus
 
 STAGES = "ingest,spm,tokenize"
@@ -71,23 +73,51 @@ def _memory_mb(pid: int) -> tuple[float, float, float, str]:
     return mb[0], mb[1], mb[2], fields["Name"].strip()
 
 
+def _pss_mb(pid: int) -> float:
+    """The proportional set size of `pid` in MB (each shared page divided among the processes mapping it: the
+    sum over processes is what they hold together), or 0 once it is gone."""
+    try:
+        rollup = Path(f"/proc/{pid}/smaps_rollup").read_text()
+    except OSError:
+        return 0.0
+    return next((int(line.split()[1]) / 1024 for line in rollup.splitlines() if line.startswith("Pss:")), 0.0)
+
+
 class TreePeak(threading.Thread):
     """Polls the process tree under `root`: each process's peak RSS (VmHWM), and the largest private (RssAnon)
-    and shared-memory (RssShmem: Ray's object store, mapped into every worker that touches it) parts seen."""
+    and shared-memory (RssShmem: Ray's object store, mapped into every worker that touches it) parts seen; and
+    the tree's total PSS at each poll, whose largest is what the run's processes held together (a shared page
+    counted once), with each process's share at that moment."""
 
     def __init__(self, root: int, every_s: float = 0.2) -> None:
         super().__init__(daemon=True)
         self.root, self.every_s, self.done = root, every_s, threading.Event()
         self.peaks: dict[int, list] = {}  # pid -> [VmHWM, max RssAnon, max RssShmem, name]
+        self.total_pss_mb, self.total_pss_at = 0.0, {}  # the largest total PSS; pid -> (MB, name) then
+        self.started = time.monotonic()
+        self.total_pss_s = 0.0  # seconds from the start to that largest total
 
     def run(self) -> None:
         while not self.done.is_set():
+            shares = {}
             for pid in _tree(self.root):
                 high, anon, shared, name = _memory_mb(pid)
                 seen = self.peaks.setdefault(pid, [0.0, 0.0, 0.0, name])
                 seen[0], seen[1], seen[2] = max(seen[0], high), max(seen[1], anon), max(seen[2], shared)
                 seen[3] = name or seen[3]
+                shares[pid] = (_pss_mb(pid), seen[3])
+            total = sum(mb for mb, _ in shares.values())
+            if total > self.total_pss_mb:
+                self.total_pss_mb, self.total_pss_at = total, shares
+                self.total_pss_s = time.monotonic() - self.started
             self.done.wait(self.every_s)
+
+    def total_pss(self, count: int = 8) -> dict:
+        """The largest total PSS of the tree, when it was seen, and the `count` largest shares of it then."""
+        ranked = sorted(self.total_pss_at.values(), key=lambda share: -share[0])
+        return {"total_pss_mb": round(self.total_pss_mb, 1), "at_s": round(self.total_pss_s, 1),
+                "processes": len(ranked),
+                "largest_shares": [{"name": name, "pss_mb": round(mb, 1)} for mb, name in ranked[:count]]}
 
     def largest(self, count: int = 4) -> list[dict]:
         """The `count` processes with the largest peak RSS, largest first."""
@@ -127,7 +157,9 @@ def measure(repo: Path, corpus: Path, workdir: Path) -> dict:
             files = json.dumps(files, sort_keys=True).encode()  # report.json holds timings
             stages[stage] = {"seconds": manifest.get("seconds"), "directory": manifests[0].parent.name,
                              "files_sha256": hashlib.sha256(files).hexdigest()[:16]}
+    together = sampler.total_pss()
     return {"seconds": round(seconds, 1), "largest_process_mb": largest[0]["peak_rss_mb"], "largest_processes": largest,
+            "all_processes_pss_mb": together["total_pss_mb"], "all_processes": together,
             "gnu_time_max_rss_mb": round(time_mb, 1), "stages": stages,
             "loadavg_before": [round(x, 2) for x in load_before], "loadavg_after": [round(x, 2) for x in os.getloadavg()]}
 
@@ -138,6 +170,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--scales", type=int, nargs="+", default=[100])
     parser.add_argument("--repo", default=str(REPO_ROOT), help="the checkout whose run_pipeline.py runs")
     parser.add_argument("--tmp", default=tempfile.gettempdir(), help="where the generated corpora go")
+    parser.add_argument("--out", help="also write the report to this JSON file (the raw file beside RESULTS)")
     args = parser.parse_args(argv)
     results = []
     for scale in args.scales:
@@ -152,8 +185,7 @@ def main(argv: list[str] | None = None) -> dict:
             shutil.rmtree(base, ignore_errors=True)
     report = {"benchmark": "data_scale", "repo": str(Path(args.repo).resolve()),
               "machine": f"{platform.node()} ({os.cpu_count()} CPUs)", "results": results}
-    print(json.dumps(report, indent=1))
-    return report
+    return emit(report, args.out)
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ section of the config and the budget of the command line; `configs/multi30k.yaml
   state and batches, with FBA + CC and without; the first stage and both continuations scored as in `reder`,
   and the continuations compared with sacreBLEU's paired bootstrap on every test set and direction.
 - `speed`: REDERs that were trained side by side on one device (`reder --save-models --no-speed`, one process
-  each; bench/quality_gpu.sh) timed afterwards, alone, beside the teachers, into OUT2's reder.json.
+  each, as the H100's five systems were) timed afterwards, alone, beside the teachers, into OUT2's reder.json.
 Each model is its last update, or, with `--validate-every N`, what the pipeline's train stage publishes: the
 average of the best `--average-best` checkpoints by greedy BLEU on the validation split, scored every N updates
 (the last update's greedy scores are reported beside it). Prints and writes JSON (`teachers.json` /

@@ -18,3 +18,25 @@ def test_tree_peak_finds_a_child_and_its_private_memory():
     peak, private, shared, _ = sampler.peaks[child.pid]
     assert peak >= 80 and private >= 80 and shared < 80, sampler.peaks[child.pid]
     assert sampler.largest(count=len(sampler.peaks))[0]["peak_rss_mb"] >= peak
+
+
+def test_the_total_pss_counts_a_page_shared_by_two_processes_once():
+    # a process fills 96 MB of shared anonymous memory, then forks and the child reads every page: both map
+    # them all (RSS 96 MB each, 192 MB together), their PSS 48 MB each, 96 MB together
+    script = ("import mmap, os, time\n"
+              "block = mmap.mmap(-1, 96 * 2**20)\n"
+              "for _ in range(96): block.write(b'x' * 2**20)\n"
+              "pid = os.fork()\n"
+              "if not pid: sum(block[i] for i in range(0, len(block), 4096))\n"
+              "time.sleep(2.0)\n"
+              "if pid: os.waitpid(pid, 0)\n")
+    child = subprocess.Popen([sys.executable, "-c", script])
+    sampler = data_scale.TreePeak(child.pid, every_s=0.05)
+    sampler.start()
+    child.wait()
+    sampler.done.set()
+    sampler.join()
+    together = sampler.total_pss()
+    rss = sum(peak for peak, _, _, _ in sampler.peaks.values())
+    assert together["processes"] == 2 and rss >= 192, (together, sampler.peaks)
+    assert 96 <= together["total_pss_mb"] < rss - 60, (together, rss)

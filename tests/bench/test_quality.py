@@ -1,12 +1,13 @@
 """bench.quality's teachers and reder phases with --validate-every: the published models are the average of
 the best checkpoints by validation BLEU, as the pipeline's train stage publishes them; --save-models saves
-those models and the speed phase times them afterwards."""
+those models and the speed phase times them afterwards (what bench/quality_gpu.sh did on the H100: REDERs trained
+side by side, the DAG one among them, each timed alone afterwards)."""
 import json
 
 import pytest
 import sentencepiece
 
-from bench import quality
+from bench import quality, quality_table
 from reder.checkpoint import load_model_dir
 from tests.bench.conftest import TINY
 
@@ -28,8 +29,10 @@ def test_validated_runs_publish_the_average_of_their_best_checkpoints(multi30k_s
         _check_averaged(teachers[f"train_{direction}"], 3, 2)
         assert set(teachers[f"train_{direction}"]["last_update_greedy"]) == {f"{t}.{direction}" for t in quality.TESTS}
     reder = quality.main(["reder", "--from", str(tmp_path / "T"), "--out", str(tmp_path / "R"), *common,
-                          "--save-models", "--no-speed", "--variants", "kd_noaux"])
-    _check_averaged(reder["kd_noaux"], 3, 2)
+                          "--save-models", "--no-speed", "--beam", "4", "--variants", "kd_noaux", "kd", "dag_kd_noaux"])
+    for variant in ("kd_noaux", "kd", "dag_kd_noaux"):
+        _check_averaged(reder[variant], 3, 2)
+        assert (tmp_path / "R" / f"model-{variant}").is_dir() and "speed" not in reder[variant]
     assert set(reder["kd_noaux"]["last_update_greedy"]) == set(reder["kd_noaux"]["greedy"])
     assert "speed" not in reder["kd_noaux"]
     # the saved model is the published (averaged) one: it translates the test sets to the same scores
@@ -40,12 +43,20 @@ def test_validated_runs_publish_the_average_of_their_best_checkpoints(multi30k_s
     speed = quality.main(["speed", "--from", str(tmp_path / "T"), "--out", str(tmp_path / "R"), *common])
     timed = json.loads((tmp_path / "R" / "reder.json").read_text(encoding="utf-8"))
     assert timed["kd_noaux"]["speed"] == speed["kd_noaux"] and timed["speed_measured"]["date"] == speed["date"]
-    assert {"greedy_latency_ms", "teacher_beam4_latency_ms", "speedup_greedy_vs_teacher_beam4_batch1"} <= set(speed["kd_noaux"])
+    for variant in ("kd_noaux", "kd", "dag_kd_noaux"):
+        assert {"greedy_latency_ms", "teacher_beam4_latency_ms"} <= set(speed[variant])
+        # a CTC model's beam with the teachers' reranking is timed too (the paper's setting); the DAG has no CTC beam
+        assert ("beam4_rerank_latency_ms" in speed[variant]) == (variant != "dag_kd_noaux"), (variant, sorted(speed[variant]))
+    assert "speedup_greedy_vs_teacher_beam4_batch1" in speed["kd_noaux"]
     assert list(timed) == [*reder, "speed_measured"]  # the reder phase's order, which the table's rows follow
-    assert {key: value for key, value in timed["kd_noaux"].items() if key != "speed"} == reder["kd_noaux"]
+    for variant in ("kd_noaux", "kd", "dag_kd_noaux"):
+        assert {key: value for key, value in timed[variant].items() if key != "speed"} == reder[variant]
+    text = quality_table.main([str(tmp_path / "T" / "teachers.json"), str(tmp_path / "R" / "reder.json")])
+    assert text.count("timed alone by bench.quality speed") == 1  # one report, its three models timed alone
+    assert "| REDER-DAG + KD, no FBA/CC | lookahead |" in text and "| REDER + KD, FBA + CC | CTC beam 4 + teacher rerank |" in text
     (tmp_path / "R2").mkdir()
     (tmp_path / "R2" / "reder.json").write_text(json.dumps(reder), encoding="utf-8")  # trained without --save-models
-    with pytest.raises(FileNotFoundError, match="no saved model for \\['kd_noaux'\\]"):
+    with pytest.raises(FileNotFoundError, match=r"no saved model for \['kd_noaux', 'kd', 'dag_kd_noaux'\]"):
         quality.main(["speed", "--from", str(tmp_path / "T"), "--out", str(tmp_path / "R2"), *common])
     with pytest.raises(ValueError, match="not supported"):
         quality.main(["aux", "--from", str(tmp_path / "T"), "--out", str(tmp_path / "A"), *common])
