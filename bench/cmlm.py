@@ -1,4 +1,4 @@
-"""Iterative refinement on Multi30k En↔De (issue 29): CMLM mask-predict as a baseline and as a pass over REDER's
+"""Iterative refinement on Multi30k En↔De: CMLM mask-predict as a baseline and as a pass over REDER's
 output, against the AR teachers, at the same number of updates, on one device without Ray.
 
     python -m bench.quality teachers --out T $COMMON                                  # teachers + KD (bench.quality)

@@ -22,7 +22,7 @@ Decoding: ms per sentence of greedy, lookahead and Viterbi on random graphs of e
     python -m bench.dag --triton [--device cpu|cuda] [--ratios 2 4 8] [--token-grid 64,24 ...]
                         [--max-blocks 64] [--update-grid 128,24] [--repeats 5]
 
-issue 44's Triton DP (reder/dag_triton.py) instead, at the same token batch as a CTC update: B sentences of
+the Triton DP (reder/dag_triton.py) instead, at the same token batch as a CTC update: B sentences of
 S input tokens (BOS and EOS included) and S target tokens, vocabulary 1000; the DAG graph has int(λ·S)
 vertices, CTC (r = 2) 2·S frames. Per λ, batch and tile bound (`--max-blocks`, the kernels' MAX_BLOCK):
 forward + backward of the DAG loss (`dag_loss`: the emissions' gather and the DP) with model.dag_dp=torch
@@ -30,7 +30,7 @@ and =triton, and of the CTC loss (`ctc_loss`) on the CTC head's log-probs; the l
 between the two DAG losses and their gradients; median seconds (`step_s`; `first_s`, the first call,
 includes Triton's compilation) and on CUDA the peak memory above the inputs (`peak_mb`). With
 `--update-grid`: whole REDER updates (both directions, AdamW; multi30k.yaml's model, no FBA/CC) with the CTC
-head and with the DAG head under each DP, and the DAG/CTC ratios — issue 27's target is ≤ 1.5 at λ = 4 on
+head and with the DAG head under each DP, and the DAG/CTC ratios — the target is ≤ 1.5 at λ = 4 on
 the H100. On CPU the kernels run in Triton's interpreter (TRITON_INTERPRET=1, set here): their differences
 are checked, their times are NumPy's, and no speed claim is made (`speed_claim`: false).
 """

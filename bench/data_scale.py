@@ -1,4 +1,4 @@
-"""Time and largest process of the data stages at scale (issue 55): `run_pipeline.py --stages ingest,spm,tokenize`.
+"""Time and largest process of the data stages at scale: `run_pipeline.py --stages ingest,spm,tokenize`.
 
     python -m bench.data_scale [--data-dir ../shared/data/multi30k] [--scales 100] [--repo .] [--tmp /tmp] [--out F]
 

@@ -1,5 +1,5 @@
 """Where a REDER greedy decode spends its time: torch.profiler of batch 1 and batch N on CPU, the top ops and
-the share that is not GEMM (issue 58, item 1).
+the share that is not GEMM.
 
     python -m bench.decode_profile [--threads 2] [--sentences 100] [--batch 64] [--top 15] [--paths reference,fast]
         [--repeats 5] [--reder MODEL_DIR | --d-model 512 --heads 4 --ffn 1024 --layers 6] [--out FILE]

@@ -1,4 +1,4 @@
-"""Time and peak memory of the ingest stage at scale (issue 43): Multi30k's training set repeated.
+"""Time and peak memory of the ingest stage at scale: Multi30k's training set repeated.
 
     python -m bench.ingest_scale [--data-dir ../shared/data/multi30k] [--scales 10 100] [--tmp /tmp]
 

@@ -1,6 +1,6 @@
-"""The MLflow UI in a real browser (issue 42): `mlflow ui` on a run's store, four pages read by headless
-Chromium (Debian's `chromium` package) after 15 s of virtual time, as text (`--dump-dom`) and as screenshots
-(1500x900), issue 56's pages too:
+"""The MLflow UI in a real browser: `mlflow ui` on a run's store, four pages read by headless Chromium
+(Debian's `chromium` package) after 15 s of virtual time, as text (`--dump-dom`) and as screenshots (1500x900),
+and four more on what else the runs carry:
 
 - runs: the experiment's runs table in the saved view "Test BLEU" that the pipeline tags the experiment with
   (pipeline/tracking.py `runs_view`, `runs_page`): columns test BLEU and chrF both ways, sorted by test BLEU
@@ -64,7 +64,7 @@ def pages(experiment_id: str, pipeline_run_id: str, train_run_id: str, model: st
     runs = f"#/experiments/{experiment_id}/runs"
     links = {"runs": runs_page(experiment_id), "pipeline": f"{runs}/{pipeline_run_id}?{RUNS_VIEW}",
              "run": f"{runs}/{train_run_id}/artifacts/training.png?{RUNS_VIEW}", "model": f"#/models/{model}?{RUNS_VIEW}",
-             # issue 56: the runs that trained (a search on their datasets' context, sorted by a metric so that they
+             # the runs that trained (a search on their datasets' context, sorted by a metric so that they
              # are listed flat, not folded under their pipeline run) with the Dataset column; the train run's
              # system metrics
              "datasets": f"{runs}?searchFilter={TRAINING_RUNS}&orderByKey={BY_VALID_BLEU}&orderByAsc=false&{RUNS_VIEW}",
@@ -116,10 +116,10 @@ def expected_texts(runs: list) -> tuple[dict[str, str], dict[str, list[str]]]:
     return links, {"runs": [run.info.run_name for run in runs] + ["Sort: test_bleu_src2tgt", *runs_table],
                    "pipeline": [pipeline.info.run_name, *stages, *(f"{key}{value}" for key, value in test_bleu)],
                    "run": [train.info.run_name, 'alt="training.png"'],
-                   "model": [model, "Version 1", "champion"],  # issue 56: the alias on its version
-                   # issue 56: the evaluate run's translations table, its columns
+                   "model": [model, "Version 1", "champion"],  # the alias on its version
+                   # the evaluate run's translations table, its columns
                    "translations": ["translations/test.json", "hypothesis_src2tgt", "bleu_src2tgt", "chrf_tgt2src"],
-                   # issue 56: the Dataset column names what the train run read; its system metrics' charts
+                   # the Dataset column names what the train run read; its system metrics' charts
                    "datasets": ["Dataset", *datasets],
                    "system": [train.info.run_name, "System metrics", "system/node_0"],
                    "compare": compare_texts(trials)}

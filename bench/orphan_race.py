@@ -1,4 +1,5 @@
-"""How often a placement group outlives its killed creator without being flagged (issue 55's sweep flake).
+"""How often a placement group outlives its killed creator without being flagged (the flake behind a resumed sweep's
+held CPU).
 
 An actor creates and removes placement groups in a loop (as a Ray Train controller creates its worker group's
 while Tune kills the trial that owns it); the driver kills it with `ray.kill`, waits until the GCS has it DEAD,

@@ -12,7 +12,7 @@ Models: without `--reder`/`--teacher`, untrained models of one size (d_model, he
 decoder layers for the AR Transformer and per end for REDER, r = 2, CTC) over a joint SentencePiece model of
 `--vocab` pieces trained on Multi30k train (cached in `--work`). Untrained AR models never end a sentence, so
 their outputs are forced to `--ar-tokens` tokens (max_len_a 0, max_len_b ar_tokens + 1: every output that
-long, EOS forced): the AR engines all do the same number of steps, as in the issue's table (16). With model
+long, EOS forced): the AR engines all do the same number of steps, as in the target table (16). With model
 directories, each decodes as trained (default length limits), the CTranslate2 model converted from `--teacher`.
 
 Inputs: the first `--sentences` lines of Multi30k test-2016 English. Per engine and decoder:
@@ -23,10 +23,11 @@ Inputs: the first `--sentences` lines of Multi30k test-2016 English. Per engine 
     `--repeats` calls, all of them in `sentences_per_s_repeats` and their spread (max − min) / median.
 Engines and decoders:
   - `reder`: greedy (the inference trunk, reder/runtime/onednn.py: packed batches, no padding outside the attention,
-    the attention in length groups), `greedy_one_group` (the same, the attention one padded batch: before issue 58's
-    item 3), on CPU `greedy_matmul` (the same on torch's default GEMM, `reder.runtime.onednn.ONEDNN = False`: before
-    stop 70), `greedy_reference` (the reference path, `fast_inference = False`: what greedy was before issue 58), on CPU
-    `greedy_int8` (the trunk's linear layers int8, `reder.runtime.onednn.quantized`), and CTC prefix beam `--beam`
+    the attention in length groups), `greedy_one_group` (the same, the attention one padded batch: as before the
+    length groups), on CPU `greedy_matmul` (the same on torch's default GEMM, `reder.runtime.onednn.ONEDNN = False`:
+    before the prepacked oneDNN kernel), `greedy_reference` (the reference path, `fast_inference = False`: what
+    greedy was before the inference trunk), on CPU `greedy_int8` (the trunk's linear layers int8,
+    `reder.runtime.onednn.quantized`), and CTC prefix beam `--beam`
     (REDER.translate under inference mode); with `--compile` also greedy with the trunk under `torch.compile`
     (reder/runtime/compiled.py: on CUDA at bucketed static shapes under CUDA graphs, on a CPU a batch without padding through
     inductor with the weights frozen in, a padded one eagerly packed; `greedy_compiled`, and `compile_s`: compiling
@@ -71,7 +72,7 @@ import torch
 from bench import MULTI30K, REPO_ROOT, emit
 
 ENGINES = ("reder", "teacher", "ct2")
-ONE_GROUP = 10**9  # reder.runtime.onednn.GROUP_COST that makes a batch's attention one padded group (before issue 58's item 3)
+ONE_GROUP = 10**9  # reder.runtime.onednn.GROUP_COST that makes a batch's attention one padded group (as before length groups)
 
 
 def _args(argv: list[str] | None) -> argparse.Namespace:

@@ -12,7 +12,7 @@ controller and worker group, the report round trips, storage copies and MLflow l
 
 Prints and writes JSON: the stage's wall time (its manifest's `seconds`: start to published model, averaging
 included) and its fit's (the driver's), the harness's (model built, data read, fit), both updates/s over the
-fit, and the overhead `stage_seconds / harness_seconds - 1` (issue 25 item 4's target: at most 10 %). A stage
+fit, and the overhead `stage_seconds / harness_seconds - 1` (the target: at most 10 %). A stage
 of several workers (`stage_workers`) is compared with one process all the same: then it is not Ray's cost alone.
 """
 from __future__ import annotations

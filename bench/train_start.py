@@ -1,4 +1,4 @@
-"""A training stage's time to its first training step (issue 43 item 1): stage start → rank 0's first update.
+"""A training stage's time to its first training step: stage start → rank 0's first update.
 
     python bench/train_start.py --config C [key=value ...] [--stage train|teacher|cmlm] [--runs 2] [--out FILE] [--timeline]
 
@@ -9,8 +9,8 @@ first appearance of rank 0's progress file with step ≥ 1 (written after every 
 set here, a key that changes no output directory), polled every 50 ms; the stage's wall time; and the peak
 RSS of the largest process under this one (a training worker, or Ray's object store process) and of all of
 them together, sampled from /proc twice a second. `--stage teacher` (or cmlm; its inputs finished too) runs
-that stage instead, with `<stage>.train.log_every=1`, and watches every Ray Train run of the stage (a run per
-direction before issue 53, one for both since): `first_step_s` is the first run's first update,
+that stage instead, with `<stage>.train.log_every=1`, and watches every Ray Train run of the stage (once a run per
+direction, now one for both): `first_step_s` is the first run's first update,
 `last_run_first_step_s` the last run's (when every model has been updated once). `--timeline` prints, per
 run, when each Ray actor (the Ray Train controller, its helpers, the workers) was first seen in each state,
 from the GCS actor table. Ray's start is not counted; checking the inputs (the stage's first act, as in a
@@ -151,7 +151,7 @@ def main() -> None:
     workdir = Path(cfg.workdir).resolve()
     name = graph.output_dir(cfg, workdir, args.stage).name
     storage = raytrain.storage_path(train, workdir)
-    pattern = f"{name}*/{runfiles.PROGRESS_FILE}"  # <name>/ (one run), or <name>-<direction>/ before issue 53
+    pattern = f"{name}*/{runfiles.PROGRESS_FILE}"  # <name>/ (one run), or <name>-<direction>/ (a run each, as once)
     checking = time.time()
     graph.check_inputs(cfg, workdir, args.stage)  # the data stages must have run; graph.run checks them again
     check_inputs_s = round(time.time() - checking, 2)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The standing GPU issue's item 1 (`pytest -m gpu`) and issue 58's item 4 (the compiled decode path timed on
-# CUDA) in one short device call, made right after quick_gpu.sh while the machine is still warm (the
+# The GPU tests (`pytest -m gpu`) and the compiled decode path timed on CUDA (bench.peers --compile) in one
+# short device call, made right after quick_gpu.sh while the machine is still warm (the
 # environment is then unpacked already) or alone (it unpacks it). Each part under its own limit, so that what
 # ran comes back under $OUT: gpu_tests.log, peers.log, peers_compile.json.
 #

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 45 item 1 on the lent GPU machine, in one `run` call (bench/README.md, "The GPU machine"):
+# The pipeline itself through Ray on the lent GPU machine, in one `run` call (bench/README.md, "The GPU machine"):
 #   first `pytest -m gpu` (RAY_GPU_TESTS=0: only the tests without Ray), then the default Multi30k pipeline
 #   through Ray at a budget of the command line, then the same training budget through the training core alone
 #   (bench.ray_overhead).

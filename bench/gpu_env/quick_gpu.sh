@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Issue 53 item 5 (the standing GPU issue's item 2): configs/multi30k_quick.yaml end to end through
+# The one-run GPU recipe: configs/multi30k_quick.yaml end to end through
 # run_pipeline.py — Ray started inside the run, teachers, distillation, REDER, evaluation on all of test 2016 —
 # in ONE device call of at most 10 minutes: unpacking the environment, then the pipeline under its own limit
 # (default 550 s, so that the environment's ~40 s and the summary fit in the call's 600; the recipe plans
 # ~505 s and its budget.max_time is 530), then the summary against the
-# issue's targets (bench/pipeline_summary.py). Everything it needs comes back under $OUT: pipeline.log,
+# recipe's targets (bench/pipeline_summary.py). Everything it needs comes back under $OUT: pipeline.log,
 # summary.txt / summary.json, results.tar.gz (results.json, the hypotheses and translations tables, every
 # manifest, the histories, reports and training curves, mlflow.db), corpus.tar.gz (the finished data stages and the distilled corpus, for sweep_gpu.sh).
 #

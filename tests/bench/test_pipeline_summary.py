@@ -1,6 +1,6 @@
 """bench.pipeline_summary on the two GPU runs of the quick recipe kept in docs/results (their workdirs' files, as
-bench/gpu_env/quick_gpu.sh tars them): one that finished (stop 64) and one stopped at its limit in evaluate
-(stop 66), which the summary used to refuse with a traceback (no last_run.json)."""
+bench/gpu_env/quick_gpu.sh tars them): one that finished and one stopped at its limit in evaluate, which the summary used
+to refuse with a traceback (no last_run.json)."""
 import tarfile
 from pathlib import Path
 

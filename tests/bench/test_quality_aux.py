@@ -26,7 +26,7 @@ def test_paired_bootstrap_matches_sacrebleu_and_finds_a_real_difference(multi30k
 
 @pytest.mark.slow
 def test_aux_phase_forks_one_first_stage_into_continuations_with_each_term_set(multi30k_slice, tmp_path, capsys):
-    # configs/multi30k.yaml has stage two off (issue 41): the aux phase measures the paper's weights
+    # configs/multi30k.yaml has stage two off: the aux phase measures the paper's weights
     common = ["--data-dir", str(multi30k_slice), "--max-tokens", "600", "--warmup", "1", *TINY,
               "loss.lambda_fba=0.1", "loss.lambda_cc=0.1"]
     quality.main(["teachers", "--out", str(tmp_path / "T"), "--steps", "2", *common])

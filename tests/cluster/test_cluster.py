@@ -147,7 +147,7 @@ def test_the_dashboard_gets_its_usual_port_when_free_and_another_free_one_otherw
 
 
 def test_a_driver_started_by_ray_job_submit_asks_only_for_what_the_jobs_runtime_env_lacks(monkeypatch):
-    """Issue 31: `ray job submit --working-dir . -- python run_pipeline.py ...` died in 7 s: "Failed to merge the
+    """`ray job submit --working-dir . -- python run_pipeline.py ...` used to die in 7 s: "Failed to merge the
     Job's runtime env ... with a ray.init's runtime env" (both named a working_dir). Checked with Ray's own merge."""
     from ray._private.worker import _merge_runtime_env
 
@@ -165,7 +165,7 @@ def test_a_driver_started_by_ray_job_submit_asks_only_for_what_the_jobs_runtime_
 
 
 def test_a_cluster_file_whose_cluster_is_gone_is_one_line_saying_what_to_do(tmp_path, monkeypatch):
-    """Issue 31: after `ray down` the cluster file stayed and every plain run died with a raw ConnectionError."""
+    """After `ray down` the cluster file used to stay and every plain run died with a raw ConnectionError."""
     import ray
 
     monkeypatch.setenv(connect.CLUSTER_FILE_ENV, str(tmp_path / "cluster.json"))
@@ -219,7 +219,7 @@ def test_two_node_cluster_spreads_training_and_a_node_lost_for_good_stops_it_the
     """Head + second node (1 CPU each, 200 MB object stores, auth mode set), the head's MLflow server and
     cluster file via `python -m cluster.head`, then `run_pipeline.py` as a driver that finds all of it in the
     cluster file, its 2 training workers spread over the nodes. After the first checkpoint the second node is
-    removed for good (issue 55): Ray Train's group cannot be placed again, and the stage stops within
+    removed for good: Ray Train's group cannot be placed again, and the stage stops within
     (max_failures + 1) × start_timeout_s of the loss with a message that says what to do, keeping its
     checkpoints and leaving no RUNNING run. The same command with train.min_workers=1 (an elastic group; the
     stage's key unchanged) resumes from the last checkpoint on the head alone and finishes every step, each
@@ -382,7 +382,7 @@ def test_mlflow_with_auth_refuses_anonymous_clients_and_tracks_for_the_admin(tmp
 
     port = free_port()
     secret = "s3cret-for-this-test-only"
-    # Advertised by a public address (TEST-NET-3): MLflow 3's default Host check refused those (issue 31); the
+    # Advertised by a public address (TEST-NET-3): MLflow 3's default Host check refused those; the
     # start's health probe names the server that way, so it would have failed here.
     server = head.start_mlflow(f"sqlite:///{tmp_path}/mlflow.db", str(tmp_path / "artifacts"), "127.0.0.1", port,
                                tmp_path / "server.log", auth_config=head.write_auth_config(tmp_path / "auth"),
@@ -462,7 +462,7 @@ def test_head_stop_never_signals_a_process_that_is_not_its_mlflow_server(tmp_pat
 
 
 def test_the_head_server_and_cluster_file_end_when_the_heads_ray_does(tmp_path, monkeypatch):
-    """Issue 31: after `ray down` the MLflow server kept running and the cluster file stayed. `watch` (started
+    """After `ray down` the MLflow server used to keep running and the cluster file to stay. `watch` (started
     by `start`) stops the server and removes the file once the GCS refuses connections; it leaves a server
     that a newer `start` recorded alone. A stand-in server: a process whose command line is `mlflow server`
     on the file's backend store, as `stop` checks."""
@@ -502,7 +502,7 @@ def test_the_head_server_and_cluster_file_end_when_the_heads_ray_does(tmp_path, 
 
 
 def test_a_local_run_keeps_rays_files_in_the_users_own_directory_not_tmp_ray(tmp_path, monkeypatch):
-    """Issue 55: a local run's Ray used the machine-wide /tmp/ray (whoever made it first owns it). Now
+    """A local run's Ray used the machine-wide /tmp/ray (whoever made it first owns it). Now
     <system temp>/duplex-<uid>, mode 700, and refused when it is not this user's own; $RAY_TMPDIR wins."""
     monkeypatch.delenv("RAY_TMPDIR", raising=False)
     monkeypatch.setenv("TMPDIR", str(tmp_path))

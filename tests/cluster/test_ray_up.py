@@ -223,7 +223,7 @@ class Scenario:
         self.down(commands[-1])
 
     def lose_the_worker(self) -> None:
-        """A machine lost for good mid-training (issue 55): a training run across both hosts (more steps than the
+        """A machine lost for good mid-training: a training run across both hosts (more steps than the
         doc's, so a new train stage) loses the worker host after its first registered checkpoint (every process of
         the host SIGKILLed at once), and the host stays down. The stage must stop in bounded time (Ray's node-death
         detection, then two placements of DRILL_TIMEOUT_S) with the message docs/cluster.md shows, its checkpoints

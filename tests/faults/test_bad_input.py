@@ -1,4 +1,4 @@
-"""Issue 23's fault suite, part three: each class of bad input through `run_pipeline.py`, tracked in MLflow.
+"""The fault suite, part three: each class of bad input through `run_pipeline.py`, tracked in MLflow.
 
 Every case must end with exit code 2 and, as the last line on stderr, one `error:` line naming the file
 (and line) or the key, with no traceback; publish no stage directory; leave no MLflow run RUNNING; and once
@@ -59,7 +59,7 @@ def _damage(corpus: Path, config: Path, case: str) -> tuple[list[str], str]:
         return ["train.lr=.nan"], r"train\.lr: expected a finite number, got nan"
     if case == "empty workdir":
         return ["workdir="], r"workdir: must not be empty"
-    if case == "CR-only line endings":  # issue 43's probes from here on
+    if case == "CR-only line endings":  # inputs that are not what they look like from here on
         en = corpus / "test.en"
         en.write_bytes(en.read_bytes().replace(b"\n", b"\r"))
         return [], rf"{en}:1: U\+000D \(CARRIAGE RETURN\) at character \d+"

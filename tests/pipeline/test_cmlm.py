@@ -1,4 +1,4 @@
-"""The cmlm stage (issue 29): one CMLM per direction, both trained by one Ray Train run (issue 53) on KD rows, published as model
+"""The cmlm stage: one CMLM per direction, both trained by one Ray Train run on KD rows, published as model
 directories that translate and refine; when it is needed: test_graph.py."""
 import json
 
@@ -56,12 +56,12 @@ def test_the_stage_trains_both_cmlms_in_one_ray_train_run(tmp_path, ray_session)
     assert {d: c["steps"] for d, c in counts.items()} == {"src2tgt": 4, "tgt2src": 4}
     dirs = cmlm.model_dirs(out)
     assert set(dirs) == {"src2tgt", "tgt2src"} and json.loads((out / cmlm.CMLMS_FILE).read_text())["tgt2src"] == "tgt2src/model"
-    history = json.loads((out / "history.json").read_text())  # the pair's run (issue 53): both directions' terms
+    history = json.loads((out / "history.json").read_text())  # the pair's run: both directions' terms
     assert any("train_length_tgt2src" in entry and "train_nll_src2tgt" in entry for entry in history)
     encoded = encode_lines(sp, [t for _, t in pairs[:5]])
     for direction in ("src2tgt", "tgt2src"):
         model = load_cmlm_dir(dirs[direction], direction, VOCAB)
         assert isinstance(model, CMLM) and model.cfg.d_model == 16
         assert len(translate_ids(model, encoded, direction, "mask_predict", length_beam=2, iterations=2)) == 5
-    # both directions trained by one Ray Train run (issue 53)
+    # both directions trained by one Ray Train run
     assert sorted(p.name for p in (tmp_path / "ray_results").iterdir()) == ["cmlm-test"]

@@ -1,4 +1,4 @@
-"""duplex-compare (issue 56): sacreBLEU's paired tests of two runs' hypotheses, read back from MLflow."""
+"""duplex-compare: sacreBLEU's paired tests of two runs' hypotheses, read back from MLflow."""
 import json
 
 from mlflow.tracking import MlflowClient

@@ -350,7 +350,7 @@ def _refused(tmp_path, text: str, message: str) -> None:
         load_config(path)
 
 
-# Issue 43: a config file says what it means. Each family has several members; the message names the key (its
+# A config file says what it means. Each family has several members; the message names the key (its
 # whole path) and both lines, or the line of the construct.
 @pytest.mark.parametrize("text, message", [
     ("workdir: a\ndata:\n  source: files\nworkdir: b\n", r":4: key 'workdir' given twice \(lines 1 and 4\)"),
@@ -408,7 +408,7 @@ def test_a_resolved_config_with_repeated_values_has_no_aliases():
 
 
 def test_docs_config_md_is_the_reference_generated_from_the_dataclasses():
-    """Issue 42: docs/CONFIG.md cannot drift: it is `python -m pipeline.configdoc`'s output, every key of every
+    """docs/CONFIG.md cannot drift: it is `python -m pipeline.configdoc`'s output, every key of every
     section there with its default."""
     from pipeline import configdoc
     from pipeline.config import PipelineConfig
@@ -426,8 +426,8 @@ def test_docs_config_md_is_the_reference_generated_from_the_dataclasses():
 
 
 def test_the_quick_gpu_recipe_plans_its_run_inside_its_budget():
-    """configs/multi30k_quick.yaml (issue 53): every training stage stopped by time, the training stages' times
-    and the reserve inside the run's 9-minute budget; stage two off (issue 41); all of test 2016 scored, with
+    """configs/multi30k_quick.yaml: every training stage stopped by time, the training stages' times
+    and the reserve inside the run's 9-minute budget; stage two off; all of test 2016 scored, with
     the teachers' beam 4 beside REDER's self-reranked CTC beam, and all of test 2017 flickr."""
     cfg = load_config(Path(__file__).resolve().parents[2] / "configs" / "multi30k_quick.yaml")
     assert 0 < cfg.budget.max_time <= 540

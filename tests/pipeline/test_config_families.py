@@ -1,4 +1,4 @@
-"""Issue 55: one policy for every YAML construct a config file can hold, tested by family: every kind of YAML node
+"""One policy for every YAML construct a config file can hold, tested by family: every kind of YAML node
 (each implicit scalar type PyYAML's resolver table knows, each scalar style, sequences, mappings, anchors, aliases,
 tags, merge keys, nulls) in every kind of config field (each field type of the config dataclasses). Each either
 loads to the value the policy gives it, of the field's type, or is a ConfigError naming the file, the line and the

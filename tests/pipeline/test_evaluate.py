@@ -111,8 +111,8 @@ def test_self_reranking_is_its_own_decoder_with_the_configured_weight_and_cutoff
 
 
 def test_a_model_directorys_blank_penalty_decodes_every_decoder_and_greedy_unpenalised_is_kept_beside(tmp_path):
-    """Issue 41: the evaluation decodes greedily with the penalty the train stage tuned into config.json, records it
-    in results.json, and scores the greedy decoder without it as `greedy_unpenalised`. Issue 53: each beam
+    """The evaluation decodes greedily with the penalty the train stage tuned into config.json, records it
+    in results.json, and scores the greedy decoder without it as `greedy_unpenalised`. Each beam
     decoder gets a penalty of its own, per direction: the grid point whose output scores best on the validation
     split (brute force here: translate_ids under each point, sacreBLEU), recorded with every point's BLEU (a
     discriminating case: the next test)."""
@@ -159,7 +159,7 @@ def test_a_model_directorys_blank_penalty_decodes_every_decoder_and_greedy_unpen
 
 
 def test_each_beam_decoder_gets_the_blank_penalty_whose_output_scores_best_on_validation(tiny_model_dir, tmp_path):
-    """Issue 53: validation references that are the model's own src2tgt beam output under penalty 3 — the grid
+    """Validation references that are the model's own src2tgt beam output under penalty 3 — the grid
     point the plain beam must pick, though the model's greedy penalty is 0; the self-reranked beam gets its own
     best, both as brute force over the grid finds them (each point decoded by translate_ids, scored by sacreBLEU)."""
     from reder.checkpoint import load_model_dir
@@ -197,7 +197,7 @@ def test_each_beam_decoder_gets_the_blank_penalty_whose_output_scores_best_on_va
 
 
 def test_a_greedy_output_longer_than_the_model_reads_back_is_cut_for_the_round_trip_and_counted(tmp_path, monkeypatch):
-    """Issue 55: `model.upsample_ratio=3` trained, then evaluate died in the round trip: a degenerate greedy output
+    """`model.upsample_ratio=3` trained, then evaluate used to die in the round trip: a degenerate greedy output
     (r·|x| frames) fed back in was over the model's input limit (max_positions / r). It is cut to the limit, the
     round trip is scored over every sentence, and results.json counts the cut ones."""
     pairs, corpus = _corpus(tmp_path)
@@ -247,7 +247,7 @@ def _cmlm_stage(tmp_path):
 
 
 def test_cmlm_mask_predict_and_refined_greedy_are_decoders_of_their_own(tmp_path):
-    """Issue 29: cmlm_T<T> per evaluate.cmlm_iterations (with cmlm_length_beam candidates) and greedy_refine<K> per
+    """cmlm_T<T> per evaluate.cmlm_iterations (with cmlm_length_beam candidates) and greedy_refine<K> per
     evaluate.refine_steps, scored and timed beside REDER's own decoders and the teachers'."""
     from reder.checkpoint import load_cmlm_dir
 
@@ -289,7 +289,7 @@ def test_cmlm_decoder_options_are_checked():
 
 
 def test_named_test_sets_are_scored_both_ways_each_with_its_own_row_and_metrics(tmp_path):
-    """Issue 56: `evaluate.test_sets` names pairs of local files; each listed in `splits` is decoded both ways with
+    """`evaluate.test_sets` names pairs of local files; each listed in `splits` is decoded both ways with
     the same decoders and signatures as the ingested test split, gets its own row under results.json's `sets`
     (exact) and its own metrics (`<name>_bleu_src2tgt`, ...); a sacreBLEU set its cache lacks is a clear error."""
     import sacrebleu

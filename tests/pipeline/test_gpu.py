@@ -1,4 +1,4 @@
-"""The pipeline's GPU paths (issue 25; `gpu`: skipped without CUDA, run on the lent GPU machine as
+"""The pipeline's GPU paths (`gpu`: skipped without CUDA, run on the lent GPU machine as
 bench/README.md's "The GPU machine" says): the train stage's Ray Train worker on one GPU (NCCL, bf16
 autocast), a distill Ray Data actor on one GPU against the teacher called directly on the GPU, and bf16
 through the harness. What the Ray workers ran with is recorded by tests/pipeline/gpu_probe.py."""

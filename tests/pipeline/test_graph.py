@@ -16,12 +16,12 @@ from pipeline.stages import distill
 PIPELINE_DIR = Path(graph.__file__).resolve().parent
 # A corpus path that exists nowhere: the ingest key then holds no file fingerprint, so these names are the
 # same on every machine. The names are those the per-stage output_dir functions computed before the graph,
-# but evaluate's: `evaluate.measure_speed` (issue 24) joined its key, so earlier evaluate outputs are redone;
-# and a trained teacher's: since issue 53 both directions train in one Ray Train run (stagekeys.PAIR in its key: one
+# but evaluate's: `evaluate.measure_speed` joined its key, so earlier evaluate outputs are redone;
+# and a trained teacher's: both directions now train in one Ray Train run (stagekeys.PAIR in its key: one
 # random stream for both models, so other teachers), which renames the teacher stage and every stage downstream of
 # it (distill when it decodes with the teachers, train and tune on its output, evaluate when it reads the teachers).
 BASE = ["data.source=files", "data.local_dir=/nonexistent/corpus"]
-UNPENALISED = ["evaluate.blank_penalties=[0]"]  # the decoding of before issue 41, which the pinned names were made with
+UNPENALISED = ["evaluate.blank_penalties=[0]"]  # untuned decoding, which the pinned names were made with
 PINNED = [
     ([],
      {'ingest': 'ingest-19b97460c2e8', 'spm': 'spm-329019bbf169', 'tokenize': 'tokenize-0d52ee35e7d7', 'teacher': 'teacher-173c547875b1', 'distill': 'distill-ea17b84f42c6', 'train': 'train-76b31c676f11', 'evaluate': 'evaluate-2c7df1923a6d', 'tune': 'tune-a0a115863eb5'}),
@@ -41,12 +41,12 @@ def test_output_directories_keep_the_names_they_had_before_the_graph(tmp_path, o
     monkeypatch.setattr(distill, "ctranslate2_installed", lambda: False)  # distill.engine auto = our beam search
     dirs = graph.output_dirs(load_config(None, BASE + UNPENALISED + overrides), tmp_path)
     assert {stage: path.name for stage, path in dirs.items() if stage not in graph.OPTIONAL} == names
-    assert set(dirs) - set(names) == set(graph.OPTIONAL)  # stages added later (issue 29's cmlm) come on top
+    assert set(dirs) - set(names) == set(graph.OPTIONAL)  # stages added later (cmlm) come on top
     assert all(path.parent == tmp_path.resolve() for path in dirs.values())
 
 
 def test_the_blank_penalty_grid_names_the_ctc_training_and_what_follows_it(tmp_path, monkeypatch):
-    """Issue 41: the default grid of evaluate.blank_penalties changes what the train stage publishes (a tuned
+    """The default grid of evaluate.blank_penalties changes what the train stage publishes (a tuned
     penalty) and which checkpoints it keeps, so it moves train, evaluate and tune — and nothing for a DAG model,
     which has no blank to penalise; [0] keeps the names of before."""
     monkeypatch.setattr(distill, "ctranslate2_installed", lambda: False)
@@ -60,11 +60,11 @@ def test_the_blank_penalty_grid_names_the_ctc_training_and_what_follows_it(tmp_p
 
 
 def test_the_cmlm_stage_is_off_by_default_and_moves_no_directory(tmp_path, monkeypatch):
-    """Issue 29: the cmlm stage is needed only for the evaluation's CMLM decoders; asking for them changes the
+    """The cmlm stage is needed only for the evaluation's CMLM decoders; asking for them changes the
     evaluate directory alone (and the cmlm stage, downstream of the training data, follows its own sections)."""
     monkeypatch.setattr(distill, "ctranslate2_installed", lambda: False)
     base = graph.output_dirs(load_config(None, BASE), tmp_path)
-    # pinned from here on; renamed by issue 53 (stagekeys.PAIR: both directions in one run; and distill's new name)
+    # pinned from here on; renamed since (stagekeys.PAIR: both directions in one run; and distill's new name)
     assert base["cmlm"].name == "cmlm-1d091f076cee"
     assert "cmlm" not in graph.needed(load_config(None, BASE)) and "cmlm" not in graph.pipeline_stages(load_config(None, BASE))
     for asked in (["evaluate.refine_steps=[1,2]"], ["evaluate.cmlm_iterations=[1,4,10]", "evaluate.cmlm_length_beam=3"]):
@@ -87,15 +87,15 @@ def test_a_change_reaches_exactly_the_stages_downstream_of_it(tmp_path):
     changed = graph.output_dirs(load_config(None, BASE + ["evaluate.beam_size=3"]), tmp_path)
     assert [s for s in base if base[s] != changed[s]] == ["evaluate"]
     for new in ("evaluate.rerank=self", "evaluate.rerank_weight=0.5", "evaluate.cutoff_top_n=20", "evaluate.cutoff_prob=0.99"):
-        changed = graph.output_dirs(load_config(None, BASE + [new]), tmp_path)  # issue 26's keys: hashed off their defaults
+        changed = graph.output_dirs(load_config(None, BASE + [new]), tmp_path)  # beam and rerank keys: hashed off their defaults
         assert [s for s in base if base[s] != changed[s]] == ["evaluate"], new
-    assert graph.output_dirs(load_config(None, BASE + ["model.dag_dp=auto"]), tmp_path) == base  # issue 44's key
+    assert graph.output_dirs(load_config(None, BASE + ["model.dag_dp=auto"]), tmp_path) == base  # the Triton DP's key
     for dp in ("torch", "triton"):
         changed = graph.output_dirs(load_config(None, BASE + [f"model.dag_dp={dp}"]), tmp_path)
         assert [s for s in base if base[s] != changed[s]] == ["train", "evaluate", "tune"], dp
     changed = graph.output_dirs(load_config(None, BASE + ["train.log_every=7", "tokenize.workers=3"]), tmp_path)
     assert [s for s in base if base[s] != changed[s]] == ["tune"]  # only the sweep hashes its whole train section
-    # issue 55: a run that stopped for a lost host finds its checkpoints with min_workers set (elastic)
+    # a run that stopped for a lost host finds its checkpoints with min_workers set (elastic)
     two = graph.output_dirs(load_config(None, BASE + ["train.num_workers=2"]), tmp_path)
     changed = graph.output_dirs(load_config(None, BASE + ["train.num_workers=2", "train.min_workers=1"]), tmp_path)
     assert [s for s in two if two[s] != changed[s]] == ["tune"]
@@ -184,7 +184,7 @@ def test_force_reaches_the_stage_build(tmp_path, monkeypatch):
 
 
 def test_keys_added_later_are_hashed_only_away_from_their_defaults(tmp_path):
-    """loss.fba_start_step / cc_start_step / directions and train.batch_tokens (issue 26): set to their defaults
+    """loss.fba_start_step / cc_start_step / directions and train.batch_tokens: set to their defaults
     (today's behaviour) the names stay those pinned above; set otherwise they reach exactly the stages that
     hash their section."""
     base = graph.output_dirs(load_config(None, BASE), tmp_path)

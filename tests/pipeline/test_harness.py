@@ -165,7 +165,7 @@ class SwitchedOn(Regression):
 
 
 def test_a_term_that_switches_on_inside_a_window_is_averaged_over_the_updates_that_computed_it():
-    """Issue 41: the window of steps 1-5 has the term from its 4th update (steps 3 and 4 of the objective,
+    """The window of steps 1-5 has the term from its 4th update (steps 3 and 4 of the objective,
     values 5 and 6): its mean is 5.5, not (5 + 6) / 5 = 2.2, which read as "the auxiliary losses grow" once
     the next window showed their full value. Terms every update has are averaged over all of them."""
     torch.manual_seed(0)

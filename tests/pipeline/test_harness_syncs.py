@@ -1,4 +1,4 @@
-"""Issue 53: REDER's update reads nothing back from the device (counted on CPU by patching every Python-level sync
+"""REDER's update reads nothing back from the device (counted on CPU by patching every Python-level sync
 point), equals the algorithm from before (kept here as the reference), and fit's prefetch thread keeps the run
 deterministic and ends with it."""
 import collections
@@ -108,8 +108,8 @@ def _updates(kd: bool, count: int = 3) -> list[list[list]]:
 
 @pytest.mark.parametrize("loss, kd", [("plain", True), ("fba", False), ("fba+cc", True)])
 def test_an_update_reads_nothing_back_from_the_device(loss, kd):
-    """Two updates of two micro-batches each, the first with ActNorm's data-dependent init. Before issue 53:
-    a float() per loss term, int() per token count, float() of the grad norm, bool() of ActNorm's buffer per
+    """Two updates of two micro-batches each, the first with ActNorm's data-dependent init. What it once read
+    back: a float() per loss term, int() per token count, float() of the grad norm, bool() of ActNorm's buffer per
     pass, a mask index in the CTC loss's smoothing, `valid == 0` in FBA. Left: CC's hard decode cuts its
     collapsed frames to the longest (collapse_frames' int(max): the next pass's shape depends on it), one per
     direction and micro-batch."""
@@ -132,8 +132,8 @@ def test_a_report_window_reads_its_sums_once():
     assert [entry["step"] for entry in run.history] == [2, 4]
 
 
-# The update as it was before issue 53, kept as the reference: the loop with its host reads, and the reder pieces
-# that changed (ActNorm's init over x[mask], the smoothing's mask index, FBA's early return).
+# The update as it was when it read back from the device, kept as the reference: the loop with its host reads,
+# and the reder pieces that changed (ActNorm's init over x[mask], the smoothing's mask index, FBA's early return).
 
 def _old_pad_batch(sequences):
     lengths = torch.tensor([len(s) for s in sequences], dtype=torch.long)
@@ -203,7 +203,7 @@ def _old_agreement(forward_states, reverse_states, mask):
 @pytest.mark.parametrize("loss, kd", [("plain", True), ("fba+cc", False)])
 def test_an_update_equals_the_one_from_before(loss, kd, monkeypatch):
     """Same seed, same batches, a float64 trunk: every loss term, grad norm and token count of three updates, and
-    the parameters and optimizer moments after them, equal the pre-issue-53 update's to float32 precision (the
+    the parameters and optimizer moments after them, equal the old update's to float32 precision (the
     CTC head's log-probs are float32: its smoothing's masked mean may round differently from the indexed one)."""
     new, old = _harness(loss, torch.float64), _harness(loss, torch.float64)
     torch.manual_seed(1)

@@ -1,4 +1,4 @@
-"""Issue 55: the training-data readers' one policy for bad input, tested by family rather than by the cases seen:
+"""The training-data readers' one policy for bad input, tested by family rather than by the cases seen:
 every Unicode code point by its category, every byte order mark and every text encoding Python has, every
 compression suffix the readers name and every one Python's standard library lists (docs/USAGE.md, "Bad input")."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 43: ingest on inputs that are not what they look like, by family (line endings and invisible characters,
+"""Ingest on inputs that are not what they look like, by family (line endings and invisible characters,
 ambiguous files, unread files), and the streamed ingest against the bytes today's code wrote."""
 from __future__ import annotations
 
@@ -100,7 +100,7 @@ def _assert_todays_bytes(name: str, tmp_path: Path) -> Path:
 @pytest.mark.parametrize("name", [name for name in REFERENCE if name != "_"])
 def test_streamed_ingest_writes_todays_bytes(tmp_path, name):
     """Every Parquet file byte for byte as the in-memory ingest wrote it (ingest_reference.json, pinned from the
-    code before issue 43), on the shipped corpora and on one every filter, gzip, CRLF and lenient touch."""
+    code before the streamed ingest), on the shipped corpora and on one every filter, gzip, CRLF and lenient touch."""
     if name == "multi30k" and not (SHARED_DATA / "multi30k" / "train.en").is_file():
         pytest.skip("needs ../shared/data/multi30k")
     if name == "sword" and not (SYSTEM_SWORD / "engWEB2015eb.conf").is_file():
@@ -165,7 +165,7 @@ def test_seen_pairs_is_a_set_in_order(tmp_path, in_memory, block, bloom_bits):
 
 
 def test_de_duplication_tells_apart_pairs_whose_sides_join_to_the_same_text():
-    """Issue 55: the digest was of `src\\ttgt`, so ("a\\tb", "c") repeated ("a", "b\\tc"), and only 8 bytes long. Now
+    """The digest was of `src\\ttgt`, so ("a\\tb", "c") repeated ("a", "b\\tc"), and only 8 bytes long. Now
     16 bytes of (source length, source, target): only a true repeat is flagged."""
     pairs = [(0, "a\tb", "c"), (1, "a", "b\tc"), (2, "a\t", "b\tc"), (3, "a", "b\tc"), (4, "ab", "c"), (5, "a", "bc")]
     flags = [""] * len(pairs)
@@ -232,7 +232,7 @@ def test_bad_characters_replace_makes_each_a_space_and_counts_it(tmp_path, case)
 
 
 def test_cr_only_files_on_both_sides_are_an_error_not_one_giant_pair(tmp_path):
-    """The issue's probe: both sides of `test` with CR-only endings was one pair of 12,752 characters, kept."""
+    """The first probe: both sides of `test` with CR-only endings was one pair of 12,752 characters, kept."""
     corpus = tmp_path / "corpus"
     shutil.copytree(BIBLE, corpus)
     for lang in ("en", "es"):

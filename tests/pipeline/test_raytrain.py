@@ -104,7 +104,7 @@ def test_a_placement_group_left_by_a_killed_actor_is_released(ray_session):
 
 
 def test_a_group_registered_after_its_creator_was_killed_is_released(ray_session):
-    """Issue 55's sweep flake: `ray.kill` marks an actor DEAD in the GCS before its process stops, and a placement
+    """The sweep's held-CPU flake: `ray.kill` marks an actor DEAD in the GCS before its process stops, and a placement
     group it was creating right then is registered after that, without the `creator_actor_dead` flag the GCS
     sets only on the groups it holds at the death. Killed mid-loop, a group maker leaves such a group in about
     a third of the kills (bench/orphan_race.py); the release finds it by the actor table, and its count is every
@@ -182,8 +182,8 @@ def test_run_storage_removes_the_previous_run_only_with_force(tmp_path):
 
 
 def test_the_progress_bar_follows_rank_0s_progress_file_and_off_a_terminal_writes_lines(tmp_path, monkeypatch):
-    """Issue 24: rank 0 writes its step, loss and latest validation BLEU (kept between validations) to the run's
-    progress file; the driver's bar reads it while the fit runs — on a terminal. Issue 42: off a terminal (a log
+    """Rank 0 writes its step, loss and latest validation BLEU (kept between validations) to the run's
+    progress file; the driver's bar reads it while the fit runs — on a terminal. Off a terminal (a log
     file), lines instead: step/total, loss terms, tokens/s, validation BLEU per direction, elapsed, ETA."""
     import io
     import time
@@ -223,7 +223,7 @@ def test_the_progress_bar_follows_rank_0s_progress_file_and_off_a_terminal_write
 
 
 def test_a_group_that_lost_a_host_keeps_its_batch_and_one_that_cannot_be_placed_says_what_to_do(tmp_path):
-    """Issue 55 item 2: min_workers makes the group elastic; fewer ranks make up the batch by accumulation; a
+    """min_workers makes the group elastic; fewer ranks make up the batch by accumulation; a
     fit stopped by Ray Train's placement timeout names the keys and the command to go on."""
     from ray.train.v2._internal.exceptions import WorkerGroupStartupTimeoutError
     from ray.train.v2.api.exceptions import ControllerError

@@ -105,7 +105,7 @@ def test_later_stage_alone_needs_earlier_ones(tmp_path, capsys):
 
 
 def test_bad_input_is_one_error_line_and_exit_code_2(tmp_path, capsys):
-    """Issue 23: a YAML syntax error, a non-finite value and a corrupt corpus reach the user as
+    """A YAML syntax error, a non-finite value and a corrupt corpus reach the user as
     `error: <message>` naming the file or key, with no traceback."""
     bad = tmp_path / "bad.yaml"
     bad.write_text("train:\n  lr: [0.1\n", encoding="utf-8")
@@ -166,7 +166,7 @@ def test_ctrl_c_that_a_library_turned_into_its_own_error_is_still_an_interruptio
 
 def test_a_training_stage_the_cluster_cannot_hold_fails_before_the_first_ray_stage_naming_its_keys(tmp_path, capsys,
                                                                                                    ray_session):
-    """Issue 55: the teacher stage's worker group is checked before the first stage that uses Ray (tokenize, on a
+    """The teacher stage's worker group is checked before the first stage that uses Ray (tokenize, on a
     local run; on a cluster before ingest), and the error names the keys of the stage that cannot be placed
     (teacher.train.*), not the train section's."""
     argv = ["--config", str(SMOKE), f"workdir={tmp_path}", "tracking.enabled=false", "distill.enabled=true",
@@ -258,21 +258,21 @@ def test_the_smoke_run_runs_every_stage_and_its_terminal_says_what_is_true(smoke
     has a progress line per stage, the summary's `mlflow ui` command, and none of the lines nobody could act on."""
     out, err, last, workdir = smoke_run.out, smoke_run.err, smoke_run.last, smoke_run.workdir
     assert "[7/7] evaluate: running" in out and "vocab_size 256 (blank id 255)" in out
-    # Issue 56: the two Ray lines nobody could act on are gone (Ray's C++ core writes to the descriptor)
+    # The two Ray lines nobody could act on are gone (Ray's C++ core writes to the descriptor)
     assert "has constructor arguments in the object store" not in err
     assert "does not have any available CPUs" not in err
     assert "Skip logging GPU metrics" not in err  # MLflow's system metrics monitor, quiet
-    # Issue 42: the summary says how to see the runs: `mlflow ui` on the store, the runs table in the view "Test BLEU"
+    # The summary says how to see the runs: `mlflow ui` on the store, the runs table in the view "Test BLEU"
     assert re.search(rf"browse: mlflow ui --backend-store-uri sqlite:///{re.escape(str(workdir.resolve()))}/mlflow.db   "
                      r"then http://127\.0\.0\.1:5000/#/experiments/\d+/runs\?viewStateShareKey=duplex-test-bleu&", out)
-    # Issue 42: progress lines off a terminal (stderr is a file here, as a log file is)
+    # Progress lines off a terminal (stderr is a file here, as a log file is)
     rows = last["stages"]["distill"]["counts"]["rows"]
     terms = "".join(rf"(?=[^)]*\b{term} [\d.]+)" for term in ("ctc_src2tgt", "ctc_tgt2src", "fba_src2tgt", "cc_tgt2src"))
     lines = [line for line in re.split(r"[\r\n]", err) if line.startswith(("train", "teacher", "distill", "evaluate"))]
     for pattern in (rf"train: 30/30 steps \(100%\), [\d.]+ steps/s, elapsed \d+:\d\d, ETA 0:00; loss [\d.]+ "
                     rf"\({terms}[^)]*\), [\d,]+ tokens/s, valid BLEU src2tgt [\d.]+, tgt2src [\d.]+",
                     r"train: (5|10|15|20|25)/30 steps \(\d+%\), .*, ETA \d+:\d\d; loss [\d.]+ \(.*ctc_src2tgt.*",  # one before the end
-                    # both teachers in one run (issue 53): one bar
+                    # both teachers in one run: one bar
                     r"teacher: 20/20 steps \(100%\), .*; loss [\d.]+ \(nll_src2tgt [\d.]+, nll_tgt2src [\d.]+\), [\d,]+ "
                     r"tokens/s, valid BLEU src2tgt [\d.]+, tgt2src [\d.]+",
                     rf"distill: {2 * rows}/{2 * rows} sentences \(100%\), [\d.]+ sentences/s, elapsed \d+:\d\d, ETA 0:00",
@@ -304,7 +304,7 @@ def test_every_score_of_the_smoke_run_is_sacrebleus_and_every_speedup_the_clocks
     assert results["chrf_src2tgt"] > 5 and results["chrf_tgt2src"] > 5  # 30 steps learn some characters
     assert results["bleu_signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a")
     assert results["mlflow_run_id"] == last["mlflow_run_id"]
-    # Issue 41: with a blank penalty tuned to other than 0 (on 30 updates' validation: either can happen), the
+    # With a blank penalty tuned to other than 0 (on 30 updates' validation: either can happen), the
     # unpenalised greedy output is scored and timed beside
     decoders = smoke_decoders(results)
     assert set(results["scores"]) == {f"{split}.{d}.{decoder}" for split in ("test", "valid")
@@ -355,11 +355,11 @@ def test_the_smoke_run_s_mlflow_runs_hold_its_params_metrics_artifacts_and_datas
         assert [m.step for m in client.get_metric_history(teacher_run.info.run_id, f"valid_bleu_{direction}")] == [10, 20]
         assert len(client.get_metric_history(teacher_run.info.run_id, f"train_nll_{direction}")) == 4
         assert len(client.get_metric_history(teacher_run.info.run_id, f"grad_norm_{direction}")) == 4
-    # the pair's own metrics (issue 53: one run trains both teachers) on the teacher stage's run
+    # the pair's own metrics (one run trains both teachers) on the teacher stage's run
     assert [m.step for m in client.get_metric_history(by_name["teacher"].info.run_id, "valid_bleu")] == [10, 20]
     assert "teacher_bleu_src2tgt" in by_name["distill"].data.metrics
     for run in (parent, by_name["evaluate"]):  # test BLEU is test_*, validation BLEU valid_* (train, teachers)
-        # issue 56: in MLflow as reported, two decimals; exact in results.json
+        # in MLflow as reported, two decimals; exact in results.json
         assert run.data.metrics["test_bleu_src2tgt"] == round(results["bleu_src2tgt"], 2)
         assert run.data.metrics["test_chrf_tgt2src"] == round(results["chrf_tgt2src"], 2)
         assert not [name for name in run.data.metrics if name.startswith("bleu_")]
@@ -374,7 +374,7 @@ def test_the_smoke_run_s_mlflow_runs_hold_its_params_metrics_artifacts_and_datas
     assert "spm.model" in artifacts("spm")
     assert {"training.png", "history.json"} <= artifacts("train")
     assert {"results.json", "test.src2tgt.greedy.txt", "test.tgt2src.beam4.txt"} <= artifacts("evaluate")
-    # issue 56: a translations table per scored set, an MLflow table (sortable in the UI)
+    # a translations table per scored set, an MLflow table (sortable in the UI)
     assert artifacts("evaluate", "translations") == {"translations/test.json", "translations/valid.json"}
     table = mlflow.load_table("translations/test.json", run_ids=[by_name["evaluate"].info.run_id])
     assert len(table) == 50 and table["hypothesis_src2tgt"].tolist() == smoke_run.hypotheses()
@@ -387,7 +387,7 @@ def test_the_smoke_run_s_mlflow_runs_hold_its_params_metrics_artifacts_and_datas
         assert [m.step for m in client.get_metric_history(train_run, name)] == [25, 30], name
     assert [m.step for m in client.get_metric_history(train_run, "valid_bleu_src2tgt")] == [10, 20, 30]
 
-    # issue 56: what each training run read, as MLflow datasets: REDER the distilled pairs, the teachers the raw ones
+    # what each training run read, as MLflow datasets: REDER the distilled pairs, the teachers the raw ones
     def datasets(stage: str) -> dict[str, str]:
         return {i.dataset.name: {t.key: t.value for t in i.tags}["mlflow.data.context"]
                 for i in by_name[stage].inputs.dataset_inputs}
@@ -415,7 +415,7 @@ def test_the_registered_pyfunc_and_the_translate_cli_give_evaluate_s_translation
     by_name = by_stage(mlflow.search_runs(experiment_names=["duplex"], output_format="list"))
     hypotheses = smoke_run.hypotheses()
     assert by_name["train"].data.tags["model_uri"] == "models:/reder-en-es/1"
-    # issue 56: the first evaluated version takes the alias @champion
+    # the first evaluated version takes the alias @champion
     assert str(client.get_model_version_by_alias("reder-en-es", "champion").version) == "1"
     assert "registry: models:/reder-en-es@champion moved to version 1: mean test BLEU" in smoke_run.out
     translator = mlflow.pyfunc.load_model("models:/reder-en-es/1")
@@ -497,12 +497,12 @@ def test_the_smoke_run_again_skips_everything_and_bad_requests_on_it_fail_fast(s
 
 @pytest.mark.slow
 def test_the_mlflow_ui_in_headless_chromium_shows_the_runs_the_plot_and_the_model(request):
-    """Issue 42, item 4: `mlflow ui` on the smoke run's store, read by headless Chromium (bench/mlflow_ui.py): the
+    """`mlflow ui` on the smoke run's store, read by headless Chromium (bench/mlflow_ui.py): the
     experiment's runs table in the saved view "Test BLEU" that the pipeline tags the experiment with (the "Model
     training" pages, sorted by test BLEU, so nested runs are listed flat) names the pipeline run and every stage
     run and has the columns test_bleu_src2tgt and test_bleu_tgt2src with the pipeline run's values; the pipeline
     run's page lists its stage runs and shows both test BLEUs with their values; the train run's page shows
-    training.png as an image; the registered model's page lists version 1 with the alias champion. Issue 56: the
+    training.png as an image; the registered model's page lists version 1 with the alias champion. Also the
     runs that trained, with their Dataset column (the teachers' raw pairs, REDER's distilled ones); the train run's
     System metrics tab; the evaluate run's translations table."""
     from bench import mlflow_ui

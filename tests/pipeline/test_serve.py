@@ -58,7 +58,7 @@ def test_good_requests_parse():
 
 
 def test_a_sentence_with_a_line_terminator_or_control_character_is_mended_and_named_unless_strict():
-    """Issue 55: text to translate is kept whatever it holds (the translators' rule): such a character becomes a
+    """Text to translate is kept whatever it holds (the translators' rule): such a character becomes a
     space and the request says so in `notes`; `"strict": true` refuses it (above)."""
     job = parse(b'{"text": ["ok", "a\\u2028b", "c\\u0000d\\re"], "src": "en", "tgt": "de"}', LANGUAGES)
     assert job.lines == ("ok", "a b", "c d e") and not job.strict

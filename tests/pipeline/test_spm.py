@@ -86,7 +86,7 @@ def test_stage_needs_ingest_and_writes_model_and_vocab(tmp_path):
 
 
 def pooled_sample(train_dir, size, seed):
-    """The sample as it was drawn before issue 55 (the whole split pooled into Python strings): the reference."""
+    """The sample as it was once drawn (the whole split pooled into Python strings): the reference."""
     table = pq.read_table(train_dir, columns=["src", "tgt"])
     sentences = table.column("src").to_pylist() + table.column("tgt").to_pylist()
     if len(sentences) > size:

@@ -64,7 +64,7 @@ def test_require_done_names_the_missing_stage(tmp_path):
 
 
 def test_a_consumer_refuses_an_output_changed_since_it_was_published(tmp_path):
-    """Issue 23: the manifest records every file's size and SHA-256; a flipped byte, a truncation, a deleted
+    """The manifest records every file's size and SHA-256; a flipped byte, a truncation, a deleted
     or an added file, and an unreadable manifest are each one StageError naming the file and the fix."""
     def build(tmp):
         (tmp / "part").mkdir()

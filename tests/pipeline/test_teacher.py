@@ -63,7 +63,7 @@ def test_teacher_vocabulary_follows_the_model_and_cannot_disagree():
 
 @pytest.mark.parametrize("force", [False, True])
 def test_force_retrains_both_teachers_from_scratch(tmp_path, monkeypatch, force):
-    """The teachers' one Ray Train run (named as the stage's directory, issue 53) is removed before fitting with
+    """The teachers' one Ray Train run (named as the stage's directory) is removed before fitting with
     --force (it would resume, finished), kept without it."""
     cfg = load_config(None, [f"workdir={tmp_path}"])
     (tmp_path / "ray_results" / "teacher-abc" / "checkpoint_000002").mkdir(parents=True)
@@ -83,7 +83,7 @@ def test_force_retrains_both_teachers_from_scratch(tmp_path, monkeypatch, force)
 
 
 def test_one_ray_train_run_trains_both_teachers_and_resumes_after_a_worker_failure(tmp_path, ray_session):
-    """Issue 53: the teacher stage starts one worker group for both directions (one Ray Train run, named as the
+    """The teacher stage starts one worker group for both directions (one Ray Train run, named as the
     stage's directory); a worker that fails after step 3 (the fault drill) is restarted from the checkpoint of step
     2 with both teachers, their optimizer and position; each direction's averaged model is published and loads as
     that direction's teacher, with the history, training.png and report.json of the one run beside them."""

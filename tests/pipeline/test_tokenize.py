@@ -61,7 +61,7 @@ def test_one_and_two_workers_give_identical_output_that_matches_plain_sentencepi
     outputs = {}
     from cluster.connect import actor_pool_options
 
-    # issue 56: on one node no actor restarts, so Ray's core prints no "constructor arguments ... max_restarts > 0"
+    # on one node no actor restarts, so Ray's core prints no "constructor arguments ... max_restarts > 0"
     assert actor_pool_options() == {"max_restarts": 0}
     for workers in (1, 2):
         cfg = load_config(None, base + [f"tokenize.workers={workers}"])
@@ -141,7 +141,7 @@ def _write_staging(staging, blocks, seed=0):
 
 
 def _finalize_whole(staging, split, out, drop):
-    """Before issue 55: every staged row read at once, the split filtered and sorted, written by write_split."""
+    """As it was once: every staged row read at once, the split filtered and sorted, written by write_split."""
     staged = pq.read_table(staging)
     table = staged.filter(pc.equal(staged.column("split"), split)).sort_by("id")
     forward, backward = table.column("feasible_src2tgt"), table.column("feasible_tgt2src")

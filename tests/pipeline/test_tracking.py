@@ -156,7 +156,7 @@ def test_runs_starting_together_on_a_new_sqlite_store_share_one_experiment(tmp_p
 
 
 def test_training_plots_put_each_kind_of_loss_on_its_own_panel(tmp_path):
-    """Issue 24: the total no longer dwarfs the terms: output losses, auxiliary losses (log scale, zeros
+    """The total no longer dwarfs the terms: output losses, auxiliary losses (log scale, zeros
     before they switch on left out) and BLEU per direction each get a panel; a teacher has no aux panel."""
     reder = [{"step": s, "train_total": 30.0, "train_ctc_src2tgt": 9.0, "train_ctc_tgt2src": 8.0,
               "train_fba_src2tgt": 0.0 if s < 20 else 0.8, "train_cc_tgt2src": 0.0 if s < 20 else 5.0} for s in (10, 20)]
@@ -170,7 +170,7 @@ def test_training_plots_put_each_kind_of_loss_on_its_own_panel(tmp_path):
 
 
 def test_stage_runs_carry_their_config_and_the_experiment_opens_on_its_runs(tmp_path):
-    """Issue 24: a stage's run has the config values its directory hash covers as params; the experiment is
+    """A stage's run has the config values its directory hash covers as params; the experiment is
     tagged as model development, so MLflow 3's UI opens it on the runs table, not the GenAI traces view."""
     from pipeline.stage import run_stage
     from pipeline.tracking.runs import Tracker
@@ -183,8 +183,8 @@ def test_stage_runs_carry_their_config_and_the_experiment_opens_on_its_runs(tmp_
     tables = tmp_path / "translations"
     tables.mkdir()
     (tables / "test.json").write_text('{"source": ["a", "b"], "bleu_src2tgt": [1.5, 0.0]}', encoding="utf-8")
-    tracker.log_tables(tables)  # issue 56: an MLflow table the UI sorts
-    # issue 56: what a training stage read, as MLflow datasets: the distilled train split and the raw valid split
+    tracker.log_tables(tables)  # an MLflow table the UI sorts
+    # what a training stage read, as MLflow datasets: the distilled train split and the raw valid split
     from pipeline.config import load_config
     from pipeline.tracking.runs import stage_datasets
 
@@ -204,7 +204,7 @@ def test_stage_runs_carry_their_config_and_the_experiment_opens_on_its_runs(tmp_
     assert stage_datasets(load_config(None, []), "evaluate", {"data": tokenized}) == []
     tracker.log_datasets(datasets)
     tracker.end_stage(out, {"vocab_size": 64, "test_bleu_src2tgt": 11.8404722, "length_ratio": 0.987654}, [])
-    # Issue 56: every scored test set its own metrics, BLEU and chrF as reported (two decimals); train and valid
+    # Every scored test set its own metrics, BLEU and chrF as reported (two decimals); train and valid
     # (scored into results.json only) none
     row = {"bleu_src2tgt": 11.8404722, "bleu_tgt2src": 9.0, "chrf_src2tgt": 33.333333, "chrf_tgt2src": 30.0,
            "roundtrip_bleu_src": 50.123, "roundtrip_bleu_tgt": 49.0, "sentences": 7}
@@ -232,7 +232,7 @@ def test_stage_runs_carry_their_config_and_the_experiment_opens_on_its_runs(tmp_
 
 
 def test_the_experiment_carries_the_runs_table_view_test_bleu_as_the_installed_ui_reads_it(tmp_path):
-    """Issue 42: the experiment is tagged with the saved view "Test BLEU" of its runs table (columns test BLEU
+    """The experiment is tagged with the saved view "Test BLEU" of its runs table (columns test BLEU
     and chrF both ways, sorted by test BLEU src2tgt, best first), in the form the installed MLflow UI's bundle
     reads: the tag prefix and URL parameter are its constants, the envelope has the fields its reader checks,
     the state only fields its search facets and runs-table state take. An experiment made before the view gets
@@ -281,7 +281,7 @@ def test_the_experiment_carries_the_runs_table_view_test_bleu_as_the_installed_u
 
 
 def test_the_trained_model_is_registered_as_a_pyfunc_that_translates_both_ways(tiny_model_dir, tmp_path, caplog):
-    """Issue 24: the train stage's model directory logged as an MLflow pyfunc (its code and the `reder` package
+    """The train stage's model directory logged as an MLflow pyfunc (its code and the `reder` package
     inside the logged model) and registered; loaded back from the registry it translates each row in the
     direction the row names, as `reder.load` does; a bad row is MLflow's INVALID_PARAMETER_VALUE (HTTP 400
     from `mlflow models serve`), naming the row."""
@@ -298,7 +298,7 @@ def test_the_trained_model_is_registered_as_a_pyfunc_that_translates_both_ways(t
     tracker.begin_stage("train", "train-0123456789ab")
     out = run_stage("train", tmp_path / "train-0123456789ab", lambda tmp: {}, config={}, inputs={})
     tracker.end_stage(out, {}, [], model=tiny_model_dir)
-    # Issue 56: the alias @champion goes to the first evaluated version, then only to a version that beats it
+    # The alias @champion goes to the first evaluated version, then only to a version that beats it
     row = {"bleu_src2tgt": 10.0, "bleu_tgt2src": 10.0, "references_sha256": "abc"}
     results = {"split": "test", "src_lang": "en", "tgt_lang": "de", "sets": {"test": row}}
     assert tracker.promote(results, tmp_path / "nowhere") == ""  # no version of that train stage
@@ -354,7 +354,7 @@ def test_the_trained_model_is_registered_as_a_pyfunc_that_translates_both_ways(t
         with pytest.raises(MlflowException, match=re.escape(message)) as caught:
             served.predict(pd.DataFrame([{"text": "ok", "src": "en", "tgt": "de"}, bad]), params=params)
         assert caught.value.error_code == "INVALID_PARAMETER_VALUE"
-    # Not strict (the default): such a row is mended and translated, and a warning names it (issue 55).
+    # Not strict (the default): such a row is mended and translated, and a warning names it.
     mended = pd.DataFrame([{"text": "ok", "src": "en", "tgt": "de"}, {"text": "the\u2029cat", "src": "en", "tgt": "de"}])
     with caplog.at_level("WARNING"):
         assert served.predict(mended) == [local.translate("ok", "en", "de"), local.translate("the cat", "en", "de")]

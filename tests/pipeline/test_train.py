@@ -29,7 +29,7 @@ def test_an_interrupted_run_continues_from_its_checkpoint(smoke_data, capsys, ra
     assert last == "error: train: Ray Train failed: rank 0: RuntimeError: fault drill: train.fail_at_step=12 (rank 0)"
     assert not list(tmp_path.glob("train-*"))  # nothing half-published
 
-    # The latest checkpoint corrupted: the resume refuses it in one line naming the file (issue 23).
+    # The latest checkpoint corrupted: the resume refuses it in one line naming the file.
     state = max((tmp_path / "ray_results").glob("train-*/checkpoint_*/train_state.pt"), key=lambda f: f.stat().st_mtime)
     intact = state.read_bytes()
     state.write_bytes(intact[: len(intact) // 2])
@@ -105,7 +105,7 @@ def test_a_stage_share_of_the_run_budget_is_spent_by_its_worker_groups_start_too
     assert counts["stopped_by"] == "time_cap" and counts["steps"] == 1
     history = json.loads((out / "history.json").read_text())
     assert history[-1]["step"] == 1 and "valid_bleu" in history[-1]
-    # What the start no longer pays (issue 53): Ray Train's DatasetManager actor (a process importing Ray Data, which
+    # What the start no longer pays: Ray Train's DatasetManager actor (a process importing Ray Data, which
     # the workers' train context waited for), although no run here takes Ray Datasets, and its per-run
     # PlacementGroupCleaner (a process polling the State API); a worker group did start.
     from ray.util.state import list_actors
@@ -115,7 +115,7 @@ def test_a_stage_share_of_the_run_budget_is_spent_by_its_worker_groups_start_too
 
 
 def test_one_worker_trains_without_a_process_group_and_a_group_under_ddp():
-    """The Ray Train trainer of a run (issue 53): both are Ray Train's `DataParallelTrainer`; a group of workers
+    """The Ray Train trainer of a run: both are Ray Train's `DataParallelTrainer`; a group of workers
     gets a torch process group (`ProcessGroupConfig`, DDP), one worker needs none. Neither takes Ray Datasets
     (each worker reads its own shard), so neither starts the DatasetManager actor; neither starts Ray Train's
     PlacementGroupCleaner either."""

@@ -21,7 +21,7 @@ from tests.pipeline import test_harness
 
 
 def test_a_worker_leaves_out_the_examples_its_model_cannot_read_and_counts_them(tmp_path):
-    """Issue 55: `model.head=dag model.graph_upsample_ratio=4` died at the first update (`input of 528 positions
+    """`model.head=dag model.graph_upsample_ratio=4` once died at the first update (`input of 528 positions
     (after upsampling) exceeds max_positions=512`): tokenize's filter does not know max_positions. The worker's
     shard leaves such examples out, per the model's own limit (a REDER's inputs; every sequence of a teacher
     pair), and says how many."""
@@ -63,7 +63,7 @@ def test_a_worker_leaves_out_the_examples_its_model_cannot_read_and_counts_them(
 
 
 def test_every_rank_trains_on_its_whole_shard_in_every_epoch(monkeypatch):
-    """Issue 55: `_epoch` cut every rank to the smallest rank's batch count, so part of the larger shards was left
+    """`_epoch` once cut every rank to the smallest rank's batch count, so part of the larger shards was left
     out of every epoch. Now every rank has the largest count, the smaller ones training their first batches again."""
     import pyarrow as pa
 
@@ -165,7 +165,7 @@ def _valid_split(root: Path, model_dir: Path, src: list[str], tgt: list[str], sr
 
 
 def test_validation_picks_each_directions_best_blank_penalty_and_the_train_stage_publishes_it(tiny_model_dir, tmp_path):
-    """Issue 41: the Validator's BLEU per direction is the best of the grid's, each penalty scored as translate_ids
+    """The Validator's BLEU per direction is the best of the grid's, each penalty scored as translate_ids
     with that penalty and sacreBLEU would (brute force); on a constructed case — references that are the model's
     own output under penalty −4 (src2tgt) and 0.5 (tgt2src) — it picks exactly those; the train stage's
     tune_blank_penalty sets them on the model it publishes. [0] validates as before (no penalty keys)."""
@@ -222,14 +222,14 @@ BIBLE = Path(__file__).resolve().parents[1] / "data" / "bible_en_es"
 
 @pytest.mark.slow
 def test_stage_two_keeps_both_directions_greedy_output_at_the_reference_length_and_their_validation_bleu_rising(tmp_path):
-    """Issue 41, item 3: a small REDER, 60 updates on 48 short Bible pairs (validated on the same pairs: what is
+    """A small REDER, 60 updates on 48 short Bible pairs (validated on the same pairs: what is
     measured is the calibration of the output, not generalisation), stage two (FBA + CC, λ 0.1) on from update
     31, validated every 10 updates as the train stage does (the Validator with the default blank penalties).
     Once stage two is on, in both directions: the greedy output is 0.85-1.2 times the reference length, the
     validation BLEU never drops by more than 1.0 from one validation to the next and ends at >= 12, and CC falls.
-    The decoding before issue 41 (blank_penalties=(0.0,) here) fails it: its src2tgt greedy output is 0.71,
+    The decoding without a tuned blank penalty (blank_penalties=(0.0,) here) fails it: its src2tgt greedy output is 0.71,
     0.59 and 0.64 of the reference length at the validations with stage two on (the CTC blank over-predicted;
-    docs/results/ctc_decoding.md, issue 41)."""
+    docs/results/ctc_decoding.md)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
     import sentencepiece
@@ -283,7 +283,7 @@ def _pair_config(**overrides) -> dict:
 
 
 def test_one_harness_training_both_teachers_equals_two_runs_of_one_each():
-    """Issue 53: the teacher pair (`build_task`'s ModelPair and PairObjective, one optimizer) trained on the same
+    """The teacher pair (`build_task`'s ModelPair and PairObjective, one optimizer) trained on the same
     batches ends with each direction's parameters those of a run of that direction alone: both start from the run's
     seed, each reads every batch in its direction, and each is clipped to clip_norm on its own (0.5 binds here: one
     norm over both models would clip each differently), its norm reported as grad_norm_<direction>."""
@@ -334,7 +334,7 @@ def test_mlflow_metrics_named_for_a_direction_go_to_its_run():
 
 
 def test_the_mlflow_logger_logs_on_its_own_thread_and_close_waits_for_it(tmp_path):
-    """Issue 53: rank 0's logger returns at once (MLflow's import and client are built on its thread, off the path
+    """Rank 0's logger returns at once (MLflow's import and client are built on its thread, off the path
     to the first update); flush() (at every validation) and close() wait until every queued batch is in the
     store, each metric in its run; a failure is raised on the training thread at the next log, flush or check."""
     from mlflow.tracking import MlflowClient
@@ -356,7 +356,7 @@ def test_the_mlflow_logger_logs_on_its_own_thread_and_close_waits_for_it(tmp_pat
     assert [m.value for m in client.get_metric_history(stage, "train_total")] == [1.0, 2.0, 3.0, 4.0]
     assert [m.step for m in client.get_metric_history(a, "train_nll_src2tgt")] == [1, 2, 3]
     assert [m.step for m in client.get_metric_history(b, "valid_bleu_tgt2src")] == [1, 2, 3]
-    assert client.get_metric_history(b, "valid_bleu_tgt2src")[0].value == 9.01  # issue 56: BLEU as reported
+    assert client.get_metric_history(b, "valid_bleu_tgt2src")[0].value == 9.01  # BLEU as reported
     assert not client.get_metric_history(stage, "train_nll_src2tgt")
     broken = trainloop._MlflowLogger({"uri": uri, "run_id": "no-such-run"})
     broken.log({"step": 1, "lr": 0.1}, 1)
@@ -372,7 +372,7 @@ def test_the_mlflow_logger_logs_on_its_own_thread_and_close_waits_for_it(tmp_pat
 
 
 def test_the_first_worker_of_a_node_samples_mlflows_system_metrics_into_the_run_and_never_fails_it(tmp_path, caplog):
-    """Issue 56: with psutil installed (requirements.txt), MLflow's monitor logs CPU and host memory as
+    """With psutil installed (requirements.txt), MLflow's monitor logs CPU and host memory as
     `system/node_<rank>/...` into the stage's run; without it, or off, nothing is logged and nothing raises."""
     import importlib.util
 
@@ -398,9 +398,9 @@ def test_the_first_worker_of_a_node_samples_mlflows_system_metrics_into_the_run_
 
 
 def test_the_validator_is_built_at_the_first_validation_and_decodes_a_pair_by_direction(tiny_model_dir, tmp_path):
-    """Issue 53: building the Validator (Parquet reads, SentencePiece) waits for the first validation; a ModelPair
+    """Building the Validator (Parquet reads, SentencePiece) waits for the first validation; a ModelPair
     is scored direction by direction with its own model, as each model alone would be (valid_bleu: the mean). A
-    sentence longer than the model reads (72 words, max_positions 64) is cut, not an error (issue 55: it stopped
+    sentence longer than the model reads (72 words, max_positions 64) is cut, not an error (it once stopped
     the DAG train stage at its first validation)."""
     src = ["the cat sat on the mat", "a dog ran in the park", "the bird sang a song", "the cat sat on the mat " * 12]
     tgt = ["the bird ran", "cats are friends", "a song in the park", "a dog ran in the park " * 12]

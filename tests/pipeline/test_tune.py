@@ -106,7 +106,7 @@ def test_three_trial_sweep_tracks_every_trial_and_writes_a_trainable_best_yaml(s
     assert set(rows) == {0.002, 0.001, 0.000001}
     assert rows[0.000001]["status"] == "stopped early" and 20 <= int(rows[0.000001]["steps"]) < 30
     assert rows[0.001]["status"] == "finished"
-    assert {row["seed"] for row in rows.values()} == {"1"}  # one sample: the config's seed (issue 56)
+    assert {row["seed"] for row in rows.values()} == {"1"}  # one sample: the config's seed
     best_row = min(rows.values(), key=lambda r: float(r["train_ctc_src2tgt"]))
     best = load_config(tune_dir / "best.yaml")
     assert best.train.lr == float(best_row["train.lr"]) and best.train.lr > 0.000001
@@ -171,7 +171,7 @@ def _resume_then_stop_it_with_sigterm_while_it_trains(args: list[str], workdir: 
 
 
 def _compare_view_in_chromium(store: str, runs: list) -> None:
-    """Issue 56: the sweep's trials in MLflow's compare view, read by headless Chromium (bench/mlflow_ui.py), show
+    """The sweep's trials in MLflow's compare view, read by headless Chromium (bench/mlflow_ui.py), show
     each trial by name, the swept parameter and the sweep's metric (the view lists only the metrics that differ
     between the trials; on the smoke data the validation BLEUs may not). Without Chromium the test is skipped,
     saying so, but under CI=true (.ci/run installs Chromium) it fails."""
@@ -221,7 +221,7 @@ def test_a_failing_trial_does_not_stop_the_sweep(smoke_data, capsys, ray_session
 
 
 def test_after_a_sweep_a_trial_group_the_driver_still_holds_is_removed_and_said(ray_session, caplog):
-    """Issue 55's CI flake (a CPU still held 10 s after a resumed sweep returned): after the fit, a placement
+    """A CI flake (a CPU still held 10 s after a resumed sweep returned): after the fit, a placement
     group this job's driver made (Tune's trial groups) still there once the wait is over is removed too."""
     import ray
 
@@ -244,7 +244,7 @@ def test_after_a_sweep_a_trial_group_the_driver_still_holds_is_removed_and_said(
 
 
 def test_after_a_sweep_a_controller_still_alive_is_waited_for_and_the_group_it_makes_then_released(ray_session):
-    """CI of stop 67: a CPU held after a resumed sweep by a Ray Train group whose creator was dead, made after
+    """A CI failure: a CPU held after a resumed sweep by a Ray Train group whose creator was dead, made after
     the wait had counted no groups. A controller of this job still alive is waited for (here it makes its group
     2 s in and is killed, as Tune kills a trial, 4 s in); then its group is released."""
     import threading
@@ -323,7 +323,7 @@ def test_ctrl_c_or_sigterm_during_a_sweep_stops_it_gracefully_then_raises_the_si
 
 
 def test_repeats_of_a_point_train_with_their_own_seeds():
-    """Issue 56: `tune --samples 3` over two choices drew one point twice and trained it twice with one seed. Tune
+    """`tune --samples 3` over two choices once drew one point twice and trained it twice with one seed. Tune
     numbers trials in draw order, each sample drawing the grid once: a trial's seed is train.seed + its sample."""
     issue = load_config(SMOKE, ["tune.space={model.upsample_ratio: {choice: [2, 3]}, loss.lambda_cc: {choice: [0.0, 0.1]}}",
                                 "tune.num_samples=3", "train.seed=7"])
@@ -371,7 +371,7 @@ def test_a_trial_that_can_never_be_placed_is_an_error_before_the_sweep(ray_sessi
 
 
 def test_fractional_gpu_trials_pack_on_one_gpu_and_bad_fractions_are_config_errors(monkeypatch):
-    """Issue 28 item 4: `train.gpus_per_worker: 0.25` runs four trials at once on one GPU (Ray schedules
+    """`train.gpus_per_worker: 0.25` runs four trials at once on one GPU (Ray schedules
     fractional GPU requests); a fraction over 1 and a fractional DDP group (two ranks on one GPU) are errors."""
     import ray
 
@@ -393,7 +393,7 @@ def test_fractional_gpu_trials_pack_on_one_gpu_and_bad_fractions_are_config_erro
 
 
 def _holders() -> str:
-    """What may hold a CPU when the check above fails (a CI flake, issue 55): the placement groups not removed,
+    """What may hold a CPU when the check above fails (a CI flake): the placement groups not removed,
     with their creator and state, and the live actors with their class and resources."""
     import ray
     from ray.util.state import list_actors

@@ -143,7 +143,7 @@ def test_cached_decoding_equals_full_recomputation(dtype, tolerance):
 
 
 def test_teacher_forcing_uses_sdpas_causal_flag_and_equals_the_explicit_causal_mask(monkeypatch):
-    """Issue 53, item 3: the decoder's self-attention under teacher forcing passes no mask tensor, SDPA's
+    """The decoder's self-attention under teacher forcing passes no mask tensor, SDPA's
     `is_causal` instead (fused GPU kernels take it; a boolean mask tensor may cost a kernel plan per shape), and
     its loss and gradients are those of the explicit lower-triangular boolean mask it replaced, bit for bit on CPU."""
     model = tiny_transformer(dropout=0.0, attention_dropout=0.0)

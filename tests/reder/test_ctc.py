@@ -100,7 +100,7 @@ def test_collapse_frames(keep_blank):
 
 @torch.no_grad()
 def _frame_by_frame_viterbi(log_probs, lengths, targets, target_lengths, blank):
-    """viterbi_align as it was before issue 53 (a masked update and a masked backtrack step per frame): the
+    """viterbi_align as it once was (a masked update and a masked backtrack step per frame): the
     reference for ties, which decide the layout glancing and FBA train on."""
     batch, frames, _ = log_probs.shape
     extended = torch.full((batch, 2 * targets.shape[1] + 1), blank, dtype=torch.long)

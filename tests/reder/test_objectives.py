@@ -52,7 +52,7 @@ def test_reverse_states_line_up_with_forward_states():
 
 
 def test_aux_terms_are_absent_before_aux_start_step_and_on_after():
-    """A term not computed is absent, not a zero (issue 41: a trainer's window means then average it over the
+    """A term not computed is absent, not a zero (a trainer's window means then average it over the
     updates that computed it)."""
     model = tiny_model().train()
     objective = DuplexLoss(model, LossConfig(lambda_fba=0.3, lambda_cc=0.2, aux_start_step=10))

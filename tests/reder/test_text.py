@@ -1,4 +1,4 @@
-"""reder.text: the one definition of a line and of a character of text (issue 43)."""
+"""reder.text: the one definition of a line and of a character of text."""
 import pytest
 
 from reder import text

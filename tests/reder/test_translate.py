@@ -92,7 +92,7 @@ ODD = [chr(c) for c in [*range(0x00, 0x09), *range(0x0B, 0x20), *range(0x7F, 0xA
 
 
 def test_by_default_every_line_is_translated_and_each_mended_one_named_on_stderr(model_dir, monkeypatch, capsys):
-    """Issue 55: one U+2028 in a million lines refused them all (exit 2). A translator translates every line, one
+    """One U+2028 in a million lines once refused them all (exit 2). A translator translates every line, one
     output line per input line always: each odd character a space, undecodable bytes U+FFFD, a line longer
     than the model reads cut to it; stderr names every mended line. What the model sees is what it would see
     of the mended text (translate_lines of it)."""
@@ -360,7 +360,7 @@ PENALTIES = (-6.0, -1.0, 0.0, 0.5, 2.0, 6.0)
 
 @pytest.mark.parametrize("direction", ["src2tgt", "tgt2src"])
 def test_a_blank_penalty_decodes_greedily_the_argmax_of_the_shifted_log_probs_and_beams_over_their_renormalisation(direction):
-    """Issue 41: greedy with blank penalty c is the per-frame argmax of log P with c subtracted from the
+    """Greedy with blank penalty c is the per-frame argmax of log P with c subtracted from the
     blank's (whether c is passed, the model's own, or one of greedy_by_penalty's grid); the beam searches the
     same shift renormalised, log softmax(log P − c·[blank])."""
     model = tiny_model(dropout=0.0, attention_dropout=0.0).eval()
@@ -426,7 +426,7 @@ def test_one_nbest_per_penalty_serves_every_reranker_as_translate_ids_decodes_ea
         reranked_by_penalty(decoding_model("dag"), sequences, direction, [0.0], {"beam": CtcBeam(beam_size=4)})
 
 def test_the_model_directory_carries_the_blank_penalty_to_the_cli_and_the_python_api(model_dir, monkeypatch, capsys):
-    """Issue 41: config.json's blank_penalty (per direction) is what reder.load, the CLI (and so the Serve app
+    """config.json's blank_penalty (per direction) is what reder.load, the CLI (and so the Serve app
     and the MLflow pyfunc, which translate through reder.load) decode with; --blank-penalty overrides it;
     save_model_dir writes the model's own; a directory without it decodes unpenalised; a bad value is a
     one-line error naming the file."""
@@ -461,7 +461,7 @@ def test_the_model_directory_carries_the_blank_penalty_to_the_cli_and_the_python
 
 
 def test_python_m_reder_translate_runs_without_the_runpy_warning(model_dir):
-    """Issue 42: `import reder` does not import reder.translate (reder.api, which it imports, no longer does), so
+    """`import reder` does not import reder.translate (reder.api, which it imports, no longer does), so
     running it as __main__ does not warn "'reder.translate' found in sys.modules after import of package 'reder'"."""
     import subprocess
     import sys
