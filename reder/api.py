@@ -95,10 +95,13 @@ class Translator:
 
     def translate(self, text: str | Sequence[str], src: str, tgt: str, beam: int = 1, decoder: str = "greedy",
                   batch_size: int = 64, iterations: int = 10, refiner: Optional[Translator] = None,
-                  refine_steps: int = 0, notes: Optional[list[tuple[int, str]]] = None) -> str | list[str]:
+                  refine_steps: int = 0, notes: Optional[list[tuple[int, str]]] = None,
+                  scores: bool = False) -> str | list[str] | dict[str, Any] | list[dict[str, Any]]:
         """One sentence (a str) or a list of them, from language `src` into `tgt`. With a `notes` list every
         sentence is translated, mended where it must be (`reder.decoding.run.translate_lines`: a control character
-        becomes a space, a sentence longer than the model reads is cut), each change appended as (index, what)."""
+        becomes a space, a sentence longer than the model reads is cut), each change appended as (index, what).
+        With `scores`, each translation is a dict: {"translation", "score", "forward", "round_trip", "reason"}, the
+        model's round-trip confidence in it (reder/confidence.py; None with the reason where there is none)."""
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         lines = [text] if isinstance(text, str) else list(text)
@@ -112,7 +115,8 @@ class Translator:
                 raise ValueError(f"{refiner.directory}: its direction differs from this model's {direction} for {src}->{tgt}")
             refine.update(refiner=refiner.model, refine_steps=refine_steps)
         with torch.inference_mode():
-            out = translate_lines(self.model, self.sp, lines, direction, chosen, batch_size, notes=notes, **refine)
+            out = translate_lines(self.model, self.sp, lines, direction, chosen, batch_size, notes=notes,
+                                  scores=scores, **refine)
         return out[0] if isinstance(text, str) else out
 
     def __repr__(self) -> str:

@@ -2,7 +2,7 @@
 
     python -m reder.translate --checkpoint DIR (--src LANG --tgt LANG | --direction src2tgt|tgt2src)
         [--blank-penalty C] [--int8 | --compile] [--beam N [--rerank self [--rerank-weight W] | --teacher DIR] [--cutoff-top-n N] [--cutoff-prob P]
-         | --decoder D] [--refine-steps K --refine-model CMLM_DIR] [--iterations T] [--batch-size B] < in > out
+         | --decoder D] [--refine-steps K --refine-model CMLM_DIR] [--iterations T] [--batch-size B] [--scores] < in > out
 
 (installed with `pip install -e .`: `duplex-translate ...`; from Python: `reder.load(DIR).translate(...)`.)
 The direction is named by language codes (those the model directory records, e.g. --src en --tgt de) or
@@ -40,8 +40,14 @@ the model reads is cut to it, and each mended line is named on stderr (`warning:
 odd line in a million does not cost the other 999,999 (an exception to "bad input is an error", on purpose).
 --strict refuses the input instead, at the first such line, as one error line naming it (exit 2). Bad options or
 model files are a one-line error and exit status 2.
+
+--scores: one JSON line per input line instead, {"translation": ..., "score": ..., "forward": ..., "round_trip": ...,
+"reason": ...}: how sure the model is of the translation (forward: log P(ŷ | x) per output token) and how well it
+reads back into the source through the same weights run the other way (round_trip: log P(x | ŷ) per source
+token), score their mean (reder/confidence.py); null with the reason where a value cannot be had.
 """
 import argparse
+import json
 import math
 import sys
 from pathlib import Path
@@ -170,6 +176,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="REDER on CPU: the trunk's linear layers dynamically quantized to int8 (faster, not bit-equal)")
     parser.add_argument("--compile", action="store_true",
                         help="REDER: the trunk under torch.compile (CUDA graphs on CUDA, frozen weights on a CPU); same tokens")
+    parser.add_argument("--scores", action="store_true",
+                        help="write JSON lines {\"translation\", \"score\", \"forward\", \"round_trip\", \"reason\"}: "
+                             "the model's confidence in each translation, read back by its reverse direction "
+                             "(reder/confidence.py; null with the reason for a model that is not duplex)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args(argv)
     try:
@@ -188,12 +198,14 @@ def main(argv: list[str] | None = None) -> int:
     notes: Optional[list[tuple[int, str]]] = None if args.strict else []
     try:
         outputs = translate_lines(model, sp, lines, args.direction, decoder, args.batch_size, notes, refiner,
-                                  args.refine_steps)
+                                  args.refine_steps, args.scores)
     except ValueError as error:
         print(f"error: <stdin> {error}", file=sys.stderr)
         return 2
     for index, note in notes or []:
         print(f"warning: <stdin> line {index + 1}: {note}", file=sys.stderr)
+    if args.scores:
+        outputs = [json.dumps(entry, ensure_ascii=False) for entry in outputs]
     sys.stdout.write("".join(line + "\n" for line in outputs))
     return 0
 

@@ -10,6 +10,7 @@ import torch
 
 from reder.cmlm import CMLM
 from reder.config import EOS_ID
+from reder.confidence import confidences
 from reder.decoding import DECODERS, decoder_names, default_decoder, make_decoder
 from reder.decoding.base import Decoder, Model, family_of, length_batches
 from reder.model import REDER
@@ -116,8 +117,11 @@ def encode_lines(sp: sentencepiece.SentencePieceProcessor, lines: Iterable[str])
 
 def translate_lines(model: Model, sp: sentencepiece.SentencePieceProcessor, lines: list[str], direction: str,
                     decoder: Decoder, batch_size: int = 64, notes: Optional[list[tuple[int, str]]] = None,
-                    refiner: Optional[CMLM] = None, refine_steps: int = 0) -> list[str]:
-    """Plain text in, detokenized text out, with a built `decoder` (`choose`).
+                    refiner: Optional[CMLM] = None, refine_steps: int = 0,
+                    scores: bool = False) -> list[str] | list[dict[str, Any]]:
+    """Plain text in, detokenized text out, with a built `decoder` (`choose`). With `scores`, one dict per line
+    instead: {"translation": text, "score", "forward", "round_trip", "reason"} (reder/confidence.py: the model
+    reads each translation back; computed only when asked for).
 
     Strict without `notes`: a line holding a character `reder.text` does not allow in a line is translated as it
     is, and one longer than the model reads is a ValueError. With a `notes` list every line is translated, one
@@ -141,4 +145,8 @@ def translate_lines(model: Model, sp: sentencepiece.SentencePieceProcessor, line
                                      f"{limit - 1} translated"))
                 sequences[index] = sequence[: limit - 1] + [EOS_ID]
     hypotheses = translate_ids(model, sequences, direction, decoder, batch_size, refiner, refine_steps)
-    return [sp.decode(h) for h in hypotheses]
+    texts = [sp.decode(h) for h in hypotheses]
+    if not scores:
+        return texts
+    judged = confidences(model, sequences, hypotheses, direction, batch_size)
+    return [{"translation": text, **confidence.as_dict()} for text, confidence in zip(texts, judged)]
