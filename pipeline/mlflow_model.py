@@ -9,8 +9,9 @@ of this repository to load — `mlflow.pyfunc.load_model("models:/reder-en-de/1"
 Input: rows of `text`, `src`, `tgt` (language codes of the model directory; each row names its own
 direction, so one request may mix both); params `beam` (the beam size, 1 = greedy; > 1 with decoder greedy means
 beam) and `decoder` (a name of reder/decoding/, as the CLI takes it: greedy, beam; a DAG model's lookahead,
-viterbi), `strict` (default false). Output: one translation per row, in input
-order. As `python -m reder.translate`, every row is translated: a control character or line terminator in its
+viterbi), `strict` (default false), `scores` (default false). Output: one translation per row, in input
+order; with `scores`, one record per row instead, {"translation", "score", "forward", "round_trip", "reason"}: the
+model's round-trip confidence in its translation (reder/confidence.py). As `python -m reder.translate`, every row is translated: a control character or line terminator in its
 text becomes a space and a text longer than the model reads is cut to it, each logged as a warning naming the
 row; with `strict` such a row is refused instead. A row for a language pair the model does not translate, an
 empty text or bad params are MLflow's INVALID_PARAMETER_VALUE (HTTP 400 from the scoring server), naming the row.
@@ -46,6 +47,7 @@ class DuplexTranslator(PythonModel):
         params = params or {}
         beam, decoder = int(params.get("beam", 1)), str(params.get("decoder", "greedy"))
         strict = params.get("strict", False) in (True, "true", "True")
+        scores = params.get("scores", False) in (True, "true", "True")
         if beam < 1:
             raise _bad(f"params.beam: must be >= 1, got {beam}")
         rows = model_input.to_dict("records") if hasattr(model_input, "to_dict") else list(model_input)
@@ -66,12 +68,12 @@ class DuplexTranslator(PythonModel):
             except ValueError as error:
                 raise _bad(f"row {index}: {error}") from None
             groups.setdefault(pair, []).append(index)
-        out = [""] * len(rows)
+        out: list = [""] * len(rows)
         for (src, tgt), indices in groups.items():
             notes: list[tuple[int, str]] | None = None if strict else []
             try:
                 translated = self.translator.translate([rows[i]["text"] for i in indices], src, tgt, beam, decoder,
-                                                       notes=notes)
+                                                       notes=notes, scores=scores)
             except ValueError as error:  # an unknown decoder, a strict input longer than the model takes
                 raise _bad(f"row {indices[0]}: {error}") from None
             for position, note in notes or []:

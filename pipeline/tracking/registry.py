@@ -47,7 +47,8 @@ def log_translator(model_dir: Path, languages: tuple[str, str], registered_name:
     signature = ModelSignature(inputs=Schema([ColSpec("string", name) for name in ("text", "src", "tgt")]),
                                outputs=Schema([ColSpec("string")]),
                                params=ParamSchema([ParamSpec("beam", "long", 1), ParamSpec("decoder", "string", "greedy"),
-                                                   ParamSpec("strict", "boolean", False)]))
+                                                   ParamSpec("strict", "boolean", False),
+                                                   ParamSpec("scores", "boolean", False)]))
     example = [{"text": "Hello.", "src": src, "tgt": tgt} for src, tgt in (languages, languages[::-1])]
     requirements = [f"{name}=={importlib.metadata.version(name)}" for name in ("torch", "sentencepiece", "mlflow")]
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # a bar per file of a tiny copy

@@ -408,6 +408,8 @@ def test_the_registered_pyfunc_and_the_translate_cli_give_evaluate_s_translation
     import pandas as pd
     from mlflow.tracking import MlflowClient
 
+    import reder
+
     last, workdir = smoke_run.last, smoke_run.workdir
     uri = f"sqlite:///{workdir}/mlflow.db"
     mlflow.set_tracking_uri(uri)
@@ -424,6 +426,12 @@ def test_the_registered_pyfunc_and_the_translate_cli_give_evaluate_s_translation
     served = translator.predict(pd.DataFrame(rows))
     assert served[:5] == hypotheses[:5]
     assert served[5] == smoke_run.hypotheses("test.tgt2src.greedy")[0]
+    # with params scores: each row's record, the Python API's round-trip confidence, both directions in one request
+    scored = translator.predict(pd.DataFrame(rows), params={"scores": True})
+    model = reder.load(smoke_run.stage_dir("train") / "model")
+    assert scored[:5] == model.translate(test_src[:5], "en", "es", scores=True)
+    assert scored[5] == model.translate(test_tgt[0], "es", "en", scores=True)
+    assert [entry["translation"] for entry in scored] == served
     with pytest.raises(mlflow.exceptions.MlflowException, match="row 0: this model translates en->es and es->en, not en->fr"):
         translator.predict(pd.DataFrame([{"text": "Hello.", "src": "en", "tgt": "fr"}]))
 
