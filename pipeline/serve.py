@@ -19,8 +19,10 @@ Request (POST, JSON): `text` (one string or a list of up to MAX_SENTENCES string
 characters, one line), `src` and `tgt` (language codes the model directory records; a REDER model translates both
 ways, a teacher only its own pair), optional `beam` (1 to MAX_BEAM: the beam size; > 1 with decoder greedy means
 beam), `decoder` (a name of reder/decoding/, as the CLI takes it: greedy, beam; a DAG model's lookahead, viterbi)
-and `strict` (default false). Response: `translation`, a
-string or a list as `text` was, and `notes` where a sentence was mended: as `python -m reder.translate`, every
+`strict` (default false) and `scores` (default false). Response: `translation`, a
+string or a list as `text` was; with `scores`, `scores` beside it (one {"score", "forward", "round_trip",
+"reason"} per sentence, or one alone for a string: the model's round-trip confidence, reder/confidence.py; null
+with the reason for a teacher); and `notes` where a sentence was mended: as `python -m reder.translate`, every
 sentence is translated, a control character or line terminator inside it becoming a space and (engine torch) a
 sentence longer than the model reads cut to it, each named in `notes` (`text[3]: U+2028 (LINE SEPARATOR) at
 character 5 replaced by a space`); with `"strict": true` such a sentence is a 400 instead. Anything else is a 4xx with `{"error": "<what is wrong>"}`: 405 for a method other than POST,
@@ -52,6 +54,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from reder.api import sentence_problem
+from reder.confidence import NOT_DUPLEX
 from reder.text import normalise
 
 MAX_SENTENCES = 256  # per request
@@ -79,6 +82,7 @@ class Job:
     single: bool  # `text` was one string: answer with one string
     strict: bool = False  # refuse a sentence to mend rather than mend it
     notes: tuple[str, ...] = ()  # what parse mended, named by field
+    scores: bool = False  # answer each translation's round-trip confidence too
 
 
 def parse(body: bytes, languages: tuple[str, ...]) -> Job:
@@ -92,12 +96,14 @@ def parse(body: bytes, languages: tuple[str, ...]) -> Job:
         raise BadRequest(f"body is not JSON ({error})", 415) from None
     if not isinstance(payload, dict):
         raise BadRequest(f"body must be a JSON object with text, src and tgt, got {type(payload).__name__}")
-    unknown = sorted(set(payload) - {"text", "src", "tgt", "beam", "decoder", "strict"})
+    unknown = sorted(set(payload) - {"text", "src", "tgt", "beam", "decoder", "strict", "scores"})
     if unknown:
-        raise BadRequest(f"unknown fields {unknown}; a request has text, src, tgt and optionally beam, decoder, strict")
-    strict = payload.get("strict", False)
-    if not isinstance(strict, bool):
-        raise BadRequest(f"strict: must be true or false, got {strict!r}")
+        raise BadRequest(f"unknown fields {unknown}; a request has text, src, tgt and optionally beam, decoder, strict, "
+                         f"scores")
+    strict, scores = payload.get("strict", False), payload.get("scores", False)
+    for key, value in (("strict", strict), ("scores", scores)):
+        if not isinstance(value, bool):
+            raise BadRequest(f"{key}: must be true or false, got {value!r}")
     text = payload.get("text")
     single = isinstance(text, str)
     lines = [text] if single else text
@@ -120,7 +126,7 @@ def parse(body: bytes, languages: tuple[str, ...]) -> Job:
         raise BadRequest(f"beam: must be an integer from 1 to {MAX_BEAM}, got {beam!r}")
     if not isinstance(decoder, str):
         raise BadRequest(f"decoder: must be a string, got {type(decoder).__name__}")
-    return Job(tuple(mended), payload["src"], payload["tgt"], beam, decoder, single, strict, tuple(notes))
+    return Job(tuple(mended), payload["src"], payload["tgt"], beam, decoder, single, strict, tuple(notes), scores)
 
 
 def load_backend(model_dir: str, engine: str, device: str, threads: int) -> Any:
@@ -151,20 +157,24 @@ class TranslationService:
         self.batched.set_max_batch_size(max_batch_size)
         self.batched.set_batch_wait_timeout_s(batch_wait_timeout_s)
 
-    def translate_jobs(self, jobs: list[Job]) -> list[tuple[list[str], list[str]] | BadRequest]:
-        """Each job's (translations, notes); the jobs of one (pair, beam, decoder, strict) in one call, a job the
-        model refuses (a pair it does not translate, an unknown decoder, a strict input over its length limit)
-        answered alone. The torch engine cuts a lenient job's over-long sentence and notes it."""
-        groups: dict[tuple[str, str, int, str, bool], list[int]] = {}
+    def translate_jobs(self, jobs: list[Job]) -> list[tuple[list, list[str]] | BadRequest]:
+        """Each job's (translations, notes), a translation being a record with its round-trip confidence where the
+        job asks for scores; the jobs of one (pair, beam, decoder, strict, scores) in one call, a job the model
+        refuses (a pair it does not translate, an unknown decoder, a strict input over its length limit) answered
+        alone. The torch engine cuts a lenient job's over-long sentence and notes it."""
+        groups: dict[tuple[str, str, int, str, bool, bool], list[int]] = {}
         for index, job in enumerate(jobs):
-            groups.setdefault((job.src, job.tgt, job.beam, job.decoder, job.strict), []).append(index)
-        out: list[tuple[list[str], list[str]] | BadRequest] = [([], []) for _ in jobs]
-        for (src, tgt, beam, decoder, strict), members in groups.items():
+            groups.setdefault((job.src, job.tgt, job.beam, job.decoder, job.strict, job.scores), []).append(index)
+        out: list[tuple[list, list[str]] | BadRequest] = [([], []) for _ in jobs]
+        for (src, tgt, beam, decoder, strict, scores), members in groups.items():
             lines = [line for i in members for line in jobs[i].lines]
             notes: list[tuple[int, str]] = []
-            cut = {"notes": notes} if self.engine == "torch" and not strict else {}
+            cut: dict[str, Any] = {"notes": notes} if self.engine == "torch" and not strict else {}
+            if scores and self.engine == "torch":
+                cut["scores"] = True
             try:
-                translated = self.backend.translate(lines, src, tgt, beam=beam, decoder=decoder, **cut)
+                translated = self.scored(self.backend.translate(lines, src, tgt, beam=beam, decoder=decoder, **cut),
+                                         scores)
             except ValueError:
                 translated = None  # find which job the model refuses: each alone
             start = 0
@@ -176,14 +186,23 @@ class TranslationService:
                     continue
                 try:
                     notes.clear()
-                    alone = self.backend.translate(list(jobs[i].lines), src, tgt, beam=beam, decoder=decoder, **cut)
+                    alone = self.scored(self.backend.translate(list(jobs[i].lines), src, tgt, beam=beam,
+                                                               decoder=decoder, **cut), scores)
                     out[i] = (alone, [*jobs[i].notes, *(f"text[{index}]: {note}" for index, note in notes)])
                 except ValueError as error:
                     out[i] = BadRequest(str(error))
         return out
 
+    def scored(self, translated: list, scores: bool) -> list:
+        """The backend's output with scores asked for: records as the torch engine gives them, and for CTranslate2
+        (a teacher, not duplex) each translation's record with null scores and the reason."""
+        if not scores or self.engine == "torch":
+            return translated
+        return [{"translation": text, "score": None, "forward": None, "round_trip": None, "reason": NOT_DUPLEX}
+                for text in translated]
+
     @serve.batch(max_batch_size=64, batch_wait_timeout_s=0.01)
-    async def batched(self, jobs: list[Job]) -> list[tuple[list[str], list[str]] | BadRequest]:
+    async def batched(self, jobs: list[Job]) -> list[tuple[list, list[str]] | BadRequest]:
         return self.translate_jobs(jobs)
 
     async def __call__(self, request: Request) -> JSONResponse:
@@ -199,7 +218,14 @@ class TranslationService:
         except BadRequest as error:
             return JSONResponse({"error": str(error)}, status_code=error.status)
         translation, notes = result
-        return JSONResponse({"translation": translation[0] if job.single else translation, **({"notes": notes} if notes else {})})
+        answer: dict[str, Any] = {}
+        if job.scores:  # "translation" as without scores; "scores" beside it, one record per sentence
+            answer["scores"] = [{key: value for key, value in record.items() if key != "translation"}
+                                for record in translation]
+            translation = [record["translation"] for record in translation]
+        if job.single:
+            translation, answer = translation[0], {key: value[0] for key, value in answer.items()}
+        return JSONResponse({"translation": translation, **answer, **({"notes": notes} if notes else {})})
 
 
 def app(args: dict[str, str]) -> serve.Application:

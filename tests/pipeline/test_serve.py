@@ -12,14 +12,15 @@ import pytest
 from pipeline import serve as service
 from pipeline.serve import BadRequest, Job, parse
 from reder.api import load
+from reder.confidence import NOT_DUPLEX
 from tests.conftest import free_port
 
 LANGUAGES = ("en", "de")
 
 
-def _job(text, src="en", tgt="de", beam=1, decoder="greedy", strict=False) -> Job:
+def _job(text, src="en", tgt="de", beam=1, decoder="greedy", strict=False, scores=False) -> Job:
     single = isinstance(text, str)
-    return Job(tuple([text] if single else text), src, tgt, beam, decoder, single, strict)
+    return Job(tuple([text] if single else text), src, tgt, beam, decoder, single, strict, (), scores)
 
 
 @pytest.mark.parametrize("body, status, message", [
@@ -39,6 +40,7 @@ def _job(text, src="en", tgt="de", beam=1, decoder="greedy", strict=False) -> Jo
     (b'{"text": "a\\u0085b", "src": "en", "tgt": "de", "strict": true}', 400, "text[0]: U+0085 (NEXT LINE) at character 2"),
     (b'{"text": "a\\u0000b", "src": "en", "tgt": "de", "strict": true}', 400, "text[0]: U+0000 (NUL) at character 2: a control character"),
     (b'{"text": "a", "src": "en", "tgt": "de", "strict": 1}', 400, "strict: must be true or false, got 1"),
+    (b'{"text": "a", "src": "en", "tgt": "de", "scores": "yes"}', 400, "scores: must be true or false, got 'yes'"),
     (b'{"text": "a", "src": "en", "tgt": "de", "beam": "4"}', 400, "beam: must be an integer from 1 to 64, got '4'"),
     (b'{"text": "a", "src": "en", "tgt": "de", "beam": true}', 400, "beam: must be an integer"),
     (b'{"text": "a", "src": "en", "tgt": "de", "beam": 0}', 400, "beam: must be an integer"),
@@ -55,6 +57,7 @@ def test_good_requests_parse():
     assert parse(b'{"text": "a b", "src": "en", "tgt": "de"}', LANGUAGES) == _job("a b")
     assert parse(b'{"text": ["x", "y"], "src": "de", "tgt": "en", "beam": 4}', LANGUAGES) == _job(["x", "y"], "de", "en", 4)
     assert parse(b'{"text": "a", "src": "en", "tgt": "de", "strict": true}', LANGUAGES) == _job("a", strict=True)
+    assert parse(b'{"text": "a", "src": "en", "tgt": "de", "scores": true}', LANGUAGES) == _job("a", scores=True)
 
 
 def test_a_sentence_with_a_line_terminator_or_control_character_is_mended_and_named_unless_strict():
@@ -85,6 +88,12 @@ def test_a_dynamic_batch_is_translated_by_group_and_a_refused_job_answered_alone
     assert isinstance(out[3], BadRequest) and "translates en->de and de->en, not en->fr" in str(out[3])
     assert isinstance(out[5], BadRequest) and str(out[5]) == "decoder 'lookahead': a CTC REDER decodes with greedy, beam"
     assert out[5].status == 400
+    # a job that asks for scores gets the API's records, in its own group; the same sentences without, plain text
+    scored = server.translate_jobs([_job(["the cat sat", "a dog"], scores=True), _job(["the cat sat", "a dog"]),
+                                    _job("a cat", "en", "fr", scores=True)])
+    assert scored[0] == (translator.translate(["the cat sat", "a dog"], "en", "de", scores=True), [])
+    assert scored[1] == out[0] and [record["translation"] for record in scored[0][0]] == out[0][0]
+    assert isinstance(scored[2], BadRequest) and "not en->fr" in str(scored[2])
 
 
 def test_a_refused_job_spoils_none_of_the_good_jobs_in_its_own_group(tiny_model_dir):
@@ -136,6 +145,9 @@ def test_the_ct2_engine_serves_a_teacher_as_ctranslate2_translates_it(tiny_model
     assert isinstance(out[1], BadRequest) and "not de->en" in str(out[1])
     assert out[3] == (reference.translate(["a dog ran"], "en", "de", beam=2), [])  # the decoders' names, "beam" too
     assert isinstance(out[4], BadRequest) and "decoder 'viterbi'" in str(out[4]) and "greedy, beam" in str(out[4])
+    [(records, notes)] = server.translate_jobs([_job(["the cat sat", "a dog"], beam=2, scores=True)])  # not duplex
+    assert notes == [] and [r["translation"] for r in records] == reference.translate(["the cat sat", "a dog"], "en", "de", beam=2)
+    assert all(r["score"] is r["forward"] is r["round_trip"] is None and r["reason"] == NOT_DUPLEX for r in records)
 
 
 def _post(url: str, payload: object, method: str = "POST") -> tuple[int, dict]:
@@ -184,6 +196,15 @@ def test_the_endpoint_serves_both_directions_and_refuses_bad_requests(tiny_model
         assert code == 200 and body["translation"][0] == translator.translate("the cat", "en", "de")
         assert [note.split(":")[0] for note in body["notes"]] == ["text[0]", "text[1]"]
         assert _post(url, None, "GET")[0] == 405
+        # scores: "translation" as without them, "scores" beside it (one record, or a list as text was)
+        for text in ("the cat sat", ["the cat sat", "a dog ran"]):
+            records = translator.translate(text, "en", "de", scores=True)
+            code, body = _post(url, {"text": text, "src": "en", "tgt": "de", "scores": True})
+            expected = ({"translation": records["translation"], "scores": {k: v for k, v in records.items() if k != "translation"}}
+                        if isinstance(text, str) else
+                        {"translation": [r["translation"] for r in records],
+                         "scores": [{k: v for k, v in r.items() if k != "translation"} for r in records]})
+            assert code == 200 and body == expected, body
         assert _post(url, {"text": "the cat", "src": "en", "tgt": "de"}) == \
             (200, {"translation": translator.translate("the cat", "en", "de")})  # still up
     finally:
