@@ -2,8 +2,10 @@
 imports no stage, so the train stage's validation no longer imports the evaluate stage that runs after it."""
 from __future__ import annotations
 
+import math
 from typing import Any
 
+import numpy as np
 import sacrebleu
 
 
@@ -63,3 +65,37 @@ def sentence_scores(hypotheses: list[str], references: list[str]) -> tuple[list[
     bleu, chrf = sacrebleu.metrics.BLEU(effective_order=True), sacrebleu.metrics.CHRF()
     return ([round(bleu.sentence_score(h, [r]).score, 2) for h, r in zip(hypotheses, references)],
             [round(chrf.sentence_score(h, [r]).score, 2) for h, r in zip(hypotheses, references)])
+
+
+def ranks(values: np.ndarray) -> np.ndarray:
+    """1-based ranks of `values`, ties given their average rank (−inf ranks lowest)."""
+    order = np.argsort(values, kind="mergesort")
+    sorted_values = values[order]
+    result = np.empty(len(values), dtype=np.float64)
+    start = 0
+    while start < len(values):
+        end = start
+        while end + 1 < len(values) and sorted_values[end + 1] == sorted_values[start]:
+            end += 1
+        result[order[start : end + 1]] = (start + end) / 2 + 1
+        start = end + 1
+    return result
+
+
+def spearman(a: np.ndarray, b: np.ndarray) -> float:
+    """Spearman's ρ: Pearson's correlation of the (tie-averaged) ranks."""
+    ra, rb = ranks(a), ranks(b)
+    ra, rb = ra - ra.mean(), rb - rb.mean()
+    denominator = math.sqrt(float((ra * ra).sum() * (rb * rb).sum()))
+    return float((ra * rb).sum() / denominator) if denominator else float("nan")
+
+
+def kendall(a: np.ndarray, b: np.ndarray) -> float:
+    """Kendall's τ-b: (concordant − discordant) / sqrt((pairs − ties in a) (pairs − ties in b)), over all pairs."""
+    da = np.sign(a[:, None] - a[None, :])
+    db = np.sign(b[:, None] - b[None, :])
+    upper = np.triu(np.ones((len(a), len(a)), dtype=bool), k=1)
+    da, db = da[upper], db[upper]
+    untied_a, untied_b = float((da != 0).sum()), float((db != 0).sum())
+    denominator = math.sqrt(untied_a * untied_b)
+    return float((da * db).sum() / denominator) if denominator else float("nan")

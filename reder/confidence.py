@@ -103,3 +103,13 @@ def confidences(model: Any, sources: list[list[int]], hypotheses: list[list[int]
         score = None if ahead is None or back is None else (ahead + back) / 2
         result.append(Confidence(score, ahead, back, "; ".join(reasons) or None))
     return result
+
+
+def lowest(values: list[Optional[float]], percent: float) -> list[int]:
+    """The indices of the lowest `percent` % of `values` (round(n · percent / 100), at least one of a non-empty
+    list; None ranks lowest, equals in input order): the translations `--flag` marks for a person to check."""
+    if not 0 < percent < 100:
+        raise ValueError(f"a share in percent between 0 and 100 is needed, got {percent}")
+    count = max(1, round(len(values) * percent / 100)) if values else 0
+    order = sorted(range(len(values)), key=lambda i: -math.inf if values[i] is None else values[i])
+    return sorted(order[:count])

@@ -2,7 +2,7 @@
 
     python -m reder.translate --checkpoint DIR (--src LANG --tgt LANG | --direction src2tgt|tgt2src)
         [--blank-penalty C] [--int8 | --compile] [--beam N [--rerank self [--rerank-weight W] | --teacher DIR] [--cutoff-top-n N] [--cutoff-prob P]
-         | --decoder D] [--refine-steps K --refine-model CMLM_DIR] [--iterations T] [--batch-size B] [--scores] < in > out
+         | --decoder D] [--refine-steps K --refine-model CMLM_DIR] [--iterations T] [--batch-size B] [--scores] [--flag P] < in > out
 
 (installed with `pip install -e .`: `duplex-translate ...`; from Python: `reder.load(DIR).translate(...)`.)
 The direction is named by language codes (those the model directory records, e.g. --src en --tgt de) or
@@ -44,7 +44,9 @@ model files are a one-line error and exit status 2.
 --scores: one JSON line per input line instead, {"translation": ..., "score": ..., "forward": ..., "round_trip": ...,
 "reason": ...}: how sure the model is of the translation (forward: log P(ŷ | x) per output token) and how well it
 reads back into the source through the same weights run the other way (round_trip: log P(x | ŷ) per source
-token), score their mean (reder/confidence.py); null with the reason where a value cannot be had.
+token), score their mean (reder/confidence.py); null with the reason where a value cannot be had. --flag P
+(implies --scores) adds "flagged" to each line: true for the lowest P % by score, those to check first, and names
+their line numbers on stderr.
 """
 import argparse
 import json
@@ -59,6 +61,7 @@ from reder.api import check_device, fast_model, load_sentencepiece
 from reder.autoregressive import Transformer
 from reder.checkpoint import SPM_FILE, direction_of, load_cmlm_dir, load_model_dir, load_teacher_dir
 from reder.cmlm import CMLM
+from reder.confidence import lowest
 from reder.config import DIRECTIONS
 from reder.decode import CUTOFF_PROB, CUTOFF_TOP_N
 from reder.decoding import decoder_names
@@ -180,8 +183,16 @@ def main(argv: list[str] | None = None) -> int:
                         help="write JSON lines {\"translation\", \"score\", \"forward\", \"round_trip\", \"reason\"}: "
                              "the model's confidence in each translation, read back by its reverse direction "
                              "(reder/confidence.py; null with the reason for a model that is not duplex)")
+    parser.add_argument("--flag", type=float, metavar="P",
+                        help="with --scores (implied): mark the lowest P %% of the input by score, a field "
+                             "\"flagged\" on each line, for a person to check (those the model cannot score first)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args(argv)
+    if args.flag is not None:
+        if not 0 < args.flag < 100:
+            print(f"error: --flag needs a share in percent between 0 and 100, got {args.flag:g}", file=sys.stderr)
+            return 2
+        args.scores = True
     try:
         model, decoder, refiner = _load(args)
         sp = load_sentencepiece(Path(args.checkpoint) / SPM_FILE)
@@ -204,6 +215,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     for index, note in notes or []:
         print(f"warning: <stdin> line {index + 1}: {note}", file=sys.stderr)
+    if args.flag is not None:
+        marked = set(lowest([entry["score"] for entry in outputs], args.flag))
+        outputs = [{**entry, "flagged": index in marked} for index, entry in enumerate(outputs)]
+        print(f"flagged {len(marked)} of {len(outputs)} lines, the lowest {args.flag:g} % by score: "
+              f"{', '.join(str(index + 1) for index in sorted(marked)) or 'none'}", file=sys.stderr)
     if args.scores:
         outputs = [json.dumps(entry, ensure_ascii=False) for entry in outputs]
     sys.stdout.write("".join(line + "\n" for line in outputs))

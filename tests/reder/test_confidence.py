@@ -111,3 +111,20 @@ def test_the_cli_and_the_api_give_the_same_scores_and_plain_decoding_computes_no
     assert code == 0 and plain.splitlines() == [line["translation"] for line in lines]
     monkeypatch.setattr(run, "confidences", lambda *args, **kwargs: pytest.fail("scored without being asked"))
     assert translator.translate("the cat sat on the mat", "en", "de") == lines[0]["translation"]
+
+
+def test_flag_marks_the_lowest_share_by_score_and_names_their_lines(tiny_model_dir, monkeypatch, capsys):
+    text = b"the cat sat on the mat\na dog ran\nthe bird\ndogs and cats are friends\n"
+    args = ["--checkpoint", str(tiny_model_dir), "--src", "en", "--tgt", "de"]
+    code, out, _ = _run(monkeypatch, capsys, [*args, "--scores"], text)
+    scores = [json.loads(line)["score"] for line in out.splitlines()]
+    code, out, err = _run(monkeypatch, capsys, [*args, "--flag", "50"], text)  # --flag implies --scores
+    lines = [json.loads(line) for line in out.splitlines()]
+    assert code == 0 and [line["score"] for line in lines] == scores
+    ranked = sorted(range(4), key=lambda i: -math.inf if scores[i] is None else scores[i])  # None: no score, first
+    lowest_two = sorted(ranked[:2])
+    assert [index for index, line in enumerate(lines) if line["flagged"]] == lowest_two
+    assert f"flagged 2 of 4 lines, the lowest 50 % by score: {lowest_two[0] + 1}, {lowest_two[1] + 1}" in err
+    code, _, err = _run(monkeypatch, capsys, [*args, "--flag", "0"], text)
+    assert code == 2 and err.strip() == "error: --flag needs a share in percent between 0 and 100, got 0"
+
