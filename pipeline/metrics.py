@@ -39,6 +39,10 @@ def best_setting(scores: dict[float, float]) -> float:
     return max(scores, key=lambda setting: (scores[setting], -abs(setting), -setting))
 
 
+# What an evaluation reports of each test set to MLflow (`<set>_<key>`): greedy BLEU and chrF both ways, both round
+# trips, and how well the round-trip confidence ranks the translations (Spearman's ρ with sentence chrF).
+HEADLINE = ("bleu_src2tgt", "bleu_tgt2src", "chrf_src2tgt", "chrf_tgt2src", "roundtrip_bleu_src", "roundtrip_bleu_tgt",
+            "confidence_spearman_src2tgt", "confidence_spearman_tgt2src")
 SHOWN_DECIMALS = 2  # BLEU and chrF as they are reported (and as MLflow's runs table has room for)
 
 

@@ -6,7 +6,11 @@ each direction: greedy CTC decoding and (beam_size > 1) CTC prefix beam search �
 its greedy, lookahead and Viterbi decoders instead, and with beam_size > 1 its beam over strings (`beamK`) and its
 beam over paths (`path_beamK`); every system a decoder of reder/decoding/; detokenized hypotheses are
 written to `<split>.<direction>.<decoder>.txt` and scored against the original text with sacreBLEU's BLEU
-and chrF (signatures recorded). Round trip: x → ŷ → x̂ and y → x̂ → ŷ (greedy), scored against x and y.
+and chrF (signatures recorded). Round trip: x → ŷ → x̂ and y → x̂ → ŷ (greedy), scored against x and y. Each
+greedy translation's round-trip confidence (reder/confidence.py: the model's forward and read-back likelihoods)
+goes into the translations table beside its sentence BLEU and chrF (`confidence_<direction>`), and its Spearman
+correlation with sentence chrF (`confidence_spearman_<direction>`, a QE figure: does the score rank the
+translations as their quality does) is a headline number beside BLEU.
 Speed (`evaluate.measure_speed`): per-sentence latency at batch 1 and sentences/s at batch `throughput_batch`,
 on the test split.
 
@@ -55,11 +59,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
+import numpy as np
 import pyarrow.parquet as pq
 import torch
 
 from pipeline.config import NO_BLANK_PENALTY, PipelineConfig
-from pipeline.metrics import best_setting, corpus_bleu, corpus_scores, sentence_scores, test_splits
+from pipeline.metrics import HEADLINE, best_setting, corpus_bleu, corpus_scores, sentence_scores, spearman, test_splits
 from pipeline.progress import Progress
 from pipeline.stage import StageError, StageRun, write_json, write_text
 from pipeline.stages import cmlm, teacher
@@ -67,6 +72,7 @@ from pipeline.stages.ingest.readers import TextFile, TextRules
 from pipeline.training.runfiles import MODEL_DIR
 from reder import DIRECTIONS, EOS_ID
 from reder.checkpoint import SPM_FILE, load_cmlm_dir, load_model_dir
+from reder.confidence import confidences
 from reder.decoding import make_decoder
 from reder.decoding.ctc import reranked_by_penalty
 from reder.decoding.run import encode_lines, translate_ids
@@ -357,6 +363,12 @@ def evaluate_model(model_dir: Path, corpus: Path, cfg: PipelineConfig, out: Path
                     greedy_ids[direction] = ids
                     table[f"hypothesis_{direction}"] = hypotheses
                     table[f"bleu_{direction}"], table[f"chrf_{direction}"] = sentence_scores(hypotheses, references)
+                    judged = confidences(model, encoded, ids, direction, evaluation.batch_size)
+                    table[f"confidence_{direction}"] = [None if c.score is None else round(c.score, 4) for c in judged]
+                    rho = spearman(np.array([-np.inf if c.score is None else c.score for c in judged]),
+                                   np.array(table[f"chrf_{direction}"]))
+                    scores[f"{split}.{direction}.greedy"]["confidence_spearman"] = \
+                        round(rho, 4) if np.isfinite(rho) else None  # None: every chrF (or score) equal
             log.info("evaluate %s %s (%d sentences), BLEU/chrF: %s", split, direction, len(inputs), ", ".join(line))
         for direction, (inputs, _) in sides.items():  # x -> ŷ -> x̂, scored against x
             back = "tgt2src" if direction == "src2tgt" else "src2tgt"
@@ -394,10 +406,7 @@ def evaluate_model(model_dir: Path, corpus: Path, cfg: PipelineConfig, out: Path
                                          evaluation)
     write_json(out / RESULTS_FILE, results)
     return {f"{split}_{key}": value for split in test_splits(results) for key, value in sets[split].items()
-            if key in HEADLINE}
-
-
-HEADLINE = ("bleu_src2tgt", "bleu_tgt2src", "chrf_src2tgt", "chrf_tgt2src", "roundtrip_bleu_src", "roundtrip_bleu_tgt")
+            if key in HEADLINE and value is not None}
 
 
 def headline(scores: dict[str, Any], roundtrip: dict[str, float], split: str) -> dict[str, Any]:
@@ -407,6 +416,7 @@ def headline(scores: dict[str, Any], roundtrip: dict[str, float], split: str) ->
     for direction in DIRECTIONS:
         entry = scores[f"{split}.{direction}.greedy"]
         row[f"bleu_{direction}"], row[f"chrf_{direction}"] = entry["bleu"], entry["chrf"]
+        row[f"confidence_spearman_{direction}"] = entry["confidence_spearman"]
     return {**row, "roundtrip_bleu_src": roundtrip[f"{split}.src"], "roundtrip_bleu_tgt": roundtrip[f"{split}.tgt"],
             "sentences": scores[f"{split}.src2tgt.greedy"]["sentences"]}
 

@@ -11,10 +11,10 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.config import TrackingConfig
-from pipeline.metrics import shown, test_splits
+from pipeline.metrics import HEADLINE, shown, test_splits
 from pipeline.stage import read_manifest
 from pipeline.tracking.registry import ALIAS_TAGS, TRAIN_DIR_TAG, beats, log_translator
-from pipeline.tracking.store import HEADLINE, STAGE_TAG, close_orphans, close_tree, config_params, ensure_experiment, numeric, open_client, owner_tags, run_name, tracking_uri, words
+from pipeline.tracking.store import STAGE_TAG, close_orphans, close_tree, config_params, ensure_experiment, numeric, open_client, owner_tags, run_name, tracking_uri, words
 
 log = logging.getLogger(__name__)
 
@@ -137,7 +137,7 @@ class Tracker:
         sets = results.get("sets", {results["split"]: results})  # a results.json from before the named test sets: one split
         for split in test_splits(results):
             for key in HEADLINE:
-                if key in sets[split]:
+                if sets[split].get(key) is not None:
                     client.log_metric(self.run_id, f"{split}_{key}", shown(key, float(sets[split][key])))
         for key in ("bleu_signature", "chrf_signature"):
             if key in results:

@@ -20,7 +20,6 @@ from pipeline.tracking.views import runs_page, runs_view
 
 log = logging.getLogger(__name__)
 
-HEADLINE = ("bleu_src2tgt", "bleu_tgt2src", "chrf_src2tgt", "chrf_tgt2src", "roundtrip_bleu_src", "roundtrip_bleu_tgt")
 TRIAL_METRICS = ("valid_bleu", "bleu_src2tgt", "bleu_tgt2src")  # a sweep's trial runs: their best validation
 
 

@@ -2,6 +2,7 @@
 with greedy, beam and teacher-reranked beam, and the AR teachers as the baseline with REDER's speed-ups."""
 import json
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -10,12 +11,13 @@ import torch
 import sentencepiece
 
 from pipeline.config import load_config
-from pipeline.metrics import corpus_scores
+from pipeline.metrics import corpus_scores, spearman
 from pipeline.stage import write_json
 from pipeline.stages import evaluate, spm, teacher
 from reder import REDER, ModelConfig, TransformerConfig
 from reder.autoregressive import Transformer
 from reder.checkpoint import load_teacher_dir, save_model_dir
+from reder.confidence import confidences
 from reder.decoding.run import encode_lines, translate_ids
 from tests.pipeline.conftest import DecoderClock, make_pairs
 
@@ -317,15 +319,25 @@ def test_named_test_sets_are_scored_both_ways_each_with_its_own_row_and_metrics(
     expected = sacrebleu.corpus_bleu(hypotheses, [[s for s, _ in other]]).score
     assert results["sets"]["extra"]["bleu_tgt2src"] == results["scores"]["extra.tgt2src.greedy"]["bleu"] == expected
     assert metrics["extra_bleu_tgt2src"] == expected and metrics["test_bleu_src2tgt"] == results["bleu_src2tgt"]
-    assert set(metrics) == {f"{split}_{key}" for split in ("test", "extra") for key in evaluate.HEADLINE}
+    assert set(metrics) == {f"{split}_{key}" for split in ("test", "extra") for key in evaluate.HEADLINE
+                            if results["sets"][split][key] is not None}  # None: a ρ of constant chrF (below)
     assert (tmp_path / "out" / "extra.roundtrip_src.greedy.txt").is_file()
     # the translations table of each set: a row a pair, greedy both ways, sacreBLEU's sentence BLEU and chrF
     table = json.loads((out / evaluate.TRANSLATIONS_DIR / "extra.json").read_text(encoding="utf-8"))
     assert list(table) == ["source", "reference", "hypothesis_src2tgt", "bleu_src2tgt", "chrf_src2tgt",
-                           "hypothesis_tgt2src", "bleu_tgt2src", "chrf_tgt2src"]
+                           "confidence_src2tgt", "hypothesis_tgt2src", "bleu_tgt2src", "chrf_tgt2src", "confidence_tgt2src"]
     assert table["source"] == [s for s, _ in other] and table["hypothesis_tgt2src"] == hypotheses
     assert table["bleu_tgt2src"][3] == round(sacrebleu.sentence_bleu(hypotheses[3], [other[3][0]]).score, 2)
     assert table["chrf_tgt2src"][3] == round(sacrebleu.sentence_chrf(hypotheses[3], [other[3][0]]).score, 2)
+    # each greedy translation's round-trip confidence, and its rank correlation with sentence chrF as a headline
+    encoded = encode_lines(sp, [s for s, _ in other])
+    judged = confidences(model, encoded, translate_ids(model, encoded, "src2tgt"), "src2tgt")
+    assert table["confidence_src2tgt"] == [None if c.score is None else round(c.score, 4) for c in judged]
+    rho = spearman(np.array([-np.inf if c.score is None else c.score for c in judged]), np.array(table["chrf_src2tgt"]))
+    assert results["sets"]["extra"]["confidence_spearman_src2tgt"] == round(rho, 4)
+    assert metrics["extra_confidence_spearman_src2tgt"] == round(rho, 4) and -1 <= rho <= 1
+    # this untrained model's tgt2src outputs all score chrF 0: no ranking to correlate with, None and no metric
+    assert set(table["chrf_tgt2src"]) == {0.0} and results["sets"]["extra"]["confidence_spearman_tgt2src"] is None
     assert sorted(p.name for p in (out / evaluate.TRANSLATIONS_DIR).iterdir()) == ["extra.json", "test.json"]
 
     missing = load_config(None, ["evaluate.splits=[test,wmt]", "evaluate.test_sets={wmt: {sacrebleu: wmt17}}",
