@@ -15,7 +15,7 @@ sentence chrF against the reference. Beside them the baselines a QE practitioner
 For each score: Spearman's ρ and Kendall's τ-b with chrF (ties averaged), and the practical figure: flag the
 lowest `--flag` % by the score, then the mean chrF of the flagged and of the kept, and the share of the truly
 worst `--flag` % (by chrF) that the flag caught. A value the model cannot give (null with its reason) ranks lowest
-(it is flagged first). `{test}.{lang}` files are read from --data-dir in the model directory's two languages.
+(it is flagged first); ρ is also given over the sentences where every score has a value. `{test}.{lang}` files are read from --data-dir in the model directory's two languages.
 Prints the report (JSON) and a Markdown table.
 """
 from __future__ import annotations
@@ -72,23 +72,29 @@ def measure(translator: Any, sources: list[str], references: list[str], src: str
         "length_ratio": -np.abs(log_ratio - log_ratio.mean()),
         "round_trip_chrf": np.array([sacrebleu.sentence_chrf(b, [s]).score for b, s in zip(back, sources)]),
     }
-    values["dual_xent"] = np.where(np.isfinite(forward) & np.isfinite(round_trip), values["dual_xent"], -math.inf)
+    defined = np.isfinite(forward) & np.isfinite(round_trip)
+    values["dual_xent"] = np.where(defined, values["dual_xent"], -math.inf)
     return {"sentences": len(sources), "corpus_chrf": round(sacrebleu.corpus_chrf(hypotheses, [references]).score, 2),
             "mean_sentence_chrf": round(float(quality.mean()), 2),
             "no_value": {key: int((~np.isfinite(values[key])).sum()) for key in ("score", "forward", "round_trip")},
             "reasons": sorted({e["reason"] for e in scored if e["reason"]})[:5],
             "scores": {name: {"spearman": round(spearman(v, quality), 4), "kendall": round(kendall(v, quality), 4),
-                              **flagged(v, quality, percent)} for name, v in values.items()}}
+                              # where every score has a value: the ranking without the sentences ranked lowest for
+                              # having none
+                              "spearman_where_defined": round(spearman(v[defined], quality[defined]), 4),
+                              **flagged(v, quality, percent)} for name, v in values.items()},
+            "defined": int(defined.sum())}
 
 
 def table(report: dict[str, Any]) -> str:
     """Markdown: per direction and score, ρ, τ, and the flagged figures."""
     percent = report["flag_percent"]
-    lines = [f"| direction | score | Spearman ρ | Kendall τ | chrF of the flagged {percent:g} % / of the kept | "
-             f"worst {percent:g} % caught |", "|---|---|---|---|---|---|"]
+    lines = [f"| direction | score | Spearman ρ | Kendall τ | ρ where all are defined | chrF of the flagged "
+             f"{percent:g} % / of the kept | worst {percent:g} % caught |", "|---|---|---|---|---|---|---|"]
     for direction, entry in report["directions"].items():
         for name, figures in entry["scores"].items():
             lines.append(f"| {direction} | {name} | {figures['spearman']:.3f} | {figures['kendall']:.3f} | "
+                         f"{figures['spearman_where_defined']:.3f} ({entry['defined']}) | "
                          f"{figures['flagged_mean_chrf']:.1f} / {figures['kept_mean_chrf']:.1f} | "
                          f"{figures['worst_caught']:.0%} |")
     return "\n".join(lines)

@@ -95,7 +95,9 @@ def spearman(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def kendall(a: np.ndarray, b: np.ndarray) -> float:
-    """Kendall's τ-b: (concordant − discordant) / sqrt((pairs − ties in a) (pairs − ties in b)), over all pairs."""
+    """Kendall's τ-b: (concordant − discordant) / sqrt((pairs − ties in a) (pairs − ties in b)), over all pairs
+    (compared by rank, so −inf, a value the model could not give, is the lowest and ties with its equals)."""
+    a, b = ranks(a), ranks(b)
     da = np.sign(a[:, None] - a[None, :])
     db = np.sign(b[:, None] - b[None, :])
     upper = np.triu(np.ones((len(a), len(a)), dtype=bool), k=1)

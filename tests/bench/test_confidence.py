@@ -23,8 +23,11 @@ def test_spearman_and_kendall_equal_scipy_with_ties_and_the_textbook_extremes():
     rising = np.arange(10.0)
     assert spearman(rising, rising ** 3) == pytest.approx(1.0)
     assert kendall(rising, -rising) == pytest.approx(-1.0)
-    with_missing = np.array([-np.inf, 1.0, 2.0, 3.0])  # a score the model could not give ranks lowest
-    assert ranks(with_missing).tolist() == [1.0, 2.0, 3.0, 4.0]
+    with_missing = np.array([-np.inf, 1.0, 2.0, 3.0, -np.inf])  # a score the model could not give ranks lowest
+    assert ranks(with_missing).tolist() == [1.5, 3.0, 4.0, 5.0, 1.5]
+    quality = np.array([0.0, 1.0, 2.0, 3.0, 0.5])
+    assert kendall(with_missing, quality) == pytest.approx(stats.kendalltau(ranks(with_missing), quality).statistic)
+    assert np.isfinite(kendall(with_missing, quality)) and np.isfinite(spearman(with_missing, quality))
     assert ranks(np.array([2.0, 1.0, 2.0])).tolist() == [2.5, 1.0, 2.5]
 
 
@@ -52,6 +55,7 @@ def test_the_bench_scores_both_directions_of_a_model_directory(tiny_model_dir, t
     assert list(report["directions"]) == ["en->de", "de->en"]
     for entry in report["directions"].values():
         assert entry["sentences"] == 5 and set(entry["scores"]) == set(confidence.SCORES)
+        assert 0 <= entry["defined"] <= 5
         for figures in entry["scores"].values():
             assert figures["flagged"] == 2 and -1 <= figures["kendall"] <= 1 and 0 <= figures["worst_caught"] <= 1
     table = capsys.readouterr().err
