@@ -54,7 +54,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from reder.api import sentence_problem
-from reder.confidence import NOT_DUPLEX
+from reder.confidence import NOT_DUPLEX, Confidence
 from reder.text import normalise
 
 MAX_SENTENCES = 256  # per request
@@ -198,8 +198,7 @@ class TranslationService:
         (a teacher, not duplex) each translation's record with null scores and the reason."""
         if not scores or self.engine == "torch":
             return translated
-        return [{"translation": text, "score": None, "forward": None, "round_trip": None, "reason": NOT_DUPLEX}
-                for text in translated]
+        return [{"translation": text, **Confidence(None, None, None, NOT_DUPLEX).as_dict()} for text in translated]
 
     @serve.batch(max_batch_size=64, batch_wait_timeout_s=0.01)
     async def batched(self, jobs: list[Job]) -> list[tuple[list, list[str]] | BadRequest]:
