@@ -3,6 +3,7 @@ their quality, both directions of a model directory, on a test set with referenc
 
     python -m bench.confidence --model DIR [--data-dir ../shared/data/multi30k] [--test test_2016_flickr]
         [--limit N] [--flag 10] [--batch-size 64] [--out FILE]
+    python -m bench.confidence --workdir W [--test test] ...     # a finished run: its model, its ingested split
 
 Each source sentence is translated greedily with its scores (reder/confidence.py: `forward` log P(ŷ | x) per
 output token, `round_trip` log P(x | ŷ) per source token, `score` their mean) and its quality is sacreBLEU's
@@ -21,6 +22,7 @@ Prints the report (JSON) and a Markdown table.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sys
 from datetime import datetime, timezone
@@ -100,11 +102,24 @@ def table(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _read(path: Path) -> list[str]:
+    """The lines of a test file (reder.text's rule), or exit naming the file and the line."""
+    from reder.text import read_lines
+
+    try:
+        return read_lines(path.read_bytes())[0]
+    except ValueError as error:
+        raise SystemExit(f"{path}: {error}") from None
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", required=True, help="a REDER model directory")
+    parser.add_argument("--model", help="a REDER model directory (or --workdir)")
+    parser.add_argument("--workdir", help="a finished pipeline run instead: its train stage's model and its ingested "
+                                          "test split (--test names the split, default test)")
     parser.add_argument("--data-dir", default=str(MULTI30K))
-    parser.add_argument("--test", default="test_2016_flickr", help="the set: files {test}.{lang} in --data-dir")
+    parser.add_argument("--test", help="the set: files {test}.{lang} in --data-dir (default test_2016_flickr), or "
+                                       "with --workdir an ingested split (default test)")
     parser.add_argument("--limit", type=int, default=0, help="the first N sentences (0: all)")
     parser.add_argument("--flag", type=float, default=10.0, help="flag the lowest this percent by each score")
     parser.add_argument("--batch-size", type=int, default=64)
@@ -112,19 +127,28 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parser.parse_args(argv)
     if not 0 < args.flag < 100:
         parser.error(f"--flag: a percentage between 0 and 100, got {args.flag}")
+    if bool(args.model) == bool(args.workdir):
+        parser.error("give --model DIR or --workdir W (a finished run), one of them")
     import reder
-    from reder.text import read_lines
 
-    translator = reder.load(args.model)
+    if args.workdir:
+        from pipeline.stages.evaluate import read_text_split
+
+        run = json.loads((Path(args.workdir) / "last_run.json").read_text(encoding="utf-8"))
+        stages = {name: Path(entry["output"]) for name, entry in run["stages"].items()}
+        if not {"ingest", "train"} <= set(stages):
+            raise SystemExit(f"{args.workdir}: no finished ingest and train stages in its last_run.json")
+        args.model = str(stages["train"] / "model")
+        args.test = args.test or "test"
+        translator = reder.load(args.model)
+        pair = read_text_split(stages["ingest"], args.test, args.limit)
+        texts = dict(zip(translator.languages, pair))
+    else:
+        args.test = args.test or "test_2016_flickr"
+        translator = reder.load(args.model)
+        texts = {lang: _read(Path(args.data_dir) / f"{args.test}.{lang}")[: args.limit or None]
+                 for lang in translator.languages}
     first, second = translator.languages
-    texts = {}
-    for lang in (first, second):
-        path = Path(args.data_dir) / f"{args.test}.{lang}"
-        try:
-            lines, _ = read_lines(path.read_bytes())
-        except ValueError as error:
-            raise SystemExit(f"{path}: {error}") from None
-        texts[lang] = lines[: args.limit or None]
     report: dict[str, Any] = {"benchmark": "confidence", "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                               "model": str(Path(args.model).resolve()), "test": args.test, "flag_percent": args.flag,
                               "directions": {}}

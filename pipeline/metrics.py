@@ -63,12 +63,12 @@ def test_splits(results: dict[str, Any]) -> list[str]:
 
 def sentence_scores(hypotheses: list[str], references: list[str]) -> tuple[list[float], list[float]]:
     """sacreBLEU's sentence BLEU (effective order, as sacreBLEU advises for single sentences) and sentence chrF of
-    each hypothesis against its reference, at two decimals: a translations table's columns to sort by."""
+    each hypothesis against its reference, exact (a translations table shows them at SHOWN_DECIMALS)."""
     if len(hypotheses) != len(references):
         raise ValueError(f"{len(hypotheses)} hypotheses for {len(references)} references")
     bleu, chrf = sacrebleu.metrics.BLEU(effective_order=True), sacrebleu.metrics.CHRF()
-    return ([round(bleu.sentence_score(h, [r]).score, 2) for h, r in zip(hypotheses, references)],
-            [round(chrf.sentence_score(h, [r]).score, 2) for h, r in zip(hypotheses, references)])
+    return ([bleu.sentence_score(h, [r]).score for h, r in zip(hypotheses, references)],
+            [chrf.sentence_score(h, [r]).score for h, r in zip(hypotheses, references)])
 
 
 def ranks(values: np.ndarray) -> np.ndarray:

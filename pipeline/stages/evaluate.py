@@ -64,7 +64,7 @@ import pyarrow.parquet as pq
 import torch
 
 from pipeline.config import NO_BLANK_PENALTY, PipelineConfig
-from pipeline.metrics import HEADLINE, best_setting, corpus_bleu, corpus_scores, sentence_scores, spearman, test_splits
+from pipeline.metrics import HEADLINE, SHOWN_DECIMALS, best_setting, corpus_bleu, corpus_scores, sentence_scores, spearman, test_splits
 from pipeline.progress import Progress
 from pipeline.stage import StageError, StageRun, write_json, write_text
 from pipeline.stages import cmlm, teacher
@@ -362,11 +362,12 @@ def evaluate_model(model_dir: Path, corpus: Path, cfg: PipelineConfig, out: Path
                 if decoder == "greedy":
                     greedy_ids[direction] = ids
                     table[f"hypothesis_{direction}"] = hypotheses
-                    table[f"bleu_{direction}"], table[f"chrf_{direction}"] = sentence_scores(hypotheses, references)
+                    bleu, chrf = sentence_scores(hypotheses, references)
+                    table[f"bleu_{direction}"] = [round(value, SHOWN_DECIMALS) for value in bleu]
+                    table[f"chrf_{direction}"] = [round(value, SHOWN_DECIMALS) for value in chrf]
                     judged = confidences(model, encoded, ids, direction, evaluation.batch_size)
                     table[f"confidence_{direction}"] = [None if c.score is None else round(c.score, 4) for c in judged]
-                    rho = spearman(np.array([-np.inf if c.score is None else c.score for c in judged]),
-                                   np.array(table[f"chrf_{direction}"]))
+                    rho = spearman(np.array([-np.inf if c.score is None else c.score for c in judged]), np.array(chrf))
                     scores[f"{split}.{direction}.greedy"]["confidence_spearman"] = \
                         round(rho, 4) if np.isfinite(rho) else None  # None: every chrF (or score) equal
             log.info("evaluate %s %s (%d sentences), BLEU/chrF: %s", split, direction, len(inputs), ", ".join(line))

@@ -333,7 +333,8 @@ def test_named_test_sets_are_scored_both_ways_each_with_its_own_row_and_metrics(
     encoded = encode_lines(sp, [s for s, _ in other])
     judged = confidences(model, encoded, translate_ids(model, encoded, "src2tgt"), "src2tgt")
     assert table["confidence_src2tgt"] == [None if c.score is None else round(c.score, 4) for c in judged]
-    rho = spearman(np.array([-np.inf if c.score is None else c.score for c in judged]), np.array(table["chrf_src2tgt"]))
+    chrf = [sacrebleu.sentence_chrf(h, [r]).score for h, r in zip(table["hypothesis_src2tgt"], table["reference"])]
+    rho = spearman(np.array([-np.inf if c.score is None else c.score for c in judged]), np.array(chrf))  # exact chrF
     assert results["sets"]["extra"]["confidence_spearman_src2tgt"] == round(rho, 4)
     assert metrics["extra_confidence_spearman_src2tgt"] == round(rho, 4) and -1 <= rho <= 1
     # this untrained model's tgt2src outputs all score chrF 0: no ranking to correlate with, None and no metric

@@ -460,6 +460,22 @@ def test_duplex_compare_reads_the_smoke_run_back_from_mlflow(smoke_run, capsys):
 
 
 @pytest.mark.slow
+def test_the_confidence_bench_reads_a_finished_run_and_agrees_with_its_evaluation(smoke_run):
+    """bench/confidence.py --workdir: the run's model on its ingested test split, both ways; its ρ of `score` with
+    sentence chrF is the evaluate stage's confidence_spearman (the same greedy translations, the same scores)."""
+    from bench import confidence
+
+    results = smoke_run.results()  # evaluate decoded the first `sentences` of the split (evaluate.max_sentences)
+    report = confidence.main(["--workdir", str(smoke_run.workdir), "--flag", "20", "--limit", str(results["sentences"])])
+    assert report["test"] == "test" and list(report["directions"]) == ["en->es", "es->en"]
+    for name, direction in (("en->es", "src2tgt"), ("es->en", "tgt2src")):
+        entry = report["directions"][name]
+        assert entry["sentences"] == results["sentences"] and entry["scores"]["score"]["flagged"] == round(0.2 * entry["sentences"])
+        expected = results[f"confidence_spearman_{direction}"]
+        assert expected is None or entry["scores"]["score"]["spearman"] == pytest.approx(expected, abs=1e-4)
+
+
+@pytest.mark.slow
 def test_ray_overhead_bench_times_the_smoke_run_s_train_stage_against_the_harness(smoke_run):
     """bench/ray_overhead.py: the same training budget through the harness alone, against this train stage."""
     train_manifest = json.loads((smoke_run.stage_dir("train") / "manifest.json").read_text())
