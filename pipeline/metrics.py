@@ -96,7 +96,8 @@ def spearman(a: np.ndarray, b: np.ndarray) -> float:
 
 def kendall(a: np.ndarray, b: np.ndarray) -> float:
     """Kendall's τ-b: (concordant − discordant) / sqrt((pairs − ties in a) (pairs − ties in b)), over all pairs
-    (compared by rank, so −inf, a value the model could not give, is the lowest and ties with its equals)."""
+    (compared by rank, so −inf, a value the model could not give, is the lowest and ties with its equals). All
+    pairs at once: n² memory, for test sets of a few thousand sentences."""
     a, b = ranks(a), ranks(b)
     da = np.sign(a[:, None] - a[None, :])
     db = np.sign(b[:, None] - b[None, :])

@@ -27,9 +27,9 @@ from typing import Any, Optional
 import torch
 
 from reder.config import BOS_ID, EOS_ID, REVERSE
-from reder.ctc import pad_batch
 from reder.dag_beam import string_log_likelihood
 from reder.decode import ctc_log_likelihoods
+from reder.decoding.base import length_batches
 from reder.model import REDER
 
 NOT_DUPLEX = "not a duplex model: no reverse direction to read the translation back"
@@ -55,18 +55,14 @@ def likelihoods(model: REDER, inputs: list[list[int]], outputs: list[list[int]],
     that the input's frames (CTC) or vertices (DAG) cannot emit."""
     if len(inputs) != len(outputs):
         raise ValueError(f"likelihoods: {len(inputs)} inputs for {len(outputs)} outputs")
-    limit, device = model.max_input_length(), next(model.parameters()).device
-    results: list[tuple[Optional[float], Optional[str]]] = [(None, None)] * len(inputs)
-    readable = []
-    for index, sequence in enumerate(inputs):
-        if len(sequence) > limit:
-            results[index] = (None, f"{len(sequence)} pieces (with EOS) to read, more than the model reads ({limit})")
-        else:
-            readable.append(index)
-    readable.sort(key=lambda i: len(inputs[i]))
-    for start in range(0, len(readable), batch_size):
-        chunk = readable[start : start + batch_size]
-        tokens, lengths = pad_batch([inputs[i] for i in chunk], device)
+    limit = model.max_input_length()
+    results: list[tuple[Optional[float], Optional[str]]] = [
+        (None, f"{len(sequence)} pieces (with EOS) to read, more than the model reads ({limit})")
+        if len(sequence) > limit else (None, None) for sequence in inputs]
+    readable = [index for index, sequence in enumerate(inputs) if len(sequence) <= limit]
+    for batch, tokens, lengths in length_batches([inputs[i] for i in readable], batch_size,
+                                                 next(model.parameters()).device):
+        chunk = [readable[i] for i in batch]
         with torch.inference_mode():
             output = model.outputs(tokens, lengths, direction)
             if model.cfg.head == "dag":
@@ -77,7 +73,7 @@ def likelihoods(model: REDER, inputs: list[list[int]], outputs: list[list[int]],
             else:  # CTC: normalised by the target's length, EOS counted
                 values = ctc_log_likelihoods(output.log_probs, output.lengths, torch.arange(len(chunk)),
                                              [[*outputs[i], EOS_ID] for i in chunk], model.cfg.blank_id)
-        for index, row, value in zip(chunk, range(len(chunk)), values):
+        for row, (index, value) in enumerate(zip(chunk, values)):
             if math.isfinite(value):
                 results[index] = (float(value), None)
             else:
