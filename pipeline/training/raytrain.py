@@ -42,6 +42,10 @@ from reder.checkpoint import MODEL_FILE, average_state_dicts, load_tensors, upgr
 log = logging.getLogger(__name__)
 
 START_TIMEOUT_ENV = "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"  # Ray Train's wait for a group's placement (default 60 s)
+# Ray Train's record of a run's registered checkpoints, which a resumed run reads; Ray rewrites it in place (truncate,
+# then write), so a process killed in between (the OOM killer, SIGKILL) leaves it empty and the run can never resume.
+SNAPSHOT = "checkpoint_manager_snapshot.json"
+KEPT_SNAPSHOT = ".checkpoint_manager_snapshot.kept.json"  # the last whole one, copied aside while the fit runs
 
 
 def check_resources(train: TrainConfig, timeout_s: float, keys: str = "train") -> None:
@@ -246,9 +250,13 @@ def fit_and_average(trainer: Any, run_path: Path, average_best: int, model: torc
     # How long Ray Train's controller waits for each placement of the group: read from the environment of the
     # process that calls fit, which Ray Train passes on to its controller.
     os.environ[START_TIMEOUT_ENV] = str(config["train"]["start_timeout_s"])
+    mended = mend_snapshot(run_path)
+    if mended:
+        log.warning("%s: %s", what, mended)
     try:
         limit = min(config["train"]["max_time"] or math.inf, config["time_cap_at"] - time.time())
-        with progress_bar(Path(config["progress"]), config["train"]["max_steps"], what, limit):
+        with progress_bar(Path(config["progress"]), config["train"]["max_steps"], what, limit,
+                          tick=lambda: keep_snapshot(run_path)):
             result = off_main_thread(trainer.fit)
     except Exception as error:  # TrainingFailedError wraps the worker's exception
         import ray
@@ -272,13 +280,62 @@ def fit_and_average(trainer: Any, run_path: Path, average_best: int, model: torc
             "fit_seconds": round(time.time() - started, 1)}
 
 
+def keep_snapshot(run_path: Path) -> None:
+    """Copy Ray Train's snapshot of the run aside (a temporary file, then a rename) when it is whole JSON and not
+    copied yet; one being rewritten is left for the next call."""
+    try:
+        text = (run_path / SNAPSHOT).read_text(encoding="utf-8")
+        json.loads(text)
+    except (OSError, ValueError):
+        return
+    kept = run_path / KEPT_SNAPSHOT
+    with contextlib.suppress(OSError):
+        if kept.read_text(encoding="utf-8") == text:
+            return
+    tmp = kept.with_name(kept.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(kept)
+
+
+def mend_snapshot(run_path: Path) -> str | None:
+    """Before a run resumes: a snapshot Ray Train cannot read (cut short by a kill while it was rewritten) is
+    replaced by the copy `keep_snapshot` kept, when every checkpoint that copy names is still there (Ray writes
+    its record before it deletes the checkpoints it no longer keeps), and otherwise removed (the run then starts
+    over: better than a run that can never resume). Returns what was done, None when the snapshot is whole or
+    absent."""
+    snapshot = run_path / SNAPSHOT
+    try:
+        json.loads(snapshot.read_text(encoding="utf-8"))
+        return None
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        pass
+    kept = run_path / KEPT_SNAPSHOT
+    try:
+        text = kept.read_text(encoding="utf-8")
+        named = [entry["checkpoint_dir_name"] for entry in json.loads(text)["checkpoint_results"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        named = None
+    if named is not None and all((run_path / name).is_dir() for name in named):
+        tmp = snapshot.with_name(snapshot.name + ".tmp")
+        tmp.write_text(text, encoding="utf-8")
+        tmp.replace(snapshot)
+        return (f"Ray Train's record of its checkpoints under {run_path} was cut short (a kill while it was "
+                f"rewritten): restored from the last whole copy ({len(named)} checkpoint(s))")
+    snapshot.unlink()
+    return (f"Ray Train's record of its checkpoints under {run_path} was cut short (a kill while it was rewritten) "
+            f"and no whole copy of it names checkpoints that are all there: removed, the run starts over")
+
+
 @contextlib.contextmanager
-def progress_bar(path: Path, total: int, desc: str, time_limit: float = math.inf) -> Iterator[None]:
+def progress_bar(path: Path, total: int, desc: str, time_limit: float = math.inf,
+                 tick: Callable[[], None] | None = None) -> Iterator[None]:
     """Training steps, fed by rank 0's progress file (`path`, on the run's storage: shared on a cluster), read
     every half second while the fit runs: on a terminal a tqdm bar (loss, last validation BLEU), elsewhere a
     line at most once a minute (pipeline/progress.py; rank 0 writes the file every `train.log_every` steps):
     step/total, loss terms, tokens/s, the last validation BLEU per direction, elapsed, ETA (the sooner of the
-    steps' and the `time_limit`'s: max_time or the run's budget)."""
+    steps' and the `time_limit`'s: max_time or the run's budget). `tick`, when given, is called at every read."""
     progress = Progress(desc, total, "step", time_limit=time_limit)
     stop = threading.Event()
     seen: dict[str, Any] = {}
@@ -298,6 +355,8 @@ def progress_bar(path: Path, total: int, desc: str, time_limit: float = math.inf
     def poll() -> None:
         while not stop.wait(0.5):
             update()
+            if tick is not None:
+                tick()
 
     thread = threading.Thread(target=poll, name="progress", daemon=True)
     thread.start()

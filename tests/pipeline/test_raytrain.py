@@ -260,3 +260,32 @@ def test_the_session_ray_instance_s_gcs_passes_the_address_probe(ray_session):
 
     address = ray_session.get_runtime_context().gcs_address
     assert probe.ray_gcs(address) is None, address
+
+
+def test_a_snapshot_cut_short_by_a_kill_is_restored_from_the_kept_copy_or_removed(tmp_path):
+    """Ray Train rewrites its checkpoint_manager_snapshot.json in place: a kill in between leaves it empty and the
+    run could never resume (its controller fails to start: CheckpointManagerInitializationError). The copy
+    kept while the fit ran replaces it when the checkpoints it names are there; otherwise it goes, and the run
+    starts over."""
+    run = tmp_path / "train-run"
+    run.mkdir()
+    whole = {"ray_version": "2.60.0", "checkpoint_results": [{"checkpoint_dir_name": "checkpoint_a"},
+                                                             {"checkpoint_dir_name": "checkpoint_b"}]}
+    snapshot = run / raytrain.SNAPSHOT
+    assert raytrain.mend_snapshot(run) is None  # no run yet
+    snapshot.write_text('{"ray_version": "2.60.0", "checkpoint_res', encoding="utf-8")  # being rewritten
+    raytrain.keep_snapshot(run)
+    assert not (run / raytrain.KEPT_SNAPSHOT).exists()  # only a whole one is kept
+    snapshot.write_text(json.dumps(whole), encoding="utf-8")
+    raytrain.keep_snapshot(run)
+    assert json.loads((run / raytrain.KEPT_SNAPSHOT).read_text(encoding="utf-8")) == whole
+    assert raytrain.mend_snapshot(run) is None and json.loads(snapshot.read_text(encoding="utf-8")) == whole
+    for name in ("checkpoint_a", "checkpoint_b"):
+        (run / name).mkdir()
+    snapshot.write_text("", encoding="utf-8")  # killed between Ray's truncate and its write
+    said = raytrain.mend_snapshot(run)
+    assert said.endswith("restored from the last whole copy (2 checkpoint(s))")
+    assert json.loads(snapshot.read_text(encoding="utf-8")) == whole
+    (run / "checkpoint_b").rmdir()  # the copy names a checkpoint Ray has since deleted: it cannot be used
+    snapshot.write_text("", encoding="utf-8")
+    assert raytrain.mend_snapshot(run).endswith("removed, the run starts over") and not snapshot.exists()
