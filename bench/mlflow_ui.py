@@ -1,6 +1,6 @@
 """The MLflow UI in a real browser: `mlflow ui` on a run's store, four pages read by headless Chromium
 (Debian's `chromium` package) after 15 s of virtual time, as text (`--dump-dom`) and as screenshots (1500x900),
-and four more on what else the runs carry:
+and five more on what else the runs carry:
 
 - runs: the experiment's runs table in the saved view "Test BLEU" that the pipeline tags the experiment with
   (pipeline/tracking.py `runs_view`, `runs_page`): columns test BLEU and chrF both ways, sorted by test BLEU
@@ -14,6 +14,8 @@ and four more on what else the runs carry:
 - datasets: the runs table searched for the runs that trained (`dataset.context = 'training'`), its Dataset column
   naming what each read: the teachers the raw pairs, REDER the distilled ones;
 - system: the train run's "System metrics" tab, MLflow's charts of CPU, memory (and GPU) over the run;
+- models: the experiment's Models tab, its LoggedModels: the train run's kept checkpoints by name (each a model by
+  reference, `Tracker.log_checkpoints`) and the pyfunc it registered, "translator";
 - compare: with a sweep in the store (`run_pipeline.py tune`), its trials in MLflow's compare view, their values
   and both validation BLEUs.
 
@@ -68,7 +70,9 @@ def pages(experiment_id: str, pipeline_run_id: str, train_run_id: str, model: st
              # are listed flat, not folded under their pipeline run) with the Dataset column; the train run's
              # system metrics
              "datasets": f"{runs}?searchFilter={TRAINING_RUNS}&orderByKey={BY_VALID_BLEU}&orderByAsc=false&{RUNS_VIEW}",
-             "system": f"{runs}/{train_run_id}/system-metrics?{RUNS_VIEW}"}
+             "system": f"{runs}/{train_run_id}/system-metrics?{RUNS_VIEW}",
+             # the experiment's Models tab: the LoggedModels, each kept checkpoint and the published pyfunc
+             "models": f"#/experiments/{experiment_id}/models?{RUNS_VIEW}"}
     if evaluate_run_id:
         links["translations"] = f"{runs}/{evaluate_run_id}/artifacts/translations/test.json?{RUNS_VIEW}"
     if trial_run_ids:  # a sweep's trials side by side
@@ -97,13 +101,16 @@ def compare_texts(trials: list, metrics: tuple[str, ...] = ("valid_bleu_src2tgt"
 
 def expected_texts(runs: list) -> tuple[dict[str, str], dict[str, list[str]]]:
     """(pages, the texts each page's DOM must hold) for the MLflow runs of one pipeline run (`runs`: the
-    experiment's runs, each tagged `duplex.stage`)."""
+    experiment's runs, each tagged `duplex.stage`, in the store mlflow's tracking URI names)."""
+    import mlflow
+
     runs = [run for run in runs if run.info.status == "FINISHED"]  # a failed invocation's runs are listed too
     by_stage = {run.data.tags.get("duplex.stage"): run for run in runs}
     pipeline, train = by_stage["pipeline"], by_stage["train"]
     model = train.data.tags["model_uri"].split("/")[1]
     evaluate = by_stage.get("evaluate")
     trials = sweep_trials(runs)
+    models = mlflow.search_logged_models(experiment_ids=[train.info.experiment_id], output_format="list")
     links = pages(train.info.experiment_id, pipeline.info.run_id, train.info.run_id, model,
                   evaluate.info.run_id if evaluate is not None else "", tuple(run.info.run_id for run in trials))
     datasets = sorted({i.dataset.name for stage in ("train", "teacher") if stage in by_stage
@@ -122,6 +129,8 @@ def expected_texts(runs: list) -> tuple[dict[str, str], dict[str, list[str]]]:
                    # the Dataset column names what the train run read; its system metrics' charts
                    "datasets": ["Dataset", *datasets],
                    "system": [train.info.run_name, "System metrics", "system/node_0"],
+                   # the train run's kept checkpoints by name, and the pyfunc it registered
+                   "models": sorted(m.name for m in models if m.source_run_id == train.info.run_id),
                    "compare": compare_texts(trials)}
 
 

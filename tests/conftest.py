@@ -5,6 +5,7 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 import torch
@@ -60,6 +61,24 @@ def quiet_for_timed_tests(request: pytest.FixtureRequest) -> None:
     ray = sys.modules.get("ray")
     if "timed" in request.keywords and ray is not None and ray.is_initialized():
         ray.shutdown()
+
+
+REPO = Path(__file__).resolve().parents[1]
+# MLflow's default artifact root, relative to the working directory (the repository, where pytest runs): an
+# experiment made without an artifact location writes there
+STRAY = (REPO / "mlruns", REPO / "mlartifacts")
+
+
+@pytest.fixture(autouse=True)
+def leaves_nothing_in_the_repository() -> Iterator[None]:
+    """A test writes under its tmp_path, not into the repository: a store's default artifact root (./mlruns), made
+    by the test, fails it (and is removed, so that the next test is judged on its own)."""
+    before = [path.exists() for path in STRAY]
+    yield
+    made = [path for path, existed in zip(STRAY, before) if not existed and path.exists()]
+    for path in made:
+        shutil.rmtree(path, ignore_errors=True)
+    assert not made, f"the test wrote into the repository: {[str(p) for p in made]}"
 
 
 @pytest.fixture(autouse=True)

@@ -122,6 +122,8 @@ def train_pair(run: StageRun, train_data: Path, data: Path, tmp: Path, kind: str
                                     task={"kind": kind}, time_cap_s=run.time_cap_s)
     pair = trainloop.ModelPair({d: make_model() for d in DIRECTIONS})
     fitted = raytrain.fit_and_average(trainer, storage / name, section.train.average_best, pair, f"{kind}.train")
+    if tracker is not None:
+        tracker.log_checkpoints(fitted["kept"])
     report = raytrain.run_report(fitted, storage / name)
     best = fitted["averaged"][0]
     at_best = next(h for h in fitted["history"] if h["step"] == best["step"] and "valid_bleu" in h)

@@ -5,7 +5,8 @@ distill stage's KD pairs with `distill.enabled`, else the tokenized references) 
 the best `train.average_best` checkpoints (by validation BLEU, the mean of both directions) as the stage's
 `model/` directory, with `history.json`, `report.json` and `training.png`. A CTC model's blank penalty per
 direction (`evaluate.blank_penalties`, the grid every validation tuned checkpoints by) is tuned once more on
-the published weights, on the same validation sentences, and saved in the model directory's config.json. The
+the published weights, on the same validation sentences, and saved in the model directory's config.json. With
+tracking, each checkpoint the run kept is an MLflow LoggedModel by reference (`Tracker.log_checkpoints`). The
 Ray Train driver lives in pipeline/training/raytrain.py, its workers in pipeline/training/trainloop.py, the training loop itself in
 pipeline/training/harness.py (the same one trains the teachers, pipeline/stages/teacher.py, and the tune stage's trials).
 """
@@ -53,6 +54,8 @@ def _build(cfg: PipelineConfig, workdir: Path, name: str, train_data: Path, data
                            tracker.worker_target() if tracker is not None else None, time_cap_s=time_cap_s)
     model = REDER(ModelConfig.from_dict(asdict(cfg.model)))
     fitted = fit_and_average(trainer, storage / name, cfg.train.average_best, model)
+    if tracker is not None:
+        tracker.log_checkpoints(fitted["kept"])
     tuned = tune_blank_penalty(model, cfg, data, corpus, spm_dir)
     save_model_dir(tmp / MODEL_DIR, model, spm_dir / spm.MODEL_FILE, cfg.data.src_lang, cfg.data.tgt_lang,
                    extra={"averaged_checkpoints": fitted["averaged"],

@@ -9,7 +9,8 @@ test results (`test_bleu_src2tgt`, `test_bleu_tgt2src`, chrF, round-trip BLEU). 
 carries its counts as metrics and its reports as artifacts; the train stage's run also gets the per-step
 metrics (logged by rank 0 of the Ray Train worker group straight into that run; validation BLEU as
 `valid_bleu_*`), the SentencePiece model, a PNG of the loss terms and validation BLEU, and the final averaged
-model as a registered MLflow model that translates (`log_translator`, pipeline/mlflow_model.py); the evaluate
+model as a registered MLflow model that translates (`log_translator`, pipeline/mlflow_model.py); each checkpoint a
+training stage kept is a LoggedModel by reference with its validation scores (`Tracker.log_checkpoints`); the evaluate
 stage's run gets the hypotheses and results.json. Runs are named `<run_prefix>-<stage directory>` and tagged
 `duplex.stage` (`run_name`, `STAGE_TAG`).
 

@@ -6,6 +6,8 @@ import contextlib
 import io
 import json
 import logging
+import math
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,9 +16,12 @@ from pipeline.config import TrackingConfig
 from pipeline.metrics import HEADLINE, shown, test_splits
 from pipeline.stage import read_manifest
 from pipeline.tracking.registry import ALIAS_TAGS, TRAIN_DIR_TAG, beats, log_translator
-from pipeline.tracking.store import STAGE_TAG, close_orphans, close_tree, config_params, ensure_experiment, numeric, open_client, owner_tags, run_name, tracking_uri, words
+from pipeline.tracking.store import (STAGE_TAG, close_orphans, close_tree, config_params, ensure_experiment, numeric,
+                                     open_client, owner_tags, run_name, tracking_uri, words)
 
 log = logging.getLogger(__name__)
+
+CHECKPOINT_MODEL_TYPE = "checkpoint"  # the LoggedModels of a training stage's kept checkpoints (`log_checkpoints`)
 
 
 class Tracker:
@@ -38,6 +43,8 @@ class Tracker:
         self.run_id: str | None = None
         self.stage_run_id: str | None = None
         self.stage: str = ""
+        self.directory: str = ""  # the stage's output directory's name
+        self.validation: Any = None  # the stage run's validation dataset, as MLflow logged it (`log_datasets`)
 
     def begin_stage(self, stage: str, directory: str = "") -> None:
         """Start the nested run of `stage`, named by its output `directory` (and the parent run, the first time)."""
@@ -56,7 +63,7 @@ class Tracker:
             mlflow.log_params(config_params(self.config))
             if self.config_yaml:
                 mlflow.log_text(self.config_yaml, "config.yaml")
-        self.stage = stage
+        self.stage, self.directory, self.validation = stage, directory or stage, None
         self.stage_run_id = mlflow.start_run(run_name=run_name(self.cfg, directory or stage), nested=True,
                                              tags={STAGE_TAG: stage}).info.run_id
 
@@ -68,10 +75,49 @@ class Tracker:
         interval = self.cfg.system_metrics_interval_s if self.cfg.system_metrics else 0
         return {"uri": self.uri, "run_id": self.stage_run_id, "system_metrics_s": interval}
 
+    def log_checkpoints(self, kept: list[dict[str, Any]]) -> list[str]:
+        """Each checkpoint the stage's fit kept (`raytrain.kept_checkpoint`) as an MLflow LoggedModel by reference
+        (`mlflow.create_external_model`: its files stay where Ray Train keeps them, param `checkpoint` names them),
+        named `<stage directory>-step-<step>`, of model type "checkpoint", its step a param, an output of the stage's
+        run at that step; its validation scores are linked to it and to the run's validation dataset: the very
+        points the workers logged into the run at that step (logged again with their timestamps, which MLflow's
+        store keeps once: the run's history is unchanged), or new points where the run has none (a teacher's
+        direction's scores, which its direction's run holds). `mlflow.search_logged_models` ranks them (by
+        `valid_bleu`, the mean of both directions); the experiment's Models tab lists them. Returns their ids."""
+        if self.stage_run_id is None or not kept:
+            return []
+        import mlflow
+        from mlflow.entities import LoggedModelOutput, Metric
+
+        client = mlflow.MlflowClient(self.uri)
+        logged = {key: {point.step: point for point in client.get_metric_history(self.stage_run_id, key)}
+                  for key in {key for record in kept for key in record["validation"]}}
+        dataset = {"dataset_name": self.validation.name, "dataset_digest": self.validation.digest} \
+            if self.validation is not None else {}
+        ids = []
+        for record in sorted(kept, key=lambda r: r["step"]):
+            step = record["step"]
+            model = mlflow.create_external_model(
+                name=f"{self.directory}-step-{step}", source_run_id=self.stage_run_id,
+                params={"step": str(step), "checkpoint": record["uri"]}, tags={STAGE_TAG: self.stage},
+                model_type=CHECKPOINT_MODEL_TYPE)
+            points = []
+            for key, value in record["validation"].items():
+                point = logged[key].get(step)
+                same = point is not None and math.isclose(point.value, value, rel_tol=1e-9, abs_tol=1e-12)
+                points.append(Metric(key, point.value if same else value,
+                                     point.timestamp if same else int(time.time() * 1000), step,
+                                     model_id=model.model_id, **dataset))
+            client.log_batch(self.stage_run_id, metrics=points)
+            client.log_outputs(self.stage_run_id, [LoggedModelOutput(model.model_id, step)])
+            ids.append(model.model_id)
+        return ids
+
     def end_stage(self, output: Path, counts: dict[str, Any], artifacts: list[Path], model: Path | None = None) -> None:
         """Close the stage's nested run with its config (the manifest's: what its hash covers) as params, its
         counts as metrics and files/directories as artifacts; `model`, a model directory, is logged as the
-        pyfunc that translates (`log_translator`) and registered as `tracking.registered_model`."""
+        pyfunc that translates (`log_translator`: a LoggedModel, whose version `tracking.registered_model`
+        registers)."""
         if self.stage_run_id is None:
             return
         import mlflow
@@ -114,7 +160,10 @@ class Tracker:
             with warnings.catch_warnings():  # "can be interpreted in multiple ways": both are the local source
                 warnings.simplefilter("ignore", UserWarning)
                 source = resolve_dataset_source(str(dataset.source))
-            mlflow.log_input(MetaDataset(source, name=dataset.name, digest=dataset.digest), context=dataset.context)
+            logged = MetaDataset(source, name=dataset.name, digest=dataset.digest)
+            mlflow.log_input(logged, context=dataset.context)
+            if dataset.context == "validation":
+                self.validation = logged
 
     def log_tables(self, directory: Path) -> None:
         """Log every `<name>.json` of `directory` (a dict of columns) into the current stage's run as an MLflow table

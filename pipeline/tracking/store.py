@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import logging
+import math
 import os
 import re
 import socket
@@ -28,6 +29,15 @@ def validation_metric(key: str) -> str:
     (`valid_bleu_src2tgt`), so that no metric name means validation in one run and test in another (the
     evaluate stage's and the parent run's are `test_...`)."""
     return f"valid_{key}" if key.startswith("bleu_") else key
+
+
+def validation_scores(report: dict[str, Any]) -> dict[str, float]:
+    """The validation scores among a training report's keys (a Validator's: `valid_bleu`, `bleu_<direction>`,
+    `bleu_<direction>_unpenalised`, `valid_length_ratio_<direction>`, a teacher's `valid_nll_<direction>`), finite,
+    under their MLflow names (`validation_metric`) and as MLflow records them (`shown`: BLEU to two decimals, as the
+    workers log them); not the training metrics, nor a tuned blank penalty."""
+    return {validation_metric(key): shown(key, float(value)) for key, value in report.items()
+            if key.startswith(("bleu_", "valid_")) and isinstance(value, (int, float)) and math.isfinite(value)}
 
 
 def tracking_uri(cfg: TrackingConfig, workdir: Path) -> str:

@@ -33,7 +33,7 @@ import torch
 from pipeline.config import NO_BLANK_PENALTY, PipelineConfig, TrainConfig
 from pipeline.progress import Progress
 from pipeline.stage import StageError
-from pipeline.tracking.store import server_lost
+from pipeline.tracking.store import server_lost, validation_scores
 from pipeline.training.harness import SCORE, select_best
 from pipeline.training.runfiles import HISTORY_FILE, PROGRESS_FILE, WORKERS_FILE
 from pipeline.training.trainloop import train_loop
@@ -240,7 +240,8 @@ def worker_count(train: TrainConfig) -> int | tuple[int, int]:
 def fit_and_average(trainer: Any, run_path: Path, average_best: int, model: torch.nn.Module,
                     keys: str = "train") -> dict[str, Any]:
     """Fit, then load into `model` the average of the best `average_best` checkpoints by validation BLEU.
-    Returns {"history": the latest checkpoint's history, "averaged": [(step, valid_bleu)], "fit_seconds"}. `keys`:
+    Returns {"history": the latest checkpoint's history, "averaged": [(step, valid_bleu)], "kept": every validated
+    checkpoint Ray Train kept (`kept_checkpoint`), "fit_seconds"}. `keys`:
     where the run's TrainConfig sits in the config (as `check_resources`), for the error of a group that cannot
     be placed."""
     started = time.time()
@@ -277,7 +278,16 @@ def fit_and_average(trainer: Any, run_path: Path, average_best: int, model: torc
         history = json.loads((Path(directory) / HISTORY_FILE).read_text(encoding="utf-8"))
     model.load_state_dict(average_state_dicts([upgrade_state_dict(state) for state in states]))
     return {"history": history, "averaged": [{"step": step, SCORE: score} for score, step, _ in best],
+            "kept": [kept_checkpoint(c, m) for c, m in result.best_checkpoints if SCORE in m],
             "fit_seconds": round(time.time() - started, 1)}
+
+
+def kept_checkpoint(checkpoint: Any, metrics: dict[str, Any]) -> dict[str, Any]:
+    """A checkpoint Ray Train kept: {"step", "uri" (its directory: a local path, or `<scheme>://<path>` on a
+    cloud storage), "validation": its validation scores under their MLflow names (`validation_scores`)}."""
+    scheme = checkpoint.filesystem.type_name if checkpoint.filesystem is not None else "local"
+    uri = checkpoint.path if scheme == "local" else f"{scheme}://{checkpoint.path}"
+    return {"step": int(metrics["step"]), "uri": uri, "validation": validation_scores(metrics)}
 
 
 def keep_snapshot(run_path: Path) -> None:

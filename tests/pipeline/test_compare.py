@@ -29,7 +29,7 @@ def test_two_runs_are_compared_by_sacrebleus_paired_bootstrap_per_set_and_direct
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     client = MlflowClient(uri)
-    experiment = client.create_experiment("duplex")
+    experiment = client.create_experiment("duplex", artifact_location=(tmp_path / "mlartifacts").as_uri())  # not ./mlruns
     sources = [f"the {w} sat on the mat number {i}" for i, w in enumerate(["cat", "dog", "bird", "cow"] * 5)]
     references = [f"el {w} se sentó en la alfombra número {i}" for i, w in enumerate(["gato", "perro", "pájaro", "vaca"] * 5)]
     weak = {"src2tgt": [r.split(" se ")[0] for r in references], "tgt2src": [s.split(" on ")[0] for s in sources]}

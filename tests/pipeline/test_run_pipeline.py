@@ -398,6 +398,28 @@ def test_the_smoke_run_s_mlflow_runs_hold_its_params_metrics_artifacts_and_datas
         assert "system/node_0/cpu_utilization_percentage" in by_name[stage].data.metrics, stage
     assert not [name for name in by_name["train"].data.metrics if name.startswith("bleu_")]
 
+    # each checkpoint a training run kept: a LoggedModel by reference (the directory Ray Train keeps), its step, its
+    # validation scores linked to it and to the validation dataset (the runs' histories above keep one point a
+    # validation); `search_logged_models` ranks them; the registered version is the averaged model's own LoggedModel
+    kept = mlflow.search_logged_models(experiment_ids=[parent.info.experiment_id], filter_string="model_type = 'checkpoint'",
+                                       order_by=[{"field_name": "metrics.valid_bleu", "ascending": False}], output_format="list")
+    steps = {stage: sorted(int(m.params["step"]) for m in kept if m.source_run_id == by_name[stage].info.run_id)
+             for stage in ("teacher", "train")}
+    assert steps == {"teacher": [10, 20], "train": [10, 20, 30]}  # keep_checkpoints 2 and 3
+    for model in kept:
+        assert (Path(model.params["checkpoint"]) / "model.pt").is_file()
+        linked = {m.key: m for m in model.metrics}
+        assert {"valid_bleu", "valid_bleu_src2tgt", "valid_bleu_tgt2src"} <= set(linked), model.name
+        assert {(m.step, m.dataset_name) for m in linked.values()} == {(int(model.params["step"]), "files-en-es-valid")}
+    ranked = [next(x.value for x in m.metrics if x.key == "valid_bleu") for m in kept]
+    assert ranked == sorted(ranked, reverse=True)  # best first
+    train_points = {m.step: m.value for m in client.get_metric_history(train_run, "valid_bleu")}
+    for model in (m for m in kept if m.source_run_id == train_run):
+        assert next(x.value for x in model.metrics if x.key == "valid_bleu") == train_points[int(model.params["step"])]
+    source = client.get_model_version("reder-en-es", "1").source
+    assert mlflow.get_logged_model(source.removeprefix("models:/")).source_run_id == train_run
+    assert source.removeprefix("models:/") not in {m.model_id for m in kept}
+
 
 @pytest.mark.slow
 def test_the_registered_pyfunc_and_the_translate_cli_give_evaluate_s_translations(smoke_run):
@@ -541,7 +563,8 @@ def test_the_mlflow_ui_in_headless_chromium_shows_the_runs_the_plot_and_the_mode
     store = f"sqlite:///{workdir}/mlflow.db"
     mlflow.set_tracking_uri(store)
     links, expected = mlflow_ui.expected_texts(mlflow.search_runs(experiment_names=["duplex"], output_format="list"))
-    assert set(links) == {"runs", "pipeline", "run", "model", "translations", "datasets", "system"}  # no sweep here
+    assert set(links) == {"runs", "pipeline", "run", "model", "translations", "datasets", "system", "models"}  # no sweep
+    assert len(expected["models"]) == 3 + 1  # the train run's three kept checkpoints, its pyfunc
     assert len(expected["pipeline"]) == 1 + 7 + 2  # the pipeline run, its seven stage runs, two test BLEUs
     assert expected["runs"][-4:-2] == ["test_bleu_src2tgt", "test_bleu_tgt2src"]  # the view's columns, then values
     assert "viewStateShareKey=" in links["runs"]

@@ -361,6 +361,84 @@ def test_the_trained_model_is_registered_as_a_pyfunc_that_translates_both_ways(t
     assert "row 1: text U+2029 (PARAGRAPH SEPARATOR) at character 4 replaced by a space" in caplog.text
 
 
+def test_kept_checkpoints_are_logged_models_ranked_by_validation_bleu_beside_the_registered_model(tiny_model_dir, tmp_path):
+    """Each checkpoint a training stage kept is an MLflow LoggedModel by reference (no copy: its path a param), with
+    its step and its validation scores linked to it and to the run's validation dataset, an output of the stage's
+    run at its step; `mlflow.search_logged_models` ranks them by valid_bleu. The points the workers logged into the
+    run are the ones linked: the run's history keeps one point per validation. The registered version's source
+    is the averaged model's pyfunc LoggedModel."""
+    import mlflow
+    from ray.train import Checkpoint
+
+    from pipeline.stage import run_stage
+    from pipeline.tracking.runs import CHECKPOINT_MODEL_TYPE, Dataset, Tracker
+    from pipeline.metrics import shown
+    from pipeline.training.raytrain import kept_checkpoint
+
+    directories = {step: tmp_path / "ray_results" / f"checkpoint_{step}" for step in (10, 20, 30)}
+    bleus = {10: (4.0, 6.0), 20: (9.0, 8.0), 30: (7.0, 6.5)}  # as MLflow shows them; the reports have more digits
+    reports = {step: {"step": step, "loss": 3.5, "bleu_src2tgt": bleus[step][0] + 0.00123, "bleu_tgt2src": bleus[step][1],
+                      "valid_bleu": sum(bleus[step]) / 2 + 0.000615, "valid_length_ratio_src2tgt": 0.9,
+                      "blank_penalty_src2tgt": 0.5} for step in directories}
+    kept = []
+    for step, directory in directories.items():
+        directory.mkdir(parents=True)
+        (directory / "model.pt").write_bytes(b"weights")
+        kept.append(kept_checkpoint(Checkpoint.from_directory(str(directory)), reports[step]))
+    assert kept[0] == {"step": 10, "uri": str(directories[10]), "validation": {  # not the loss, not the penalty
+        "valid_bleu_src2tgt": 4.0, "valid_bleu_tgt2src": 6.0, "valid_bleu": 5.0, "valid_length_ratio_src2tgt": 0.9}}
+
+    assert Tracker(TrackingConfig(enabled=False), tmp_path, {}).log_checkpoints(kept) == []
+    tracker = Tracker(TrackingConfig(run_prefix="tiny"), tmp_path, {"data": {"src_lang": "en", "tgt_lang": "de"}},
+                      target="train-0123456789ab")
+    tracker.begin_stage("train", "train-0123456789ab")
+    valid = Dataset("multi30k-en-de-valid", "0123abcd", tmp_path / "tokenize-x" / "valid", "validation")
+    tracker.log_datasets([Dataset("multi30k-en-de-train-raw", "99aa", tmp_path / "tokenize-x" / "train", "training"), valid])
+    client = MlflowClient(tracker.uri)
+    for step in (5, 10, 15, 20, 25, 30):  # what rank 0 logs: BLEU at each validation, not the length ratio
+        client.log_metric(tracker.stage_run_id, "train_total", 1.0, step=step)
+        if step in reports:
+            for key in ("bleu_src2tgt", "bleu_tgt2src", "valid_bleu"):
+                client.log_metric(tracker.stage_run_id, key if key == "valid_bleu" else f"valid_{key}",
+                                  shown(key, reports[step][key]), step=step)
+    ids = tracker.log_checkpoints(list(reversed(kept)))
+    out = run_stage("train", tmp_path / "train-0123456789ab", lambda tmp: {}, config={}, inputs={})
+    tracker.end_stage(out, {"steps": 30}, [], model=tiny_model_dir)
+    tracker.close()
+
+    mlflow.set_tracking_uri(tracker.uri)
+    stage = next(r for r in client.search_runs([client.get_experiment_by_name("duplex").experiment_id])
+                 if r.data.tags["duplex.stage"] == "train")
+    ranked = mlflow.search_logged_models(
+        experiment_ids=[stage.info.experiment_id], filter_string=f"model_type = '{CHECKPOINT_MODEL_TYPE}'",
+        order_by=[{"field_name": "metrics.valid_bleu", "ascending": False}], output_format="list")
+    assert [m.name for m in ranked] == [f"train-0123456789ab-step-{step}" for step in (20, 30, 10)]
+    assert sorted(m.model_id for m in ranked) == sorted(ids)
+    for model in ranked:
+        step = int(model.params["step"])
+        assert model.params["checkpoint"] == str(directories[step]) and model.source_run_id == stage.info.run_id
+        assert model.tags["mlflow.model.isExternal"] == "true"  # by reference: MLflow holds no copy
+        metrics = {m.key: m for m in model.metrics}
+        assert set(metrics) == {"valid_bleu_src2tgt", "valid_bleu_tgt2src", "valid_bleu", "valid_length_ratio_src2tgt"}
+        assert (metrics["valid_bleu_src2tgt"].value, metrics["valid_bleu_tgt2src"].value) == bleus[step]
+        assert {(m.step, m.dataset_name, m.dataset_digest) for m in metrics.values()} == {(step, valid.name, valid.digest)}
+    assert {(o.model_id, o.step) for o in client.get_run(stage.info.run_id).outputs.model_outputs} >= \
+        {(m.model_id, int(m.params["step"])) for m in ranked}
+    for key in ("valid_bleu_src2tgt", "valid_bleu"):  # the workers' points, linked, not logged twice
+        assert [m.step for m in client.get_metric_history(stage.info.run_id, key)] == [10, 20, 30], key
+    assert sorted(m.step for m in client.get_metric_history(stage.info.run_id, "valid_length_ratio_src2tgt")) == \
+        [10, 20, 30]  # none in the run: logged there with the model
+    on_valid = mlflow.search_logged_models(
+        experiment_ids=[stage.info.experiment_id], datasets=[{"dataset_name": valid.name, "dataset_digest": valid.digest}],
+        order_by=[{"field_name": "metrics.valid_bleu", "ascending": False, "dataset_name": valid.name}],
+        output_format="list")
+    assert [m.model_id for m in on_valid] == [m.model_id for m in ranked]
+    # the registered version: the averaged model's own LoggedModel (the pyfunc), not a checkpoint's
+    source = client.get_model_version("reder-en-de", "1").source
+    assert source.startswith("models:/m-") and source.removeprefix("models:/") not in ids
+    assert mlflow.get_logged_model(source.removeprefix("models:/")).source_run_id == stage.info.run_id
+
+
 def test_the_alias_rule_counts_both_directions_and_compares_only_scores_on_the_same_references():
     from pipeline.tracking.registry import beats
 
