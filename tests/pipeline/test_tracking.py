@@ -472,7 +472,8 @@ def test_mlflow_models_serve_translates_both_ways_from_one_endpoint(tiny_model_d
 
     uri = f"sqlite:///{tmp_path.resolve()}/mlflow.db"
     mlflow.set_tracking_uri(uri)
-    mlflow.set_experiment("serve")  # not the experiment id an earlier test left active in another store
+    # not the experiment id an earlier test left active in another store; its artifacts under tmp_path, not ./mlruns
+    mlflow.set_experiment(experiment_id=mlflow.create_experiment("serve", (tmp_path / "mlartifacts").as_uri()))
     with mlflow.start_run():
         log_translator(tiny_model_dir, ("en", "de"), "reder-en-de")
     port = free_port()
