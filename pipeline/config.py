@@ -720,8 +720,9 @@ def check_consistency(cfg: PipelineConfig) -> None:
     if cfg.distill.references and not cfg.distill.enabled:
         raise ConfigError("distill.references: trains on the references beside the distilled pairs, so it needs "
                           "distill.enabled=true (without distillation REDER trains on the references alone)")
-    if cfg.loss.nmla_start_step is not None and cfg.model.head != "ctc":
-        raise ConfigError(f"loss.nmla_start_step: NMLA is a loss over CTC's alignments, so it needs model.head=ctc, "
+    if cfg.loss.uses_nmla() and cfg.model.head != "ctc":
+        key = "nmla_start_step" if cfg.loss.nmla_start_step is not None else "nmla_start_fraction"
+        raise ConfigError(f"loss.{key}: NMLA is a loss over CTC's alignments, so it needs model.head=ctc, "
                           f"got model.head {cfg.model.head!r}")
     reranks = "rerank" in DECODERS[(cfg.model.head, "beam")].__dataclass_fields__  # the head's beam takes a reranker
     if cfg.evaluate.rerank != "none" and (not reranks or cfg.evaluate.beam_size < 2):

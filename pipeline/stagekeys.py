@@ -37,7 +37,7 @@ ADDED_LATER: dict[str, dict[str, Any]] = {
     "model": {"dag_dp": "auto"},
     "loss": {"fba_start_step": None, "cc_start_step": None, "directions": ("src2tgt", "tgt2src"), "glance_start": 0.0,
              "glance_end": 0.0, "glance_steps": 0, "glance_blanks": False, "nmla_start_step": None, "nmla_ngram": 2,
-             "nmla_ctc_weight": 0.0},
+             "nmla_ctc_weight": 0.0, "nmla_start_fraction": None},
     "train": {"batch_tokens": "sum", "max_time": 0.0, "patience": 0, "lr_scheduler": "inverse_sqrt",
               "warmup_fraction": 0.0, "compile": False, "min_workers": 0},  # compile: inductor's dropout draws other masks
     "evaluate": {"rerank_weight": 1.0, "cutoff_top_n": 40, "cutoff_prob": 1.0, "dag_max_transition": 0,

@@ -157,6 +157,10 @@ class LossConfig:
     nmla_start_step: Optional[int] = None
     nmla_ngram: int = 2
     nmla_ctc_weight: float = 0.0
+    # NMLA from this fraction of the run on (0 to 1; None: nmla_start_step decides): the trainer sets nmla_start_step
+    # to the update at which its run reaches it, of max_time's seconds when the run is budgeted by time (a step
+    # count would be a guess), else of max_steps (pipeline/training/harness.py `Harness`).
+    nmla_start_fraction: Optional[float] = None
 
     def __post_init__(self) -> None:
         require(self, lambda_fba=">= 0", lambda_cc=">= 0", aux_start_step=">= 0", glance_steps=">= 0",
@@ -174,6 +178,14 @@ class LossConfig:
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
                 unset = "" if key == "nmla_start_step" else " (= aux_start_step)"  # null: never / the shared step
                 raise FieldError(key, f"must be an int >= 0 or null{unset}, got {value!r}")
+        fraction = self.nmla_start_fraction
+        if fraction is not None and (isinstance(fraction, bool) or not isinstance(fraction, (int, float))
+                                     or not 0 <= fraction < 1):
+            raise FieldError("nmla_start_fraction", f"must be a fraction from 0 up to (not including) 1 or null, "
+                                                    f"got {fraction!r}")
+        if fraction is not None and self.nmla_start_step is not None:
+            raise FieldError("nmla_start_fraction", f"is {fraction!r} and nmla_start_step {self.nmla_start_step!r}: "
+                                                    f"NMLA starts at one of them, set the other null")
         if not self.directions or set(self.directions) - set(DIRECTIONS) or len(set(self.directions)) < len(self.directions):
             raise FieldError("directions", f"must be one or both of {list(DIRECTIONS)}, each once, "
                                            f"got {list(self.directions)}")
@@ -185,8 +197,13 @@ class LossConfig:
         return self.glance_start + (self.glance_end - self.glance_start) * step / self.glance_steps
 
     def nmla(self, step: int) -> bool:
-        """Whether the main term is NMLA's at training step `step`."""
+        """Whether the main term is NMLA's at training step `step` (a start given as a fraction of the run: once
+        the trainer has set it as a step)."""
         return self.nmla_start_step is not None and step >= self.nmla_start_step
+
+    def uses_nmla(self) -> bool:
+        """Whether NMLA starts at some point of the run (by step or by fraction)."""
+        return self.nmla_start_step is not None or self.nmla_start_fraction is not None
 
     def start_step(self, term: str) -> int:
         """The first step at which auxiliary loss `term` ("fba" or "cc") is on."""

@@ -18,6 +18,7 @@ and the history; a resumed run is the uninterrupted one, and a deep copy of a st
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import os
 import platform
@@ -371,6 +372,7 @@ class Harness:
         self.step = self.epoch = self.next_batch = 0
         self.stopped_by: Optional[str] = None  # why the last fit ended: max_steps, max_time, time_cap, patience
         self.run_facts: dict[str, Any] = {}  # the caller's facts of the run (too_long), in its last report
+        self.phase_starts: dict[str, int] = {}  # a loss phase started by fraction (`_start_phases`): its update
         self.history: list[dict[str, Any]] = []
         self.resumed_from: Optional[int] = None
         self.best: Optional[list[tuple[float, int, dict[str, torch.Tensor]]]] = [] if keep_best else None
@@ -479,6 +481,7 @@ class Harness:
             self.stopped_by = self._ended()
             if self.stopped_by is not None:  # resumed after its end (stopped before its stage published): the end is
                 self._report(validate=True)  # reported again, so that the latest checkpoint's history has this restart
+        self._start_phases()  # a resumed run past its phase's start: on from its first update
         ahead = self._ahead(batches)  # micro-batches built on a thread; the position is that of the update trained
         while self.step < stop and self.stopped_by is None:
             (self.epoch, self.next_batch), prepared = next(ahead)
@@ -498,11 +501,36 @@ class Harness:
                 self.on_step(self.step)
             if read_clock:  # again, with the validation: the next update's learning rate sees all time spent
                 self.elapsed = clock()
+                self._start_phases()
         ahead.close()
         self.elapsed = clock()  # a pause keeps all it spent
         self.model.eval()
         return {"steps": self.step - first, "seconds": round(time.perf_counter() - started, 1),
                 "last_loss": round(float(last_loss), 4), "stopped_by": self.stopped_by}
+
+    def _start_phases(self) -> None:
+        """A loss phase whose start is a fraction of the run (`loss.nmla_start_fraction` of a DuplexLoss) gets its
+        start step once the run's progress reaches it: the fraction of max_time spent when the run is budgeted by
+        time, else of max_steps; the next update is the phase's first. Read where every DDP rank sees the same
+        progress (after the clock's all-reduce), so that all switch at the same update. The objective's config
+        is replaced (the stage's config keeps the fraction: a resumed run finds its start again, at its first update
+        when it resumes past it)."""
+        fraction = getattr(getattr(self._owner, "config", None), "nmla_start_fraction", None)
+        if fraction is None:
+            return
+        progress = self.time_progress if self.cfg.max_time else self.step / self.cfg.max_steps
+        if progress >= fraction:
+            self._start_nmla(self.step)
+
+    @property
+    def _owner(self) -> torch.nn.Module:
+        return getattr(self.objective, "module", self.objective)  # DDP wraps it
+
+    def _start_nmla(self, step: int) -> None:
+        """NMLA on from update `step` (the objective's config's fraction replaced by that step)."""
+        config = self._owner.config
+        self._owner.config = dataclasses.replace(config, nmla_start_step=step, nmla_start_fraction=None)
+        self.phase_starts["nmla_start_step"] = step
 
     def _ended(self) -> Optional[str]:
         """Why a resumed run had already ended at its checkpoint (its steps, its time or its patience spent), if it had."""
@@ -544,7 +572,7 @@ class Harness:
                 self.stopped_by = "patience"
         if self.stopped_by is not None:  # the run's last report: why it ended and where (a budget depends on it)
             metrics.update(stopped_by=self.stopped_by, device=device_name(self.device), elapsed=round(self.elapsed, 1),
-                           **self.run_facts)
+                           **self.phase_starts, **self.run_facts)
         self.history.append(metrics)
         if self.on_report is not None:
             self.on_report(metrics, self.state_dict() if validated else None)
@@ -592,7 +620,8 @@ class Harness:
         return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
                 "scheduler": self.scheduler.state_dict(), "step": self.step, "epoch": self.epoch,
                 "next_batch": self.next_batch, "history": self.history, "elapsed": self.elapsed,
-                "best_score": self.best_score, "bad_validations": self.bad_validations}
+                "best_score": self.best_score, "bad_validations": self.bad_validations,
+                "phase_starts": dict(self.phase_starts)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue the run of `state` (its history gets a `resumed_from` entry)."""
@@ -605,3 +634,6 @@ class Harness:
         self.best_score, self.bad_validations = float(state.get("best_score", -math.inf)), int(state.get("bad_validations", 0))
         self.resumed_from = self.step
         self.history = [*state["history"], {"step": self.step, "resumed_from": self.step}]
+        started = state.get("phase_starts", {}).get("nmla_start_step")
+        if started is not None and getattr(getattr(self._owner, "config", None), "nmla_start_fraction", None) is not None:
+            self._start_nmla(started)  # where the run started it, not where it resumed

@@ -159,6 +159,9 @@ OUT_OF_RANGE: dict[str, tuple[str, set[str]]] = {
     "teacher.train.adam_betas": (r"must be two values in \[0, 1\)", {"flow sequence", "empty sequence",
                                                                         "block sequence"}),
     "evaluate.test_sets": ("expected {src: FILE, tgt: FILE}", {"flow mapping", "block mapping"}),
+    "loss.nmla_start_fraction": ("must be a fraction from 0 up to", {
+        "plain '3'", "plain '-7'", "plain '0x1F'", "plain '0o17'", "plain '1_000'", "plain '2.5'", "plain '-.5'",
+        "plain '6.'"}),
 }
 
 

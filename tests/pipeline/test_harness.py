@@ -560,3 +560,49 @@ def test_the_harness_counts_the_tokens_an_objective_trains_on():
     reder = REDER(ModelConfig(vocab_size=16, d_model=8, n_heads=2, ffn_dim=16, layers_per_end=1, dropout=0.0,
                               max_positions=64))
     assert Harness(reder, DuplexLoss(reder, LossConfig()), cfg, "cpu").update([[example, example]])["tokens"] == 2 * (9 + 6)
+
+
+@pytest.mark.parametrize("budget", ["steps", "time"])
+def test_nmla_started_by_a_fraction_of_the_run_is_the_run_started_at_that_step_and_a_resumed_run_keeps_it(budget, clock):
+    """loss.nmla_start_fraction 0.5 of a run of 8 updates (max_steps 8; or max_time 8 s at 1 s an update, max_steps
+    far: 4 s are spent after update 4, 8 s after update 8, the clock that stops it reads them an update later, so 9
+    updates): the objective's NMLA starts at update 4, the 5th update is the first to train it (its term in the
+    reports from step 5 on, CTC's before), the last report says where, and the run equals the same run with
+    nmla_start_step 4; a run paused at update 6 and resumed from a copy of its state (a fresh objective, the
+    fraction again) keeps update 4 and ends with the same parameters."""
+    cfg = _config(**({"max_steps": 8} if budget == "steps" else {"max_steps": 1000, "max_time": 8.0}))
+
+    def run(loss: LossConfig, seed: int = 0) -> tuple[Harness, torch.nn.Module, list]:
+        torch.manual_seed(seed)
+        model = tiny_model(dropout=0.0, attention_dropout=0.0)
+        reports = []
+        return Harness(model, DuplexLoss(model, loss), cfg, "cpu", on_step=clock.on_step,
+                       on_report=lambda m, _: reports.append(m)), model, reports
+
+    by_fraction = LossConfig(lambda_fba=0.0, lambda_cc=0.0, nmla_start_fraction=0.5)
+    examples = [([4 + i % 7 for i in src], [4 + i % 7 for i in tgt]) for src, tgt in _examples(width=3)]  # vocabulary 12
+    whole, whole_model, reports = run(by_fraction)
+    updates = 8 if budget == "steps" else 9
+    assert whole.fit_examples(examples)["steps"] == updates
+    assert [("train_nmla_src2tgt" in r, "train_ctc_src2tgt" in r) for r in reports if "train_total" in r] == \
+        [(False, True)] * 4 + [(True, False)] * (updates - 4)
+    assert whole.history[-1]["nmla_start_step"] == 4 and whole.objective.config.nmla_start_step == 4
+    by_step, step_model, _ = run(LossConfig(lambda_fba=0.0, lambda_cc=0.0, nmla_start_step=4))
+    by_step.fit_examples(examples)
+    assert _same(whole_model, step_model)
+
+    first, _, _ = run(by_fraction)
+    first.fit_examples(examples, until=6)
+    clock.now += 1000.0  # the pause is not the run's time
+    resumed, resumed_model, _ = run(by_fraction, seed=5)
+    resumed.load_state_dict(copy.deepcopy(first.state_dict()))
+    assert resumed.objective.config.nmla_start_step == 4  # where the run started it, not update 6
+    assert resumed.fit_examples(examples)["steps"] == updates - 6 and resumed.history[-1]["nmla_start_step"] == 4
+    assert _same(whole_model, resumed_model)
+    late, late_model, _ = run(by_fraction, seed=5)  # a state from before the start: the fraction decides again
+    paused, _, _ = run(by_fraction)
+    paused.fit_examples(examples, until=2)
+    clock.now += 1000.0
+    late.load_state_dict(copy.deepcopy(paused.state_dict()))
+    assert late.objective.config.nmla_start_fraction == 0.5 and late.fit_examples(examples)["steps"] == updates - 2
+    assert late.history[-1]["nmla_start_step"] == 4 and _same(whole_model, late_model)

@@ -156,3 +156,20 @@ def test_the_new_loss_keys_are_checked_and_nmla_needs_a_ctc_head(tmp_path):
     with pytest.raises(ConfigError, match="NMLA is a loss over CTC's alignments"):
         load_config(path)
     assert isinstance(load_config(path, ["model.head=ctc"]), PipelineConfig)
+
+
+def test_a_start_as_a_fraction_of_the_run_is_checked_and_excludes_a_start_step(tmp_path):
+    """loss.nmla_start_fraction: from 0 up to 1, not a bool, and not beside nmla_start_step; either one means NMLA
+    is used (the config refuses it for a DAG head by the key given); the objective itself switches on nmla_start_step
+    only (the trainer turns the fraction into a step: tests/pipeline/test_harness.py)."""
+    assert LossConfig(nmla_start_fraction=0.8).uses_nmla() and LossConfig(nmla_start_step=3).uses_nmla()
+    assert not LossConfig().uses_nmla() and not LossConfig(nmla_start_fraction=0.0).nmla(10**9)
+    for bad in (1.0, -0.1, True, "0.5"):
+        with pytest.raises(FieldError, match="nmla_start_fraction: must be a fraction from 0 up to"):
+            LossConfig(nmla_start_fraction=bad)
+    with pytest.raises(FieldError, match="nmla_start_fraction: is 0.5 and nmla_start_step 3: NMLA starts at one of them"):
+        LossConfig(nmla_start_fraction=0.5, nmla_start_step=3)
+    path = tmp_path / "c.yaml"
+    path.write_text("model: {head: dag}\nloss: {nmla_start_fraction: 0.8}\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match="c.yaml:2: loss.nmla_start_fraction: NMLA is a loss over CTC's alignments"):
+        load_config(path)
