@@ -310,12 +310,18 @@ class _DashboardWatch(threading.Thread):
 
 
 def _end_new_children(before: set[Any]) -> None:
-    """End this process's descendants that are not in `before`: what a failed `ray.init` left running (its GCS
-    server and monitor; Ray keeps no handle on a node that failed to start, and they would live as long as this
-    process, beside the instance started next)."""
+    """End what a failed `ray.init` left running (its GCS server and monitor; Ray keeps no handle on a node that
+    failed to start, and they would live as long as this process, beside the instance started next): this
+    process's children that are not in `before` and their descendants. Not a new descendant of an older child: a
+    process started meanwhile by another subprocess of this one (a test's cluster hosts, a notebook's jobs) is not
+    Ray's (CI saw such a job's driver SIGTERMed when a dashboard port was lost beside it)."""
     import psutil
 
-    left = [child for child in psutil.Process().children(recursive=True) if child not in before]
+    new = [child for child in psutil.Process().children() if child not in before]
+    left = list(new)
+    for child in new:
+        with contextlib.suppress(psutil.Error):
+            left.extend(child.children(recursive=True))
     for child in left:
         with contextlib.suppress(psutil.Error):
             child.terminate()

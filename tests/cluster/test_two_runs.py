@@ -152,3 +152,34 @@ def test_another_start_failure_is_raised_as_ray_raised_it(monkeypatch):
     with pytest.raises(ValueError, match="'127.0.0.1', 1"):
         connect.init_local({"address": "local", "dashboard_port": 20001})
     assert len(calls) == 1
+
+
+def test_a_lost_start_ends_only_the_processes_it_started(tmp_path):
+    """What a failed `ray.init` left (this process's new children and theirs) is ended; a process that an older
+    child started meanwhile is not: the cluster test's hosts are children of the test process, and a lost-port test
+    beside them once SIGTERMed the driver of a Ray job one of them had just started."""
+    older = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; input(); "
+                              "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); time.sleep(60)"],
+                             stdin=subprocess.PIPE, text=True)
+    try:
+        before = set(psutil.Process().children(recursive=True))
+        older.stdin.write("\n")
+        older.stdin.flush()  # the older child starts its own child now, after `before`
+        ray_like = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; "
+                                     "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); time.sleep(60)"])
+        deadline = time.monotonic() + 30
+        while not (psutil.Process(older.pid).children() and psutil.Process(ray_like.pid).children()):
+            assert time.monotonic() < deadline, "the children did not start theirs"
+            time.sleep(0.05)
+        bystander, = psutil.Process(older.pid).children()
+        ray_child, = psutil.Process(ray_like.pid).children()
+        connect._end_new_children(before)
+        assert ray_like.wait(timeout=10) is not None
+        psutil.wait_procs([ray_child], timeout=10)
+        assert not ray_child.is_running() or ray_child.status() == psutil.STATUS_ZOMBIE
+        assert bystander.is_running() and bystander.status() != psutil.STATUS_ZOMBIE and older.poll() is None
+    finally:
+        for process in psutil.Process(older.pid).children(recursive=True) if older.poll() is None else []:
+            process.kill()
+        older.kill()
+        older.wait()
