@@ -454,7 +454,7 @@ class Harness:
     def _read(self, batch: Batch, reverse: Optional[Batch]) -> tuple[Batch, ...]:
         """The batches of a micro-batch the objective trains on: both, or the one a one-direction objective's
         `reads` names (a CMLM with KD reads only its direction's pairs)."""
-        reads = getattr(getattr(self.objective, "module", self.objective), "reads", None)  # DDP wraps it
+        reads = getattr(self._owner, "reads", None)
         return (reads(batch, reverse),) if reads else tuple(b for b in (batch, reverse) if b is not None)
 
     @property
@@ -513,8 +513,8 @@ class Harness:
         start step once the run's progress reaches it: the fraction of max_time spent when the run is budgeted by
         time, else of max_steps; the next update is the phase's first. Read where every DDP rank sees the same
         progress (after the clock's all-reduce), so that all switch at the same update. The objective's config
-        is replaced (the stage's config keeps the fraction: a resumed run finds its start again, at its first update
-        when it resumes past it)."""
+        is replaced; the start is kept in the run's state (`load_state_dict` puts it back, so a resumed run keeps
+        the update where it started; a run resumed before it finds it here)."""
         fraction = getattr(getattr(self._owner, "config", None), "nmla_start_fraction", None)
         if fraction is None:
             return
@@ -524,7 +524,8 @@ class Harness:
 
     @property
     def _owner(self) -> torch.nn.Module:
-        return getattr(self.objective, "module", self.objective)  # DDP wraps it
+        """The objective itself (DDP wraps it)."""
+        return getattr(self.objective, "module", self.objective)
 
     def _start_nmla(self, step: int) -> None:
         """NMLA on from update `step` (the objective's config's fraction replaced by that step)."""
