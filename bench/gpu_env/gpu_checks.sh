@@ -14,6 +14,7 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$here/../.." && pwd)
 cd "$root"
 out=${OUT:-$(mktemp -d)}
+mkdir -p "$out"  # a rehearsal's OUT may not exist yet (the device tool's does)
 device=${DEVICE:-cuda}
 started=$(date +%s)
 data=$root/../shared/data/multi30k  # ../shared stays behind: on the GPU machine, the carried copy

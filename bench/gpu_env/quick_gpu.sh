@@ -20,6 +20,7 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$here/../.." && pwd)
 cd "$root"
 out=${OUT:-$(mktemp -d)}
+mkdir -p "$out"  # a rehearsal's OUT may not exist yet (the device tool's does)
 work=${QUICK_WORKDIR:-/tmp/m30kq}
 limit=${QUICK_LIMIT_S:-550}
 started=$(date +%s.%N)

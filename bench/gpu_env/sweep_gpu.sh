@@ -23,6 +23,7 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$here/../.." && pwd)
 cd "$root"
 out=${OUT:-$(mktemp -d)}
+mkdir -p "$out"  # a rehearsal's OUT may not exist yet (the device tool's does)
 work=${SWEEP_WORKDIR:-/tmp/m30ks}
 limit=${SWEEP_LIMIT_S:-570}
 trials=${TRIALS:-8}
