@@ -24,6 +24,7 @@ import os
 import shutil
 import threading
 import time
+import zipfile
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -35,7 +36,7 @@ from pipeline.progress import Progress
 from pipeline.stage import StageError
 from pipeline.tracking.store import server_lost, validation_scores
 from pipeline.training.harness import SCORE, select_best
-from pipeline.training.runfiles import HISTORY_FILE, PROGRESS_FILE, WORKERS_FILE
+from pipeline.training.runfiles import HISTORY_FILE, PROGRESS_FILE, TRAIN_STATE_FILE, WORKERS_FILE
 from pipeline.training.trainloop import train_loop
 from reder.checkpoint import MODEL_FILE, average_state_dicts, load_tensors, upgrade_state_dict
 
@@ -101,8 +102,8 @@ def make_trainer(cfg: PipelineConfig, name: str, storage: Path, train_data: Path
                  spm_model: Path, mlflow_target: dict[str, str] | None, callbacks: tuple = (),
                  task: dict[str, str] | None = None, time_cap_s: float = math.inf) -> Any:
     """The Ray Train trainer of one training run (run `name` under `storage`; a run with the same pair
-    resumes from its latest checkpoint) on the `train_data` split, validated on `data`/valid, its text read with the
-    SentencePiece model `spm_model` (the spm stage's file).
+    resumes from its latest checkpoint, `resume_point`) on the `train_data` split, validated on `data`/valid, its
+    text read with the SentencePiece model `spm_model` (the spm stage's file).
     `mlflow_target` receives rank 0's per-step metrics (with "runs", direction → run id, a pair's metrics
     named for a direction go to that direction's run). `task` is REDER's (default) or {"kind": "teacher" |
     "cmlm"}: both directions' teachers or CMLMs in one run (`build_task`), with the config section of that
@@ -126,6 +127,10 @@ def make_trainer(cfg: PipelineConfig, name: str, storage: Path, train_data: Path
         "progress": str(Path(storage) / name / PROGRESS_FILE),
         "time_cap_at": time.time() + time_cap_s,  # wall clock (inf: none): the workers' clocks read it
     }
+    # A run without a usable record of its checkpoints resumes from the newest whole one on disk (Ray Train's
+    # resume_from_checkpoint is deprecated in favour of the loop loading one itself)
+    resume = resume_point(Path(storage) / name, task["kind"] if task["kind"] != "reder" else "train")
+    loop_config["resume_dir"] = str(resume) if resume is not None else None
     resources = worker_resources(train)
     return trainer_class(worker_count(train) == 1)(
         train_loop, train_loop_config=loop_config,
@@ -251,9 +256,6 @@ def fit_and_average(trainer: Any, run_path: Path, average_best: int, model: torc
     # How long Ray Train's controller waits for each placement of the group: read from the environment of the
     # process that calls fit, which Ray Train passes on to its controller.
     os.environ[START_TIMEOUT_ENV] = str(config["train"]["start_timeout_s"])
-    mended = mend_snapshot(run_path)
-    if mended:
-        log.warning("%s: %s", what, mended)
     try:
         limit = min(config["train"]["max_time"] or math.inf, config["time_cap_at"] - time.time())
         with progress_bar(Path(config["progress"]), config["train"]["max_steps"], what, limit,
@@ -335,7 +337,47 @@ def mend_snapshot(run_path: Path) -> str | None:
                 f"rewritten): restored from the last whole copy ({len(named)} checkpoint(s))")
     snapshot.unlink()
     return (f"Ray Train's record of its checkpoints under {run_path} was cut short (a kill while it was rewritten) "
-            f"and no whole copy of it names checkpoints that are all there: removed, the run starts over")
+            f"and no whole copy of it names checkpoints that are all there: removed")
+
+
+def newest_whole_checkpoint(run_path: Path) -> tuple[Path, int] | None:
+    """The newest checkpoint directory under `run_path` whose files are all whole (`_save`'s two .pt files zip
+    archives whose every member matches its CRC, the history JSON), with its step; None without one. Ray Train
+    names its checkpoints by the time they were made, so the newest sorts last; one Ray was still copying when
+    a kill came is incomplete and skipped."""
+    for directory in sorted(run_path.glob("checkpoint_*"), reverse=True):
+        try:
+            for name in (MODEL_FILE, TRAIN_STATE_FILE):
+                with zipfile.ZipFile(directory / name) as archive:
+                    if archive.testzip() is not None:
+                        raise zipfile.BadZipFile(name)
+            history = json.loads((directory / HISTORY_FILE).read_text(encoding="utf-8"))
+            return directory, int(history[-1]["step"])
+        except (OSError, ValueError, zipfile.BadZipFile, LookupError, TypeError):
+            continue
+    return None
+
+
+def resume_point(run_path: Path, what: str) -> Path | None:
+    """Where a run without a usable record resumes: before Ray Train starts the run under `run_path`, a record
+    cut short is mended (`mend_snapshot`); with none left (the copy could not be used, or a kill came after Ray
+    copied a checkpoint but before it recorded it), the newest whole checkpoint on disk (`newest_whole_checkpoint`),
+    which the workers load when Ray hands them none. Without one the run starts over. What was done is logged."""
+    said = mend_snapshot(run_path)
+    if (run_path / SNAPSHOT).exists() or not run_path.is_dir():
+        if said:
+            log.warning("%s: %s", what, said)
+        return None
+    found = newest_whole_checkpoint(run_path)
+    if found is None:
+        if said:
+            log.warning("%s: %s; no whole checkpoint there: the run starts over", what, said)
+        return None
+    directory, step = found
+    log.warning("%s: %s; the run resumes from %s (step %d), the newest whole checkpoint there", what,
+                said or f"checkpoints under {run_path} but no record of them (a kill before Ray Train wrote it)",
+                directory.name, step)
+    return directory
 
 
 @contextlib.contextmanager

@@ -88,7 +88,9 @@ def train_loop(config: dict[str, Any]) -> None:
         torch.cuda.set_device(device)
     model, objective, directions = build_task(config)
     model.to(device)
-    state = _load(ray.train.get_checkpoint(), device)
+    checkpoint = ray.train.get_checkpoint()  # Ray's, or else where a run with no record resumes (raytrain.resume_point)
+    state = _load(checkpoint, device) if checkpoint is not None or not config.get("resume_dir") \
+        else load_state_dir(Path(config["resume_dir"]), device)
     # Only rank 0 decodes; Ray keeps rank 0's metrics, the others report a NaN score. The Validator (Parquet
     # reads, SentencePiece) is built at the first validation: off the path to the first update.
     validate = lazy_validator(config, train.valid_max_sentences, directions) if rank == 0 \

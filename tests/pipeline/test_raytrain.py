@@ -3,10 +3,13 @@ rank 0's progress file, an elastic group's size and what a group that cannot be 
 import dataclasses
 import json
 import math
+import struct
 import time
+from pathlib import Path
 from typing import Any, Callable
 
 import pytest
+import torch
 
 from pipeline.config import TrainConfig
 from pipeline.stage import StageError
@@ -288,4 +291,52 @@ def test_a_snapshot_cut_short_by_a_kill_is_restored_from_the_kept_copy_or_remove
     assert json.loads(snapshot.read_text(encoding="utf-8")) == whole
     (run / "checkpoint_b").rmdir()  # the copy names a checkpoint Ray has since deleted: it cannot be used
     snapshot.write_text("", encoding="utf-8")
-    assert raytrain.mend_snapshot(run).endswith("removed, the run starts over") and not snapshot.exists()
+    assert raytrain.mend_snapshot(run).endswith("are all there: removed") and not snapshot.exists()
+
+
+def _checkpoint(run: Path, name: str, step: int) -> Path:
+    """A checkpoint directory as trainloop._save writes it (tiny tensors)."""
+    directory = run / name
+    directory.mkdir(parents=True)
+    torch.save({"w": torch.full((64,), float(step))}, directory / "model.pt")
+    torch.save({"step": step}, directory / "train_state.pt")
+    (directory / "history.json").write_text(json.dumps([{"step": step, "valid_bleu": 1.0}]), encoding="utf-8")
+    return directory
+
+
+def test_a_run_without_a_usable_record_resumes_from_the_newest_whole_checkpoint_on_disk(tmp_path, caplog):
+    """No record (cut short with no usable copy, or never written: a kill after Ray copied a checkpoint but before
+    it recorded it): the run resumes from the newest checkpoint directory whose files are all whole; one with a
+    truncated .pt, a member whose bytes changed (CRC), a file missing or a history cut short is passed over; with
+    none whole, or with a whole record, nothing is resumed by hand."""
+    run = tmp_path / "train-run"
+    assert raytrain.resume_point(run, "train") is None  # no run yet
+    older = _checkpoint(run, "checkpoint_2026-11-29_12-58-24.603675", 5)
+    newest = _checkpoint(run, "checkpoint_2026-11-29_12-58-26.306867", 15)
+    middle = _checkpoint(run, "checkpoint_2026-11-29_12-58-25.596904", 10)
+    assert raytrain.newest_whole_checkpoint(run) == (newest, 15)
+    model = (newest / "model.pt").read_bytes()
+    (newest / "model.pt").write_bytes(model[: len(model) // 2])  # Ray was copying it
+    assert raytrain.newest_whole_checkpoint(run) == (middle, 10)
+    weights = bytearray((middle / "model.pt").read_bytes())
+    weights[weights.index(struct.pack("<f", 10.0) * 64) + 100] ^= 0xFF  # inside the tensor's bytes: its CRC fails
+    (middle / "model.pt").write_bytes(bytes(weights))
+    assert raytrain.newest_whole_checkpoint(run) == (older, 5)
+    (older / "history.json").write_text('[{"step": 5, "va', encoding="utf-8")
+    assert raytrain.newest_whole_checkpoint(run) is None
+    (older / "history.json").write_text(json.dumps([{"step": 5}]), encoding="utf-8")
+
+    (run / raytrain.SNAPSHOT).write_text("", encoding="utf-8")  # cut short, and no kept copy
+    with caplog.at_level("WARNING"):
+        assert raytrain.resume_point(run, "train") == older
+    assert not (run / raytrain.SNAPSHOT).exists()
+    said = caplog.messages[-1]
+    assert said.startswith(f"train: Ray Train's record of its checkpoints under {run} was cut short") and said.endswith(
+        f"removed; the run resumes from {older.name} (step 5), the newest whole checkpoint there"), said
+    assert raytrain.resume_point(run, "teacher") == older  # never recorded
+    assert caplog.messages[-1] == (f"teacher: checkpoints under {run} but no record of them (a kill before Ray Train "
+                                   f"wrote it); the run resumes from {older.name} (step 5), the newest whole checkpoint there")
+    (older / "train_state.pt").unlink()
+    assert raytrain.resume_point(run, "train") is None  # nothing whole: the run starts over
+    (run / raytrain.SNAPSHOT).write_text(json.dumps({"checkpoint_results": []}), encoding="utf-8")
+    assert raytrain.resume_point(run, "train") is None  # a whole record: Ray resumes from what it names

@@ -17,9 +17,10 @@ SMOKE = Path(run_pipeline.__file__).resolve().parent / "configs" / "smoke.yaml"
 
 
 @pytest.mark.slow
-def test_an_interrupted_run_continues_from_its_checkpoint(smoke_data, capsys, ray_session):
+def test_an_interrupted_run_continues_from_its_checkpoint(smoke_data, capsys, caplog, ray_session):
     """A run that dies after the step-10 checkpoint (no restarts allowed) publishes nothing; started
-    again it resumes at step 10 with the optimizer state and reaches max_steps, not 10 + max_steps."""
+    again it resumes at step 10 with the optimizer state and reaches max_steps, not 10 + max_steps, even with Ray
+    Train's record of its checkpoints gone (it resumes from the newest whole checkpoint on disk)."""
     tmp_path = smoke_data  # with the smoke config's data stages finished (tests/pipeline/conftest.py)
     args = ["--config", str(SMOKE), f"workdir={tmp_path}", "train.num_workers=1", "train.max_steps=20",
             "loss.aux_start_step=15", "distill.enabled=false", "evaluate.teacher_baseline=false", "tracking.enabled=false"]
@@ -38,7 +39,13 @@ def test_an_interrupted_run_continues_from_its_checkpoint(smoke_data, capsys, ra
     assert last.startswith(f"error: train: Ray Train failed: rank 0: ValueError: {state}: corrupt or truncated"), last
     state.write_bytes(intact)
 
+    # Ray Train's record of the checkpoints lost too (a kill while Ray rewrote it, no usable copy): the run resumes
+    # from the newest whole checkpoint on disk all the same
+    for record in (raytrain.SNAPSHOT, raytrain.KEPT_SNAPSHOT):
+        (state.parent.parent / record).unlink(missing_ok=True)
     assert run_pipeline.main(args + ["--stages", "train"]) == 0
+    assert f"no record of them (a kill before Ray Train wrote it); the run resumes from {state.parent.name} (step 10)" \
+        in caplog.text
     out = list(tmp_path.glob("train-*"))
     assert len(out) == 1  # fail_at_step and max_failures are not part of the stage's identity
     history = json.loads((out[0] / "history.json").read_text())
