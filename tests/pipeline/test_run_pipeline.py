@@ -99,6 +99,44 @@ def test_default_run_without_the_sword_packages_says_what_to_install(tmp_path, c
     assert "apt-get install" in runs["ingest"].data.tags["error"] and "error" in runs["pipeline"].data.tags
 
 
+
+SYSTEM_SWORD = Path("/usr/share/sword/mods.d")
+# Every line the default run's data stages may print, and nothing else: a new line, a warning or a traceback fails
+LOG = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}\s+INFO "
+TRUE_LINES = [rf"\[[1-3]/3\] (ingest|spm|tokenize): running -> {{w}}/\1-[0-9a-f]{{12}}",
+              rf"{LOG}pipeline\.stages\.ingest\.stage: ingest reads SWORD modules engWEB2015eb and spaRV1909eb from "
+              rf"/usr/share/sword \(\d+ files\)",
+              rf"{LOG}pipeline\.stage: (ingest|spm|tokenize): finished in [\d.]+ s \({{w}}/\1-[0-9a-f]{{12}}\)",
+              rf"{LOG}worker\.py:\d+ -- Started a local Ray instance\. View the dashboard at .*http://127\.0\.0\.1:\d+ .*",
+              rf"{LOG}cluster\.connect: ray: 2\.0 CPUs available",
+              rf"{LOG}pipeline\.stages\.tokenize: tokenize: \d+ staged files of \d+ rows at most",
+              rf"{LOG}pipeline\.stages\.tokenize: tokenize: 1 workers, [\d.]+ s on Ray",
+              r"", r"summary", rf"  (ingest|spm|tokenize) +ran +[\d.]+ s  {{w}}/\1-[0-9a-f]{{12}}",
+              r"      (train|valid|test) +kept +\d+ of +\d+   (dropped|flagged \(kept\)): \{.*\}",
+              r"      vocab_size 8000 \(blank id 7999\)", rf"  workdir {{w}}   mlflow: sqlite:///{{w}}/mlflow\.db",
+              rf"  browse: mlflow ui --backend-store-uri sqlite:///{{w}}/mlflow\.db   then http://127\.0\.0\.1:5000/#/.*"]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not ((SYSTEM_SWORD / "engWEB2015eb.conf").is_file() and (SYSTEM_SWORD / "spaRV1909eb.conf").is_file()),
+                    reason="Debian packages sword-text-web and sword-text-sparv are not installed")
+def test_the_default_run_s_terminal_says_only_what_is_true(tmp_path):
+    """The README's main command as a user runs it (the default config, tracking on; its data stages, the ones
+    before training: ingest, spm and tokenize), its terminal read line by line: each line is one of the lines
+    this stage prints and nothing else — Ray Data's "The Ray cluster currently does not have any available CPUs.
+    The Dataset job will hang" at tokenize, once printed in every default run though the job finished in
+    seconds, any warning, a traceback or a new line fail it."""
+    workdir = tmp_path / "default"
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    done = subprocess.run([sys.executable, "run_pipeline.py", f"workdir={workdir}", "--stages", "ingest,spm,tokenize"],
+                          cwd=SMOKE.parents[1], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = (done.stdout + done.stderr).splitlines()
+    patterns = [re.compile(line.replace("{w}", re.escape(str(workdir)))) for line in TRUE_LINES]
+    untrue = [line for line in lines if not any(p.fullmatch(line) for p in patterns)]
+    assert not untrue, untrue
+    assert sum(" finished in " in line for line in lines) == 3 and "  tokenize  " in done.stdout
+
 def test_later_stage_alone_needs_earlier_ones(tmp_path, capsys):
     assert run_pipeline.main(["--config", str(SMOKE), f"workdir={tmp_path}", "--stages", "spm"]) == 2
     assert "stage 'ingest' has no finished output" in capsys.readouterr().err
