@@ -168,19 +168,43 @@ def onednn(x: torch.Tensor) -> bool:
             and not torch.compiler.is_compiling())
 
 
+def bucket(rows: int) -> int:
+    """`rows` rounded up to one of eight sizes per octave (at most 1/8 more; up to 16 rows, itself). oneDNN builds a
+    primitive for every matmul shape it meets and keeps up to 1,024 of them (its cache and torch's ideep cache, a few
+    hundred KB each): a server meets a new row count with nearly every batch, and its memory grew for tens of
+    minutes until the caches were full (~300 MB of primitives). With the rows bucketed it meets a few dozen."""
+    if rows <= 16:
+        return rows
+    step = 1 << (rows.bit_length() - 4)
+    return -(-rows // step) * step
+
+
+def bucketed(matmul, x: torch.Tensor) -> torch.Tensor:
+    """matmul(x) of rows x (N, in) run on `bucket`(N) rows, the extra ones zero, and cut back to N (a row's output
+    depends on that row alone)."""
+    rows = x.shape[0]
+    size = bucket(rows)
+    if size == rows:
+        return matmul(x)
+    return matmul(torch.cat([x, x.new_zeros(size - rows, x.shape[1])]))[:rows]
+
+
 def linear(module: nn.Module, x: torch.Tensor, gelu: bool = False) -> torch.Tensor:
     """module(x), then GELU with `gelu`: through oneDNN on a prepacked weight where `onednn(x)` (GELU fused, erf as
-    F.gelu's default), else the module itself (any other device or dtype, an int8 layer)."""
-    if type(module) is nn.Linear and onednn(x):
-        return torch.ops.mkldnn._linear_pointwise(x, packed(module.weight), module.bias, "gelu" if gelu else "none",
-                                                  [], "none" if gelu else "")
+    F.gelu's default; rows bucketed), else the module itself (any other device or dtype, an int8 layer)."""
+    if type(module) is nn.Linear and onednn(x) and x.dim() == 2:
+        weight, attr = packed(module.weight), "gelu" if gelu else "none"
+        return bucketed(lambda rows: torch.ops.mkldnn._linear_pointwise(rows, weight, module.bias, attr, [],
+                                                                        "none" if gelu else ""), x)
     return F.gelu(module(x)) if gelu else module(x)
 
 
 def tied_logits(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """x @ weight.t() (the tied output projection, no bias), prepacked through oneDNN where `onednn(x)`."""
+    """x @ weight.t() (the tied output projection, no bias), prepacked through oneDNN where `onednn(x)` (rows
+    bucketed)."""
     if onednn(x) and x.dim() == 2:
-        return torch.ops.mkldnn._linear_pointwise(x, packed(weight), None, "none", [], "")
+        reordered = packed(weight)
+        return bucketed(lambda rows: torch.ops.mkldnn._linear_pointwise(rows, reordered, None, "none", [], ""), x)
     return x @ weight.t()
 
 

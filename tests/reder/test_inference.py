@@ -129,14 +129,16 @@ needs_onednn = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reas
 def test_the_onednn_kernels_equal_torchs_linear_and_projection():
     """`linear` (GELU fused or not) and `tied_logits` through prepacked oneDNN weights: torch's float32 results, to
     float32 rounding; with gradients on they are torch's own ops."""
-    layer, x = torch.nn.Linear(48, 40), torch.randn(7, 48)
+    layer = torch.nn.Linear(48, 40)
     with torch.no_grad():
-        assert reder.runtime.onednn.onednn(x)
-        torch.testing.assert_close(reder.runtime.onednn.linear(layer, x), layer(x), rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(reder.runtime.onednn.linear(layer, x, gelu=True), torch.nn.functional.gelu(layer(x)),
-                                   rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(reder.runtime.onednn.tied_logits(x, layer.weight), x @ layer.weight.t(),
-                                   rtol=1e-5, atol=1e-5)
+        for rows in (7, 17, 100):  # at its own size, and padded to its bucket (18, 104 rows)
+            x = torch.randn(rows, 48)
+            assert reder.runtime.onednn.onednn(x)
+            torch.testing.assert_close(reder.runtime.onednn.linear(layer, x), layer(x), rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(reder.runtime.onednn.linear(layer, x, gelu=True),
+                                       torch.nn.functional.gelu(layer(x)), rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(reder.runtime.onednn.tied_logits(x, layer.weight), x @ layer.weight.t(),
+                                       rtol=1e-5, atol=1e-5)
     assert not reder.runtime.onednn.onednn(x)  # gradients on: autograd's ops, never the prepacked kernel
     assert reder.runtime.onednn.linear(layer, x).requires_grad
 
@@ -204,3 +206,27 @@ def test_a_prepacked_weight_made_under_inference_mode_follows_an_in_place_update
     valid = padding_mask(reference.lengths.tolist())  # the fast path leaves padded positions' logits at zero
     assert not torch.allclose(before.log_probs[valid], fast.log_probs[valid])
     torch.testing.assert_close(fast.log_probs[valid], reference.log_probs[valid], rtol=1e-5, atol=1e-5)
+
+
+def test_row_counts_are_bucketed_so_that_a_server_meets_few_matmul_shapes(monkeypatch):
+    """oneDNN keeps a primitive per matmul shape (up to 1,024, a few hundred KB each): decoding batches of every
+    size, the trunk's and projection's matmuls meet a few dozen row counts, not one per batch; each bucket at most
+    1/8 above its rows (16 rows and fewer exactly)."""
+    bucket = reder.runtime.onednn.bucket
+    sizes = [bucket(rows) for rows in range(1, 8193)]
+    assert sizes[:16] == list(range(1, 17)) and sizes == sorted(sizes)
+    assert all(rows <= size <= rows * 9 / 8 for rows, size in zip(range(1, 8193), sizes))
+    assert len(set(sizes)) == 16 + 8 * 9  # eight a doubling from 17 to 8,192
+
+    seen: set[int] = set()
+    original = reder.runtime.onednn.bucketed
+    monkeypatch.setattr(reder.runtime.onednn, "bucketed",
+                        lambda matmul, x: original(lambda rows: (seen.add(rows.shape[0]), matmul(rows))[1], x))
+    model, counts = _model(), set()
+    torch.manual_seed(0)
+    with torch.inference_mode():
+        for size in range(1, 151):  # batches of 1 to 150 sentences of 2 to 12 tokens
+            lengths = torch.randint(2, 13, (size,)).tolist()
+            counts.add(sum(lengths))
+            decode(model, *random_batch(lengths, 20), "src2tgt")
+    assert len(counts) > 140 and len(seen) <= 60, (len(counts), sorted(seen))
