@@ -14,7 +14,8 @@ what differs is the work around it:
     inside it only up to each group's longest sentence.
 The output projection (`REDER.project` with `rows`) likewise computes logits at real positions only.
 On a CPU with oneDNN (torch's x86 builds), every linear layer of this path and the output projection run as
-oneDNN matmuls on weights reordered once into its blocked layout (`linear`, `tied_logits`, `packed`), the
+oneDNN matmuls on weights reordered once into its blocked layout (`prepacked`, `packed`), their rows
+bucketed (`bucket`: a long-lived process meets a few dozen matmul shapes, each a primitive oneDNN keeps), the
 FFN's GELU fused into its first one: at batch 1 (30-odd rows) torch's default float32 GEMM (MKL) repacks each
 weight on every call and reached about half the rate of the prepacked kernel on this project's AMD CPUs
 (docs/results/decoding.md, "Decoding at the floor"). The reordered copy is rebuilt when its weight changes (another
@@ -29,7 +30,7 @@ import math
 import warnings
 import weakref
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -179,7 +180,7 @@ def bucket(rows: int) -> int:
     return -(-rows // step) * step
 
 
-def bucketed(matmul, x: torch.Tensor) -> torch.Tensor:
+def bucketed(matmul: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
     """matmul(x) of rows x (N, in) run on `bucket`(N) rows, the extra ones zero, and cut back to N (a row's output
     depends on that row alone)."""
     rows = x.shape[0]
@@ -189,22 +190,26 @@ def bucketed(matmul, x: torch.Tensor) -> torch.Tensor:
     return matmul(torch.cat([x, x.new_zeros(size - rows, x.shape[1])]))[:rows]
 
 
+def prepacked(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
+              gelu: bool = False) -> torch.Tensor:
+    """x @ weight.t() + bias of rows x (N, in), then GELU with `gelu` (fused, erf as F.gelu's default): oneDNN's
+    matmul on the weight reordered once (`packed`), its rows bucketed."""
+    reordered, attr, algorithm = packed(weight), "gelu" if gelu else "none", "none" if gelu else ""
+    return bucketed(lambda rows: torch.ops.mkldnn._linear_pointwise(rows, reordered, bias, attr, [], algorithm), x)
+
+
 def linear(module: nn.Module, x: torch.Tensor, gelu: bool = False) -> torch.Tensor:
-    """module(x), then GELU with `gelu`: through oneDNN on a prepacked weight where `onednn(x)` (GELU fused, erf as
-    F.gelu's default; rows bucketed), else the module itself (any other device or dtype, an int8 layer)."""
+    """module(x), then GELU with `gelu`: `prepacked` where `onednn(x)`, else the module itself (any other device or
+    dtype, an int8 layer)."""
     if type(module) is nn.Linear and onednn(x) and x.dim() == 2:
-        weight, attr = packed(module.weight), "gelu" if gelu else "none"
-        return bucketed(lambda rows: torch.ops.mkldnn._linear_pointwise(rows, weight, module.bias, attr, [],
-                                                                        "none" if gelu else ""), x)
+        return prepacked(x, module.weight, module.bias, gelu)
     return F.gelu(module(x)) if gelu else module(x)
 
 
 def tied_logits(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """x @ weight.t() (the tied output projection, no bias), prepacked through oneDNN where `onednn(x)` (rows
-    bucketed)."""
+    """x @ weight.t() (the tied output projection, no bias): `prepacked` where `onednn(x)`."""
     if onednn(x) and x.dim() == 2:
-        reordered = packed(weight)
-        return bucketed(lambda rows: torch.ops.mkldnn._linear_pointwise(rows, reordered, None, "none", [], ""), x)
+        return prepacked(x, weight)
     return x @ weight.t()
 
 
