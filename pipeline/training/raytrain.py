@@ -98,6 +98,11 @@ def run_storage(storage: Path, name: str, force: bool) -> Path:
     return path
 
 
+def stage_of(task: dict[str, str]) -> str:
+    """The stage a run's `task` trains for, as its messages name it: train (REDER), teacher or cmlm."""
+    return task["kind"] if task["kind"] != "reder" else "train"
+
+
 def make_trainer(cfg: PipelineConfig, name: str, storage: Path, train_data: Path, data: Path, corpus: Path,
                  spm_model: Path, mlflow_target: dict[str, str] | None, callbacks: tuple = (),
                  task: dict[str, str] | None = None, time_cap_s: float = math.inf) -> Any:
@@ -129,7 +134,7 @@ def make_trainer(cfg: PipelineConfig, name: str, storage: Path, train_data: Path
     }
     # A run without a usable record of its checkpoints resumes from the newest whole one on disk (Ray Train's
     # resume_from_checkpoint is deprecated in favour of the loop loading one itself)
-    resume = resume_point(Path(storage) / name, task["kind"] if task["kind"] != "reder" else "train")
+    resume = resume_point(Path(storage) / name, stage_of(task))
     loop_config["resume_dir"] = str(resume) if resume is not None else None
     resources = worker_resources(train)
     return trainer_class(worker_count(train) == 1)(
@@ -252,7 +257,7 @@ def fit_and_average(trainer: Any, run_path: Path, average_best: int, model: torc
     started = time.time()
     config = trainer.train_loop_config
     task = config["task"]
-    what = task["kind"] if task["kind"] != "reder" else "train"
+    what = stage_of(task)
     # How long Ray Train's controller waits for each placement of the group: read from the environment of the
     # process that calls fit, which Ray Train passes on to its controller.
     os.environ[START_TIMEOUT_ENV] = str(config["train"]["start_timeout_s"])
