@@ -36,6 +36,11 @@ def ray_session():
 
 
 SMOKE = Path(__file__).resolve().parents[2] / "configs" / "smoke.yaml"
+# The Debian Bibles the default config reads (sword-text-web, sword-text-sparv; .ci/run installs them)
+SYSTEM_SWORD = Path("/usr/share/sword/mods.d")
+SWORD_BIBLES = all((SYSTEM_SWORD / name).is_file() for name in ("engWEB2015eb.conf", "spaRV1909eb.conf"))
+needs_sword_bibles = pytest.mark.skipif(not SWORD_BIBLES, reason="Debian packages sword-text-web and sword-text-sparv "
+                                                                  "are not installed")
 DATA_STAGES = ("ingest", "spm", "tokenize")
 
 

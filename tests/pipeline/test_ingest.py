@@ -16,7 +16,7 @@ from pipeline.stages import ingest
 from pipeline.stages.ingest import CorpusError, corpora
 from pipeline.stages.ingest.readers import CHUNK, TextRules, read_parallel
 from tests.conftest import SHARED_DATA
-from tests.pipeline.conftest import make_pairs, write_files_corpus
+from tests.pipeline.conftest import make_pairs, needs_sword_bibles, write_files_corpus
 from tests.pipeline.sword_module import write_ztext_module
 
 
@@ -373,11 +373,7 @@ def test_missing_sword_modules_say_how_to_install(tmp_path):
     assert_nothing_written(tmp_path / "w")
 
 
-SYSTEM_SWORD = Path("/usr/share/sword/mods.d")
-
-
-@pytest.mark.skipif(not ((SYSTEM_SWORD / "engWEB2015eb.conf").is_file() and (SYSTEM_SWORD / "spaRV1909eb.conf").is_file()),
-                    reason="Debian packages sword-text-web and sword-text-sparv are not installed")
+@needs_sword_bibles
 def test_sword_reader_on_the_debian_bible_pair(tmp_path):
     cfg = load_config(None)
     raw, notes = ingest.read_sword(cfg.data)

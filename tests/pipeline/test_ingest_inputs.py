@@ -20,12 +20,11 @@ from pipeline.stages.ingest import filters
 from pipeline.stages.ingest.filters import BLOOM_BITS, BLOOM_HASHES, DIGEST, SeenPairs, _Bloom, pair_digest
 from pipeline.stages.ingest.stage import _build
 from tests.conftest import SHARED_DATA
-from tests.pipeline.conftest import write_files_corpus
+from tests.pipeline.conftest import SWORD_BIBLES, write_files_corpus
 
 REPO = Path(__file__).resolve().parents[2]
 BIBLE = REPO / "tests" / "data" / "bible_en_es"
 REFERENCE = json.loads((REPO / "tests" / "data" / "ingest_reference.json").read_text(encoding="utf-8"))
-SYSTEM_SWORD = Path("/usr/share/sword/mods.d")
 
 
 def files_config(local_dir: Path, *overrides: str):
@@ -103,7 +102,7 @@ def test_streamed_ingest_writes_todays_bytes(tmp_path, name):
     code before the streamed ingest), on the shipped corpora and on one every filter, gzip, CRLF and lenient touch."""
     if name == "multi30k" and not (SHARED_DATA / "multi30k" / "train.en").is_file():
         pytest.skip("needs ../shared/data/multi30k")
-    if name == "sword" and not (SYSTEM_SWORD / "engWEB2015eb.conf").is_file():
+    if name == "sword" and not SWORD_BIBLES:
         pytest.skip("needs the Debian SWORD packages")
     _assert_todays_bytes(name, tmp_path)
 

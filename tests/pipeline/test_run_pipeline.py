@@ -20,7 +20,7 @@ from pipeline import progress
 from pipeline.config import ConfigError
 from pipeline.stages import evaluate
 from pipeline.tracking.store import STAGE_TAG
-from tests.pipeline.conftest import DecoderClock, write_files_corpus
+from tests.pipeline.conftest import DecoderClock, needs_sword_bibles, write_files_corpus
 from tests.pipeline.test_raytrain import wait_for_cpus
 
 SMOKE = Path(run_pipeline.__file__).resolve().parent / "configs" / "smoke.yaml"
@@ -100,7 +100,6 @@ def test_default_run_without_the_sword_packages_says_what_to_install(tmp_path, c
 
 
 
-SYSTEM_SWORD = Path("/usr/share/sword/mods.d")
 # Every line the default run's data stages may print, and nothing else: a new line, a warning or a traceback fails
 LOG = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}\s+INFO "
 TRUE_LINES = [rf"\[[1-3]/3\] (ingest|spm|tokenize): running -> {{w}}/\1-[0-9a-f]{{12}}",
@@ -118,8 +117,7 @@ TRUE_LINES = [rf"\[[1-3]/3\] (ingest|spm|tokenize): running -> {{w}}/\1-[0-9a-f]
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not ((SYSTEM_SWORD / "engWEB2015eb.conf").is_file() and (SYSTEM_SWORD / "spaRV1909eb.conf").is_file()),
-                    reason="Debian packages sword-text-web and sword-text-sparv are not installed")
+@needs_sword_bibles
 def test_the_default_run_s_terminal_says_only_what_is_true(tmp_path):
     """The README's main command as a user runs it (the default config, tracking on; its data stages, the ones
     before training: ingest, spm and tokenize), its terminal read line by line: each line is one of the lines
