@@ -140,6 +140,11 @@ def trial_values(cfg: PipelineConfig, params: dict[str, Any], keys: list[str], t
     return values
 
 
+def trial_run(trial_id: str) -> str:
+    """The name of a trial's Ray Train run (its directory in the sweep's storage)."""
+    return f"trial-{trial_id}"
+
+
 def _trial(params: dict[str, Any], *, base: dict, keys: list[str], inputs: dict[str, str], storage: str,
            tracker: SweepTracker | None, progress_bars: bool = False) -> None:
     """One trial (runs in a Tune actor): the train stage's trainer (raytrain) for this config, reports forwarded.
@@ -153,7 +158,7 @@ def _trial(params: dict[str, Any], *, base: dict, keys: list[str], inputs: dict[
     values = trial_values(from_dict(PipelineConfig, base), params, keys, trial_id)
     cfg = trial_config(from_dict(PipelineConfig, base), values)
     target = tracker.trial_run(trial_id, values) if tracker is not None else None
-    trainer = raytrain.make_trainer(cfg, f"trial-{trial_id}", Path(storage), Path(inputs["train_data"]),
+    trainer = raytrain.make_trainer(cfg, trial_run(trial_id), Path(storage), Path(inputs["train_data"]),
                                  Path(inputs["tokenize"]), Path(inputs["ingest"]), Path(inputs["spm"]) / spm.MODEL_FILE,
                                  target, (TuneReportCallback(),))
     try:
@@ -333,7 +338,9 @@ def _sweep(cfg: PipelineConfig, workdir: Path, name: str, inputs: dict[str, Path
         _release_all(ray.get_runtime_context().get_job_id(), timeout_s=0.0 if interrupted else 30.0)
         trials = grid._experiment_analysis.trials  # in the results' order; a trial never started has no result config
         ended = [callback.ended.get(trial.trial_id, False) for trial in trials]
-        rows = [_row(result, keys, cfg, done, trial.config, trial.trial_id) for result, done, trial in zip(grid, ended, trials)]
+        rows = [_row(result, keys, cfg, done, trial.config, trial.trial_id,
+                     raytrain.recorded_history(storage / trial_run(trial.trial_id)))
+                for result, done, trial in zip(grid, ended, trials)]
         if interrupted:  # Tune saved the experiment's state: --resume continues it; nothing is published
             if tracker is not None:
                 tracker.close_trials(rows, killed=True)
@@ -448,9 +455,13 @@ def _counts(rows: list[dict[str, Any]]) -> str:
 
 
 def _row(result: Any, keys: list[str], cfg: PipelineConfig, ended: bool = True,
-         params: dict[str, Any] | None = None, trial_id: str = "") -> dict[str, Any]:
+         params: dict[str, Any] | None = None, trial_id: str = "",
+         recorded: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """A trial's row of trials.csv from what Tune received of its reports and, `recorded`, its Ray Train run's
+    own history (`raytrain.recorded_history`): a sweep stopped just as a trial finished loses the reports still on
+    their way to Tune, while the trial's checkpoint holds them, so a trial that reached max_steps is "finished"."""
     frame = result.metrics_dataframe
-    reports = frame.to_dict("records") if frame is not None else []
+    reports = (frame.to_dict("records") if frame is not None else []) + list(recorded or [])
     validated = [r for r in reports if isinstance(r.get("valid_bleu"), float) and math.isfinite(r["valid_bleu"])]
     best = _best_validation(validated, cfg.tune.metric, cfg.tune.mode) or {}  # the best validated report
     steps = max((int(r["step"]) for r in reports if isinstance(r.get("step"), (int, float))), default=0)

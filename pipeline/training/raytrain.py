@@ -363,6 +363,20 @@ def newest_whole_checkpoint(run_path: Path) -> tuple[Path, int] | None:
     return None
 
 
+def recorded_history(run_path: Path) -> list[dict[str, Any]]:
+    """The history of the run under `run_path` as its newest checkpoint with a readable history holds it (every
+    report up to that checkpoint, across restarts); [] without one. What a run did, whatever its consumers (Tune)
+    received of its reports."""
+    for directory in sorted(run_path.glob("checkpoint_*"), reverse=True):
+        try:
+            history = json.loads((directory / HISTORY_FILE).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(history, list):
+            return [entry for entry in history if isinstance(entry, dict)]
+    return []
+
+
 def resume_point(run_path: Path, what: str) -> Path | None:
     """Where a run without a usable record resumes: before Ray Train starts the run under `run_path`, a record
     cut short is mended (`mend_snapshot`); with none left (the copy could not be used, or a kill came after Ray

@@ -363,6 +363,34 @@ def test_a_trial_that_never_reported_is_not_run_and_one_tune_did_not_end_is_unfi
     assert tune._counts(rows) == "2 finished, 1 stopped early, 1 failed, 1 not run"
 
 
+def test_a_trial_whose_last_reports_never_reached_tune_is_read_from_its_ray_train_record(tmp_path):
+    """A sweep stopped just as a trial finished: Tune saw the trial's reports up to step 20 of 30 only, its Ray
+    Train run's newest checkpoint holds them all (an older one, and a newer one whose history was cut, beside
+    it). The row is the trial's: finished at 30, with its best validation, which Tune never saw."""
+    import json
+    from types import SimpleNamespace
+
+    from pipeline.training import raytrain
+
+    cfg = load_config(SMOKE, ["train.max_steps=30"])
+    seen = __import__("pandas").DataFrame([{"step": 10, "valid_bleu": 0.3}, {"step": 20, "valid_bleu": 0.4}])
+    result = SimpleNamespace(metrics_dataframe=seen, error=None, path="/x/t1", metrics={}, config={})
+    run = tmp_path / tune.trial_run("t1")
+    history = [{"step": 10, "valid_bleu": 0.3}, {"step": 20, "valid_bleu": 0.4},
+               {"step": 25, "resumed_from": 25}, {"step": 30, "valid_bleu": 0.7, "bleu_src2tgt": 0.6}]
+    for name, entries in (("checkpoint_2026-01-01_00-00-01.000000", history[:2]),
+                          ("checkpoint_2026-01-01_00-00-02.000000", history)):
+        (run / name).mkdir(parents=True)
+        (run / name / "history.json").write_text(json.dumps(entries))
+    (run / "checkpoint_2026-01-01_00-00-03.000000").mkdir()
+    (run / "checkpoint_2026-01-01_00-00-03.000000" / "history.json").write_text('[{"step": 3')  # cut by a kill
+    assert raytrain.recorded_history(run) == history
+    assert raytrain.recorded_history(tmp_path / "none") == []
+    row = tune._row(result, [], cfg, ended=True, recorded=raytrain.recorded_history(run))
+    assert (row["status"], row["steps"], row["valid_bleu"], row["bleu_src2tgt"]) == ("finished", 30, 0.7, 0.6)
+    assert tune._row(result, [], cfg, ended=True)["status"] == "stopped early"  # Tune's reports alone
+
+
 def test_a_trial_that_can_never_be_placed_is_an_error_before_the_sweep(ray_session):
     cfg = load_config(SMOKE, ["train.num_workers=1", "train.cpus_per_worker=3", "train.start_timeout_s=1"])
     with pytest.raises(tune.StageError, match=r"cannot hold 1 worker\(s\) \(CPU: need 3, cluster has 2\)"):
