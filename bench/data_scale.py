@@ -73,14 +73,27 @@ def _memory_mb(pid: int) -> tuple[float, float, float, str]:
     return mb[0], mb[1], mb[2], fields["Name"].strip()
 
 
-def _pss_mb(pid: int) -> float:
+PSS_PARTS = ("Pss_Anon", "Pss_File", "Pss_Shmem")  # private heap, mapped files (libraries), shared memory (the store)
+
+
+def _pss_mb(pid: int) -> dict[str, float]:
     """The proportional set size of `pid` in MB (each shared page divided among the processes mapping it: the
-    sum over processes is what they hold together), or 0 once it is gone."""
+    sum over processes is what they hold together) as {"Pss": total, and its PSS_PARTS}; {} once it is gone."""
     try:
         rollup = Path(f"/proc/{pid}/smaps_rollup").read_text()
     except OSError:
-        return 0.0
-    return next((int(line.split()[1]) / 1024 for line in rollup.splitlines() if line.startswith("Pss:")), 0.0)
+        return {}
+    fields = (line.split() for line in rollup.splitlines())
+    return {f[0].rstrip(":"): int(f[1]) / 1024 for f in fields if len(f) > 1 and f[0].rstrip(":") in ("Pss", *PSS_PARTS)}
+
+
+def _command(pid: int) -> str:
+    """The first 80 characters of `pid`'s command line (Ray names its workers there: `ray::IDLE`, an actor's
+    class), or ""."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()[:80]
+    except OSError:
+        return ""
 
 
 class TreePeak(threading.Thread):
@@ -93,7 +106,7 @@ class TreePeak(threading.Thread):
         super().__init__(daemon=True)
         self.root, self.every_s, self.done = root, every_s, threading.Event()
         self.peaks: dict[int, list] = {}  # pid -> [VmHWM, max RssAnon, max RssShmem, name]
-        self.total_pss_mb, self.total_pss_at = 0.0, {}  # the largest total PSS; pid -> (MB, name) then
+        self.total_pss_mb, self.total_pss_at = 0.0, {}  # the largest total PSS; pid -> (PSS parts, name, command) then
         self.started = time.monotonic()
         self.total_pss_s = 0.0  # seconds from the start to that largest total
 
@@ -106,18 +119,23 @@ class TreePeak(threading.Thread):
                 seen[0], seen[1], seen[2] = max(seen[0], high), max(seen[1], anon), max(seen[2], shared)
                 seen[3] = name or seen[3]
                 shares[pid] = (_pss_mb(pid), seen[3])
-            total = sum(mb for mb, _ in shares.values())
+            total = sum(pss.get("Pss", 0.0) for pss, _ in shares.values())
             if total > self.total_pss_mb:
-                self.total_pss_mb, self.total_pss_at = total, shares
+                self.total_pss_mb, self.total_pss_at = total, {pid: (pss, name, _command(pid)) for pid, (pss, name)
+                                                               in shares.items()}
                 self.total_pss_s = time.monotonic() - self.started
             self.done.wait(self.every_s)
 
-    def total_pss(self, count: int = 8) -> dict:
-        """The largest total PSS of the tree, when it was seen, and the `count` largest shares of it then."""
-        ranked = sorted(self.total_pss_at.values(), key=lambda share: -share[0])
+    def total_pss(self) -> dict:
+        """The largest total PSS of the tree, when it was seen, its parts (PSS_PARTS) summed, and every process's
+        share of it then, largest first (its command line's start, its PSS and parts)."""
+        ranked = sorted(self.total_pss_at.values(), key=lambda share: -share[0].get("Pss", 0.0))
+        parts = {part: round(sum(pss.get(part, 0.0) for pss, _, _ in ranked), 1) for part in PSS_PARTS}
         return {"total_pss_mb": round(self.total_pss_mb, 1), "at_s": round(self.total_pss_s, 1),
-                "processes": len(ranked),
-                "largest_shares": [{"name": name, "pss_mb": round(mb, 1)} for mb, name in ranked[:count]]}
+                "processes": len(ranked), "parts_mb": parts,
+                "shares": [{"name": name, "command": command, "pss_mb": round(pss.get("Pss", 0.0), 1),
+                            **{part: round(pss.get(part, 0.0), 1) for part in PSS_PARTS}}
+                           for pss, name, command in ranked]}
 
     def largest(self, count: int = 4) -> list[dict]:
         """The `count` processes with the largest peak RSS, largest first."""

@@ -51,6 +51,7 @@ def main(argv: list[str] | None = None) -> dict:
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     from pipeline import graph
     from pipeline.stages import spm, tokenize
+    from pipeline.stages.tokenize_actor import Tokenizer
     from pipeline.parquet import write_split
     from pipeline.config import load_config
 
@@ -79,7 +80,7 @@ def main(argv: list[str] | None = None) -> dict:
         src, tgt = table.column("src").to_pylist(), table.column("tgt").to_pylist()
         encode_only = _best(lambda: (processor.encode(src, num_threads=1), processor.encode(tgt, num_threads=1)),
                             args.repeats)
-        udf = tokenize.Tokenizer(model_proto, cfg.model.upsample_ratio)
+        udf = Tokenizer(model_proto, cfg.model.upsample_ratio)
         plain = _best(lambda: udf(table.append_column("path", pa.array([str(files[0])] * pairs))), args.repeats)
 
         import ray

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from reder.feasibility import RULES
 from reder.config import BOS_ID, EOS_ID, PAD_ID, ModelConfig
 from reder.ctc import collapse_frames, pad_batch, valid_mask, viterbi_align
 from reder.dag import DagLinks, dag_greedy, graph_lengths_for, target_emissions
@@ -77,12 +78,7 @@ class CtcHead(nn.Module):
         limit = self.max_input_length()
         return tokens[:, :limit], lengths.clamp(max=limit)
 
-    @staticmethod
-    def feasible(input_len: int, target: list[int], ratio: float) -> bool:
-        """Whether CTC can emit `target`+EOS from `input_len` pieces (+EOS) upsampled by the ratio r: a path
-        needs a frame per label and a blank between adjacent equal ones."""
-        repeats = sum(1 for a, b in zip(target, target[1:]) if a == b)
-        return ratio * (input_len + 1) >= len(target) + 1 + repeats
+    feasible = staticmethod(RULES["ctc"])  # feasible(input_len, target, ratio): the tokenize stage's filter
 
     @staticmethod
     def feasibility_key(cfg: ModelConfig) -> dict[str, Any]:
@@ -148,11 +144,7 @@ class DagHead(nn.Module):
         hypotheses = dag_greedy(output.extra["log_edges"], output.log_probs, output.lengths)
         return pad_batch([strip_special(h, blank)[:limit] + [EOS_ID] for h in hypotheses], output.log_probs.device)
 
-    @staticmethod
-    def feasible(input_len: int, target: list[int], ratio: float) -> bool:
-        """Whether the graph over BOS + `input_len` pieces + EOS, int(λ·(input_len+2)) vertices, has one for
-        each of BOS + target + EOS (repeats need nothing extra)."""
-        return int(ratio * (input_len + 2)) >= len(target) + 2
+    feasible = staticmethod(RULES["dag"])  # feasible(input_len, target, ratio): the tokenize stage's filter
 
     @staticmethod
     def feasibility_key(cfg: ModelConfig) -> dict[str, Any]:

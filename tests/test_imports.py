@@ -94,3 +94,22 @@ def test_a_cycle_through_a_lazy_or_type_checking_import_is_found(tmp_path):
     assert cycles(graph) == [["reder.model", "reder.objectives.duplex"]]
     (package / "model.py").write_text("")
     assert cycles(import_graph(tmp_path, ("reder",))) == []
+
+
+def test_every_public_name_of_reder_resolves_and_an_unknown_one_is_an_attribute_error():
+    """reder's torch names load on first use (its module `__getattr__`): each of `__all__` is there, once."""
+    import reder
+
+    for name in reder.__all__:
+        assert getattr(reder, name) is getattr(reder, name), name
+    from reder import REDER, load
+    from reder.api import load as api_load
+    from reder.model import REDER as model_reder
+
+    assert (REDER, load) == (model_reder, api_load)
+    try:
+        reder.Decoder
+    except AttributeError as error:
+        assert "no attribute 'Decoder'" in str(error)
+    else:
+        raise AssertionError("reder.Decoder resolved")

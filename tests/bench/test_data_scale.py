@@ -40,3 +40,6 @@ def test_the_total_pss_counts_a_page_shared_by_two_processes_once():
     rss = sum(peak for peak, _, _, _ in sampler.peaks.values())
     assert together["processes"] == 2 and rss >= 192, (together, sampler.peaks)
     assert 96 <= together["total_pss_mb"] < rss - 60, (together, rss)
+    # the shared pages are shared memory's part (Ray's object store is that kind), each process's share named
+    assert 90 <= together["parts_mb"]["Pss_Shmem"] <= together["total_pss_mb"], together
+    assert all(share["command"].startswith(sys.executable) for share in together["shares"]), together

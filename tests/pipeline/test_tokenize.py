@@ -31,6 +31,32 @@ def test_feasibility_is_the_heads_and_its_key_is_unchanged():
     assert outcomes == {True, False}
 
 
+def test_the_tokenize_actor_loads_without_torch_and_its_rule_is_each_heads():
+    """A tokenize actor unpickles `Tokenizer` as Ray does (by reference: it imports the class's module and what that
+    imports): NumPy, PyArrow, SentencePiece and reder.feasibility, never torch (~150 MB more in each actor). Every head
+    has its rule there, and the heads' `feasible` is that rule."""
+    import subprocess
+
+    import ray.cloudpickle
+
+    from pipeline.stages.tokenize_actor import Tokenizer
+    from reder import feasibility
+    from reder.heads import HEADS
+
+    pickled = ray.cloudpickle.dumps(Tokenizer)
+    script = ("import pickle, sys\n"
+              "cls = pickle.loads(sys.stdin.buffer.read())\n"
+              "assert cls.__module__ == 'pipeline.stages.tokenize_actor', cls.__module__\n"
+              "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))\n")
+    done = subprocess.run([sys.executable, "-c", script], input=pickled, capture_output=True, timeout=60,
+                          cwd=str(graph.__file__).rsplit("/pipeline/", 1)[0])
+    assert done.returncode == 0 and done.stdout.decode().strip() == "[]", (done.stdout, done.stderr[-2000:])
+    assert set(feasibility.RULES) == set(HEADS)
+    assert all(HEADS[name].feasible is feasibility.rule(name) for name in HEADS)
+    with pytest.raises(ValueError, match="unknown head 'rnn'"):
+        feasibility.rule("rnn")
+
+
 def test_worker_plan_never_takes_the_last_cpu():
     assert tokenize.plan_workers(0, 2.0) == (1, 1.0, 1.0)
     assert tokenize.plan_workers(2, 2.0) == (2, 0.5, 1.0)
