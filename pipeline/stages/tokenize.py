@@ -1,12 +1,11 @@
 """Tokenize stage: ingested text -> SentencePiece ids, sharded over a Ray Data actor pool.
 
 All splits in one Ray Data pass: `read_parquet` -> `map_batches(Tokenizer)` (a callable class holding
-the SentencePiece model, shipped as bytes, so no shared filesystem is needed; in tokenize_actor.py, which an actor
-imports without torch) -> `write_parquet` into a
-staging directory. The driver then streams each split's staged rows back in `id` order (`in_id_order`: a
-sweep over the staged files by smallest id, so it holds about one file, never the corpus), counts and applies
-the CTC feasibility filter, and writes `part-NNNNN.parquet` files with a fixed layout as the rows come, so the
-output is byte-identical whatever the number of workers (Ray's own file names and block boundaries vary
+the SentencePiece model, shipped as bytes, so no shared filesystem is needed; in tokenize_actor.py, which an
+actor imports without torch) -> `write_parquet` into a staging directory. The driver then streams each split's
+staged rows back in `id` order (`in_id_order`: a sweep over the staged files by smallest id, so it holds about one
+file, never the corpus), counts and applies the CTC feasibility filter, and writes `part-NNNNN.parquet` files with a
+fixed layout as the rows come, so the output is byte-identical whatever the number of workers (Ray's own file names and block boundaries vary
 between runs). Output columns: `id` int64, `src_ids`/`tgt_ids` list<int32> (pieces only: no BOS, no EOS),
 `src_len`/`tgt_len` int32.
 
