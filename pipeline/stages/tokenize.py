@@ -5,9 +5,9 @@ the SentencePiece model, shipped as bytes, so no shared filesystem is needed; in
 actor imports without torch) -> `write_parquet` into a staging directory. The driver then streams each split's
 staged rows back in `id` order (`in_id_order`: a sweep over the staged files by smallest id, so it holds about one
 file, never the corpus), counts and applies the CTC feasibility filter, and writes `part-NNNNN.parquet` files with a
-fixed layout as the rows come, so the output is byte-identical whatever the number of workers (Ray's own file names and block boundaries vary
-between runs). Output columns: `id` int64, `src_ids`/`tgt_ids` list<int32> (pieces only: no BOS, no EOS),
-`src_len`/`tgt_len` int32.
+fixed layout as the rows come, so the output is byte-identical whatever the number of workers (Ray's own file
+names and block boundaries vary between runs). Output columns: `id` int64, `src_ids`/`tgt_ids` list<int32> (pieces
+only: no BOS, no EOS), `src_len`/`tgt_len` int32.
 
 CTC feasibility, counting the EOS the model appends: with upsampling ratio r, a source of |x| pieces
 gives T = r·(|x|+1) output frames; a CTC path for y+EOS needs at least (|y|+1) + rep(y) frames, where
