@@ -26,7 +26,6 @@ import time
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
