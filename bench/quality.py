@@ -300,7 +300,7 @@ def _evaluate(model, inputs: SimpleNamespace, hypotheses: dict | None = None, sp
 
 
 def reder_phase(args: argparse.Namespace, cfg, device: str) -> dict:
-    from reder import heads
+    from reder import feasibility
     from reder import DuplexLoss, LossConfig, REDER
     from reder.checkpoint import save_model_dir
 
@@ -317,7 +317,7 @@ def reder_phase(args: argparse.Namespace, cfg, device: str) -> dict:
         if use_kd:
             examples = _kd_examples(inputs)
         else:  # the references, filtered as the tokenize stage would for this head
-            rule = heads.feasibility_rule(model_cfg)
+            rule = feasibility.config_rule(model_cfg)
             feasible = [i for i in range(len(src)) if rule(len(src[i]), tgt[i]) and rule(len(tgt[i]), src[i])]
             report[f"{name}_feasible_reference_pairs"] = len(feasible)
             examples = [(src[i], tgt[i]) for i in feasible]

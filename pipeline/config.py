@@ -21,11 +21,9 @@ from typing import Any, Literal
 
 import yaml
 
-from reder.config import CmlmConfig, LossConfig, ModelConfig, TransformerConfig
+from reder.config import (CUTOFF_PROB, CUTOFF_TOP_N, RERANK_WEIGHT, RERANKERS, CmlmConfig, LossConfig, ModelConfig,
+                          TransformerConfig)
 from reder.configio import ConfigError, FieldError, from_dict, require, to_dict
-from reder.decode import CUTOFF_PROB, CUTOFF_TOP_N
-from reder.decoding import DECODERS
-from reder.rerank import RERANK_WEIGHT, RERANKERS
 
 
 @dataclass(frozen=True)
@@ -724,8 +722,7 @@ def check_consistency(cfg: PipelineConfig) -> None:
         key = "nmla_start_step" if cfg.loss.nmla_start_step is not None else "nmla_start_fraction"
         raise ConfigError(f"loss.{key}: NMLA is a loss over CTC's alignments, so it needs model.head=ctc, "
                           f"got model.head {cfg.model.head!r}")
-    reranks = "rerank" in DECODERS[(cfg.model.head, "beam")].__dataclass_fields__  # the head's beam takes a reranker
-    if cfg.evaluate.rerank != "none" and (not reranks or cfg.evaluate.beam_size < 2):
+    if cfg.evaluate.rerank != "none" and (cfg.model.head != "ctc" or cfg.evaluate.beam_size < 2):
         raise ConfigError(f"evaluate.rerank: reranks the CTC beam, so it needs model.head=ctc and "
                           f"evaluate.beam_size >= 2, got {cfg.evaluate.rerank!r} with model.head {cfg.model.head!r} and "
                           f"evaluate.beam_size {cfg.evaluate.beam_size}")

@@ -24,7 +24,8 @@ from typing import Any
 
 from pipeline.config import NO_BLANK_PENALTY, PipelineConfig, TrainConfig
 from pipeline.stages import distill, evaluate, ingest, teacher
-from reder import heads
+from reder import feasibility
+from reder.feasibility import EMITS_BLANK
 
 # Keys of a train section that change neither the data order nor the optimisation: not hashed. min_workers does
 # only once a host is lost, and a run that stopped for a lost host must find its checkpoints with it set.
@@ -80,8 +81,8 @@ def spm_key(cfg: PipelineConfig) -> dict[str, Any]:
 
 
 def tokenize_key(cfg: PipelineConfig) -> dict[str, Any]:
-    """What the feasibility filter depends on (the head's `feasibility_key`)."""
-    return heads.feasibility_key(cfg.model)
+    """What the feasibility filter depends on (reder.feasibility.key)."""
+    return feasibility.key(cfg.model)
 
 
 def teacher_key(cfg: PipelineConfig) -> dict[str, Any]:
@@ -102,7 +103,7 @@ def distill_key(cfg: PipelineConfig) -> dict[str, Any]:
         source = {"decoding": {k: getattr(cfg.distill, k) for k in distill.DECODING_KEYS}}
         if distill.engine(cfg.distill) == "ctranslate2":
             source["engine"] = "ctranslate2"
-    return {**source, "feasibility": heads.feasibility_key(cfg.model)}
+    return {**source, "feasibility": feasibility.key(cfg.model)}
 
 
 def decoding_key(cfg: PipelineConfig) -> dict[str, Any]:
@@ -110,7 +111,7 @@ def decoding_key(cfg: PipelineConfig) -> dict[str, Any]:
     the grid of blank penalties it tunes (`evaluate.blank_penalties`), named unless it is [0], the behaviour
     from before it (so a run that asks for no penalty keeps its directory; the default grid trains anew)."""
     penalties = cfg.evaluate.blank_penalties
-    if penalties == NO_BLANK_PENALTY or not heads.head_class(cfg.model.head).emits_blank:  # DAG: no penalty
+    if penalties == NO_BLANK_PENALTY or not EMITS_BLANK[cfg.model.head]:  # DAG: no penalty
         return {}
     return {"blank_penalties": list(penalties)}
 

@@ -14,6 +14,11 @@ ENDS = {"src2tgt": ("src", "tgt"), "tgt2src": ("tgt", "src")}  # direction → (
 REVERSE = {"src2tgt": "tgt2src", "tgt2src": "src2tgt"}
 HEADS = ("ctc", "dag")
 DAG_DPS = ("auto", "torch", "triton")  # model.dag_dp: the DAG loss's DP (reder/dag.py's `dag_dp`)
+# Decoding defaults, here (torch-free) so that the pipeline's config reads them without loading the decoders:
+CUTOFF_TOP_N = 40  # tokens a frame offers the CTC beam (ctcdecode's cutoff_top_n; the official REDER code uses >= 40)
+CUTOFF_PROB = 1.0  # ... and only the most likely of them that reach this cumulative probability (1.0: all)
+RERANKERS = ("none", "self", "teacher")  # what reranks the CTC beam's n-best (reder/rerank.py)
+RERANK_WEIGHT = 1.0  # w of self-reranking: forward + w · reverse, both per-token log-likelihoods
 
 
 def check_direction(direction: str) -> None:

@@ -4,11 +4,9 @@ import math
 import torch
 import torch.nn.functional as F
 
-from reder.config import BOS_ID, EOS_ID, PAD_ID
+from reder.config import BOS_ID, CUTOFF_PROB, CUTOFF_TOP_N, EOS_ID, PAD_ID
 from reder.ctc import collapse_frames
 
-CUTOFF_TOP_N = 40  # tokens a frame offers the beam (ctcdecode's cutoff_top_n; the official REDER code uses >= 40)
-CUTOFF_PROB = 1.0  # ... and only the most likely of them that reach this cumulative probability (1.0: all)
 HASH_BASES = (1_000_003, 998_244_353)  # two polynomial hashes of a prefix, each mod HASH_MODULUS
 HASH_MODULUS = 2_147_483_647  # 2^31 − 1: a hash times a base stays inside int64
 

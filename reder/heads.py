@@ -4,18 +4,17 @@ A head owns the upsampling of the reading end's input and `max_input_length`, wh
 end's log-probs (`extra`; DAG: log E from its links), FBA's layout of the target, CC's hard decode, and the
 feasibility rule the tokenize stage filters pairs with. Its loss is the objectives' (reder/objectives/outputs.py,
 the main term named `<name>_<direction>`), its decoders reder/decoding/'s (the family named as the head). A new
-head is a class registered in HEADS, with its name added to reder.config.HEADS (config validation), its loss to
-the objectives' and its decoders to reder/decoding/.
+head is a class registered in HEADS, with its name added to reder.config.HEADS (config validation), its length
+rule, ratio key and blank fact to reder/feasibility.py, its loss to the objectives' and its decoders to
+reder/decoding/.
 """
 from dataclasses import dataclass, field
-from functools import partial
-from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from reder.feasibility import RULES
+from reder.feasibility import EMITS_BLANK, RATIO_KEYS, RULES
 from reder.config import BOS_ID, EOS_ID, PAD_ID, ModelConfig
 from reder.ctc import collapse_frames, pad_batch, valid_mask, viterbi_align
 from reder.dag import DagLinks, dag_greedy, graph_lengths_for, target_emissions
@@ -41,8 +40,8 @@ class CtcHead(nn.Module):
     """CTC at both ends: each input token r times; blank-separated alignments."""
 
     name = "ctc"  # the main loss term is ctc_<direction>
-    ratio_name = "upsample_ratio"
-    emits_blank = True  # decoders drop blanks from the output: a blank penalty (REDER.blank_penalty) applies
+    ratio_name = RATIO_KEYS["ctc"]
+    emits_blank = EMITS_BLANK["ctc"]  # decoders drop blanks from the output: a blank penalty applies
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -80,18 +79,13 @@ class CtcHead(nn.Module):
 
     feasible = staticmethod(RULES["ctc"])  # feasible(input_len, target, ratio): the tokenize stage's filter
 
-    @staticmethod
-    def feasibility_key(cfg: ModelConfig) -> dict[str, Any]:
-        """What the tokenize stage's filter depends on (part of stage directory hashes: never change it)."""
-        return {"upsample_ratio": cfg.upsample_ratio}
-
 
 class DagHead(nn.Module):
     """DA-Transformer output at both ends (reder/dag.py): a graph over the upsampled input, one DagLinks per end."""
 
     name = "dag"  # the main loss term is dag_<direction>
-    ratio_name = "graph_upsample_ratio"
-    emits_blank = False  # the blank id is only FBA's skip token: no blank penalty
+    ratio_name = RATIO_KEYS["dag"]
+    emits_blank = EMITS_BLANK["dag"]  # the blank id is only FBA's skip token: no blank penalty
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -146,11 +140,6 @@ class DagHead(nn.Module):
 
     feasible = staticmethod(RULES["dag"])  # feasible(input_len, target, ratio): the tokenize stage's filter
 
-    @staticmethod
-    def feasibility_key(cfg: ModelConfig) -> dict[str, Any]:
-        """What the tokenize stage's filter depends on (part of stage directory hashes: never change it)."""
-        return {"head": "dag", "graph_upsample_ratio": cfg.graph_upsample_ratio}
-
 
 Head = CtcHead | DagHead
 HEADS: dict[str, type[Head]] = {"ctc": CtcHead, "dag": DagHead}
@@ -166,19 +155,3 @@ def head_class(name: str) -> type[Head]:
 def make_head(cfg: ModelConfig) -> Head:
     """The output head of a model config (both ends)."""
     return head_class(cfg.head)(cfg)
-
-
-def upsample_ratio(cfg: ModelConfig) -> float:
-    """The ratio the config's head upsamples its input by: r (CTC) or λ (DAG)."""
-    return getattr(cfg, head_class(cfg.head).ratio_name)
-
-
-def feasibility_rule(cfg: ModelConfig) -> Callable[[int, list[int]], bool]:
-    """rule(input_len, target): whether the config's head can emit target from an input of input_len pieces."""
-    return partial(head_class(cfg.head).feasible, ratio=upsample_ratio(cfg))
-
-
-def feasibility_key(cfg: ModelConfig) -> dict[str, Any]:
-    """The tokenize stage's hash key of the config's feasibility rule."""
-    return head_class(cfg.head).feasibility_key(cfg)
-

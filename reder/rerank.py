@@ -5,14 +5,11 @@ import math
 import torch
 
 from reder.autoregressive import Transformer
-from reder.config import EOS_ID, PAD_ID
+from reder.config import EOS_ID, PAD_ID, REVERSE
 from reder.ctc import pad_batch
 from reder.decode import ctc_log_likelihoods
-from reder.config import REVERSE
 from reder.model import REDER
 
-RERANKERS = ("none", "self", "teacher")
-RERANK_WEIGHT = 1.0  # w of self-reranking: forward + w · reverse, both per-token log-likelihoods
 
 
 @torch.no_grad()

@@ -62,13 +62,11 @@ from reder.autoregressive import Transformer
 from reder.checkpoint import SPM_FILE, direction_of, load_cmlm_dir, load_model_dir, load_teacher_dir
 from reder.cmlm import CMLM
 from reder.confidence import lowest
-from reder.config import DIRECTIONS
-from reder.decode import CUTOFF_PROB, CUTOFF_TOP_N
+from reder.config import CUTOFF_PROB, CUTOFF_TOP_N, DIRECTIONS, RERANK_WEIGHT, RERANKERS
 from reder.decoding import decoder_names
 from reder.decoding.base import Decoder, family_of
 from reder.decoding.run import choose, translate_lines
 from reder.model import REDER
-from reder.rerank import RERANK_WEIGHT, RERANKERS
 from reder.text import read_lines
 
 

@@ -113,3 +113,17 @@ def test_every_public_name_of_reder_resolves_and_an_unknown_one_is_an_attribute_
         assert "no attribute 'Decoder'" in str(error)
     else:
         raise AssertionError("reder.Decoder resolved")
+
+
+def test_the_pipelines_driver_loads_torch_only_for_a_stage_that_trains_or_decodes():
+    """`run_pipeline`, the graph, every stage module and the config import without torch (its ~180 MB are the
+    driver's during the data stages otherwise); tests/faults/test_dependencies.py runs the data stages with torch
+    unimportable."""
+    import subprocess
+    import sys
+
+    probe = ("import sys, run_pipeline, pipeline.graph, pipeline.stagekeys, pipeline.stages.tune; "
+             "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))")
+    done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == "[]", done.stdout

@@ -22,7 +22,6 @@ from typing import Any
 from pipeline.stage import StageRun
 from pipeline.stages.teacher import model_dirs as _model_dirs
 from pipeline.stages.teacher import train_pair
-from reder.cmlm import CMLM
 from reder.config import CmlmConfig
 
 CMLMS_FILE = "cmlms.json"
@@ -36,5 +35,7 @@ def model_dirs(out: Path) -> dict[str, Path]:
 def build(run: StageRun, tmp: Path) -> dict[str, Any]:
     """Train both CMLMs on input `data`'s train split (distill's or tokenize's), validated on `tokenize`'s valid
     split against `ingest`'s text."""
+    from reder.cmlm import CMLM  # here: a driver that trains nothing loads no torch
+
     return train_pair(run, run.inputs["data"] / "train", run.inputs["tokenize"], tmp, "cmlm",
                                lambda: CMLM(CmlmConfig.from_dict(asdict(run.cfg.cmlm.model))), CMLMS_FILE)

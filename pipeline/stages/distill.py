@@ -34,12 +34,11 @@ import shutil
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-import torch
 
 from cluster.connect import actor_pool_options, remote_args_allowed
 from pipeline.config import DistillConfig, PipelineConfig
@@ -48,12 +47,12 @@ from pipeline.parquet import write_split
 from pipeline.progress import Progress
 from pipeline.stage import StageError, StageRun, write_json
 from pipeline.stages import spm, teacher, tokenize
-from reder import EOS_ID, heads
-from reder.autoregressive import Transformer
-from reder.checkpoint import load_teacher_dir
-from reder.decoding.base import Ct2Model
-from reder.decoding.ct2 import ct2_model
-from reder.decoding.run import translate_ids
+from reder import feasibility
+from reder.config import EOS_ID
+
+if TYPE_CHECKING:
+    from reder.autoregressive import Transformer
+    from reder.decoding.base import Ct2Model
 
 log = logging.getLogger(__name__)
 
@@ -189,6 +188,11 @@ class TeacherDecoder:
 
     def __init__(self, teacher_dirs: dict[str, str], vocab_size: int, decoding: dict[str, Any], threads: int = 1,
                  ct2_dirs: dict[str, str] | None = None) -> None:
+        import torch  # here, not at the top: the driver plans the work without loading torch
+
+        from reder.checkpoint import load_teacher_dir
+        from reder.decoding.ct2 import ct2_model
+
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
         if self.device == "cpu":
             torch.set_num_threads(max(1, threads))
@@ -252,6 +256,8 @@ def decode(model: Transformer | Ct2Model, inputs: list[list[int]], direction: st
     """Teacher outputs (piece ids, no EOS) for pieces without EOS, in input order: one batched beam search (the
     `beam` decoder of reder/decoding/: ours, or through CTranslate2 for a `Ct2Model`, which mirrors ours) per
     `plan_batches` batch (the batches the stage's actors get, so outputs match actor or not)."""
+    from reder.decoding.run import translate_ids
+
     return _in_batches(lambda sequences, size: translate_ids(
         model, sequences, direction, "beam", size, beam_size=beam_size, length_penalty=length_penalty,
         max_len_a=max_len_a, max_len_b=max_len_b), inputs, max_tokens, batch_size)
@@ -375,7 +381,7 @@ def read_corpus(path: Path, references: pa.Table) -> pa.Table:
 
 def apply_fallbacks(table: pa.Table, cfg: PipelineConfig) -> tuple[pa.Table, dict[str, int]]:
     """Replace KD outputs REDER's head cannot align (tokenize's feasibility rules) by the references."""
-    feasible = heads.feasibility_rule(cfg.model)
+    feasible = feasibility.config_rule(cfg.model)
     src, tgt = table.column("src_ids").to_pylist(), table.column("tgt_ids").to_pylist()
     kd_tgt, kd_src = table.column("kd_tgt_ids").to_pylist(), table.column("kd_src_ids").to_pylist()
     counts = {"fallback_src2tgt": 0, "fallback_tgt2src": 0}

@@ -57,11 +57,10 @@ import time
 from collections import Counter
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 import pyarrow.parquet as pq
-import torch
 
 from pipeline.config import NO_BLANK_PENALTY, PipelineConfig
 from pipeline.metrics import HEADLINE, SHOWN_DECIMALS, best_setting, corpus_bleu, corpus_scores, sentence_scores, spearman, test_splits
@@ -70,12 +69,10 @@ from pipeline.stage import StageError, StageRun, write_json, write_text
 from pipeline.stages import cmlm, teacher
 from pipeline.stages.ingest.readers import TextFile, TextRules
 from pipeline.training.runfiles import MODEL_DIR
-from reder import DIRECTIONS, EOS_ID
-from reder.checkpoint import SPM_FILE, load_cmlm_dir, load_model_dir
-from reder.confidence import confidences
-from reder.decoding import make_decoder
-from reder.decoding.ctc import reranked_by_penalty
-from reder.decoding.run import encode_lines, translate_ids
+from reder.config import DIRECTIONS, EOS_ID
+
+if TYPE_CHECKING:  # torch and the decoders are imported by the functions that decode: run_pipeline's driver loads
+    import torch  # torch only when a stage that trains or decodes runs
 
 log = logging.getLogger(__name__)
 
@@ -186,6 +183,8 @@ Decoder = Callable[[list[list[int]], str, int], list[list[int]]]  # (encoded inp
 def system(models: dict[str, Any], decoders: dict[str, Any], refiners: dict[str, Any] | None = None,
            refine_steps: int = 0) -> Decoder:
     """An evaluated system: per direction a model and its decoder (reder/decoding/), maybe a refiner."""
+    from reder.decoding.run import translate_ids
+
     return lambda encoded, direction, batch_size: translate_ids(
         models[direction], encoded, direction, decoders[direction], batch_size,
         (refiners or {}).get(direction), refine_steps)
@@ -198,6 +197,8 @@ def decoders_for(model: Any, evaluation: Any, teachers: dict[str, Any], cmlms: d
     `beam_penalty` per direction where given, else the model's own), with `evaluate.teacher_baseline` the
     teachers' greedy and beam, and with `cmlms` (direction → CMLM) the CMLMs' mask_predict
     (`evaluate.cmlm_iterations`) and REDER's greedy output refined by them (`evaluate.refine_steps`)."""
+    from reder.decoding import make_decoder
+
     if (evaluation.teacher_baseline or evaluation.rerank == "teacher") and set(teachers) != {"src2tgt", "tgt2src"}:
         raise ValueError("evaluate.teacher_baseline / evaluate.rerank=teacher need both directions' teachers "
                          "(the teacher stage's output)")
@@ -239,6 +240,8 @@ def penalised(decoder: Any, penalty: float | None) -> Any:
 def head_decoder(model: Any, evaluation: Any, name: str, **options: Any) -> Any:
     """REDER's decoder `name` with the evaluate section's options for its head: CTC the beam's per-frame cutoffs;
     DAG the transition bound, n-gram blocking (greedy, lookahead) and length penalty (viterbi, beam)."""
+    from reder.decoding import make_decoder
+
     if model.cfg.head == "ctc":
         if name == "beam":
             options.update(cutoff_top_n=evaluation.cutoff_top_n, cutoff_prob=evaluation.cutoff_prob)
@@ -276,6 +279,9 @@ def tune_beam_penalties(model: Any, cfg: PipelineConfig, teachers: dict[str, Any
     (decoder → direction → penalty → BLEU): the ingested valid split's first `train.valid_max_sentences`, inputs
     cut to `limit` pieces. The decoders share each penalty's n-best (`reranked_by_penalty`: the model run once per
     batch, the beam once per penalty). {} where there is nothing to tune (a DAG model, the grid [0], no beam)."""
+    from reder.decoding.ctc import reranked_by_penalty
+    from reder.decoding.run import encode_lines
+
     grid, evaluation = cfg.evaluate.blank_penalties, cfg.evaluate
     if evaluation.beam_size < 2 or not model.head.emits_blank or grid == NO_BLANK_PENALTY:
         return {}
@@ -309,6 +315,11 @@ def evaluate_model(model_dir: Path, corpus: Path, cfg: PipelineConfig, out: Path
                    teacher_dir: Path | None = None, cmlm_dir: Path | None = None) -> dict:
     """Decode, score and time (see module doc); writes results.json and the hypotheses into `out`."""
     import sentencepiece
+    import torch
+
+    from reder.checkpoint import SPM_FILE, load_cmlm_dir, load_model_dir
+    from reder.confidence import confidences
+    from reder.decoding.run import encode_lines, translate_ids
 
     evaluation = cfg.evaluate
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -430,6 +441,8 @@ def references_digest(src_text: list[str], tgt_text: list[str]) -> str:
 
 def device_name(device: torch.device) -> str:
     """What decoded: the GPU's name on CUDA ("NVIDIA H100 80GB HBM3"), else the device type and the threads."""
+    import torch
+
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     return f"{device.type} ({torch.get_num_threads()} threads)"
@@ -438,6 +451,8 @@ def device_name(device: torch.device) -> str:
 def measure_speed(model: Any, encoded: list[list[int]], decoders: dict[str, Decoder], evaluation: Any) -> dict[str, Any]:
     """Latency (ms per sentence, batch 1, mean and p90) and throughput (sentences/s at a large batch) of every
     decoder, src2tgt; with teacher decoders, REDER's speed-up over each of them."""
+    import torch
+
     speed: dict[str, Any] = {"device": str(next(model.parameters()).device), "threads": torch.get_num_threads(),
                              "direction": "src2tgt"}
     single = encoded[: evaluation.latency_sentences]

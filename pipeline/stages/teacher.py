@@ -26,19 +26,20 @@ import json
 import logging
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Callable
-
-import torch
+from typing import TYPE_CHECKING, Any, Callable
 
 from pipeline.config import PipelineConfig
 from pipeline.stage import StageError, StageRun, write_json
 from pipeline.stages import spm
 from pipeline.tracking.plots import plot_history
 from pipeline.tracking.store import STAGE_TAG, child_run, finish_child_run, run_name
-from pipeline.training import raytrain, runfiles, trainloop
-from reder import DIRECTIONS, TransformerConfig
-from reder.autoregressive import Transformer
-from reder.checkpoint import SPM_FILE, load_teacher_dir, save_model_dir
+from pipeline.training import raytrain, runfiles
+from reder.config import DIRECTIONS, TransformerConfig
+
+if TYPE_CHECKING:  # the models are imported where they are made: a driver that trains nothing loads no torch
+    import torch
+
+    from reder.autoregressive import Transformer
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +66,8 @@ def build(run: StageRun, tmp: Path) -> dict[str, Any]:
     given = given_checkpoints(run.cfg)
     if given:
         return _check_given(given, run.cfg, run.inputs["spm"], tmp)
+    from reder.autoregressive import Transformer
+
     data = run.inputs["data"]
     return train_pair(run, data / "train", data, tmp, "teacher", lambda: Transformer(
         TransformerConfig.from_dict(asdict(run.cfg.teacher.model))), TEACHERS_FILE)
@@ -79,6 +82,8 @@ def summary(output: Path, counts: dict[str, Any]) -> list[str]:
 def check_teacher(directory: Path, direction: str, cfg: PipelineConfig, spm_model: Path) -> Transformer:
     """Load a teacher model directory for `direction`, failing clearly on a missing or incompatible one
     (not a transformer, another direction, another vocabulary)."""
+    from reder.checkpoint import SPM_FILE, load_teacher_dir
+
     teacher = load_teacher_dir(directory, direction, cfg.model.vocab_size)
     if (Path(directory) / SPM_FILE).read_bytes() != Path(spm_model).read_bytes():
         raise StageError(f"teacher {direction}: vocabulary mismatch: {Path(directory) / SPM_FILE} is not this "
@@ -107,6 +112,9 @@ def train_pair(run: StageRun, train_data: Path, data: Path, tmp: Path, kind: str
     `index_file` (direction → model directory), the run's history, training.png and report.json beside them.
     MLflow: one run per direction under the stage's (its direction-named metrics), the pair's own (total loss,
     lr, tokens/s, mean BLEU) on the stage's run."""
+    from pipeline.training import trainloop
+    from reder.checkpoint import save_model_dir
+
     cfg, name, tracker = run.cfg, run.out.name, run.tracker
     section = getattr(cfg, kind)
     raytrain.check_resources(section.train, section.train.start_timeout_s, f"{kind}.train")

@@ -36,7 +36,7 @@ from pipeline import parquet
 from pipeline.stage import StageError, StageRun, split_lines, write_json
 from pipeline.stages import ingest, spm
 from pipeline.stages.tokenize_actor import Tokenizer
-from reder import heads
+from reder import feasibility
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +52,7 @@ def build(run: StageRun, tmp: Path) -> dict[str, Any]:
     model_proto = model_path.read_bytes()
     spm.load(model_proto, cfg.model.vocab_size)  # fail here, not inside an actor, on a bad model
     files = [p for split in ingest.SPLITS for p in sorted((corpus / split).glob("*.parquet"))]
-    report = tokenize_files(files, tmp, model_proto, heads.upsample_ratio(cfg.model), cfg.tokenize.workers,
+    report = tokenize_files(files, tmp, model_proto, feasibility.upsample_ratio(cfg.model), cfg.tokenize.workers,
                             cfg.tokenize.batch_size, cfg.model.head)
     write_json(tmp / "report.json", report)
     return {**report["splits"], "workers": report["workers"], "ray_seconds": report["ray_seconds"]}

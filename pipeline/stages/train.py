@@ -16,9 +16,7 @@ import logging
 import math
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from pipeline.config import NO_BLANK_PENALTY, PipelineConfig
 from pipeline.stages import spm
@@ -27,9 +25,9 @@ from pipeline.training.raytrain import (budget_record, check_resources, fit_and_
 from pipeline.stage import StageRun, write_json
 from pipeline.tracking.plots import plot_history
 from pipeline.training.runfiles import HISTORY_FILE, MODEL_DIR
-from pipeline.training.trainloop import Validator
-from reder import REDER, ModelConfig
-from reder.checkpoint import save_model_dir
+
+if TYPE_CHECKING:  # the model is imported where it is made: a driver that trains nothing loads no torch
+    from reder.model import REDER
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +45,10 @@ def build(run: StageRun, tmp: Path) -> dict[str, Any]:
 
 def _build(cfg: PipelineConfig, workdir: Path, name: str, train_data: Path, data: Path, corpus: Path, spm_dir: Path,
            tmp: Path, tracker: Any, force: bool = False, time_cap_s: float = math.inf) -> dict[str, Any]:
+    from reder.checkpoint import save_model_dir
+    from reder.config import ModelConfig
+    from reder.model import REDER
+
     check_resources(cfg.train, cfg.train.start_timeout_s)
     storage = storage_path(cfg.train, workdir)
     run_storage(storage, name, force)  # with --force, no resume of the finished run
@@ -78,6 +80,10 @@ def tune_blank_penalty(model: REDER, cfg: PipelineConfig, data: Path, corpus: Pa
     returns that validation's scores ({} when there is nothing to tune: a DAG model, or the grid [0])."""
     if not model.head.emits_blank or cfg.evaluate.blank_penalties == NO_BLANK_PENALTY:
         return {}
+    import torch
+
+    from pipeline.training.trainloop import Validator
+
     validator = Validator({"ids": str(data / "valid"), "text": str(corpus / "valid")},
                           (spm_dir / spm.MODEL_FILE).read_bytes(), cfg.train.valid_max_sentences,
                           cfg.loss.directions, cfg.evaluate.blank_penalties)

@@ -2,7 +2,8 @@
 (pipeline/stages/train.py), both directions' autoregressive teachers in one run for the teacher stage
 (pipeline/stages/teacher.py), both CMLMs in one run for the cmlm stage (pipeline/stages/cmlm.py), the trials of the tune stage
 (pipeline/stages/tune.py). What every worker of the group runs is pipeline/training/trainloop.py; the files the two hand each
-other are named in pipeline/training/runfiles.py. Ray is imported inside the functions that use it.
+other are named in pipeline/training/runfiles.py. Ray, torch and the training core are imported inside the functions
+that use them: a driver that runs no training stage loads none of them.
 
 In the order a stage calls them: `check_resources` fails fast, with the numbers, when the cluster cannot hold the
 worker group (instead of letting Ray Train wait forever); `storage_path` and `run_storage` place the run's
@@ -27,18 +28,16 @@ import time
 import zipfile
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Callable, Iterator
-
-import torch
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from pipeline.config import NO_BLANK_PENALTY, PipelineConfig, TrainConfig
 from pipeline.progress import Progress
 from pipeline.stage import StageError
 from pipeline.tracking.store import server_lost, validation_scores
-from pipeline.training.harness import SCORE, select_best
 from pipeline.training.runfiles import HISTORY_FILE, PROGRESS_FILE, TRAIN_STATE_FILE, WORKERS_FILE
-from pipeline.training.trainloop import train_loop
-from reder.checkpoint import MODEL_FILE, average_state_dicts, load_tensors, upgrade_state_dict
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +115,9 @@ def make_trainer(cfg: PipelineConfig, name: str, storage: Path, train_data: Path
     every restart of it spend it too; the loop stops there, at the latest, and the section's own `max_time`,
     which counts training alone, may stop it earlier)."""
     import ray.train
+
+    from pipeline.training.harness import SCORE
+    from pipeline.training.trainloop import train_loop
 
     task = task or {"kind": "reder"}
     section = getattr(cfg, task["kind"]) if task["kind"] in ("teacher", "cmlm") else cfg
@@ -254,6 +256,9 @@ def fit_and_average(trainer: Any, run_path: Path, average_best: int, model: torc
     checkpoint Ray Train kept (`kept_checkpoint`), "fit_seconds"}. `keys`:
     where the run's TrainConfig sits in the config (as `check_resources`), for the error of a group that cannot
     be placed."""
+    from pipeline.training.harness import SCORE, select_best
+    from reder.checkpoint import MODEL_FILE, average_state_dicts, load_tensors, upgrade_state_dict
+
     started = time.time()
     config = trainer.train_loop_config
     task = config["task"]
@@ -350,6 +355,8 @@ def newest_whole_checkpoint(run_path: Path) -> tuple[Path, int] | None:
     archives whose every member matches its CRC, the history JSON), with its step; None without one. Ray Train
     names its checkpoints by the time they were made, so the newest sorts last; one Ray was still copying when
     a kill came is incomplete and skipped."""
+    from reder.checkpoint import MODEL_FILE
+
     for directory in sorted(run_path.glob("checkpoint_*"), reverse=True):
         try:
             for name in (MODEL_FILE, TRAIN_STATE_FILE):

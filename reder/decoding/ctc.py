@@ -14,11 +14,12 @@ from typing import Callable, Iterable, Optional
 import torch
 
 from reder.autoregressive import Transformer
-from reder.decode import CUTOFF_PROB, CUTOFF_TOP_N, ctc_greedy, ctc_nbest, strip_special
+from reder.config import CUTOFF_PROB, CUTOFF_TOP_N, RERANK_WEIGHT, RERANKERS
+from reder.decode import ctc_greedy, ctc_nbest, strip_special
 from reder.decoding.base import Decoder, check, length_batches, optional_model
 from reder.heads import HeadOutput
 from reder.model import REDER
-from reder.rerank import RERANK_WEIGHT, RERANKERS, self_rerank
+from reder.rerank import self_rerank
 from reder.rerank import rerank as teacher_rerank
 
 NBest = list[list[tuple[list[int], float]]]  # per sentence: (ids, normalised forward score), best first

@@ -1,5 +1,6 @@
 """A package the run needs that is missing or broken, as a family: each requirement `run_pipeline.py` imports at its
-start, and the two it imports when a stage needs them (mlflow with tracking on, ray at the first Ray stage), is
+start, and the three it imports when a stage needs them (mlflow with tracking on, ray at the first Ray stage, torch
+at the first stage that trains or decodes: the data stages run without it, in the driver and in their actors), is
 shadowed by a module that raises as a missing (ModuleNotFoundError) or broken (ImportError) install does. Each case
 must end with exit 2 and one `error:` line naming the package, what is wrong and the command that installs the
 requirements, with no traceback; our own modules failing to import stay a traceback (a bug, not the machine)."""
@@ -16,9 +17,10 @@ import run_pipeline
 
 REPO = Path(run_pipeline.__file__).resolve().parent
 SMOKE = REPO / "configs" / "smoke.yaml"
-AT_START = ("torch", "pyarrow", "sentencepiece", "sacrebleu", "yaml", "numpy")
+AT_START = ("pyarrow", "sentencepiece", "sacrebleu", "yaml", "numpy")
 WHEN_NEEDED = {"mlflow": ["tracking.enabled=true", "--stages", "ingest"],
-               "ray": ["tracking.enabled=false", "--stages", "ingest,spm,tokenize"]}
+               "ray": ["tracking.enabled=false", "--stages", "ingest,spm,tokenize"],
+               "torch": ["tracking.enabled=false", "--stages", "ingest,spm,tokenize,teacher"]}
 
 
 def run_shadowed(tmp_path: Path, package: str, broken: bool, args: list[str]) -> subprocess.CompletedProcess:
@@ -44,6 +46,8 @@ def test_a_missing_or_broken_requirement_is_one_line_and_exit_2(tmp_path, packag
     assert lines[-1].endswith(f"install the requirements there: {sys.executable} -m pip install -r "
                               f"{REPO / 'requirements.txt'}"), lines[-1]
     assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    if package == "torch":  # the data stages (the driver, Ray Data's actors) ran without it; the teacher needs it
+        assert done.stdout.strip().splitlines()[-1].startswith("[4/4] teacher: running"), done.stdout[-3000:]
 
 
 def test_our_own_module_failing_to_import_stays_a_traceback(tmp_path):

@@ -20,6 +20,7 @@ from pipeline.stages import distill, tokenize
 from reder import EOS_ID, TransformerConfig
 from reder.autoregressive import Transformer
 from reder.checkpoint import load_teacher_dir, save_model_dir
+from reder.decoding import run as decoding_run
 
 VOCAB = 64
 
@@ -130,8 +131,8 @@ def test_an_actor_call_decodes_each_planned_batch_as_one_search(tmp_path, monkey
     decoding = {"beam_size": 2, "length_penalty": 1.0, "max_len_a": 1.0, "max_len_b": 3}
     blocks = distill.work_blocks(train, DistillConfig(max_tokens=30, **decoding))
     searched: list[list[list[int]]] = []
-    translate_ids = distill.translate_ids
-    monkeypatch.setattr(distill, "translate_ids", lambda model, sequences, *args, **kwargs: (
+    translate_ids = decoding_run.translate_ids  # what `distill.decode` calls
+    monkeypatch.setattr(decoding_run, "translate_ids", lambda model, sequences, *args, **kwargs: (
         searched.append(sequences), translate_ids(model, sequences, *args, **kwargs))[1])
     decoder = distill.TeacherDecoder(teachers, VOCAB, decoding)
     result = decoder(pa.concat_tables(blocks[:3]))

@@ -11,7 +11,8 @@ from pipeline import graph, parquet
 from pipeline.config import load_config
 from pipeline.stage import StageError
 from pipeline.stages import ingest, spm, tokenize
-from reder.heads import CtcHead, DagHead, feasibility_rule
+from reder.feasibility import config_rule
+from reder.heads import CtcHead, DagHead
 from tests.pipeline.conftest import make_pairs
 from tests.pipeline.test_spm import reference_normalise
 
@@ -26,7 +27,7 @@ def test_feasibility_is_the_heads_and_its_key_is_unchanged():
     for cfg, head, ratio in ((ctc, CtcHead, ctc.model.upsample_ratio), (dag, DagHead, 3.0)):
         for input_len, target in ((1, [5, 5, 5]), (2, [5, 6, 7, 8, 9]), (1, [5] * 7), (1, [5] * 8)):
             expected = head.feasible(input_len, target, ratio)
-            assert feasibility_rule(cfg.model)(input_len, target) == expected
+            assert config_rule(cfg.model)(input_len, target) == expected
             outcomes.add(expected)
     assert outcomes == {True, False}
 

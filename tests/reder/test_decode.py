@@ -8,8 +8,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from reder.decode import (CUTOFF_PROB, CUTOFF_TOP_N, ctc_beam_search, ctc_greedy, ctc_log_likelihoods, ctc_nbest,
-                          ctc_scores, frame_candidates, prefix_beam_search, strip_special)
+from reder.config import CUTOFF_PROB, CUTOFF_TOP_N
+from reder.decode import (ctc_beam_search, ctc_greedy, ctc_log_likelihoods, ctc_nbest, ctc_scores, frame_candidates,
+                          prefix_beam_search, strip_special)
 from tests.reder.test_ctc import _brute_force
 
 BLANK = 3

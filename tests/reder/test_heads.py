@@ -1,6 +1,7 @@
 """The output heads: registry, saved names (and the older layout's, upgraded on load), upsampling and input limits, the feasibility rules against the
 losses they guard, and the heads' loss terms, FBA layouts, CC inputs and decoders inside the model."""
 import json
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -14,7 +15,8 @@ from reder.dag_beam import dag_beam
 from reder.decode import strip_special
 from reder.decoding import DECODERS, decoder_names
 from reder.decoding.run import choose, decode
-from reder.heads import HEADS, CtcHead, DagHead, HeadOutput, feasibility_key, feasibility_rule, head_class, make_head
+from reder import feasibility
+from reder.heads import HEADS, CtcHead, DagHead, HeadOutput, head_class, make_head
 from tests.reder.helpers import padding_mask, random_batch, tiny_config, tiny_model
 
 _LINK_NAMES = [f"{end}.{name}" for end in ("src", "tgt")
@@ -179,12 +181,20 @@ def test_dag_feasibility_matches_the_heads_graph_and_dp():
 def test_feasibility_rules_and_keys_of_a_config():
     ctc, dag = tiny_config(upsample_ratio=3), tiny_config(head="dag", graph_upsample_ratio=1.5, link_heads=2)
     # CTC: 1 piece + EOS → 6 frames; [5, 6, 7, 8] + EOS needs 5, [5, 5, 5, 5] + EOS 5 + 3 blanks
-    assert feasibility_rule(ctc)(1, [5, 6, 7, 8]) and not feasibility_rule(ctc)(1, [5, 5, 5, 5])
+    rule = feasibility.config_rule
+    assert rule(ctc)(1, [5, 6, 7, 8]) and not rule(ctc)(1, [5, 5, 5, 5])
     # DAG: BOS + 2 pieces + EOS → int(1.5·4) = 6 vertices for BOS + 4 pieces + EOS, not for 5 pieces
-    assert feasibility_rule(dag)(2, [5, 5, 5, 5]) and not feasibility_rule(dag)(2, [5, 6, 7, 8, 9])
+    assert rule(dag)(2, [5, 5, 5, 5]) and not rule(dag)(2, [5, 6, 7, 8, 9])
+    assert (feasibility.upsample_ratio(ctc), feasibility.upsample_ratio(dag)) == (3, 1.5)
     # stage directory hashes depend on these keys' bytes: they must never change
-    assert json.dumps(feasibility_key(ctc)) == '{"upsample_ratio": 3}'
-    assert json.dumps(feasibility_key(dag)) == '{"head": "dag", "graph_upsample_ratio": 1.5}'
+    assert json.dumps(feasibility.key(ctc)) == '{"upsample_ratio": 3}'
+    assert json.dumps(feasibility.key(dag)) == '{"head": "dag", "graph_upsample_ratio": 1.5}'
+    # the torch-free tables are the heads' own: what the pipeline's driver reads is what the model does
+    for name, head in HEADS.items():
+        assert head.ratio_name == feasibility.RATIO_KEYS[name] and head.emits_blank == feasibility.EMITS_BLANK[name]
+    assert set(feasibility.RULES) == set(feasibility.RATIO_KEYS) == set(feasibility.EMITS_BLANK) == set(HEADS)
+    with pytest.raises(ValueError, match="unknown head 'rnn'"):
+        feasibility.upsample_ratio(SimpleNamespace(head="rnn", upsample_ratio=2))
 
 
 @pytest.mark.parametrize("ratio", [1.0, 2.0, 2.5, 8.0])
