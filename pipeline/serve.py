@@ -41,6 +41,12 @@ Under more load than it can take the service refuses rather than queue without e
 once with 503 and `Retry-After: 1` (Serve's backpressure, `max_queued_requests`), which a client retries later.
 A replica that dies (a crash, the OOM killer) is started again by Serve; the requests it held fail (500/503) and
 are the client's to retry. `bench/serve_load.py --checks soak,kill,storm` measures all three.
+
+A replica of the torch engine on the CPU runs with `CPU_REPLICA_ENV` in its process environment, for a memory that
+stays flat over hours: oneDNN's caches capped (it builds a primitive for each matmul shape it meets and keeps 1,024
+of them by default, and torch's ideep cache as many, so the memory grew in steps with every rare shape met), and
+glibc's mmap threshold fixed, so that a batch's large buffers go back to the system when freed rather than
+fragmenting the heap (docs/results/serving.md).
 """
 from __future__ import annotations
 
@@ -58,6 +64,13 @@ from reder.confidence import NOT_DUPLEX, Confidence
 from reder.text import normalise
 
 MAX_SENTENCES = 256  # per request
+# A CPU replica's environment (module doc): oneDNN's primitive cache and torch's ideep cache capped at 64 entries
+# each (the decoding trunk's bucketed matmul rows, reder/runtime/onednn.py, meet a few dozen shapes), and glibc's
+# mmap threshold fixed at 1 MiB (left to itself glibc raises it after each large free, and a batch's large buffers
+# then come from the heap and fragment it; fixed at its 128 KiB default, decoding ran 65 % slower in
+# docs/results/serving.md's measurement, every mid-size buffer a fresh mapping)
+CPU_REPLICA_ENV = {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "64", "LRU_CACHE_CAPACITY": "64",
+                   "MALLOC_MMAP_THRESHOLD_": str(1 << 20)}
 MAX_BEAM = 64
 MAX_BODY_BYTES = 1 << 20
 
@@ -246,6 +259,8 @@ def app(args: dict[str, str]) -> serve.Application:
                "backpressure_config": BackpressureConfig(status_code=503, retry_after_s=1)}
     if args.get("device", "cpu").startswith("cuda"):
         options["ray_actor_options"]["num_gpus"] = 1
+    elif args.get("engine", "torch") == "torch":  # read by oneDNN at its first use: the process's own environment
+        options["ray_actor_options"]["runtime_env"] = {"env_vars": dict(CPU_REPLICA_ENV)}
     return TranslationService.options(**options).bind(
         args["model_dir"], args.get("engine", "torch"), args.get("device", "cpu"), threads,
         max_batch_size, float(args.get("batch_wait_timeout_s", 0.01)))

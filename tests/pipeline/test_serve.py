@@ -7,6 +7,7 @@ import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
+import psutil
 import pytest
 
 from pipeline import serve as service
@@ -173,6 +174,11 @@ def test_the_endpoint_serves_both_directions_and_refuses_bad_requests(tiny_model
         url = f"http://127.0.0.1:{port}/"
         translator = load(tiny_model_dir)
         assert _post(url + "health", None, "GET") == (200, {"languages": ["en", "de"], "engine": "torch"})
+        # a CPU replica runs with its memory settings in its own process environment (module doc)
+        replicas = [p for p in psutil.process_iter(["cmdline"])
+                    if " ".join(p.info["cmdline"] or []).startswith("ray::ServeReplica:duplex:")]
+        assert replicas and all({k: p.environ().get(k) for k in service.CPU_REPLICA_ENV} == service.CPU_REPLICA_ENV
+                                for p in replicas), [p.environ() for p in replicas]
         requests = [({"text": f"the cat sat {'on the mat ' * (i % 3)}".strip(), "src": "en", "tgt": "de"}
                      if i % 2 else {"text": ["a dog ran", "the bird"][: 1 + i % 2], "src": "de", "tgt": "en", "beam": 2})
                     for i in range(24)]
