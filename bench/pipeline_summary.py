@@ -52,6 +52,22 @@ def training_seconds(workdir: Path, stage: str) -> float:
     return sum(runs.values())
 
 
+def fit_timelines(workdir: Path, stages: dict[str, float]) -> dict[str, dict[str, float]]:
+    """Per training stage, where its seconds went (report.json's `timeline`, raytrain.timeline: the worker group's
+    start, setup to the first update, the updates with their validations, the end) and `outside_fit_s`, the stage's
+    seconds around its fit (checking inputs, averaging, the published model's validation, saving)."""
+    found: dict[str, dict[str, float]] = {}
+    for stage in ("teacher", "cmlm", "train"):
+        for report in workdir.glob(f"{stage}-*/report.json"):
+            entries = json.loads(report.read_text(encoding="utf-8"))
+            entry = entries if "ray_run" in entries else next(
+                (e for e in entries.values() if isinstance(e, dict) and "ray_run" in e), {})
+            if entry.get("timeline") and stage in stages:
+                found[stage] = {**entry["timeline"],
+                                "outside_fit_s": round(stages[stage] - float(entry.get("fit_seconds") or 0), 1)}
+    return found
+
+
 def stage_seconds(workdir: Path) -> tuple[dict[str, float], bool]:
     """Each stage's seconds and whether the run finished: from last_run.json, which run_pipeline.py writes at the
     end of a run, else from the manifests of the stages that finished."""
@@ -95,7 +111,7 @@ def summary(workdir: Path, wall: float | None) -> dict[str, Any]:
     steady = steady_tokens_per_s(history)
     share = 1 - sum(training.values()) / wall if wall else None
     return {"workdir": str(workdir), "finished": finished, "wall_seconds": round(wall, 1), "stage_seconds": stages,
-            "training_loop_seconds": training, "non_training_share": None if share is None else round(share, 3),
+            "training_loop_seconds": training, "fit_timelines": fit_timelines(workdir, stages), "non_training_share": None if share is None else round(share, 3),
             "stops": stops, "test_bleu": bleu, "reder_steady_tokens_per_s": steady,
             "targets": {"pipeline_seconds": finished and wall <= PIPELINE_SECONDS,
                         "non_training_share": share is not None and share <= NON_TRAINING_SHARE,
@@ -169,6 +185,7 @@ def markdown(result: dict[str, Any]) -> str:
     lines = [*stopped, *rows, "", f"wall {result['wall_seconds']} s; stages " + ", ".join(
         f"{k} {v} s" for k, v in result["stage_seconds"].items()),
         f"training loops {result['training_loop_seconds']}; non-training share {result['non_training_share']}",
+        "training stages' seconds: " + "; ".join(f"{k}: {v}" for k, v in result.get("fit_timelines", {}).items()),
         f"REDER steady tokens/s {_round(result['reder_steady_tokens_per_s'])}",
         "stops: " + "; ".join(f"{k}: {v}" for k, v in result["stops"].items()),
         "targets: " + ", ".join(f"{k} {'met' if v else 'missed'}" for k, v in result["targets"].items())]

@@ -486,6 +486,9 @@ class Harness:
         while self.step < stop and self.stopped_by is None:
             (self.epoch, self.next_batch), prepared = next(ahead)
             result = self._update(prepared)
+            # when this worker's updates began and last ended (wall clock): the stage's timeline (raytrain.timeline)
+            self.run_facts.setdefault("first_update_at", round(time.time(), 3))
+            self.run_facts["last_update_at"] = round(time.time(), 3)
             last_loss = result["total"]
             self._window.add(result)
             read_clock = not several or self.step % self.cfg.log_every == 0
@@ -573,7 +576,7 @@ class Harness:
                 self.stopped_by = "patience"
         if self.stopped_by is not None:  # the run's last report: why it ended and where (a budget depends on it)
             metrics.update(stopped_by=self.stopped_by, device=device_name(self.device), elapsed=round(self.elapsed, 1),
-                           **self.phase_starts, **self.run_facts)
+                           validation_seconds=round(self.validation_seconds, 1), **self.phase_starts, **self.run_facts)
         self.history.append(metrics)
         if self.on_report is not None:
             self.on_report(metrics, self.state_dict() if validated else None)

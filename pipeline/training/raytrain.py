@@ -253,7 +253,7 @@ def fit_and_average(trainer: Any, run_path: Path, average_best: int, model: torc
                     keys: str = "train") -> dict[str, Any]:
     """Fit, then load into `model` the average of the best `average_best` checkpoints by validation BLEU.
     Returns {"history": the latest checkpoint's history, "averaged": [(step, valid_bleu)], "kept": every validated
-    checkpoint Ray Train kept (`kept_checkpoint`), "fit_seconds"}. `keys`:
+    checkpoint Ray Train kept (`kept_checkpoint`), "fit_seconds", "fit_started_at", "fit_ended_at" (wall clock)}. `keys`:
     where the run's TrainConfig sits in the config (as `check_resources`), for the error of a group that cannot
     be placed."""
     from pipeline.training.harness import SCORE, select_best
@@ -278,6 +278,7 @@ def fit_and_average(trainer: Any, run_path: Path, average_best: int, model: torc
         raise (server_lost(failed_with(error)[1], what) or StageError(
             placement_failure(error, config["train"], keys, run_path)
             or f"train: Ray Train failed: {first_failure(error)}")) from error
+    ended = time.time()
     scored = [(m[SCORE], m["step"], c) for c, m in result.best_checkpoints if SCORE in m]
     if not scored:
         raise StageError(f"train: the run under {run_path} produced no validated checkpoint")
@@ -291,7 +292,7 @@ def fit_and_average(trainer: Any, run_path: Path, average_best: int, model: torc
     model.load_state_dict(average_state_dicts([upgrade_state_dict(state) for state in states]))
     return {"history": history, "averaged": [{"step": step, SCORE: score} for score, step, _ in best],
             "kept": [kept_checkpoint(c, m) for c, m in result.best_checkpoints if SCORE in m],
-            "fit_seconds": round(time.time() - started, 1)}
+            "fit_seconds": round(time.time() - started, 1), "fit_started_at": started, "fit_ended_at": ended}
 
 
 def kept_checkpoint(checkpoint: Any, metrics: dict[str, Any]) -> dict[str, Any]:
@@ -534,7 +535,22 @@ def run_report(fitted: dict[str, Any], run_path: Path) -> dict[str, Any]:
             "fit_seconds": fitted["fit_seconds"],
             "last_valid": {k: v for k, v in last.items() if k.startswith(("bleu_", "valid_"))},
             "restarts": sum(1 for h in history if h.get("resumed_from")), "too_long": last.get("too_long", 0),
-            "workers": read_placement(run_path)}
+            "workers": read_placement(run_path), "timeline": timeline(fitted, last)}
+
+
+def timeline(fitted: dict[str, Any], last: dict[str, Any]) -> dict[str, float]:
+    """Where a fit's seconds went, from rank 0's last report (its worker group's, the last one after a restart) and
+    the driver's clock around the fit: `group_start_s` (the fit's start to the worker's function), `setup_s` (to its
+    first update: data, model, compile), `updates_s` (to its last update, validations included), `validation_s` (all
+    validations of the run), `end_s` (the last update to the fit's end: the last validation and checkpoint, Ray
+    Train's teardown). {} for a run whose report has no clock (a run resumed past its end)."""
+    keys = ("worker_started_at", "first_update_at", "last_update_at")
+    if not all(key in last for key in keys) or "fit_started_at" not in fitted:
+        return {}
+    started, first, final = (float(last[key]) for key in keys)
+    return {"group_start_s": round(started - fitted["fit_started_at"], 1), "setup_s": round(first - started, 1),
+            "updates_s": round(final - first, 1), "validation_s": last.get("validation_seconds"),
+            "end_s": round(fitted["fit_ended_at"] - final, 1)}
 
 
 def read_placement(run_path: Path) -> list[dict[str, Any]]:

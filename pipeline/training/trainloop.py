@@ -70,6 +70,7 @@ log = logging.getLogger(__name__)
 
 def train_loop(config: dict[str, Any]) -> None:
     """Ray Train's per-worker function (see the module doc): a Harness over this worker's shard."""
+    entered = time.time()  # the worker group's start ends here (raytrain.timeline)
     train = from_dict(TrainConfig, config["train"], "train")
     import ray.train
     import ray.train.torch
@@ -130,6 +131,7 @@ def train_loop(config: dict[str, Any]) -> None:
     unused = {"find_unused_parameters": True} if isinstance(model, REDER) and len(directions) < len(DIRECTIONS) else {}
     harness = Harness(model, ray.train.torch.prepare_model(objective, parallel_strategy_kwargs=unused), train, device,
                       validate=validate, on_report=report, on_step=fault_drill)
+    harness.run_facts["worker_started_at"] = round(entered, 3)
     if state is not None:
         harness.load_state_dict(state)
         if mlflow is not None:

@@ -173,6 +173,15 @@ def test_a_fit_whose_controller_died_fails_in_one_line_and_releases_its_group(ra
     wait_for_cpus(full, 10.0)
 
 
+def test_a_fits_timeline_splits_its_seconds_by_the_workers_clock_and_is_empty_without_one():
+    fitted = {"fit_started_at": 1000.0, "fit_ended_at": 1100.0}
+    last = {"worker_started_at": 1012.5, "first_update_at": 1020.0, "last_update_at": 1091.25, "validation_seconds": 9.0}
+    assert raytrain.timeline(fitted, last) == {"group_start_s": 12.5, "setup_s": 7.5, "updates_s": 71.2,
+                                               "validation_s": 9.0, "end_s": 8.8}
+    assert raytrain.timeline(fitted, {"step": 20, "stopped_by": "max_steps"}) == {}  # a report without the clock
+    assert raytrain.timeline({}, last) == {}  # a fit without the driver's clock
+
+
 def test_run_storage_removes_the_previous_run_only_with_force(tmp_path):
     previous = tmp_path / "train-abc" / "checkpoint_000001"
     previous.mkdir(parents=True)

@@ -55,6 +55,10 @@ def test_an_interrupted_run_continues_from_its_checkpoint(smoke_data, capsys, ca
     assert steps == sorted(steps) and steps[-1] == 20 and steps.count(10) == 2  # 10 logged, then resumed at 10
     report = json.loads((out[0] / "report.json").read_text())
     assert report["steps"] == 20 and report["restarts"] == 1
+    timeline = report["timeline"]  # the resumed worker group's fit, phase by phase, within the fit's seconds
+    assert set(timeline) == {"group_start_s", "setup_s", "updates_s", "validation_s", "end_s"}, timeline
+    assert all(value >= 0 for value in timeline.values()) and timeline["updates_s"] > 0, timeline
+    assert sum(timeline[k] for k in ("group_start_s", "setup_s", "updates_s", "end_s")) <= report["fit_seconds"] + 0.3
     after = history[history.index(resumed[0]) + 1]
     assert after["step"] == 15 and math.isfinite(after["train_total"])
     # the schedule went on from step 10 rather than restarting its warm-up
