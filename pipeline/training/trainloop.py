@@ -404,12 +404,12 @@ class _MlflowLogger:
 
 
 def route_metrics(metrics: dict[str, Any], run_id: str, runs: dict[str, str]) -> dict[str, dict[str, float]]:
-    """run id → {MLflow name: value} of a report's finite numbers (`step` aside): a metric named for a direction
-    (`nll_src2tgt`, `grad_norm_tgt2src`) goes to that direction's run in `runs`, every other one (the pair's
-    total loss, lr, tokens/s, the mean BLEU) to `run_id`."""
+    """run id → {MLflow name: value} of a report's finite numbers (`step` and the clock readings `*_at` aside): a
+    metric named for a direction (`nll_src2tgt`, `grad_norm_tgt2src`) goes to that direction's run in `runs`, every
+    other one (the pair's total loss, lr, tokens/s, the mean BLEU) to `run_id`."""
     routed: dict[str, dict[str, float]] = {}
     for key, value in metrics.items():
-        if key == "step" or not isinstance(value, (int, float)) or not math.isfinite(float(value)):
+        if key == "step" or key.endswith("_at") or not isinstance(value, (int, float)) or not math.isfinite(float(value)):
             continue
         owner = next((runs[d] for d in runs if f"_{d}_" in f"_{key}_"), run_id)
         routed.setdefault(owner, {})[validation_metric(key)] = float(value)

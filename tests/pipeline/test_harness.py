@@ -420,6 +420,9 @@ class Clock:
     def perf_counter(self) -> float:
         return self.now
 
+    def time(self) -> float:  # the wall clock the harness stamps its first and last update with
+        return 1.8e9 + self.now
+
     def on_step(self, step: int) -> None:
         self.now += self.tick
 
@@ -442,6 +445,9 @@ def test_max_time_stops_the_run_validates_its_last_update_and_says_why(clock):
     assert [h["step"] for h in run.history if "valid_bleu" in h] == [4, 6]
     assert run.history[-1]["stopped_by"] == "max_time" and run.history[-1]["device"].startswith("cpu")
     assert run.elapsed == pytest.approx(6.0)  # the last update's second, counted at the end of the fit
+    # the wall clock of its first and last update and the validations' seconds: the stage's timeline (raytrain)
+    last = run.history[-1]
+    assert (last["first_update_at"], last["last_update_at"], last["validation_seconds"]) == (1.8e9 + 100, 1.8e9 + 105, 0.0)
     ended, _ = _run(_config(max_steps=3), on_step=clock.on_step)
     assert ended.fit_examples(_examples())["stopped_by"] == "max_steps"
 

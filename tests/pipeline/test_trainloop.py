@@ -325,9 +325,10 @@ def test_one_harness_training_both_teachers_equals_two_runs_of_one_each():
 def test_mlflow_metrics_named_for_a_direction_go_to_its_run():
     routed = trainloop.route_metrics({"step": 4, "train_total": 3.0, "train_nll_src2tgt": 1.0, "train_nll_tgt2src": 2.0,
                                      "grad_norm": 5.0, "grad_norm_tgt2src": 4.0, "bleu_src2tgt": 7.0,
-                                     "valid_nll_tgt2src": 1.5, "valid_bleu": 6.0, "lr": 0.1, "bleu_tgt2src": math.nan},
+                                     "valid_nll_tgt2src": 1.5, "valid_bleu": 6.0, "lr": 0.1, "bleu_tgt2src": math.nan,
+                                     "first_update_at": 1.8e9, "validation_seconds": 2.5},  # a clock reading is no metric
                                     "stage", {"src2tgt": "a", "tgt2src": "b"})
-    assert routed == {"stage": {"train_total": 3.0, "grad_norm": 5.0, "valid_bleu": 6.0, "lr": 0.1},
+    assert routed == {"stage": {"train_total": 3.0, "grad_norm": 5.0, "valid_bleu": 6.0, "lr": 0.1, "validation_seconds": 2.5},
                       "a": {"train_nll_src2tgt": 1.0, "valid_bleu_src2tgt": 7.0},
                       "b": {"train_nll_tgt2src": 2.0, "grad_norm_tgt2src": 4.0, "valid_nll_tgt2src": 1.5}}
     assert trainloop.route_metrics({"step": 1, "train_ctc_src2tgt": 2.0}, "stage", {}) == {"stage": {"train_ctc_src2tgt": 2.0}}
