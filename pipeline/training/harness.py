@@ -487,8 +487,9 @@ class Harness:
             (self.epoch, self.next_batch), prepared = next(ahead)
             result = self._update(prepared)
             # when this worker's updates began and last ended (wall clock): the stage's timeline (raytrain.timeline)
-            self.run_facts.setdefault("first_update_at", round(time.time(), 3))
-            self.run_facts["last_update_at"] = round(time.time(), 3)
+            now = round(time.time(), 3)
+            self.run_facts.setdefault("first_update_at", now)
+            self.run_facts["last_update_at"] = now
             last_loss = result["total"]
             self._window.add(result)
             read_clock = not several or self.step % self.cfg.log_every == 0
