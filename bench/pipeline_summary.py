@@ -111,7 +111,8 @@ def summary(workdir: Path, wall: float | None) -> dict[str, Any]:
     steady = steady_tokens_per_s(history)
     share = 1 - sum(training.values()) / wall if wall else None
     return {"workdir": str(workdir), "finished": finished, "wall_seconds": round(wall, 1), "stage_seconds": stages,
-            "training_loop_seconds": training, "fit_timelines": fit_timelines(workdir, stages), "non_training_share": None if share is None else round(share, 3),
+            "training_loop_seconds": training, "fit_timelines": fit_timelines(workdir, stages),
+            "non_training_share": None if share is None else round(share, 3),
             "stops": stops, "test_bleu": bleu, "reder_steady_tokens_per_s": steady,
             "targets": {"pipeline_seconds": finished and wall <= PIPELINE_SECONDS,
                         "non_training_share": share is not None and share <= NON_TRAINING_SHARE,
