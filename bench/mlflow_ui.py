@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Iterator
 
 from bench import free_port
+from cluster.head import JOB_EXECUTION_ENV
 from pipeline.tracking.views import TEST_COLUMNS, runs_page
 
 RUNS_VIEW = "workflowType=machine_learning"
@@ -142,10 +143,11 @@ def mlflow_ui(store: str, timeout_s: float = 120.0) -> Iterator[str]:
     log = tempfile.TemporaryFile()
     # One worker: uvicorn's supervisor of several kills a worker that answers its ping late, and on a loaded 2-core
     # machine every worker still importing MLflow did, again and again ("Child process died"); one page at a time
-    # needs no more.
+    # needs no more. MLflow's job execution (a job runner and seven Huey consumers, each importing MLflow: GenAI
+    # scorers, nothing these pages show) off unless the environment turns it on, as the head's server runs.
     server = subprocess.Popen([str(mlflow), "ui", "--backend-store-uri", store, "--host", "127.0.0.1", "--port",
                                str(port), "--workers", "1"], stdout=log, stderr=subprocess.STDOUT,
-                              start_new_session=True)
+                              start_new_session=True, env={JOB_EXECUTION_ENV: "false", **os.environ})
     base = f"http://127.0.0.1:{port}/"
     try:
         deadline = time.monotonic() + timeout_s
