@@ -67,6 +67,12 @@ class FeedForwardBranch(nn.Module):
 class DuplexLayer(nn.Module):
     """F: A' = A + S(B); B' = B + G(A').  F⁻¹: B = B' − G(A'); A = A' − S(B).  State (B, T, 2D) = [A; B]."""
 
+    # Whether a branch is handed a contiguous copy of its input. A half of the state is a strided view (stride 2D)
+    # where a sum is contiguous (stride D), and each branch sees both: eager kernels take either, but a compiled
+    # branch would be compiled again for each layout (set by the harness's `compile_branches`, nowhere else, so
+    # the eager trunk's arithmetic stays as it is).
+    contiguous_branch_inputs = False
+
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.attention = AttentionBranch(cfg)
@@ -78,6 +84,8 @@ class DuplexLayer(nn.Module):
     ) -> tuple[torch.Tensor, Optional[RngState]]:
         """Run one branch, recording its RNG state (record=True) or replaying a recorded one."""
         extra = (mask,) if branch is self.attention else ()
+        if self.contiguous_branch_inputs:
+            x = x.contiguous()
         if record:
             rng = RngState(x.device)
         if rng is None or record:

@@ -338,14 +338,18 @@ def compile_branches(model: torch.nn.Module) -> int:
     """`torch.compile` (in place) REDER's attention and feed-forward branches, pure functions of their input
     that the trunk calls forward and again in the reversible backward; returns how many. The rest stays eager:
     the reversible steps' custom autograd, the RNG capture and the data-dependent CTC pieces would break its
-    graph. Shapes are dynamic (every batch has its own length); no- and with-gradient calls are two graphs."""
-    from reder.layers import AttentionBranch, FeedForwardBranch
+    graph. Shapes are dynamic (every batch has its own length); each branch is two graphs, with and without
+    gradients, its input made contiguous (without that, ten graphs for the two branches: one per layout too)."""
+    from reder.layers import AttentionBranch, DuplexLayer, FeedForwardBranch
 
     branches = [module for module in model.modules() if isinstance(module, (AttentionBranch, FeedForwardBranch))]
     if not branches:
         raise ValueError(f"train.compile compiles REDER's branches; {type(model).__name__} has none")
     for branch in branches:
         branch.compile(dynamic=True)
+    for layer in model.modules():
+        if isinstance(layer, DuplexLayer):
+            layer.contiguous_branch_inputs = True  # one layout: no compile per stride (DuplexLayer's note)
     return len(branches)
 
 

@@ -318,6 +318,8 @@ def test_compiled_branches_train_as_the_eager_ones():
     arithmetic, a shift common to a query's scores: Adam turns rounding noise into steps of ±lr there).
     Inductor draws its own dropout masks, and a seed from the global generator even at p = 0, which moves
     glancing's draws: hence stagekeys.ADDED_LATER, not NOT_HASHED."""
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
     runs = []
     for compiled in (False, True):
         torch.manual_seed(0)
@@ -329,6 +331,8 @@ def test_compiled_branches_train_as_the_eager_ones():
         eager, compiled = (run.update(batches) for run in runs)
         for name in eager.keys() - {"tokens"}:
             assert float(compiled[name]) == pytest.approx(float(eager[name]), rel=1e-5), name
+    # each branch's two graphs, with and without gradients (harness.compile_branches): not one per layout as well
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 2 * 2
     d_model = runs[0].model.cfg.d_model
     for (name, a), b in zip(runs[0].model.named_parameters(), runs[1].model.parameters()):
         if name.endswith("qkv.bias"):
