@@ -143,7 +143,7 @@ def mlflow_ui(store: str, timeout_s: float = 120.0) -> Iterator[str]:
     log = tempfile.TemporaryFile()
     # One worker: uvicorn's supervisor of several kills a worker that answers its ping late, and on a loaded 2-core
     # machine every worker still importing MLflow did, again and again ("Child process died"); one page at a time
-    # needs no more. MLflow's job execution (a job runner and seven Huey consumers, each importing MLflow: GenAI
+    # needs no more. MLflow's job execution (a job runner and Huey consumers, each importing MLflow: GenAI
     # scorers, nothing these pages show) off unless the environment turns it on, as the head's server runs.
     server = subprocess.Popen([str(mlflow), "ui", "--backend-store-uri", store, "--host", "127.0.0.1", "--port",
                                str(port), "--workers", "1"], stdout=log, stderr=subprocess.STDOUT,
