@@ -48,7 +48,10 @@ before the decoders and after them, the higher one used (both in `gemm_gflops_me
 second, at batch 1 and at the batch). Floor and ceiling count the
 real work only: each sentence's FLOPs at its own length (its attention |x|², not the batch's longest squared), so
 every padded position a decoder computes counts against it.
-The driver's JSON (also written to `--out`) holds the load average before and after each worker. Beside every
+Token equality (reder worker, `token_equal`): how many sentences each greedy path (the fast ones, compiled with
+`--compile`) decodes exactly as the eager reference path at batch 1, at batch 1 and at `--batch`, on the device timed.
+The driver's JSON (also written to `--out`) holds the load average before and after each worker; a worker that
+fails is reported there (`failed`: its stderr's end) beside the others' numbers, and the run exits 1. Beside every
 wall-clock figure, the process's CPU time (`cpu_latency_ms`, `sentences_per_cpu_s`, the floor and ceiling from
 GEMM rates per CPU second): with `--threads 1` on a busy shared machine, what a quiet one's wall time would be.
 """
@@ -248,6 +251,7 @@ def work_reder(args: argparse.Namespace, sequences: list[list[int]], vocab: int)
     int8 = quantized(model) if args.device == "cpu" else None
     before = measure_gemm(model.cfg, sequences, args)
     out: dict[str, Any] = {}
+    outputs: dict[str, tuple[list[list[int]], list[list[int]]]] = {}  # each greedy path's, at batch 1 and --batch
     grouped, onednn = reder.runtime.onednn.GROUP_COST, reder.runtime.onednn.ONEDNN
     runs = [("greedy", model, True, 1, grouped, onednn), ("greedy_one_group", model, True, 1, ONE_GROUP, onednn)] + (
         [("greedy_matmul", model, True, 1, grouped, False)] if onednn and args.device == "cpu" else []) + [
@@ -262,6 +266,8 @@ def work_reder(args: argparse.Namespace, sequences: list[list[int]], vocab: int)
             return translate_ids(chosen, batch, "src2tgt", choose(chosen, beam=beam), size)
 
         out[name] = _time(run, sequences, args.batch, args.device, args.repeats, args.latency_repeats)
+        if beam == 1:
+            outputs[name] = (run(sequences, 1), run(sequences, args.batch))
     model.fast_inference, reder.runtime.onednn.GROUP_COST, reder.runtime.onednn.ONEDNN = True, grouped, onednn
     if args.compile:  # the trunk under torch.compile (CUDA graphs at static bucketed shapes on CUDA): reder/runtime/compiled.py
         from reder.runtime.compiled import compiled
@@ -273,6 +279,9 @@ def work_reder(args: argparse.Namespace, sequences: list[list[int]], vocab: int)
         out["compile_s"] = round(time.perf_counter() - started, 1)
         out["greedy_compiled"] = _time(lambda batch, size: translate_ids(model, batch, "src2tgt", batch_size=size), sequences,
                                        args.batch, args.device, args.repeats, args.latency_repeats)
+        outputs["greedy_compiled"] = tuple(translate_ids(model, sequences, "src2tgt", batch_size=size)
+                                           for size in (1, args.batch))
+    out["token_equal"] = token_equal(outputs, args.batch)
     rates = gemm_rates(model.cfg, sequences, args, before)  # the best of the two measurements: the ceiling stays high
     rate, cpu_rate, batch_rate, cpu_batch_rate = (rates[key] for key in ("wall", "cpu", "wall_batch", "cpu_batch"))
     mean_flops = sum(reder_flops(model.cfg, len(s)) for s in sequences) / len(sequences)
@@ -300,6 +309,15 @@ def work_reder(args: argparse.Namespace, sequences: list[list[int]], vocab: int)
     out["gemm_gflops_measured"] = rates["measured"]
     out["parameters"] = sum(p.numel() for p in model.parameters())
     return out
+
+
+def token_equal(outputs: dict[str, tuple[list[list[int]], list[list[int]]]], batch: int) -> dict[str, Any]:
+    """How many sentences each greedy path decodes token for token as the eager reference path at batch 1 (no
+    padding), at batch 1 and at `batch`: the fast paths' outputs checked on the device they were timed on."""
+    reference = outputs["greedy_reference"][0]
+    equal = {f"{name}_batch{size}": sum(a == b for a, b in zip(decoded, reference))
+             for name, pair in outputs.items() for size, decoded in zip((1, batch), pair)}
+    return {"reference": "greedy_reference_batch1", "sentences": len(reference), **equal}
 
 
 def gemm_rates(cfg: Any, sequences: list[list[int]], args: argparse.Namespace,
@@ -413,9 +431,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         loads[f"{engine}_before"] = [round(x, 2) for x in os.getloadavg()]
         done = subprocess.run([sys.executable, "-m", "bench.peers", *forwarded, "--worker", engine], cwd=REPO_ROOT,
                               capture_output=True, text=True)
-        if done.returncode != 0:
-            raise SystemExit(f"bench.peers: the {engine} worker failed:\n{done.stderr[-3000:]}")
-        engines[engine] = json.loads(done.stdout.strip().splitlines()[-1])
+        if done.returncode != 0:  # the other engines' numbers still come out; the run then exits 1
+            print(f"bench.peers: the {engine} worker failed:\n{done.stderr[-3000:]}", file=sys.stderr)
+            engines[engine] = {"failed": done.stderr[-3000:]}
+        else:
+            engines[engine] = json.loads(done.stdout.strip().splitlines()[-1])
         loads[f"{engine}_after"] = [round(x, 2) for x in os.getloadavg()]
     report = {"benchmark": "peers", "device": args.device, "threads": args.threads, "sentences": args.sentences,
               "batch": args.batch, "torch": torch.__version__, "cpu": platform.processor() or platform.machine(),
@@ -423,7 +443,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
               f"untrained d{args.d_model} h{args.heads} ffn{args.ffn} layers {args.layers} vocab {args.vocab}"
               f"; AR outputs forced to {args.ar_tokens} tokens",
               "load_average": loads, "engines": engines, "ratios": _ratios(engines)}
-    return emit(report, args.out)
+    emit(report, args.out)
+    failed = [engine for engine, numbers in engines.items() if "failed" in numbers]
+    if failed:
+        raise SystemExit(f"bench.peers: the {', '.join(failed)} worker(s) failed (above; the report holds the others)")
+    return report
 
 
 if __name__ == "__main__":
