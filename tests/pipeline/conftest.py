@@ -21,13 +21,21 @@ RAY_SESSION = {"address": "local", "num_cpus": 2, "object_store_memory": 200 * 1
                "log_to_driver": False}
 
 
+PREEMPTION_WATCHER = "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"
+
+
 @pytest.fixture(scope="session")
 def ray_session():
     """One local Ray instance shared by every test that needs it (2 CPUs, small object store)."""
     os.environ["RAY_AUTH_MODE"] = "disabled"
     import ray
 
-    from cluster.connect import init_local
+    from cluster.connect import LOCAL_ENV, init_local
+
+    # Ray Train's preemption watcher (an actor per fit, for a cloud's spot instances) is off in a local run
+    # (cluster.connect.LOCAL_ENV): off for the fits on this instance too, as the driver passes it on to each fit's
+    # controller. The cluster tests' hosts and drivers, started before it or with an environment of their own, keep it.
+    os.environ.setdefault(PREEMPTION_WATCHER, LOCAL_ENV[PREEMPTION_WATCHER])
 
     if not ray.is_initialized():
         init_local(RAY_SESSION)
