@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Decoding speed on the GPU against the peers, and the `gpu` tests, in one short device call. Three parts, each
+# Decoding speed on the GPU against the peers, and the `gpu` tests, in short device calls (PARTS). Three parts, each
 # under its own limit so that what ran comes back under $OUT (peers.log/peers.json, compile.log/peers_compile.json,
 # gpu_tests.log, env.log):
 #   peers    bench.peers --device cuda on every engine (REDER's eager paths, our AR teacher, CTranslate2): batch-1
@@ -15,7 +15,7 @@
 #     - .whl (CTranslate2's wheel for CPython 3.12, `pip download`, bench/README.md): installed into /tmp/ct2-site;
 #       without it the ct2 engine is skipped. CTranslate2's wheels load CUDA 12's cuBLAS (libcublas.so.12) when
 #       they first multiply; where the machine has only CUDA 13's, a link libcublas.so.12 -> libcublas.so.13 is
-#       made in /tmp/cublas12 and env.log says so (cuBLAS 13 keeps the v2 API CTranslate2 calls);
+#       made in /tmp/cublas12 and env.log says so (not yet tried on a GPU: peers.log says whether it worked);
 #     - bench/gpu_env/site.tar.xz (pack.sh: Ray and MLflow) for tests/pipeline/test_gpu.py, whose tests start
 #       Ray; without it that file is left out and the other test files run. The wheel (43 MB) and the bundle
 #       (37 MB) do not travel together (64 MiB): a call with the wheel, then one with the bundle (PARTS=tests).
