@@ -25,6 +25,9 @@ RAY_TMPDIR = os.environ.get(SESSION_RAY_TMPDIR) or tempfile.mkdtemp(prefix="dpx-
                                                                     dir="/tmp" if sys.platform != "win32" else None)
 os.environ["RAY_TMPDIR"] = os.environ[SESSION_RAY_TMPDIR] = RAY_TMPDIR
 os.environ.pop("RAY_ADDRESS", None)
+# What a run makes once per host and reuses (pipeline.tracking.store's empty MLflow store), in the session's directory:
+# made by the session's first new store, as on a fresh machine.
+os.environ["DUPLEX_CACHE"] = os.path.join(RAY_TMPDIR, "cache")
 
 # Ray Train's poll of its workers as a pipeline run sets it (cluster.connect.TRAIN_ENV), for the tests that fit
 # on the session's Ray instance without going through connect().

@@ -8,7 +8,10 @@ import logging
 import math
 import os
 import re
+import shutil
 import socket
+import sqlite3
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Iterator
@@ -75,9 +78,10 @@ def server_lost(error: BaseException | str, where: str) -> TrackingLost | None:
 
 
 def open_client(uri: str) -> Any:
-    """An MlflowClient for `uri`. Creating the first client of a new sqlite store creates its schema (MLflow
-    opens the store eagerly): under a lock beside the database, so runs starting at once on a new store do
-    not race in MLflow's migrations (an alembic error was seen)."""
+    """An MlflowClient for `uri`. A new sqlite store is made under a lock beside the database, so runs starting at
+    once on a new store do not race in MLflow's migrations (an alembic error was seen): a copy of this host's empty
+    store of the installed MLflow version (`store_template`), else by MLflow itself (the first client of a new store
+    creates its schema: MLflow opens the store eagerly)."""
     from mlflow.tracking import MlflowClient
 
     problem = probe.mlflow_server(uri)  # MLflow's client retries a server that refuses for ~4 minutes
@@ -88,7 +92,75 @@ def open_client(uri: str) -> Any:
                          f"in the workdir; tracking.enabled=false runs without MLflow")
     logging.getLogger("mlflow").setLevel(logging.WARNING)  # its INFO lines: schema migrations, example checks
     with _store_lock(uri):
-        return MlflowClient(uri)
+        copied = uri.startswith("sqlite:///") and _copy_template(Path(uri[len("sqlite:///"):]))
+        try:
+            return MlflowClient(uri)
+        except Exception as error:
+            if not copied:
+                raise
+            # a template MLflow refuses (a damaged file): this store made by MLflow, the template again next time.
+            # Emptied in place, not removed: MLflow keeps its engine (and a connection to the file) per URI.
+            log.warning("the MLflow store template %s was refused (%s); making the store without it",
+                        store_template(), error)
+            Path(uri[len("sqlite:///"):]).write_bytes(b"")
+            store_template().unlink(missing_ok=True)
+            return MlflowClient(uri)
+
+
+CACHE_ENV = "DUPLEX_CACHE"  # where this host keeps what a run makes once and reuses (default ~/.cache/duplex)
+
+
+def store_template() -> Path:
+    """This host's empty sqlite MLflow store of the installed MLflow version: `$DUPLEX_CACHE`, else
+    `$XDG_CACHE_HOME/duplex`, else `~/.cache/duplex`, as `mlflow-<version>.db`."""
+    import mlflow
+
+    cache = os.environ.get(CACHE_ENV) or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "duplex"
+    return Path(cache) / f"mlflow-{mlflow.__version__}.db"
+
+
+def _copy_template(database: Path) -> bool:
+    """Put a copy of `store_template()` (made first if missing) at `database` when no file is there; whether it
+    did. MLflow's migrations of a new store take 1.5-5 s of a 2-core machine's CPU, the copy 0.1 s. Where the
+    template cannot be made or copied (a cache that cannot be written, a full disk) nothing is left behind and
+    MLflow makes the store as it would have."""
+    if database.exists():
+        return False
+    partial = None
+    try:
+        template = store_template()
+        if not template.is_file():
+            _make_template(template)
+        with tempfile.NamedTemporaryFile(dir=database.parent, prefix=f".{database.name}.", suffix=".tmp",
+                                         delete=False) as partial:
+            pass
+        shutil.copyfile(template, partial.name)
+        os.replace(partial.name, database)
+        return True
+    except (OSError, sqlite3.Error) as error:
+        log.debug("no MLflow store template for %s: %s", database, error)
+        if partial is not None:
+            Path(partial.name).unlink(missing_ok=True)
+        return False
+
+
+def _make_template(template: Path) -> None:
+    """An empty store made and migrated by MLflow, without its Default experiment (id 0): MLflow makes that again
+    when it opens a copy, with the artifact location of that process's working directory, as in a store of its
+    own making. Written beside `template` and renamed into place: processes making it at once each write theirs."""
+    from mlflow.tracking import MlflowClient
+
+    template.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile(dir=template.parent, prefix=f".{template.name}.", suffix=".tmp",
+                                     delete=False) as partial:
+        pass
+    try:
+        MlflowClient(f"sqlite:///{partial.name}")  # creates and migrates the store
+        with contextlib.closing(sqlite3.connect(partial.name)) as database, database:
+            database.execute("DELETE FROM experiments WHERE experiment_id = 0")
+        os.replace(partial.name, template)
+    finally:
+        Path(partial.name).unlink(missing_ok=True)
 
 
 # MLflow 3's UI opens an experiment of this kind on its runs table (not on the GenAI traces view) — when its

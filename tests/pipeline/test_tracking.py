@@ -1,5 +1,7 @@
 """MLflow tracking helpers: the tune sweep's runs (SweepTracker) against a local sqlite store, no Ray."""
+import contextlib
 import json
+import os
 import pickle
 import re
 from pathlib import Path
@@ -10,7 +12,7 @@ from mlflow.tracking import MlflowClient
 
 from pipeline.config import TrackingConfig
 from pipeline.tracking.plots import history_panels, plot_history
-from pipeline.tracking.store import config_params, flatten, numeric
+from pipeline.tracking.store import CACHE_ENV, config_params, flatten, numeric, open_client, store_template
 from pipeline.tracking.sweeps import SweepTracker
 
 
@@ -140,8 +142,9 @@ def test_runs_starting_together_on_a_new_sqlite_store_share_one_experiment(tmp_p
               f"Path({str(tmp_path)!r}, 'ready-' + sys.argv[1]).write_text('')\n"
               f"while not Path({str(go)!r}).exists():\n    time.sleep(0.005)\n"
               f"print(ensure_experiment(open_client({store!r}), 'duplex', Path({str(tmp_path)!r})))\n")
+    env = {**os.environ, CACHE_ENV: str(tmp_path / "cache")}  # no template yet: the three may each make one
     processes = [subprocess.Popen([sys.executable, "-c", script, str(i)], stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, text=True) for i in range(3)]
+                                  stderr=subprocess.PIPE, text=True, env=env) for i in range(3)]
     try:
         deadline = time.monotonic() + 60
         while len(list(tmp_path.glob("ready-*"))) < 3 and time.monotonic() < deadline:
@@ -153,6 +156,69 @@ def test_runs_starting_together_on_a_new_sqlite_store_share_one_experiment(tmp_p
             process.kill()
     assert [p.returncode for p in processes] == [0, 0, 0], [err[-2000:] for _, err in outputs]
     assert len({out.strip() for out, _ in outputs}) == 1  # one experiment
+    assert [path.name for path in (tmp_path / "cache").iterdir()] == [store_template().name]
+
+
+def _contents(database: Path) -> dict[str, list]:
+    """A sqlite file's schema (each statement's lines as a set: MLflow's migrations order a table's constraints
+    differently from one run to the next) and every table's rows (the experiments' times left out)."""
+    import sqlite3
+
+    def lines(sql: str | None) -> list[str]:
+        return sorted(line.strip().rstrip(",").strip() for line in (sql or "").splitlines())
+
+    with contextlib.closing(sqlite3.connect(database)) as db:
+        contents = {"schema": sorted((kind, name, lines(sql)) for kind, name, sql in
+                                     db.execute("SELECT type, name, sql FROM sqlite_master").fetchall())}
+        for (table,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall():
+            cursor = db.execute(f'SELECT * FROM "{table}"')
+            columns = [column[0] for column in cursor.description]
+            contents[table] = sorted(tuple(value for column, value in zip(columns, row)
+                                           if not (table == "experiments" and column.endswith("_time")))
+                                     for row in cursor.fetchall())
+    return contents
+
+
+def test_a_new_sqlite_store_is_a_copy_of_the_hosts_template_and_equals_the_store_mlflow_makes(tmp_path, monkeypatch):
+    """A new store is this host's migrated empty store copied (made once per MLflow version); what MLflow then
+    holds is what it holds in a store it made itself: the same schema and rows, the Default experiment's artifact
+    location that of the process's working directory (not the template maker's), the next experiment id 1."""
+    from pipeline.tracking import store
+
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
+    made = []
+    make = store._make_template
+    monkeypatch.setattr(store, "_make_template", lambda template: made.append(template) or make(template))
+    for name in ("first", "second"):  # the first makes the template, in the `first` directory
+        (tmp_path / name).mkdir()
+        monkeypatch.chdir(tmp_path / name)
+        open_client(f"sqlite:///{tmp_path}/{name}/mlflow.db").search_experiments()
+    assert made == [store_template()] and store_template().parent == tmp_path / "cache"
+    MlflowClient(f"sqlite:///{tmp_path}/second/mlflow-own.db").search_experiments()  # made by MLflow alone
+    copied, own = (_contents(tmp_path / "second" / name) for name in ("mlflow.db", "mlflow-own.db"))
+    assert copied == own
+    assert copied["experiments"] == [(0, "Default", str(tmp_path / "second" / "mlruns" / "0"), "active", "default")]
+    assert open_client(f"sqlite:///{tmp_path}/second/mlflow.db").create_experiment("duplex") == "1"
+    assert sorted(path.name for path in (tmp_path / "second").iterdir()) == ["mlflow-own.db", "mlflow.db",
+                                                                          "mlflow.db.lock"]
+
+
+@pytest.mark.parametrize("damage", ["a damaged template", "a cache that cannot be written"])
+def test_without_a_usable_template_mlflow_makes_the_store(tmp_path, monkeypatch, caplog, damage):
+    cache = tmp_path / "cache"
+    if damage == "a damaged template":
+        cache.mkdir()
+        store_template_path = cache / store_template().name
+        store_template_path.write_bytes(b"not a sqlite file" * 300)
+    else:
+        cache.write_text("")  # a file where the directory should be
+    monkeypatch.setenv(CACHE_ENV, str(cache))
+    monkeypatch.chdir(tmp_path)
+    client = open_client(f"sqlite:///{tmp_path}/work/mlflow.db")
+    assert client.create_experiment("duplex") == "1"
+    assert sorted(path.name for path in (tmp_path / "work").iterdir()) == ["mlflow.db", "mlflow.db.lock"]
+    if damage == "a damaged template":
+        assert "was refused" in caplog.text and not store_template().exists()
 
 
 def test_training_plots_put_each_kind_of_loss_on_its_own_panel(tmp_path):
