@@ -138,7 +138,7 @@ def connect_ray(cfg: PipelineConfig) -> None:
     global _connected
     if ray.is_initialized():
         return
-    connect(cfg.ray.address, cfg.ray.num_cpus, cfg.ray.object_store_memory_mb)
+    connect(cfg.ray.address, cfg.ray.num_cpus, cfg.ray.object_store_memory_mb, cfg.ray.dashboard)
     _connected = True
     handle_sigterm()  # ray.init replaced ours with a sys.exit
     if cfg.ray.address:

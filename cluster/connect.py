@@ -110,12 +110,12 @@ class _DropTokenAuthNotice(logging.Filter):
         return not str(record.msg).startswith(TOKEN_AUTH_NOTICE)
 
 
-def connect(address: str = "", num_cpus: int = 0, object_store_memory_mb: int = 0) -> None:
+def connect(address: str = "", num_cpus: int = 0, object_store_memory_mb: int = 0, dashboard: bool = True) -> None:
     """Connect this process to Ray once (run_pipeline.py calls it before the first stage that needs Ray); a
     no-op when the process (or a test fixture) already did. `address` empty starts a local instance of
     `num_cpus` CPUs (0 = all) and an object store of `object_store_memory_mb` (0 = Ray's default), with the
-    dashboard (see below; http://127.0.0.1:8265 while the run lasts, another port when that one is taken:
-    Ray prints the address)."""
+    dashboard unless `dashboard` is false (see below; http://127.0.0.1:8265 while the run lasts, another port when
+    that one is taken: Ray prints the address)."""
     import ray
 
     if ray.is_initialized():
@@ -160,12 +160,15 @@ def connect(address: str = "", num_cpus: int = 0, object_store_memory_mb: int = 
         if not any(isinstance(f, _DropTokenAuthNotice) for f in notice.filters):
             notice.addFilter(_DropTokenAuthNotice())
         os.environ["RAY_TMPDIR"] = str(local_ray_tmpdir())  # the instance's processes inherit it
-        kwargs: dict[str, Any] = {"address": "local", "include_dashboard": True}
+        kwargs: dict[str, Any] = {"address": "local", "include_dashboard": dashboard}
         if num_cpus:
             kwargs["num_cpus"] = num_cpus
         if object_store_memory_mb:
             kwargs["object_store_memory"] = object_store_memory_mb * 1024 * 1024
-        init_local(kwargs)
+        if dashboard:
+            init_local(kwargs)
+        else:  # no port to bind, no State API to point the instance's processes at
+            ray.init(**kwargs)
     # Ray Data's progress bars on a terminal; in a log file each refresh would be a line (actors too: they
     # get the driver's DataContext). Ray Data says so in each process: to ray-data.log (LOCAL_ENV).
     ray.data.DataContext.get_current().enable_progress_bars = sys.stderr.isatty()

@@ -24,20 +24,54 @@ STOP_S = 10  # what an interrupted run may take to end (SIGTERM in train once to
 EXIT = {signal.SIGTERM: (143, "SIGTERM"), signal.SIGINT: (130, "Ctrl-C")}
 
 
-def processes_of(mark: str) -> list[str]:
-    """`pid cmdline` of every process whose environment carries MARK=mark."""
-    found = []
-    needle = f"{MARK}={mark}".encode()
+def _processes() -> dict[int, tuple[int, str, bytes]]:
+    """pid -> (parent pid, start time in clock ticks since boot, environment) of every process that can be read."""
+    table = {}
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
         try:
-            if needle in (proc / "environ").read_bytes().split(b"\0"):
-                command = (proc / "cmdline").read_bytes().replace(b"\0", b" ")[:100].decode(errors="replace")
-                found.append(f"{proc.name} {command}")
-        except OSError:  # gone, or not ours
+            stat = (proc / "stat").read_text().rsplit(")", 1)[1].split()  # after `pid (comm)`: state, ppid, ...
+            table[int(proc.name)] = (int(stat[1]), stat[19], (proc / "environ").read_bytes())
+        except (OSError, IndexError, ValueError):  # gone, or not ours
             continue
-    return found
+    return table
+
+
+def _command(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")[:100].decode(errors="replace")
+    except OSError:
+        return "(gone)"
+
+
+def family_of(mark: str) -> dict[int, str]:
+    """pid -> start time of every process whose environment carries MARK=mark, and of every descendant of one: a
+    process that retitles itself (setproctitle: Ray's dashboard modules, its node agents) overwrites the memory
+    that /proc/<pid>/environ reads, so the mark is found in its ancestors only."""
+    table = _processes()
+    needle = f"{MARK}={mark}".encode()
+    found = {pid for pid, (_, _, environ) in table.items() if needle in environ.split(b"\0")}
+    children: dict[int, list[int]] = {}
+    for pid, (parent, _, _) in table.items():
+        children.setdefault(parent, []).append(pid)
+    pending = list(found)
+    while pending:
+        for child in children.get(pending.pop(), []):
+            if child not in found:
+                found.add(child)
+                pending.append(child)
+    return {pid: table[pid][1] for pid in found}
+
+
+def processes_of(mark: str, known: dict[int, str] | None = None) -> list[str]:
+    """`pid cmdline` of every process of `family_of(mark)`, and of `known` (a family seen earlier: a descendant whose
+    parent has died is no longer linked to the mark) where the same process (pid and start time) still runs."""
+    family = family_of(mark)
+    if known:
+        alive = _processes()
+        family.update({pid: start for pid, start in known.items() if pid in alive and alive[pid][1] == start})
+    return [f"{pid} {_command(pid)}" for pid in sorted(family)]
 
 
 class Start:
@@ -47,6 +81,7 @@ class Start:
 
     def __init__(self, args: list[str], logs: Path, hold: str = "", tmpdir: Path | None = None) -> None:
         self.mark = uuid.uuid4().hex
+        self.family: dict[int, str] = {}  # its processes when it was signalled (`stop`)
         self.stdout, self.stderr = (logs.with_name(f"{logs.name}.{kind}") for kind in ("out", "err"))
         # A SIGKILLed driver's Ray processes try to reach its GCS, gone too, for the reconnect timeout (60 s by
         # default): 5 s here (the node agents' last report has its own minute).
@@ -66,6 +101,7 @@ class Start:
     def stop(self, sig: signal.Signals, where: str, how_to_continue: str) -> float:
         """Send `sig` (SIGINT: Ctrl-C, to the whole process group as a terminal does) and check the exit: an
         interruption ends within STOP_S with its exit code and one `error:` line, a SIGKILL at once."""
+        self.family = family_of(self.mark)  # as it was when signalled: `processes_left` follows it
         signalled = time.monotonic()
         if sig == signal.SIGINT:
             os.killpg(self.proc.pid, sig)
@@ -107,7 +143,7 @@ class Start:
         leaves out Ray's two node agents, which outlive a SIGKILLed driver by up to a minute."""
         deadline = time.monotonic() + timeout_s
         while True:
-            left = [p for p in processes_of(self.mark) if agents or not AGENT.search(p)]
+            left = [p for p in processes_of(self.mark, self.family) if agents or not AGENT.search(p)]
             if not left or time.monotonic() > deadline:
                 return left
             time.sleep(0.5)

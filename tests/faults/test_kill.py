@@ -29,7 +29,7 @@ import run_pipeline
 from pipeline.stage import SUCCESS
 from pipeline.tracking.store import STAGE_TAG
 from tests.checkpoints import registered_under, resumed
-from tests.starts import Start
+from tests.starts import Start, processes_of
 
 REPO = Path(run_pipeline.__file__).resolve().parent
 SMOKE = REPO / "configs" / "smoke.yaml"
@@ -39,7 +39,9 @@ TINY = ["tracking.enabled=true", "teacher.train.max_steps=4", "teacher.train.val
         "evaluate.throughput_batch=4",
         # validations and evaluate's penalty tuning on 10 sentences, not the smoke config's 50, and no teacher rows in
         # evaluate (teachers of 4 updates decode to their length limit): what is stopped is the same, in less time
-        "train.valid_max_sentences=10", "teacher.train.valid_max_sentences=10", "evaluate.teacher_baseline=false"]
+        "train.valid_max_sentences=10", "teacher.train.valid_max_sentences=10", "evaluate.teacher_baseline=false",
+        # Ray started without its dashboard (~5 s less a start on 2 cores), but where `tiny_start` keeps it
+        "ray.dashboard=false"]
 HELD = ("ingest", "spm")
 STAGE_DIR = re.compile(r"^[a-z]+-[0-9a-f]{12}$")
 
@@ -70,9 +72,16 @@ KILLS = [
 AGENTS_LINGER_S = 60
 
 
-def tiny_start(workdir: Path, number: int, hold: str = "") -> Start:
+# The starts stopped by SIGKILL keep Ray's dashboard (its module processes must go with the run too); the others start
+# their Ray without it (TINY), which the drill checks as it goes.
+DASHBOARD_KEPT = signal.SIGKILL
+DASHBOARD_MODULE = "ray-dashboard-"  # the title of each of the dashboard's module processes
+
+
+def tiny_start(workdir: Path, number: int, hold: str = "", dashboard: bool = False) -> Start:
     """One start of the tiny run, its output beside the workdir."""
-    return Start(["--config", str(SMOKE), f"workdir={workdir}", *TINY], workdir.parent / f"start{number}", hold=hold)
+    return Start(["--config", str(SMOKE), f"workdir={workdir}", *TINY, *(["ray.dashboard=true"] if dashboard else [])],
+                 workdir.parent / f"start{number}", hold=hold)
 
 
 @pytest.mark.slow
@@ -85,10 +94,13 @@ def test_killed_inside_every_stage_then_run_again_and_corrupted_artifacts_are_re
     phases: list[str] = []  # where the suite's time goes (shown with -rA): start to signal, signal to exit, the rest
     for number, (stage, sig, ready) in enumerate(KILLS):
         began = time.monotonic()
-        start = tiny_start(workdir, number, hold=stage if stage in HELD else "")
+        start = tiny_start(workdir, number, hold=stage if stage in HELD else "", dashboard=sig == DASHBOARD_KEPT)
         start.wait_for(lambda: f"] {stage}: running" in start.stdout.read_text(encoding="utf-8")
                        and _files(workdir, f".{stage}-*.tmp") and ready(workdir), f"stage {stage} under way")
         where = f"stopped in {stage} with {sig.name}"
+        if stage not in HELD:  # Ray is up: with its dashboard's modules only where kept
+            modules = [p for p in processes_of(start.mark) if DASHBOARD_MODULE in p]
+            assert bool(modules) == (sig == DASHBOARD_KEPT), f"{where}: the dashboard's modules: {modules}"
         reached = time.monotonic()
         took[where] = start.stop(sig, where, "finished stages are kept")
         if sig != signal.SIGKILL:  # a SIGKILL leaves its .tmp: the next start removes it
