@@ -11,8 +11,8 @@ import re
 import shutil
 import socket
 import sqlite3
-import tempfile
 import time
+import uuid
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -131,17 +131,23 @@ def _copy_template(database: Path) -> bool:
         template = store_template()
         if not template.is_file():
             _make_template(template)
-        with tempfile.NamedTemporaryFile(dir=database.parent, prefix=f".{database.name}.", suffix=".tmp",
-                                         delete=False) as partial:
-            pass
-        shutil.copyfile(template, partial.name)
-        os.replace(partial.name, database)
+        partial = _new_file(database)
+        shutil.copyfile(template, partial)
+        os.replace(partial, database)
         return True
     except (OSError, sqlite3.Error) as error:
         log.debug("no MLflow store template for %s: %s", database, error)
         if partial is not None:
-            Path(partial.name).unlink(missing_ok=True)
+            partial.unlink(missing_ok=True)
         return False
+
+
+def _new_file(beside: Path) -> Path:
+    """A new empty file of a name of its own beside `beside`, with the permissions sqlite gives a database it
+    creates (0644 less the umask; a temporary file's 0600 would keep a shared store from its group)."""
+    path = beside.with_name(f".{beside.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+    os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+    return path
 
 
 def _make_template(template: Path) -> None:
@@ -151,16 +157,14 @@ def _make_template(template: Path) -> None:
     from mlflow.tracking import MlflowClient
 
     template.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile(dir=template.parent, prefix=f".{template.name}.", suffix=".tmp",
-                                     delete=False) as partial:
-        pass
+    partial = _new_file(template)
     try:
-        MlflowClient(f"sqlite:///{partial.name}")  # creates and migrates the store
-        with contextlib.closing(sqlite3.connect(partial.name)) as database, database:
+        MlflowClient(f"sqlite:///{partial}")  # creates and migrates the store
+        with contextlib.closing(sqlite3.connect(partial)) as database, database:
             database.execute("DELETE FROM experiments WHERE experiment_id = 0")
-        os.replace(partial.name, template)
+        os.replace(partial, template)
     finally:
-        Path(partial.name).unlink(missing_ok=True)
+        partial.unlink(missing_ok=True)
 
 
 # MLflow 3's UI opens an experiment of this kind on its runs table (not on the GenAI traces view) — when its

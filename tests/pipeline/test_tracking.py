@@ -197,6 +197,8 @@ def test_a_new_sqlite_store_is_a_copy_of_the_hosts_template_and_equals_the_store
     MlflowClient(f"sqlite:///{tmp_path}/second/mlflow-own.db").search_experiments()  # made by MLflow alone
     copied, own = (_contents(tmp_path / "second" / name) for name in ("mlflow.db", "mlflow-own.db"))
     assert copied == own
+    modes = {name: (tmp_path / "second" / name).stat().st_mode for name in ("mlflow.db", "mlflow-own.db")}
+    assert modes["mlflow.db"] == modes["mlflow-own.db"], modes  # sqlite's 0644 less the umask, not a temp file's 0600
     assert copied["experiments"] == [(0, "Default", str(tmp_path / "second" / "mlruns" / "0"), "active", "default")]
     assert open_client(f"sqlite:///{tmp_path}/second/mlflow.db").create_experiment("duplex") == "1"
     assert sorted(path.name for path in (tmp_path / "second").iterdir()) == ["mlflow-own.db", "mlflow.db",
