@@ -45,11 +45,12 @@ def _command(pid: int) -> str:
         return "(gone)"
 
 
-def family_of(mark: str) -> dict[int, str]:
+def family_of(mark: str, table: dict[int, tuple[int, str, bytes]] | None = None) -> dict[int, str]:
     """pid -> start time of every process whose environment carries MARK=mark, and of every descendant of one: a
     process that retitles itself (setproctitle: Ray's dashboard modules, its node agents) overwrites the memory
-    that /proc/<pid>/environ reads, so the mark is found in its ancestors only."""
-    table = _processes()
+    that /proc/<pid>/environ reads, so the mark is found in its ancestors only. `table`: `_processes()` read
+    already."""
+    table = _processes() if table is None else table
     needle = f"{MARK}={mark}".encode()
     found = {pid for pid, (_, _, environ) in table.items() if needle in environ.split(b"\0")}
     children: dict[int, list[int]] = {}
@@ -67,10 +68,9 @@ def family_of(mark: str) -> dict[int, str]:
 def processes_of(mark: str, known: dict[int, str] | None = None) -> list[str]:
     """`pid cmdline` of every process of `family_of(mark)`, and of `known` (a family seen earlier: a descendant whose
     parent has died is no longer linked to the mark) where the same process (pid and start time) still runs."""
-    family = family_of(mark)
-    if known:
-        alive = _processes()
-        family.update({pid: start for pid, start in known.items() if pid in alive and alive[pid][1] == start})
+    table = _processes()
+    family = family_of(mark, table)
+    family.update({pid: start for pid, start in (known or {}).items() if pid in table and table[pid][1] == start})
     return [f"{pid} {_command(pid)}" for pid in sorted(family)]
 
 
