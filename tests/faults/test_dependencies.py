@@ -20,7 +20,7 @@ SMOKE = REPO / "configs" / "smoke.yaml"
 AT_START = ("pyarrow", "sentencepiece", "sacrebleu", "yaml", "numpy")
 WHEN_NEEDED = {"mlflow": ["tracking.enabled=true", "--stages", "ingest"],
                "ray": ["tracking.enabled=false", "--stages", "ingest,spm,tokenize"],
-               # Ray without its dashboard (`ray.dashboard=false`): ~5 s less, the dashboard not what is tested
+               # Ray without its dashboard (`ray.dashboard=false`): 2-3 s less, the dashboard not what is tested
                "torch": ["tracking.enabled=false", "ray.dashboard=false", "--stages", "ingest,spm,tokenize,teacher"]}
 
 

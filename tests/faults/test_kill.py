@@ -40,7 +40,7 @@ TINY = ["tracking.enabled=true", "teacher.train.max_steps=4", "teacher.train.val
         # validations and evaluate's penalty tuning on 10 sentences, not the smoke config's 50, and no teacher rows in
         # evaluate (teachers of 4 updates decode to their length limit): what is stopped is the same, in less time
         "train.valid_max_sentences=10", "teacher.train.valid_max_sentences=10", "evaluate.teacher_baseline=false",
-        # Ray started without its dashboard (~5 s less a start on 2 cores), but where `tiny_start` keeps it
+        # Ray started without its dashboard (2-3 s and 4-5 CPU-s less a start on 2 cores), but where `tiny_start` keeps it
         "ray.dashboard=false"]
 HELD = ("ingest", "spm")
 STAGE_DIR = re.compile(r"^[a-z]+-[0-9a-f]{12}$")
