@@ -35,11 +35,19 @@ OPERATOR_IP = f"{SUBNET}.254"
 BRIDGE = "dpx-br0"
 PREFIX = "dpx-"  # network namespaces and the bridge's ports
 NETNS_ETC = Path("/etc/netns")  # per-namespace files `ip netns exec` binds over /etc
-HOLD = Path("/run/duplex-hosts")
+HOLD = Path("/run/duplex-hosts")  # where a host's mount namespace keeps the machine's /tmp while it binds parts back
 # The hosts' processes run at a lower priority than the rest of the test suite, beside which the cluster test
 # runs: two Ray nodes advertise 4 CPUs on a 2-core machine, and a 3-trial sweep on them starved a fault test's
-# `ray.init` of the CPU its raylet needed to register within Ray's fixed 30 s (a CI run on this box failed so).
-NICENESS = 10  # where a host's mount namespace keeps the machine's /tmp while it binds parts back
+# `ray.init` of the CPU its raylet needed to register within Ray's fixed 30 s (CI runs on this box failed so).
+# A nice value alone does not hold: with the kernel's autogroups (kernel.sched_autogroup_enabled, 1 here) every
+# session (each SSH login, each `ray start`) is scheduled as one entity of nice 0 whatever its processes' nice,
+# and their nice counts only among themselves. Measured on the 2-core box beside four busy loops at nice 10, each
+# in a session of its own: a new local `ray.init` took 29.5 s, and 8.6 s with the loops in one CPU cgroup of
+# weight CPU_SHARE. So each host starts inside that cgroup (tasks outside the root cgroup have no autogroup), and
+# keeps NICENESS only where no CPU cgroup can be made.
+NICENESS = 10
+CPU_GROUP = "dpx-hosts"
+CPU_SHARE = 0.5  # the hosts together, against one session of the suite, when the CPU is short
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TOOLS = {"/usr/sbin/sshd": "openssh-server", "/usr/bin/rsync": "rsync", "/usr/bin/setfacl": "acl",
          "/usr/sbin/ip": "iproute2", "/usr/bin/unshare": "util-linux", "/usr/bin/setpriv": "util-linux"}
@@ -74,6 +82,47 @@ def unavailable() -> str:
     routes = run(["ip", "-4", "route", "show", "to", "match", f"{SUBNET}.1"], check=False).stdout
     taken = [line for line in routes.splitlines() if not line.startswith("default") and BRIDGE not in line]
     return f"{SUBNET}.0/24 is in use on this machine ({taken[0]})" if taken else ""
+
+
+def cpu_group() -> Path | None:
+    """The hosts' CPU cgroup (made, its weight set to CPU_SHARE of a nice-0 session's): its `cgroup.procs` file,
+    which a process joins by writing its pid there; None where neither cgroup v1's cpu controller nor v2's
+    cpu.weight can be written at the root of the hierarchy."""
+    v1, v2 = Path("/sys/fs/cgroup/cpu"), Path("/sys/fs/cgroup")
+    try:
+        if (v1 / "cpu.shares").is_file():  # a nice-0 session weighs 1024
+            group, setting, value = v1 / CPU_GROUP, "cpu.shares", round(1024 * CPU_SHARE)
+        elif "cpu" in (v2 / "cgroup.controllers").read_text().split():  # 100
+            (v2 / "cgroup.subtree_control").write_text("+cpu")
+            group, setting, value = v2 / CPU_GROUP, "cpu.weight", round(100 * CPU_SHARE)
+        else:
+            return None
+        group.mkdir(exist_ok=True)
+        (group / setting).write_text(str(value))
+    except OSError:
+        return None
+    return group / "cgroup.procs"
+
+
+def remove_cpu_group(procs: Path) -> None:
+    """Remove the hosts' CPU cgroup once its processes are gone (they may take a moment to be reaped)."""
+    for _ in range(50):
+        try:
+            procs.parent.rmdir()
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            time.sleep(0.1)
+
+
+def in_cpu_group(pid: int) -> bool:
+    """Whether process `pid` is in the hosts' CPU cgroup (either hierarchy)."""
+    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():  # "ID:CONTROLLERS:PATH", v2's CONTROLLERS ""
+        _, controllers, path = line.split(":", 2)
+        if path == f"/{CPU_GROUP}" and (not controllers or "cpu" in controllers.split(",")):
+            return True
+    return False
 
 
 def remove_leftovers(user: str) -> None:
@@ -174,6 +223,7 @@ class Hosts:
     user: str
     names: tuple[str, ...] = ("head", "worker")
     hosts: dict[str, Host] = field(default_factory=dict)
+    cpu_procs: Path | None = None  # the `cgroup.procs` file of the hosts' CPU cgroup (None: NICENESS alone)
 
     def __post_init__(self) -> None:
         for index, name in enumerate(self.names, start=1):
@@ -193,6 +243,7 @@ class Hosts:
 
     def create(self, public_key: Path) -> None:
         """The network, the user (authorised by `public_key` on every host) and each host's files."""
+        self.cpu_procs = cpu_group()
         run(["ip", "link", "add", BRIDGE, "type", "bridge"])
         run(["ip", "addr", "add", f"{OPERATOR_IP}/24", "dev", BRIDGE])
         run(["ip", "link", "set", BRIDGE, "up"])
@@ -261,9 +312,11 @@ class Hosts:
     def start(self, host: Host) -> None:
         """Boot `host`: its namespaces and its sshd; returns once the sshd answers on port 22."""
         host.log = self.base / "sshd" / f"{host.name}.log"
+        # the first process joins the CPU cgroup before anything of the host starts: all of it inherits the group
+        join = ["sh", "-c", 'echo $$ > "$0" && exec "$@"', str(self.cpu_procs)] if self.cpu_procs else []
         with open(host.log, "ab") as log:
             host.process = subprocess.Popen(
-                ["setpriv", "--pdeathsig", "KILL", "nice", "-n", str(NICENESS), "ip", "netns", "exec", host.netns,
+                [*join, "setpriv", "--pdeathsig", "KILL", "nice", "-n", str(NICENESS), "ip", "netns", "exec", host.netns,
                  "unshare", "--pid", "--mount",
                  "--uts", "--fork", "--mount-proc", "--kill-child=SIGKILL", "bash", "-c", self.init_script(host)],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
@@ -286,6 +339,8 @@ class Hosts:
                 subprocess.run(["setfacl", "-x", f"u:{self.user}", str(directory)], capture_output=True)
             subprocess.run(["userdel", "--force", self.user], capture_output=True)
         remove_leftovers(self.user)
+        if self.cpu_procs is not None:
+            remove_cpu_group(self.cpu_procs)
 
 
 def answers(address: str, port: int, timeout_s: float = 1.0) -> bool:

@@ -12,6 +12,7 @@ but under CI=true it fails.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -27,7 +28,8 @@ import pytest
 
 from pipeline.tracking.store import STAGE_TAG
 from tests.checkpoints import registered_checkpoints
-from tests.cluster.hosts import OPERATOR_IP, REPO_ROOT, Hosts, answers, remove_leftovers, unavailable
+from tests.cluster.hosts import (NICENESS, OPERATOR_IP, REPO_ROOT, Hosts, answers, in_cpu_group, remove_leftovers,
+                                 unavailable)
 
 DOC = REPO_ROOT / "docs" / "cluster.md"
 MARKER = "<!-- ray-up-two-hosts:"
@@ -385,6 +387,17 @@ def test_ray_up_starts_the_head_as_the_docs_say(scenario, machine):
     for host in hosts.hosts.values():
         routes = subprocess.run(["ip", "-n", host.netns, "route"], capture_output=True, text=True).stdout
         assert "default" not in routes and OPERATOR_IP not in routes.replace(f"{host.address}", ""), routes
+    # Below the suite: every process of both hosts (Ray's, the SSH logins') in their CPU cgroup (hosts.py, CPU_SHARE)
+    if hosts.cpu_procs is None:
+        print("no CPU cgroup could be made: the hosts run at nice", NICENESS, "only (ineffective under autogroups)")
+    else:
+        outside = []
+        for host in hosts.hosts.values():
+            for pid in [host.init_pid(), *(int(line.split()[0]) for line in host.processes())]:
+                with contextlib.suppress(OSError):  # ended meanwhile
+                    if not in_cpu_group(pid):
+                        outside.append(pid)
+        assert not outside, f"processes of the hosts outside their CPU cgroup: {outside}"
 
 
 def test_two_hosts_train_together_and_ray_down_leaves_nothing(scenario, machine):
