@@ -43,8 +43,8 @@ HOLD = Path("/run/duplex-hosts")  # where a host's mount namespace keeps the mac
 # session (each SSH login, each `ray start`) is scheduled as one entity of nice 0 whatever its processes' nice,
 # and their nice counts only among themselves. Measured on the 2-core box beside four busy loops at nice 10, each
 # in a session of its own: a new local `ray.init` took 29.5 s, and 8.6 s with the loops in one CPU cgroup of
-# weight CPU_SHARE. So each host starts inside that cgroup (tasks outside the root cgroup have no autogroup), and
-# keeps NICENESS only where no CPU cgroup can be made.
+# weight CPU_SHARE. So each host starts inside that cgroup (tasks outside the root cgroup have no autogroup); its
+# processes still get NICENESS, which matters only where no CPU cgroup can be made.
 NICENESS = 10
 CPU_GROUP = "dpx-hosts"
 CPU_SHARE = 0.5  # the hosts together, against one session of the suite, when the CPU is short
