@@ -441,7 +441,11 @@ def test_two_hosts_train_together_and_ray_down_leaves_nothing(scenario, machine)
     placed = {w["node_ip"]: w for w in report["workers"]}
     assert sorted(placed) == sorted([head, worker]), report["workers"]
     assert {placed[head]["hostname"], placed[worker]["hostname"]} == {"duplex-head", "duplex-worker"}
-    check_mlflow(scenario.runs, rank_on_worker=placed[worker]["rank"])
+    # what the sweep said, and its trials.csv (status and error of each trial), shown if a trial's run lacks its BLEUs
+    sweep_said = outputs[tune][-3000:] + "".join(
+        f"\n{path}:\n{path.read_text(encoding='utf-8')}"
+        for path in (hosts.shared / "duplex" / "runs" / "smoke").glob("tune-*/trials.csv"))
+    check_mlflow(scenario.runs, rank_on_worker=placed[worker]["rank"], sweep_said=sweep_said)
 
     # The worker host lost for good mid-training: the stage stopped in bounded time saying what to do, its
     # checkpoints kept; the same command on a replacement machine resumed from the checkpoint and lost no step.
@@ -483,7 +487,7 @@ def test_two_hosts_train_together_and_ray_down_leaves_nothing(scenario, machine)
         print(f"{seconds:6.1f} s  {command}")
 
 
-def check_mlflow(runs: list, rank_on_worker: int) -> None:
+def check_mlflow(runs: list, rank_on_worker: int, sweep_said: str) -> None:
     """Both BLEUs of both pipeline runs and of every trial were in the head's server, with the throughput of
     the rank on the worker host; nothing was RUNNING."""
     assert [r.info.run_name for r in runs if r.info.status == "RUNNING"] == []
@@ -505,5 +509,6 @@ def check_mlflow(runs: list, rank_on_worker: int) -> None:
     trials = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == sweeps[0].info.run_id]
     assert len(trials) == 3
     for trial in trials:
-        assert {"valid_bleu_src2tgt", "valid_bleu_tgt2src"} <= set(trial.data.metrics), trial.data.metrics
+        assert {"valid_bleu_src2tgt", "valid_bleu_tgt2src"} <= set(trial.data.metrics), \
+            (trial.info.run_name, trial.info.status, trial.data.metrics, trial.data.tags, sweep_said)
     assert all(r.info.status == "FINISHED" for r in [*pipelines, *trains, *sweeps, *trials] if r not in (lost, *failed))
