@@ -24,7 +24,7 @@ def test_ci_runs_the_readme_test_command_with_the_extras_installed():
     """.ci/run's last line is the README's test command, and before it CI installs torch as requirements.txt pins
     it and uv with pip (as the test command does), then with uv pyproject's ct2 and triton extras as pinned there
     (so the CTranslate2 tests, distill's default engine and the DAG kernel's tests run in CI, with the versions
-    users get), then the requirements (while Chromium installs beside them)."""
+    users get), then the requirements (apt installing Chromium beside them from the start)."""
     lines = [line for line in (REPO / ".ci" / "run").read_text(encoding="utf-8").splitlines()
              if line.strip() and not line.startswith("#")]
     readme = (REPO / "README.md").read_text(encoding="utf-8")
