@@ -47,14 +47,10 @@ HOLD = Path("/run/duplex-hosts")  # where a host's mount namespace keeps the mac
 # processes still get NICENESS, which matters only where no CPU cgroup can be made.
 NICENESS = 10
 CPU_GROUP = "dpx-hosts"
-# The hosts together, against one session of the suite, when the CPU is short. The `ray up` test's background work
-# (~760 CPU-s) needs no more: the suite leaves ~20 % of the two cores idle, and the background has the whole suite to
-# finish in (it ends before the test that waits for it comes). Measured, `CI=true pytest tests/cluster/test_ray_up.py
-# tests/faults` on the 2-core box: at 0.5 the fault drill took 381 s beside the background (293 s alone), at 0.1
-# 302 s; the background's commands and drills passed at both (its pipeline run 320 s and 353 s, `ray job stop`'s
-# runs KILLED 0.3 s after the request, the host-loss run stopped 27.1 s after the loss). In a whole CI run the
-# background then slows the torch-bound tests that come later instead (the drill 441 -> 329 s, the rest slower, 34 s
-# less in all on a slow day): the tests that time a start of Ray get more of the CPU.
+# The hosts together, against one session of the suite, when the CPU is short: a tenth, so that the `ray up` test's
+# background work (~760 CPU-s, with the whole suite to finish in) takes mostly the CPU the tests beside it leave.
+# Measured on the 2-core box (docs/results/ci.md): the fault drill beside it 381 s at 0.5, 302 s at 0.1 (293 s alone),
+# every bound of the background still held; in a whole CI run the later, torch-bound tests ran slower, 34 s less in all.
 CPU_SHARE = 0.1
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TOOLS = {"/usr/sbin/sshd": "openssh-server", "/usr/bin/rsync": "rsync", "/usr/bin/setfacl": "acl",
