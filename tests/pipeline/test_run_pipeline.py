@@ -604,12 +604,12 @@ def test_the_mlflow_ui_in_headless_chromium_shows_the_runs_the_plot_and_the_mode
     assert len(expected["pipeline"]) == 1 + 7 + 2  # the pipeline run, its seven stage runs, two test BLEUs
     assert expected["runs"][-4:-2] == ["test_bleu_src2tgt", "test_bleu_tgt2src"]  # the view's columns, then values
     assert "viewStateShareKey=" in links["runs"]
-    with mlflow_ui.mlflow_ui(store) as base:
+    with mlflow_ui.mlflow_ui(store) as base, mlflow_ui.browser_cache() as cache:
         port = base.rstrip("/").rsplit(":", 1)[1]
         server = subprocess.run(["pgrep", "-f", f"mlflow ui .* --port {port} "], capture_output=True, text=True)
         session = subprocess.run(["ps", "-o", "args=", "-s", server.stdout.split()[0]], capture_output=True,
                                  text=True).stdout
         assert "huey" not in session and "_job_runner" not in session, session  # MLflow's job execution is off
         for page, fragment in links.items():
-            dom = mlflow_ui.browse(base + fragment)
+            dom = mlflow_ui.browse(base + fragment, cache=cache)
             assert mlflow_ui.missing_texts(dom, expected[page]) == [], (page, base + fragment)

@@ -66,7 +66,7 @@ def test_kernels_equal_the_torch_dp_in_float64_on_many_random_graphs(monkeypatch
             assert max(differences) < 1e-12, (ratio, seed, differences)
 
 
-def test_kernels_equal_the_torch_dp_on_targets_that_nearly_fill_their_graphs(monkeypatch):
+def test_kernels_equal_the_torch_dp_in_float64_on_targets_that_nearly_fill_their_graphs(monkeypatch):
     """Paths that skip at most 3 of up to 40 vertices: the terms at the tiles' edges (vertex 15 at step 15 and
     the like), which carry next to nothing on random graphs, carry much of the probability here. In float64:
     with log P down to −270, both float32 DPs' edge gradients are 1e-5 of their size from the float64 ones."""
@@ -124,7 +124,7 @@ def test_the_dag_head_with_dp_triton_trains_as_with_dp_torch_and_glancing_and_fb
         assert grad is not None and (grad - expected_grads[name]).abs().max() < 1e-5, name
 
 
-def test_the_kernels_are_interpreted_and_take_float32_or_float64():
+def test_the_kernels_are_interpreted_and_refuse_half_precision():
     log_edges, log_probs, targets, graph_lengths, target_lengths = random_dag_batch(2, seed=0)
     emissions = target_emissions(log_probs, targets)
     assert kernels.interpreted()

@@ -1,8 +1,9 @@
-"""The Triton DAG DP (reder/dag_triton.py): through Triton's interpreter, in a pytest process of its own
+"""The Triton DAG DP (reder/dag_triton.py): through Triton's interpreter, in two pytest processes of their own
 (tests/reder/dag_triton_interpreted.py: against the PyTorch DP, gradcheck, the DAG head with model.dag_dp=triton),
 and compiled on CUDA (`gpu`)."""
 import inspect
 import os
+import re
 import subprocess
 import sys
 import time
@@ -21,16 +22,37 @@ ROOT = Path(__file__).resolve().parents[2]
 INTERPRETED = Path(__file__).with_name("dag_triton_interpreted.py")
 
 
-def test_the_kernels_through_the_interpreter_in_a_process_of_their_own():
+# The interpreter runs a kernel's programs one by one on one core: its tests run in two child processes at once, split
+# so that each takes about half the time (the float64 tests: the many random graphs, the nearly filled graphs and
+# gradcheck; the others: float32 at every tile size, the loss, the DAG head in the model).
+SHARDS = ("float64", "not float64")
+
+
+def test_the_kernels_through_the_interpreter_in_processes_of_their_own():
     """TRITON_INTERPRET=1 must be set before triton is imported and holds for the whole process, so the
-    interpreter's tests run in a child pytest: this session's triton stays compiled."""
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-ra", str(INTERPRETED.relative_to(ROOT))]
+    interpreter's tests run in child pytests: this session's triton stays compiled. Together the shards run every
+    test of the file once."""
     start = time.perf_counter()
-    result = subprocess.run(command, cwd=ROOT, env=dict(os.environ, TRITON_INTERPRET="1"), capture_output=True, text=True,
-                            timeout=900)
-    print(result.stdout[-3000:], result.stderr[-3000:], f"{time.perf_counter() - start:.1f} s", sep="\n")
-    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
-    assert " passed" in result.stdout and "skipped" not in result.stdout, result.stdout[-3000:]
+    # one torch thread each: the two children have a core each
+    env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1")
+    children = [subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-ra", "-k", shard,
+                                  str(INTERPRETED.relative_to(ROOT))], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True) for shard in SHARDS]
+    counts = []
+    try:
+        for shard, child in zip(SHARDS, children):
+            stdout, stderr = child.communicate(timeout=900)
+            print(f"-k {shard!r}:", stdout[-3000:], stderr[-3000:], sep="\n")
+            assert child.returncode == 0, stdout[-6000:] + stderr[-3000:]
+            assert "skipped" not in stdout, stdout[-3000:]
+            counts.append([int(re.search(rf"(\d+) {word}", stdout).group(1)) for word in ("passed", "deselected")])
+    finally:
+        for child in children:
+            child.kill()
+            child.wait()
+    print(f"{time.perf_counter() - start:.1f} s")
+    (passed, deselected), (passed_too, deselected_too) = counts
+    assert passed > 0 and passed_too > 0 and deselected == passed_too and deselected_too == passed  # each test once
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1", reason="this session's triton is the interpreter")
