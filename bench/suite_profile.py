@@ -5,6 +5,13 @@ span (/proc/stat's user, nice, system, irq and softirq of every core) to a CSV f
     SUITE_PROFILE=/tmp/profile.csv PYTHONPATH=$PWD PYTEST_ADDOPTS="-p bench.suite_profile" CI=true bash .ci/run
     python -m bench.suite_profile /tmp/profile.csv [--top 30]
 
+and which processes the machine's CPU went to, by command, from the kernel's process accounting over the same run
+(Debian's acct package; the accounting file records every process that ended, its command truncated to 15
+characters, as Ray's worker processes title themselves: `ray::RayTrainWorker`, `ray::IDLE`):
+
+    touch /tmp/acct && accton /tmp/acct && (the run above); accton off
+    python -m bench.suite_profile --processes /tmp/acct [--top 30]
+
 The summary gives, per directory and per test, the wall seconds, pytest's CPU seconds, the machine's CPU seconds
 and the machine's idle capacity (cores × wall − machine CPU): where a test left a core idle (it waited, or ran
 on one core), work beside it would cost no time; where the machine had none to spare, only less work makes the
@@ -17,6 +24,7 @@ import argparse
 import collections
 import csv
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -93,12 +101,50 @@ def summary(tests: dict[str, list[float]], cores: int, top: int) -> str:
     return "\n".join(parts)
 
 
+ACCT_HZ = 100  # the kernel's accounting clock (AHZ): dump-acct prints user and system time in its ticks
+
+
+def processes(dump: str) -> dict[str, list[float]]:
+    """command → [processes, CPU seconds (user + system), seconds alive], from `dump-acct FILE`'s lines (fields
+    separated by `|`: command, version, user ticks, system ticks, elapsed ticks, ...)."""
+    commands: dict[str, list[float]] = collections.defaultdict(lambda: [0, 0.0, 0.0])
+    for number, line in enumerate(dump.splitlines(), 1):
+        fields = [field.strip() for field in line.split("|")]
+        if len(fields) < 5:
+            raise ValueError(f"dump-acct's line {number} has {len(fields)} fields, not the 5 or more read: {line!r}")
+        total = commands[fields[0]]
+        total[0] += 1
+        total[1] += (float(fields[2]) + float(fields[3])) / ACCT_HZ
+        total[2] += float(fields[4]) / ACCT_HZ
+    return dict(commands)
+
+
+def process_summary(commands: dict[str, list[float]], top: int) -> str:
+    total = sum(cpu for _, cpu, _ in commands.values())
+    parts = [f"{sum(n for n, _, _ in commands.values()):.0f} processes ended, {total:.1f} CPU-s", "",
+             "| command | processes | CPU-s | CPU-s each | share |", "|---|---|---|---|---|"]
+    for name, (count, cpu, _) in sorted(commands.items(), key=lambda kv: -kv[1][1])[:top]:
+        parts.append(f"| {name} | {count:.0f} | {cpu:.1f} | {cpu / count:.2f} | {cpu / total:.1%} |")
+    return "\n".join(parts)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("profile", type=Path, help="the CSV file the plugin wrote")
-    parser.add_argument("--top", type=int, default=30, help="tests listed in each ranking")
+    parser.add_argument("profile", type=Path, nargs="?", help="the CSV file the plugin wrote")
+    parser.add_argument("--processes", type=Path, metavar="ACCT", help="a process accounting file (accton) instead")
+    parser.add_argument("--top", type=int, default=30, help="tests (or commands) listed in each ranking")
     parser.add_argument("--cores", type=int, default=os.cpu_count(), help="the machine's cores (default: this one's)")
     args = parser.parse_args(argv)
+    if (args.profile is None) == (args.processes is None):
+        parser.error("give the plugin's CSV file or --processes ACCT, one of the two")
+    if args.processes is not None:
+        if not args.processes.is_file():
+            parser.error(f"{args.processes}: no such file (made by `accton FILE`)")
+        dump = subprocess.run(["dump-acct", str(args.processes)], capture_output=True, text=True)
+        if dump.returncode:
+            parser.error(f"dump-acct {args.processes}: {dump.stderr.strip() or f'exit {dump.returncode}'}")
+        print(process_summary(processes(dump.stdout), args.top))
+        return 0
     print(summary(read(args.profile), args.cores, args.top))
     return 0
 

@@ -1,7 +1,10 @@
-"""bench/suite_profile.py: the plugin's rows in a pytest of its own, and the summary read from them."""
+"""bench/suite_profile.py: the plugin's rows in a pytest of its own, and the summary read from them; the process
+accounting summary read from dump-acct's lines."""
 import os
 import subprocess
 import sys
+
+import pytest
 
 from bench import REPO_ROOT, suite_profile
 
@@ -39,3 +42,26 @@ def test_each_phase_of_each_test_is_a_row_with_its_own_and_the_machines_cpu(tmp_
     assert "| test_two.py | " in text and "by idle capacity:\n" in text
     idle = text.split("by idle capacity:\n")[1].splitlines()
     assert idle[2].startswith("| test_two.py::test_waits | ")  # the test that waited left the most idle
+
+
+DUMP = """\
+python          |v3|   250.00|    50.00|  1200.00|     0|     0| 42000.00|     0.00|   101|     1|     |       0|__      |Tue Dec  1 01:54:32 2026
+ray::RayTrainWo |v3|   700.00|   100.00|  1500.00|     0|     0| 90000.00|     0.00|   102|   101|     |       0|__      |Tue Dec  1 01:55:00 2026
+ray::RayTrainWo |v3|   780.00|    60.00|  1400.00|     0|     0| 90000.00|     0.00|   103|   101|     |       0|__      |Tue Dec  1 01:56:00 2026
+rm              |v3|     0.00|     0.00|     1.00|     0|     0|  3900.00|     0.00|   104|   101|     |       0|__      |Tue Dec  1 01:57:00 2026
+"""
+
+
+def test_the_accounting_summary_sums_each_commands_processes_and_their_user_and_system_ticks():
+    commands = suite_profile.processes(DUMP)
+    assert commands["ray::RayTrainWo"] == [2, 16.4, 29.0]  # (700 + 100 + 780 + 60) ticks of 1/100 s
+    assert commands["python"] == [1, 3.0, 12.0] and commands["rm"] == [1, 0.0, 0.01]
+    text = suite_profile.process_summary(commands, top=2)
+    assert text.startswith("4 processes ended, 19.4 CPU-s\n")
+    rows = text.splitlines()[4:]
+    assert rows == ["| ray::RayTrainWo | 2 | 16.4 | 8.20 | 84.5% |", "| python | 1 | 3.0 | 3.00 | 15.5% |"]
+
+
+def test_a_line_that_is_not_dump_accts_is_refused_with_its_number():
+    with pytest.raises(ValueError, match="line 5 has 1 fields"):
+        suite_profile.processes(DUMP + "not an accounting record\n")
