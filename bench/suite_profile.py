@@ -105,25 +105,24 @@ ACCT_HZ = 100  # the kernel's accounting clock (AHZ): dump-acct prints user and 
 
 
 def processes(dump: str) -> dict[str, list[float]]:
-    """command → [processes, CPU seconds (user + system), seconds alive], from `dump-acct FILE`'s lines (fields
-    separated by `|`: command, version, user ticks, system ticks, elapsed ticks, ...)."""
-    commands: dict[str, list[float]] = collections.defaultdict(lambda: [0, 0.0, 0.0])
+    """command → [processes, CPU seconds (user + system)], from `dump-acct FILE`'s lines (fields separated by `|`:
+    command, version, user ticks, system ticks, ...)."""
+    commands: dict[str, list[float]] = collections.defaultdict(lambda: [0, 0.0])
     for number, line in enumerate(dump.splitlines(), 1):
         fields = [field.strip() for field in line.split("|")]
-        if len(fields) < 5:
-            raise ValueError(f"dump-acct's line {number} has {len(fields)} fields, not the 5 or more read: {line!r}")
+        if len(fields) < 4:
+            raise ValueError(f"dump-acct's line {number} has {len(fields)} fields, not the 4 or more read: {line!r}")
         total = commands[fields[0]]
         total[0] += 1
         total[1] += (float(fields[2]) + float(fields[3])) / ACCT_HZ
-        total[2] += float(fields[4]) / ACCT_HZ
     return dict(commands)
 
 
 def process_summary(commands: dict[str, list[float]], top: int) -> str:
-    total = sum(cpu for _, cpu, _ in commands.values())
-    parts = [f"{sum(n for n, _, _ in commands.values()):.0f} processes ended, {total:.1f} CPU-s", "",
+    total = sum(cpu for _, cpu in commands.values())
+    parts = [f"{sum(n for n, _ in commands.values()):.0f} processes ended, {total:.1f} CPU-s", "",
              "| command | processes | CPU-s | CPU-s each | share |", "|---|---|---|---|---|"]
-    for name, (count, cpu, _) in sorted(commands.items(), key=lambda kv: -kv[1][1])[:top]:
+    for name, (count, cpu) in sorted(commands.items(), key=lambda kv: -kv[1][1])[:top]:
         parts.append(f"| {name} | {count:.0f} | {cpu:.1f} | {cpu / count:.2f} | {cpu / total:.1%} |")
     return "\n".join(parts)
 

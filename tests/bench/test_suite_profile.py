@@ -54,8 +54,8 @@ rm              |v3|     0.00|     0.00|     1.00|     0|     0|  3900.00|     0
 
 def test_the_accounting_summary_sums_each_commands_processes_and_their_user_and_system_ticks():
     commands = suite_profile.processes(DUMP)
-    assert commands["ray::RayTrainWo"] == [2, 16.4, 29.0]  # (700 + 100 + 780 + 60) ticks of 1/100 s
-    assert commands["python"] == [1, 3.0, 12.0] and commands["rm"] == [1, 0.0, 0.01]
+    assert commands["ray::RayTrainWo"] == [2, pytest.approx(16.4)]  # (700 + 100 + 780 + 60) ticks of 1/100 s
+    assert commands["python"] == [1, pytest.approx(3.0)] and commands["rm"] == [1, 0.0]
     text = suite_profile.process_summary(commands, top=2)
     assert text.startswith("4 processes ended, 19.4 CPU-s\n")
     rows = text.splitlines()[4:]
