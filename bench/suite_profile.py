@@ -31,8 +31,8 @@ from pathlib import Path
 
 import pytest
 
-ENV = "SUITE_PROFILE"  # the CSV file the plugin appends to
-FIELDS = ("pid", "nodeid", "phase", "wall_s", "pytest_cpu_s", "machine_cpu_s")
+# The CSV file the plugin appends to; no header, each row: pid, nodeid, phase, wall_s, pytest_cpu_s, machine_cpu_s
+ENV = "SUITE_PROFILE"
 
 
 def machine_cpu_s() -> float:
