@@ -1,4 +1,4 @@
-"""Fixtures for the pipeline tests: one Ray instance for the whole session, small corpora on disk."""
+"""Fixtures for the pipeline tests: one Ray instance for all of them, small corpora on disk."""
 from __future__ import annotations
 
 import os
@@ -14,7 +14,7 @@ WORDS_TGT = ("der die das rot blau klein groß hund katze mann frau kind ball st
              "springt spielt sitzt schaut an mit bei unter über grün alt jung haus fluss baum").split()
 
 
-# The session's Ray instance (no GPU declared: tests/pipeline/test_gpu.py starts its own, then this one again).
+# The pipeline tests' Ray instance (no GPU declared: tests/pipeline/test_gpu.py starts its own, then this one again).
 # The dashboard serves the State API (the tests' actor checks), on a port the instance's processes are told of
 # (cluster/connect.py's `init_local`, as a local run's: the cluster test's Ray runs beside the suite on this machine).
 RAY_SESSION = {"address": "local", "num_cpus": 2, "object_store_memory": 200 * 1024 * 1024, "include_dashboard": True,
@@ -24,9 +24,11 @@ RAY_SESSION = {"address": "local", "num_cpus": 2, "object_store_memory": 200 * 1
 PREEMPTION_WATCHER = "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def ray_session():
-    """One local Ray instance shared by every test that needs it (2 CPUs, small object store)."""
+    """One local Ray instance shared by every test of this directory that needs it (2 CPUs, small object store),
+    ended after its last: idle, its processes take ~0.12 CPU-s a second (docs/results/ci.md), which the tests
+    after these (bench/, reder/) would otherwise pay for on the 2-core CI machine."""
     os.environ["RAY_AUTH_MODE"] = "disabled"
     import ray
 
@@ -52,10 +54,10 @@ needs_sword_bibles = pytest.mark.skipif(not SWORD_BIBLES, reason="Debian package
 DATA_STAGES = ("ingest", "spm", "tokenize")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def smoke_data_stages(tmp_path_factory: pytest.TempPathFactory, ray_session) -> Path:
-    """The smoke config's data stages (ingest, spm, tokenize), run once for the session on its Ray instance: the
-    workdir that holds them. Read-only: tests take copies (`smoke_data`)."""
+    """The smoke config's data stages (ingest, spm, tokenize), run once for this directory's tests on their Ray
+    instance: the workdir that holds them. Read-only: tests take copies (`smoke_data`)."""
     import run_pipeline
 
     workdir = tmp_path_factory.mktemp("smoke-data")
