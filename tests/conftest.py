@@ -57,15 +57,6 @@ def restore_torch_threads():
     yield
 
 
-@pytest.fixture(autouse=True)
-def quiet_for_timed_tests(request: pytest.FixtureRequest) -> None:
-    """A `timed` test learns against a wall-clock limit with both cores: the session's Ray instance
-    (tests/pipeline/conftest.py), whose idle processes take a share of them, ends before it (they run last)."""
-    ray = sys.modules.get("ray")
-    if "timed" in request.keywords and ray is not None and ray.is_initialized():
-        ray.shutdown()
-
-
 REPO = Path(__file__).resolve().parents[1]
 # MLflow's default artifact root, relative to the working directory (the repository, where pytest runs): an
 # experiment made without an artifact location writes there
