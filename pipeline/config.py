@@ -149,6 +149,7 @@ class TrainConfig:
     # summed over resumes; the worker group's start comes on top), 0 = no limit: fairseq's --stop-time-hours. The
     # run stops at max_steps or max_time, whichever comes first, and validates its last update. A run stopped by
     # time is not reproducible across cards: its manifest records the updates it reached, the card and the seed.
+    # Under a run budget (`budget`), a stage without max_time trains until its share of the budget runs out.
     max_time: float = 0.0
     # Stop after this many validations in a row without a new best valid_bleu (fairseq's --patience); 0 = off.
     patience: int = 0
@@ -156,7 +157,8 @@ class TrainConfig:
     # polynomial_decay of power 1: down to 0 at the end of the planned run, max_steps or max_time).
     lr_scheduler: Literal["inverse_sqrt", "linear"] = "inverse_sqrt"
     # > 0: warm up over this fraction of the planned run instead of warmup_steps; the run's progress is the larger
-    # of step/max_steps and elapsed/max_time, so a time-budgeted run warms up and decays over its budget.
+    # of step/max_steps and elapsed/max_time (without max_time: elapsed/its share of the run budget, when it has
+    # one), so a time-budgeted run warms up and decays over its budget.
     warmup_fraction: float = 0.0
     # torch.compile REDER's attention and feed-forward branches (dropout then draws other masks)
     compile: bool = False
@@ -441,8 +443,10 @@ class BudgetConfig:
     stages (teacher, cmlm, train): each stops at its own `max_time` or earlier, when the run's time left, less
     the `max_time` of every training stage still to come and `reserve` seconds for what follows the last one's
     updates (its last validation and publishing, evaluate), runs out: a stage's share counts from the stage's
-    start, its worker group's start included. It shortens stages only, so it is not part of any stage's key; a
-    stage it cut says so in its manifest (`stopped_by`: "time_cap")."""
+    start, its worker group's start included. It shortens stages with a max_time only, so it is not part of any
+    stage's key; a stage it cut says so in its manifest (`stopped_by`: "time_cap"). A training stage without a
+    max_time claims nothing from the stages before it and trains until its share runs out, its schedule sized to
+    that share: the last one takes what the run has left less the reserve."""
 
     max_time: float = 0.0  # seconds for the whole run, from run_pipeline.py's start; 0 = no run budget
     reserve: float = 0.0  # seconds kept for what follows the last training stage's updates (publishing, evaluate)

@@ -10,7 +10,7 @@ rehearsal() {
               teacher.model.d_model=64 teacher.model.ffn_dim=128 teacher.model.encoder_layers=1
               teacher.model.decoder_layers=1 teacher.train.use_gpu=false teacher.train.cpus_per_worker=1
               teacher.train.max_time=25 teacher.train.max_tokens=4096 teacher.train.validate_every=1000
-              train.use_gpu=false train.cpus_per_worker=1 train.max_time=25 train.max_tokens=4096
+              train.use_gpu=false train.cpus_per_worker=1 train.max_tokens=4096
               train.validate_every=1000 distill.use_gpu=false)
 }
 

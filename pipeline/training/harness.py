@@ -371,6 +371,10 @@ class Harness:
         # Training seconds of the run so far (updates and validations, summed over resumes: max_time counts
         # them), and the plateau count of `patience`: the best validation score and the validations since it.
         self.elapsed, self.best_score, self.bad_validations = 0.0, -math.inf, 0
+        # The seconds the schedule spans in a run without max_time that a time cap stops (the last training stage
+        # of a budgeted pipeline run: its share of the budget): the run's seconds at this call's start plus the
+        # cap, set by `fit`; 0 = none, the schedule then follows the steps alone.
+        self.horizon = 0.0
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda step: learning_rate(step, cfg, self.time_progress) / cfg.lr)
         self.step = self.epoch = self.next_batch = 0
@@ -463,20 +467,25 @@ class Harness:
 
     @property
     def time_progress(self) -> float:
-        """The fraction of `max_time` spent (0 without a time budget): the schedule's clock (`learning_rate`)."""
-        return self.elapsed / self.cfg.max_time if self.cfg.max_time else 0.0
+        """The fraction of `max_time` spent, or without it of the time cap's `horizon` (0 with neither): the
+        schedule's clock (`learning_rate`)."""
+        span = self.cfg.max_time or self.horizon
+        return self.elapsed / span if span else 0.0
 
     def fit(self, batches: Iterator[MicroBatch], until: Optional[int] = None,
             time_cap_s: float = math.inf) -> dict[str, Any]:
         """Train from `batches` (which must start at `position`) to step `until` (a pause: no validation
         there) or `max_steps`, or until the run's training time reaches `max_time` (summed over resumes) or
         this call's reaches `time_cap_s`, or `patience` validations in a row bring no new best (at least one
-        update); a run that ends is validated at its last update, and `stopped_by` says why it ended. The
+        update); a run that ends is validated at its last update, and `stopped_by` says why it ended. Without
+        `max_time`, a finite `time_cap_s` is the span the schedule's warm-up and decay follow (`horizon`). The
         clock is read after every update in one process; with DDP ranks every `log_every` updates, as the
         slowest rank's (an all-reduce), so that every rank stops at the same update and follows the same
         learning rate. Returns this call's updates, seconds, last loss and stop; the model is left in eval mode."""
         stop = self.cfg.max_steps if until is None else min(until, self.cfg.max_steps)
         started, first, last_loss, base = time.perf_counter(), self.step, math.nan, self.elapsed
+        if not self.cfg.max_time and math.isfinite(time_cap_s):
+            self.horizon = base + max(time_cap_s, 0.0)
         clock = lambda: all_reduce(base + time.perf_counter() - started, "max")  # noqa: E731 - the run's seconds
         several = distributed()
         self._window.restart()
@@ -518,15 +527,15 @@ class Harness:
 
     def _start_phases(self) -> None:
         """A loss phase whose start is a fraction of the run (`loss.nmla_start_fraction` of a DuplexLoss) gets its
-        start step once the run's progress reaches it: the fraction of max_time spent when the run is budgeted by
-        time, else of max_steps; the next update is the phase's first. Read where every DDP rank sees the same
-        progress (after the clock's all-reduce), so that all switch at the same update. The objective's config
-        is replaced; the start is kept in the run's state (`load_state_dict` puts it back, so a resumed run keeps
-        the update where it started; a run resumed before it finds it here)."""
+        start step once the run's progress reaches it: the fraction of max_time (or of the time cap's `horizon`)
+        spent when the run is budgeted by time, else of max_steps; the next update is the phase's first. Read
+        where every DDP rank sees the same progress (after the clock's all-reduce), so that all switch at the same
+        update. The objective's config is replaced; the start is kept in the run's state (`load_state_dict` puts
+        it back, so a resumed run keeps the update where it started; a run resumed before it finds it here)."""
         fraction = getattr(getattr(self._owner, "config", None), "nmla_start_fraction", None)
         if fraction is None:
             return
-        progress = self.time_progress if self.cfg.max_time else self.step / self.cfg.max_steps
+        progress = self.time_progress if self.cfg.max_time or self.horizon else self.step / self.cfg.max_steps
         if progress >= fraction:
             self._start_nmla(self.step)
 

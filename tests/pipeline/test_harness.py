@@ -469,6 +469,30 @@ def test_a_resumed_time_budget_honours_what_is_left(clock):
     assert [h["lr"] for h in resumed.history if "lr" in h] == pytest.approx([h["lr"] for h in whole.history])
 
 
+def test_without_max_time_a_time_cap_sizes_the_schedule_as_an_equal_max_time_would(clock):
+    """The last training stage of a budgeted pipeline run has no max_time and its share of the budget as its time
+    cap: its warm-up and decay follow the cap as they follow an equal max_time (the same learning rate at every
+    update, the same last update), also when paused and resumed with what the budget then leaves; without a cap
+    the schedule follows the steps alone."""
+    cfg = dict(max_steps=1000, lr_scheduler="linear", warmup_fraction=0.25)
+    lrs = lambda run: [h["lr"] for h in run.history if "lr" in h]  # noqa: E731
+    timed, _ = _run(_config(max_time=8.0, **cfg), on_step=clock.on_step)
+    timed.fit_examples(_examples())
+    capped, _ = _run(_config(**cfg), on_step=clock.on_step)
+    capped.fit_examples(_examples(), time_cap_s=8.0)
+    assert (capped.stopped_by, capped.step, timed.stopped_by, timed.step) == ("time_cap", 9, "max_time", 9)
+    assert lrs(capped) == pytest.approx(lrs(timed)) and max(lrs(capped)) > 0.5 * capped.cfg.lr
+    first, _ = _run(_config(**cfg), on_step=clock.on_step)
+    first.fit_examples(_examples(), until=3, time_cap_s=8.0)
+    resumed, _ = _run(_config(**cfg), seed=5, on_step=clock.on_step)
+    resumed.load_state_dict(copy.deepcopy(first.state_dict()))
+    resumed.fit_examples(_examples(), time_cap_s=8.0 - resumed.elapsed)
+    assert resumed.step == 9 and lrs(resumed) == pytest.approx(lrs(timed))
+    by_steps, _ = _run(_config(**cfg), on_step=clock.on_step)
+    by_steps.fit_examples(_examples(), until=9)
+    assert by_steps.horizon == 0 and max(lrs(by_steps)) < 0.05 * by_steps.cfg.lr  # warm-up over 250 of 1,000 steps
+
+
 def test_a_time_cap_of_one_call_stops_it_without_touching_the_run_budget(clock):
     run, _ = _run(_config(max_steps=1000), on_step=clock.on_step)
     assert run.fit_examples(_examples(), time_cap_s=2.5)["steps"] == 4 and run.stopped_by == "time_cap"
