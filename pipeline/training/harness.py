@@ -466,11 +466,15 @@ class Harness:
         return (reads(batch, reverse),) if reads else tuple(b for b in (batch, reverse) if b is not None)
 
     @property
+    def time_span(self) -> float:
+        """The seconds the run's schedule spans: `max_time`, or without it the time cap's `horizon` (0: neither,
+        the schedule follows the steps)."""
+        return self.cfg.max_time or self.horizon
+
+    @property
     def time_progress(self) -> float:
-        """The fraction of `max_time` spent, or without it of the time cap's `horizon` (0 with neither): the
-        schedule's clock (`learning_rate`)."""
-        span = self.cfg.max_time or self.horizon
-        return self.elapsed / span if span else 0.0
+        """The fraction of `time_span` spent (0 without one): the schedule's clock (`learning_rate`)."""
+        return self.elapsed / self.time_span if self.time_span else 0.0
 
     def fit(self, batches: Iterator[MicroBatch], until: Optional[int] = None,
             time_cap_s: float = math.inf) -> dict[str, Any]:
@@ -535,7 +539,7 @@ class Harness:
         fraction = getattr(getattr(self._owner, "config", None), "nmla_start_fraction", None)
         if fraction is None:
             return
-        progress = self.time_progress if self.cfg.max_time or self.horizon else self.step / self.cfg.max_steps
+        progress = self.time_progress if self.time_span else self.step / self.cfg.max_steps
         if progress >= fraction:
             self._start_nmla(self.step)
 

@@ -27,7 +27,7 @@ PREEMPTION_WATCHER = "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"
 @pytest.fixture(scope="package")
 def ray_session():
     """One local Ray instance shared by every test of this directory that needs it (2 CPUs, small object store),
-    ended after its last: idle, its processes take ~0.12 CPU-s a second (docs/results/ci.md), which the tests
+    ended after its last: idle, its processes take ~0.11 CPU-s a second (docs/results/ci.md), which the tests
     after these (bench/, reder/, and the `timed` ones, which learn against a wall-clock limit with both cores)
     would otherwise pay for on the 2-core CI machine."""
     os.environ["RAY_AUTH_MODE"] = "disabled"
