@@ -26,7 +26,9 @@ def test_a_finished_run_is_scored_against_the_issues_targets(tmp_path):
     assert en_de["teacher_beam4"] == pytest.approx(37.31, abs=0.005) and de_en["teacher_beam4"] == pytest.approx(41.06, abs=0.005)
     assert en_de["greedy"] == pytest.approx(35.42, abs=0.005) and en_de["sentences"] == 1000
     assert en_de["greedy_gap"] == pytest.approx(1.89) and en_de["greedy_target_met"] is False  # within 1.0: not
-    assert en_de["reranked_gap"] == pytest.approx(3.04) and en_de["reranked_target_met"] is False
+    assert en_de["reranked_gap"] == pytest.approx(3.04)  # beside, not a target: its latency is far over 2x greedy's
+    assert {key for key in result["targets"] if "src2tgt" in key or "tgt2src" in key} == {
+        "teacher_src2tgt", "teacher_tgt2src", "greedy_src2tgt", "greedy_tgt2src"}
     assert "paired_bootstrap" not in en_de  # the tarball holds no hypothesis files
     assert result["targets"]["pipeline_seconds"] is True and result["targets"]["non_training_share"] is False
     assert result["training_loop_seconds"]["train"] == pytest.approx(116.1)
@@ -72,6 +74,8 @@ def test_every_scored_test_set_is_held_to_the_gap_with_the_paired_bootstrap_of_g
     (evaluate / "results.json").write_text(json.dumps({"scores": scores}))
     result = pipeline_summary.summary(tmp_path, 100.0)
     assert list(result["test_bleu"]) == ["test", "test_2017_flickr"]
+    assert result["test_bleu"]["test"]["src2tgt"]["reranked_gap"] is None  # a run that scored no reranked beam
+    assert {"greedy_src2tgt_test_2017_flickr", "greedy_tgt2src_test_2017_flickr"} <= set(result["targets"])
     for name in ("test", "test_2017_flickr"):
         gaps = result["test_bleu"][name]
         assert gaps["tgt2src"]["greedy_gap"] > 0 and gaps["src2tgt"]["greedy_gap"] > pipeline_summary.GREEDY_GAP
