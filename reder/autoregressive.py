@@ -275,8 +275,15 @@ class Transformer(EncoderDecoder):
         history, last = src_tokens.new_zeros(len(limits) * width, 0), src_tokens.new_full((len(limits) * width,), BOS_ID)
         finished: list[list[tuple[list[int], float]]] = [[] for _ in limits]
         greedy_finished: list[list[tuple[list[int], float]]] = [[] for _ in limits]
+        # The stopping rule's state per live sentence, on the device, so that a step asks it for one list (which
+        # sentences stop) instead of a number per finished hypothesis: the K best finished scores (descending),
+        # how many hypotheses the beams finished, whether the greedy row did, and the length limit.
+        best_finished = torch.full((len(limits), k), -math.inf, dtype=torch.float64, device=device)
+        count_finished = torch.zeros(len(limits), dtype=torch.long, device=device)
+        greedy_done = torch.full((len(limits),), width == k, dtype=torch.bool, device=device)  # no greedy row: done
+        group_limits = torch.tensor(limits, device=device)
         for step in range(max(limits)):
-            groups = len(alive)
+            groups, divisor = len(alive), (step + 1) ** length_penalty
             log_probs = self._next_log_probs(last, cache, step, row_limits).view(groups, width, vocab)
             extended = (scores[:, :k, None] + log_probs[:, :k]).view(groups, k * vocab)  # (G, K·V)
             top_scores, top_index = extended.topk(2 * k, dim=1)  # (G, 2K)
@@ -290,9 +297,15 @@ class Transformer(EncoderDecoder):
             ending[:, k : 2 * k] = False  # EOS beyond the top K does not finish (fairseq)
             ends = ending.nonzero()  # (F, 2): group, candidate
             hypotheses = history[ends[:, 0] * width + beams[ends[:, 0], ends[:, 1]]].tolist()
-            for (group, j), hypothesis in zip(ends.tolist(), hypotheses):
-                pool = finished if j < k else greedy_finished
-                pool[alive[group]].append((hypothesis, top_scores[group, j].item() / (step + 1) ** length_penalty))
+            end_scores = (top_scores[ends[:, 0], ends[:, 1]] / divisor).tolist()
+            for (group, j), hypothesis, score in zip(ends.tolist(), hypotheses, end_scores):
+                (finished if j < k else greedy_finished)[alive[group]].append((hypothesis, score))
+            beam_ends = ending[:, :k]  # (G, K): only the top K candidates can finish a beam
+            count_finished += beam_ends.sum(dim=1)
+            best_finished = torch.cat([best_finished, (top_scores[:, :k] / divisor).masked_fill(~beam_ends, -math.inf)],
+                                      dim=1).topk(k, dim=1).values
+            if width > k:
+                greedy_done |= ending[:, 2 * k]
             order = (is_eos[:, : 2 * k].long() * 2 * k + torch.arange(2 * k, device=device)).argsort(dim=1)[:, :k]  # (G, K): the best K going on
             order = F.pad(order, (0, width - k), value=2 * k)  # (G, W): the greedy row goes on in its place
             scores, beams, tokens = top_scores.gather(1, order), beams.gather(1, order), tokens.gather(1, order)
@@ -300,9 +313,11 @@ class Transformer(EncoderDecoder):
             rows = (torch.arange(groups, device=device)[:, None] * width + beams).view(-1)  # (G·W,)
             cache.select(rows)
             history, last = torch.cat([history[rows], tokens.view(-1, 1)], dim=1), tokens.view(-1)  # (G·W, t+1)
-            best_live = (scores[:, :k].max(dim=1).values / (step + 1) ** length_penalty).tolist()
-            stopped = [step + 1 >= limits[b] or (len(finished[b]) >= k and len(greedy_finished[b]) >= (width > k)
-                       and sorted(s for _, s in finished[b])[-k] >= best_live[g]) for g, b in enumerate(alive)]
+            # a sentence stops at its limit, or with K finished, the greedy row's too, and the K-th best of them
+            # no worse than its best live beam ended now
+            best_live = scores[:, :k].max(dim=1).values / divisor
+            stopped = ((step + 1 >= group_limits) | ((count_finished >= k) & greedy_done
+                                                     & (best_finished[:, k - 1] >= best_live))).tolist()
             if all(stopped):
                 break
             if any(stopped):
@@ -310,5 +325,7 @@ class Transformer(EncoderDecoder):
                 rows = (keep[:, None] * width + torch.arange(width, device=device)).view(-1)  # (G'·W,)
                 cache.select(rows, memory=True)
                 history, last, row_limits, scores = history[rows], last[rows], row_limits[rows], scores[keep]
+                best_finished, count_finished = best_finished[keep], count_finished[keep]
+                greedy_done, group_limits = greedy_done[keep], group_limits[keep]
                 alive = [alive[g] for g in keep.tolist()]
         return [max(finished[b] + greedy_finished[b], key=lambda h: h[1]) for b in range(len(limits))]
