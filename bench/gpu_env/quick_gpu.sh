@@ -30,7 +30,7 @@ if [ "${1:-}" = --rehearse ]; then
   shift
   limit=${QUICK_LIMIT_S:-600}
   rehearsal
-  overrides+=(budget.max_time=380 budget.reserve=200)  # REDER's share ~120 s on this CPU (2026-12-01)
+  overrides+=(budget.max_time=240 budget.reserve=60)  # REDER's share ~120 s on this CPU, after it ~34 (2026-12-01)
 else
   machine "$out/pipeline.log" || exit 1
 fi
