@@ -1,6 +1,7 @@
 """Tokenization throughput: plain single-process SentencePiece vs the Ray stage with 1 and 2 workers.
 
     python -m bench.tokenize [--data-dir ../shared/data/multi30k] [--scale 1] [--repeats 3]
+    python -m bench.tokenize --fresh-cpus 16 [--fresh-workers 0 1 15] [--repeats 3]
 
 Prints one JSON object. Every timing is the best of `--repeats` runs. On Multi30k train (29k pairs):
 - `plain`: the stage's own `Tokenizer` called in this process on the whole table (encode both sides,
@@ -10,6 +11,11 @@ Prints one JSON object. Every timing is the best of `--repeats` runs. On Multi30
 - `fixed_overhead_s`: the same Ray path on a 64-pair input, i.e. what the stage costs with ~no work;
   `overhead_vs_plain_s` = ray_w1 - plain; `ray_init_s` is `ray.init()` itself.
 - `work_speedup_w1_to_w2` = (ray_w1 - fixed) / (ray_w2 - fixed): scaling on the work itself.
+With `--fresh-cpus N` instead, what a pipeline run's tokenize stage meets: each run in a process of its own that
+starts a new local Ray of N CPUs (N may exceed the machine's cores: Ray then runs N actors on fewer cores) and
+runs the stage's `tokenize_files` once, for each `--fresh-workers` count (0: the stage's own plan), the counts
+taking turns, `--repeats` each; `fresh` gives each count's median `ray_init_s` and `tokenize_s` (actors started,
+read, tokenized and written, and the driver's pass) and the runs themselves.
 """
 from __future__ import annotations
 
@@ -18,6 +24,9 @@ import json
 import os
 import platform
 import shutil
+import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from datetime import datetime, timezone
@@ -46,7 +55,13 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--vocab-size", type=int, default=8000)
     parser.add_argument("--batch-size", type=int, default=1024)
+    parser.add_argument("--fresh-cpus", type=int, default=0, help="time the stage on a new Ray of this many CPUs")
+    parser.add_argument("--fresh-workers", type=int, nargs="+", default=[0, 1],
+                        help="actor counts to time with --fresh-cpus (0: the stage's plan)")
+    parser.add_argument("--child", nargs=3, metavar=("INPUT_DIR", "MODEL", "WORKERS"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.child:
+        return _fresh_child(Path(args.child[0]), Path(args.child[1]), int(args.child[2]), args.fresh_cpus, args.batch_size)
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     from pipeline import graph
@@ -75,6 +90,9 @@ def main(argv: list[str] | None = None) -> dict:
         write_split(table.slice(0, 64), tiny_dir)
         tiny = sorted(tiny_dir.glob("*.parquet"))
         pairs = table.num_rows
+        if args.fresh_cpus:
+            (work / "spm.model").write_bytes(model_proto)
+            return _fresh(bench_dir, work / "spm.model", args, pairs)
 
         processor = sentencepiece.SentencePieceProcessor(model_proto=model_proto)
         src, tgt = table.column("src").to_pylist(), table.column("tgt").to_pylist()
@@ -119,6 +137,48 @@ def main(argv: list[str] | None = None) -> dict:
                     "work_speedup_ge_1.6": (ray_w1 - fixed) / max(ray_w2 - fixed, 1e-9) >= 1.6},
     }
     print(json.dumps(result, indent=2))
+    return result
+
+
+def _fresh(input_dir: Path, model: Path, args: argparse.Namespace, pairs: int) -> dict:
+    """Each `--fresh-workers` count `--repeats` times, in turns, each run a process of its own (`_fresh_child`)."""
+    runs = []
+    for _ in range(args.repeats):
+        for workers in args.fresh_workers:
+            child = subprocess.run([sys.executable, "-m", "bench.tokenize", "--fresh-cpus", str(args.fresh_cpus),
+                                    "--batch-size", str(args.batch_size), "--child", str(input_dir), str(model),
+                                    str(workers)], capture_output=True, text=True, check=True)
+            runs.append(json.loads(child.stdout.strip().splitlines()[-1]))
+    fresh = {str(w): {key: statistics.median(r[key] for r in runs if r["requested"] == w)
+                      for key in ("ray_init_s", "tokenize_s", "actors")} for w in args.fresh_workers}
+    result = {"pairs": pairs, "cpus": os.cpu_count(), "ray_cpus": args.fresh_cpus, "machine": platform.platform(),
+              "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "load_average": os.getloadavg()[0],
+              "fresh": fresh, "runs": runs}
+    print(json.dumps(result, indent=2))
+    return result
+
+
+def _fresh_child(input_dir: Path, model: Path, workers: int, cpus: int, batch_size: int) -> dict:
+    """One run on a new local Ray of `cpus` CPUs: its start, then the stage's tokenize_files; one JSON line."""
+    import ray
+
+    from pipeline.stages import tokenize
+
+    started = time.perf_counter()
+    ray.init(address="local", num_cpus=cpus, include_dashboard=False, log_to_driver=False)
+    ray_init = time.perf_counter() - started
+    out = Path(tempfile.mkdtemp(prefix="bench-tokenize-fresh-"))
+    try:
+        started = time.perf_counter()
+        report = tokenize.tokenize_files(sorted(input_dir.glob("*.parquet")), out, model.read_bytes(), 2.0, workers,
+                                         batch_size)
+        seconds = time.perf_counter() - started
+    finally:
+        ray.shutdown()
+        shutil.rmtree(out, ignore_errors=True)
+    result = {"requested": workers, "actors": report["workers"], "ray_init_s": round(ray_init, 3),
+              "tokenize_s": round(seconds, 3)}
+    print(json.dumps(result))
     return result
 
 

@@ -94,7 +94,7 @@ class SpmConfig:
 class TokenizeConfig:
     """Tokenization on Ray Data (pipeline/stages/tokenize.py). Neither field changes the output."""
 
-    workers: int = 0  # tokenizer actors; 0 = as many as the cluster has CPUs, minus one for reads
+    workers: int = 0  # tokenizer actors; 0 = one per 50,000 pairs, at most the cluster's CPUs less one for reads
     batch_size: int = 1024  # rows per map_batches call
 
     def __post_init__(self) -> None:

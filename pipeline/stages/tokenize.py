@@ -43,6 +43,10 @@ log = logging.getLogger(__name__)
 SCHEMA = pa.schema([("id", pa.int64()), ("src_ids", pa.list_(pa.int32())), ("tgt_ids", pa.list_(pa.int32())),
                     ("src_len", pa.int32()), ("tgt_len", pa.int32())])
 ROWS_PER_BLOCK = 50_000
+# Rows that make an actor worth its start by default: a new actor process (Python, Ray, pyarrow, SentencePiece)
+# costs about as much as tokenizing ~50,000 pairs (one 2-core CPU tokenized 60,000 sentences/s in process, and Ray
+# with 2 actors took 7.0 s against 1 actor's 5.6 s on Multi30k's 29,000 pairs: docs/results/data.md).
+ROWS_PER_ACTOR = 50_000
 STORE_BUDGET_MB = 64  # object store one tokenize execution may fill (read-ahead, staged output)
 
 
@@ -86,17 +90,18 @@ def tokenize_files(files: list[Path], out: Path, model_proto: bytes, upsample_ra
     return report
 
 
-def plan_workers(requested: int, cpus: float) -> tuple[int, float, float]:
-    """(actors, CPUs per actor, CPUs per read/write task) for a cluster with `cpus` free CPUs.
+def plan_workers(requested: int, cpus: float, rows: int) -> tuple[int, float, float]:
+    """(actors, CPUs per actor, CPUs per read/write task) for `rows` pairs on a cluster with `cpus` free CPUs.
 
     Reads and writes always keep a share of their own (one CPU, or half of a 1-CPU cluster): an actor
-    pool holding every CPU starves the read tasks and the job hangs. More actors than the remaining CPUs
-    share them fractionally."""
+    pool holding every CPU starves the read tasks and the job hangs. By default one actor per ROWS_PER_ACTOR rows
+    (at least one), at most one per remaining CPU; more actors than the remaining CPUs (`requested`) share them
+    fractionally."""
     if cpus <= 0:
         raise StageError("tokenize: the Ray cluster has no free CPU (ray.available_resources() shows none)")
     io_cpus = 1.0 if cpus >= 2 else cpus / 2
     budget = cpus - io_cpus
-    actors = requested or max(1, int(budget))
+    actors = requested or max(1, min(int(budget), -(-rows // ROWS_PER_ACTOR)))
     return actors, min(1.0, budget / actors), io_cpus
 
 
@@ -126,12 +131,12 @@ def tokenize_on_ray(files: list[str], staging: Path, model_proto: bytes, upsampl
     split, the name of its file's directory); returns the number of actors."""
     import ray
 
-    actors, actor_cpus, io_cpus = plan_workers(workers, free_cpus())
     if not files:
         raise StageError("tokenize: no Parquet files to read")
+    rows = sum(pq.ParquetFile(path).metadata.num_rows for path in files)
+    actors, actor_cpus, io_cpus = plan_workers(workers, free_cpus(), rows)
     # ~4 blocks per actor so every actor gets work (one block feeds one actor task), and blocks of at
     # most ROWS_PER_BLOCK rows so large corpora stream through a small object store.
-    rows = sum(pq.ParquetFile(path).metadata.num_rows for path in files)
     blocks = max(4 * actors, -(-rows // ROWS_PER_BLOCK))
     context = ray.data.DataContext.get_current()
     previous = context.use_datasource_v2

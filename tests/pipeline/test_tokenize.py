@@ -58,13 +58,16 @@ def test_the_tokenize_actor_loads_without_torch_and_its_rule_is_each_heads():
         feasibility.rule("rnn")
 
 
-def test_worker_plan_never_takes_the_last_cpu():
-    assert tokenize.plan_workers(0, 2.0) == (1, 1.0, 1.0)
-    assert tokenize.plan_workers(2, 2.0) == (2, 0.5, 1.0)
-    assert tokenize.plan_workers(0, 16.0) == (15, 1.0, 1.0)
-    assert tokenize.plan_workers(1, 1.0) == (1, 0.5, 0.5)
+def test_worker_plan_never_takes_the_last_cpu_and_starts_an_actor_only_for_work_worth_its_start():
+    assert tokenize.plan_workers(0, 2.0, 10**7) == (1, 1.0, 1.0)
+    assert tokenize.plan_workers(2, 2.0, 100) == (2, 0.5, 1.0)  # as asked, whatever the rows
+    assert tokenize.plan_workers(0, 16.0, 10**7) == (15, 1.0, 1.0)
+    assert tokenize.plan_workers(1, 1.0, 100) == (1, 0.5, 0.5)
+    per_actor = tokenize.ROWS_PER_ACTOR
+    assert tokenize.plan_workers(0, 16.0, 29_000) == (1, 1.0, 1.0)  # Multi30k: one actor on 16 CPUs
+    assert [tokenize.plan_workers(0, 16.0, rows)[0] for rows in (per_actor, per_actor + 1, 3 * per_actor)] == [1, 2, 3]
     with pytest.raises(StageError, match="no free CPU"):
-        tokenize.plan_workers(1, 0.0)
+        tokenize.plan_workers(1, 0.0, 100)
 
 
 def _corpus(tmp_path):
