@@ -98,8 +98,6 @@ def ops_per_step(models: dict[str, Any], inputs: dict[str, list[list[int]]], bea
     each direction."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from pipeline.stages import distill
-
     class Count(TorchDispatchMode):
         calls = 0
 
@@ -107,14 +105,9 @@ def ops_per_step(models: dict[str, Any], inputs: dict[str, list[list[int]]], bea
             Count.calls += 1
             return func(*args, **(kwargs or {}))
 
-    steps = {"step": 0}
-    for model in models.values():
-        model.step = _wrapped(type(model).step.__get__(model), None, steps, "step")
     with Count():
-        for direction, model in models.items():
-            distill.decode(model, inputs[direction][:sentences], direction, beam, 1.0, 1.2, 10, max_tokens=0,
-                           batch_size=sentences)
-    return Count.calls / max(steps["step"], 1)
+        calls = one_pass(models, {d: x[:sentences] for d, x in inputs.items()}, beam, 0, False, sentences)[3]
+    return Count.calls / max(calls["step"], 1)
 
 
 def measure(models: dict[str, Any], inputs: dict[str, list[list[int]]], beam: int, max_tokens: int, timed: bool,
@@ -181,8 +174,7 @@ def main(argv: list[str] | None = None) -> dict:
     report = {"benchmark": "beam_search", "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
               "device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "threads": args.threads,
               "load_average": os.getloadavg()[0], "teachers": str(args.teachers), "subset": args.subset,
-              "decodes": decodes,
-              "beam": args.beam, "repeats": args.repeats,
+              "decodes": decodes, "beam": args.beam, "repeats": args.repeats,
               "mean_output_pieces": round(sum(map(len, outputs)) / decodes, 2),
               "aten_ops_per_step": round(ops_per_step(models, inputs, args.beam), 1), "runs": runs,
               "outputs_sha256": hashlib.sha256(json.dumps(outputs).encode()).hexdigest()}
