@@ -465,10 +465,12 @@ def _row(result: Any, keys: list[str], cfg: PipelineConfig, ended: bool = True,
     validated = [r for r in reports if isinstance(r.get("valid_bleu"), float) and math.isfinite(r["valid_bleu"])]
     best = _best_validation(validated, cfg.tune.metric, cfg.tune.mode) or {}  # the best validated report
     steps = max((int(r["step"]) for r in reports if isinstance(r.get("step"), (int, float))), default=0)
-    # Only a trial that Tune ended is "stopped early" (by the scheduler); one that an interruption or the
-    # time budget cut short is "unfinished", one that never reported "not run".
+    # A trial that ended by its own rule (its max_steps, max_time or patience: a report's `stopped_by`) is
+    # "finished"; only one that Tune ended before that is "stopped early" (by the scheduler); one that an
+    # interruption or the time budget cut short is "unfinished", one that never reported "not run".
+    own_end = steps >= cfg.train.max_steps or any(isinstance(r.get("stopped_by"), str) for r in reports)
     status = "error" if result.error else "not run" if not reports else "unfinished" if not ended else \
-        "stopped early" if steps < cfg.train.max_steps else "finished"
+        "finished" if own_end else "stopped early"
     if not trial_id:
         trial_id = Path(result.path).name if result.path else ""
         trial_id = result.metrics.get("trial_id", trial_id) if result.metrics else trial_id

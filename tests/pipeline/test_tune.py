@@ -349,7 +349,7 @@ def test_trial_runs_are_named_by_their_values():
     assert trial_name({"loss.lambda_cc": 0.123456789, "model.upsample_ratio": 3}) == "λcc=0.1235 upsample=3"
 
 
-def test_a_trial_that_never_reported_is_not_run_and_one_tune_did_not_end_is_unfinished():
+def test_a_trial_that_never_reported_is_not_run_one_tune_did_not_end_unfinished_one_ended_by_its_own_rule_finished():
     from types import SimpleNamespace
 
     cfg = load_config(SMOKE)
@@ -359,6 +359,13 @@ def test_a_trial_that_never_reported_is_not_run_and_one_tune_did_not_end_is_unfi
     assert tune._row(never, [], cfg)["status"] == "not run"
     assert tune._row(cut, [], cfg, ended=False)["status"] == "unfinished"
     assert tune._row(cut, [], cfg, ended=True)["status"] == "stopped early"
+    # a trial that its own time cap or patience ended before max_steps, Tune marking it ended: "finished"
+    for rule in ("max_time", "patience"):
+        own = __import__("pandas").DataFrame([{"step": 10, "valid_bleu": 0.3, "stopped_by": None},
+                                              {"step": 12, "valid_bleu": 0.4, "stopped_by": rule}])
+        timed = SimpleNamespace(metrics_dataframe=own, error=None, path="/x/t2", metrics={}, config={})
+        assert tune._row(timed, [], cfg, ended=True)["status"] == "finished"
+        assert tune._row(timed, [], cfg, ended=False)["status"] == "unfinished"
     rows = [{"status": s} for s in ("finished", "finished", "stopped early", "error", "not run")]
     assert tune._counts(rows) == "2 finished, 1 stopped early, 1 failed, 1 not run"
 
