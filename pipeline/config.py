@@ -117,7 +117,9 @@ class TrainConfig:
     min_workers: int = 0
     use_gpu: bool = False
     cpus_per_worker: float = 1.0
-    gpus_per_worker: float = 1.0  # only with use_gpu; a fraction (0.25) packs that many Tune trials on one GPU
+    # Only with use_gpu. A fraction (0.25) packs that many Tune trials, or one run's workers, on one GPU; workers
+    # that hold fractions train under a gloo process group (NCCL refuses two ranks on one GPU)
+    gpus_per_worker: float = 1.0
     max_tokens: int = 4096  # per worker and micro-batch, counted as batch_tokens says
     # How a micro-batch's tokens are counted against max_tokens (EOS included): "sum" = sentences × (longest
     # source + longest target), this code's convention; "max" = sentences × max(longest source, longest
@@ -172,10 +174,6 @@ class TrainConfig:
                 valid_max_sentences=">= 0", keep_checkpoints=">= 1", average_best=">= 1")
         if self.gpus_per_worker > 1 and self.gpus_per_worker != int(self.gpus_per_worker):
             raise FieldError("gpus_per_worker", f"must be a fraction of one GPU (<= 1) or whole GPUs, got {self.gpus_per_worker}")
-        if self.use_gpu and self.gpus_per_worker < 1 and self.num_workers > 1:  # Ray may put two ranks on one GPU
-            raise FieldError("gpus_per_worker", f"a fraction of a GPU (packing Tune trials on one GPU) needs "
-                                                f"num_workers 1: NCCL cannot run two DDP ranks on one GPU, got "
-                                                f"{self.gpus_per_worker} with num_workers {self.num_workers}")
         if self.average_best > self.keep_checkpoints:
             raise FieldError("average_best", f"must be <= keep_checkpoints ({self.keep_checkpoints}), got "
                              f"{self.average_best}", ("keep_checkpoints",))

@@ -43,10 +43,18 @@ def _shutdown(destroy_process_group: bool) -> None:
     _shutdown_torch(destroy_process_group=destroy_process_group)
 
 
+def default_backend(gpus_per_worker: float) -> str:
+    """The process group's backend where none is named: NCCL where each worker holds whole GPUs; gloo on CPUs and
+    where each holds a fraction of one (`train.gpus_per_worker` 0.5), as Ray may then place two ranks on one GPU,
+    which NCCL refuses (gloo takes CUDA tensors for DDP's all-reduce too, slower)."""
+    return "nccl" if gpus_per_worker >= 1 else "gloo"
+
+
 @dataclass
 class ProcessGroupConfig(BackendConfig):
-    """`TorchConfig`'s fields and defaults: backend None picks NCCL where the workers have GPUs, else gloo. Not
-    its train-function context, which sets each worker's CUDA device: `trainloop.train_loop` does that first."""
+    """`TorchConfig`'s fields and defaults, but for fractional GPUs: backend None is `default_backend` of the
+    workers' GPUs. Not its train-function context, which sets each worker's CUDA device: `trainloop.train_loop`
+    does that first."""
 
     backend: str | None = None
     timeout_s: int = 1800
@@ -69,8 +77,7 @@ class ProcessGroupBackend(Backend):
         import ray
         from ray.train._internal.utils import get_address_and_port
 
-        backend = backend_config.backend or (
-            "nccl" if worker_group.get_resources_per_worker().get("GPU", 0) > 0 else "gloo")
+        backend = backend_config.backend or default_backend(worker_group.get_resources_per_worker().get("GPU", 0))
         addr, port = worker_group.execute_single(0, get_address_and_port)
         worker_group.execute(_set_master, addr=addr, port=port)
         worker_group.execute(_set_distributed_env_vars)  # LOCAL_RANK and the rest, before init_process_group

@@ -208,6 +208,56 @@ def test_a_group_of_two_workers_gets_a_gloo_process_group_of_both(ray_session, t
     assert ranks == [{"backend": "gloo", "world": 2, "rank": rank, "total": 3.0} for rank in range(2)]
 
 
+def test_workers_on_fractions_of_a_gpu_share_it_under_gloo_and_on_whole_gpus_under_nccl(tmp_path):
+    """`train.gpus_per_worker=0.5 train.num_workers=2` (accepted by the config): Ray places both workers on the one
+    GPU of a Ray instance that declares one (no CUDA here: a CPU places and synchronises as far as it can), and
+    their process group is gloo (NCCL refuses two ranks on one GPU), an all-reduce across both; whole GPUs keep
+    NCCL. A Ray instance of its own, in a process of its own: the tests' shared one declares no GPU."""
+    import subprocess
+    import sys
+
+    from pipeline.training.process_group import default_backend
+
+    assert [default_backend(g) for g in (0, 0.25, 0.5, 1, 2)] == ["gloo", "gloo", "gloo", "nccl", "nccl"]
+    train_cfg = load_config(SMOKE, ["train.use_gpu=true", "train.num_workers=2", "train.gpus_per_worker=0.5"]).train
+    resources = raytrain.worker_resources(train_cfg)
+    assert resources == {"CPU": 1.0, "GPU": 0.5}
+    root = Path(__file__).resolve().parents[2]
+    code = f"""
+import json, os, sys
+from pathlib import Path
+import ray, ray.train
+from pipeline.training import raytrain
+
+out = Path(sys.argv[1])
+
+def loop():
+    import torch
+    import torch.distributed as dist
+    rank = ray.train.get_context().get_world_rank()
+    total = torch.ones(1) * (rank + 1)
+    dist.all_reduce(total)
+    (out / f"{{rank}}.json").write_text(json.dumps({{"backend": dist.get_backend(), "world": dist.get_world_size(),
+        "total": float(total), "gpu_ids": [str(g) for g in ray.get_gpu_ids()]}}))
+
+ray.init(address="local", num_cpus=2, num_gpus=1, include_dashboard=False, log_to_driver=False,
+         object_store_memory=100 * 1024 * 1024)
+try:
+    raytrain.trainer_class(False)(loop, scaling_config=ray.train.ScalingConfig(
+        num_workers=2, use_gpu=True, resources_per_worker={resources!r}),
+        run_config=ray.train.RunConfig(name="halves", storage_path=str(out))).fit()
+finally:
+    ray.shutdown()
+"""
+    env = {**__import__("os").environ, "PYTHONPATH": str(root), "RAY_AUTH_MODE": "disabled",
+           "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0"}
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=root, env=env, capture_output=True,
+                          text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"{rank}.json").read_text()) for rank in range(2)]
+    assert ranks == [{"backend": "gloo", "world": 2, "total": 3.0, "gpu_ids": ["0"]}] * 2  # one GPU, both ranks
+
+
 class _Fitting(Exception):
     """Raised by the stand-in trainer: the test stops where Ray Train would start."""
 
