@@ -213,9 +213,11 @@ def test_workers_on_fractions_of_a_gpu_share_it_under_gloo_and_on_whole_gpus_und
     GPU of a Ray instance that declares one (no CUDA here: a CPU places and synchronises as far as it can), and
     their process group is gloo (NCCL refuses two ranks on one GPU), an all-reduce across both; whole GPUs keep
     NCCL. A Ray instance of its own, in a process of its own: the tests' shared one declares no GPU."""
+    import os
     import subprocess
     import sys
 
+    from cluster.connect import LOCAL_ENV
     from pipeline.training.process_group import default_backend
 
     assert [default_backend(g) for g in (0, 0.25, 0.5, 1, 2)] == ["gloo", "gloo", "gloo", "nccl", "nccl"]
@@ -224,7 +226,7 @@ def test_workers_on_fractions_of_a_gpu_share_it_under_gloo_and_on_whole_gpus_und
     assert resources == {"CPU": 1.0, "GPU": 0.5}
     root = Path(__file__).resolve().parents[2]
     code = f"""
-import json, os, sys
+import json, sys
 from pathlib import Path
 import ray, ray.train
 from pipeline.training import raytrain
@@ -249,8 +251,7 @@ try:
 finally:
     ray.shutdown()
 """
-    env = {**__import__("os").environ, "PYTHONPATH": str(root), "RAY_AUTH_MODE": "disabled",
-           "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0"}
+    env = {**os.environ, **LOCAL_ENV, "PYTHONPATH": str(root), "RAY_AUTH_MODE": "disabled"}  # as a local run's
     done = subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=root, env=env, capture_output=True,
                           text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
